@@ -1,0 +1,16 @@
+"""Losses: individual (per-sample, no reduction) and aggregate (1-D losses -> scalar).
+
+>>> import torch
+>>> from topklab.losses import STk, Logistic
+>>> per_sample = Logistic()(torch.randn(16), torch.ones(16))
+>>> STk(k=0.9)(per_sample).shape
+torch.Size([])
+"""
+from topklab.losses.aggregate import ATk, Average, MATk, Maximum, STk, ThresholdedTopK
+from topklab.losses.individual import Absolute, CrossEntropy, Hinge, Logistic, Square
+from topklab.losses.smoothing import srelu
+
+__all__ = [
+    "ATk", "Absolute", "Average", "CrossEntropy", "Hinge", "Logistic", "MATk", "Maximum",
+    "STk", "Square", "ThresholdedTopK", "srelu",
+]

@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from topklab.losses.aggregate.base import check_losses
+from topklab.losses.k import resolve_k, validate_k
+from topklab.losses.smoothing import get_smoothing
+from topklab.losses.threshold import get_constraint
+
+SCALES = ("paper", "atk")
+
+
+class ThresholdedTopK(nn.Module):
+    """``(1/n)·Σ φ(ℓ_i − λ) + (k/n)·λ`` with a trainable threshold λ; the common form of MATk
+    (φ = ReLU) and STk (φ smooth). Use :class:`MATk` or :class:`STk`.
+
+    ``scale="paper"`` returns the equation as printed (factor k/n relative to ATk at the optimum);
+    ``scale="atk"`` multiplies by n/k so that the minimum over λ equals ATk (Fan et al.'s MATk form).
+    """
+
+    def __init__(
+        self,
+        k: int | float,
+        smoothing: str,
+        delta: float = 0.01,
+        lam_init: float = 0.0,
+        lam_constraint: str = "none",
+        scale: str = "paper",
+    ):
+        super().__init__()
+        self.k = validate_k(k)
+        if not (isinstance(delta, (int, float)) and not isinstance(delta, bool) and delta > 0):
+            raise ValueError(f"delta={delta!r} must be a positive number (the paper uses 0.01)")
+        if scale not in SCALES:
+            raise ValueError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
+        self.smoothing = smoothing
+        self._phi = get_smoothing(smoothing)
+        self.delta = float(delta)
+        self.scale = scale
+        self._constraint = get_constraint(lam_constraint)
+        self.lam = nn.Parameter(torch.tensor(float(self._constraint.raw_from_value(float(lam_init)))))
+
+    @property
+    def lam_constraint(self) -> str:
+        return self._constraint.name
+
+    @property
+    def threshold(self) -> torch.Tensor:
+        """The effective λ (after the constraint), which approaches the k-th largest loss."""
+        return self._constraint.value(self.lam)
+
+    def forward(self, losses: torch.Tensor) -> torch.Tensor:
+        losses = check_losses(losses)
+        n = losses.numel()
+        k = resolve_k(self.k, n)
+        lam = self.threshold.to(losses.dtype)
+        value = self._phi(losses - lam, self.delta).mean() + (k / n) * lam
+        if self.scale == "atk":
+            value = value * (n / k)
+        return value
+
+    def extra_repr(self) -> str:
+        return (
+            f"k={self.k}, smoothing={self.smoothing!r}, delta={self.delta}, "
+            f"lam_constraint={self.lam_constraint!r}, scale={self.scale!r}"
+        )
+
+
+class MATk(ThresholdedTopK):
+    """Minimised average-top-k loss, STk paper Eq. 5 (Ogryczak & Tamir 2003):
+
+    ``L_mat-k(λ) = (1/n)·Σ [ℓ_i − λ]_+ + (k/n)·λ``
+
+    trained jointly over the model and λ (put ``loss.parameters()`` in the optimizer).
+    ``min_λ L_mat-k = (k/n)·ATk``: the default scale is the paper's k/n, **not** ATk's 1/k.
+
+    Parameters
+    ----------
+    k : int >= 1 or float in (0, 1]
+        A count, or a fraction of the batch (rounded half-up, at least 1).
+    lam_init : float
+        Initial λ (not given by the paper). Default 0.
+    lam_constraint : {"none", "clamp", "softplus"}
+        How λ >= 0 is kept (not given by the paper); see :mod:`topklab.losses.threshold`.
+    scale : {"paper", "atk"}
+        ``paper`` = Eq. 5 as printed; ``atk`` multiplies by n/k.
+
+    Examples
+    --------
+    >>> loss = MATk(k=2, lam_init=3.0)
+    >>> loss(torch.tensor([1.0, 5.0, 3.0, 0.0]))  # λ = ℓ_[2] = 3 is optimal: (2/4)·ATk = 2
+    tensor(2., grad_fn=<AddBackward0>)
+    """
+
+    def __init__(self, k: int | float, lam_init: float = 0.0, lam_constraint: str = "none", scale: str = "paper"):
+        super().__init__(k, smoothing="relu", delta=1.0, lam_init=lam_init, lam_constraint=lam_constraint, scale=scale)
+
+    def extra_repr(self) -> str:
+        return f"k={self.k}, lam_constraint={self.lam_constraint!r}, scale={self.scale!r}"
+
+
+class STk(ThresholdedTopK):
+    """Smoothed top-k loss, STk paper Eq. 6 (Xia, Liu & Mao, NeurIPS 2024):
+
+    ``L_st-k(λ) = (1/n)·Σ SReLU_δ(ℓ_i − λ) + (k/n)·λ``,  SReLU (Eq. 2) = ½(x + √(x²+δ²) − δ)
+
+    Sort-free and O(n). λ is the module parameter ``lam``; train it with the model (SGD-STk).
+    ``L_mat-k − δ/2 <= L_st-k <= L_mat-k`` for every λ, and L_st-k → L_mat-k as δ → 0.
+    The default scale is the paper's k/n, **not** ATk's 1/k.
+
+    Parameters
+    ----------
+    k : int >= 1 or float in (0, 1]
+        A count, or a fraction of the batch (rounded half-up, at least 1).
+    delta : float, > 0
+        SReLU smoothing width; smaller is closer to MATk. Paper default 0.01. Ignored by the
+        other smoothings.
+    smoothing : {"srelu", "elu", "softplus", "leaky_relu"}
+        φ in place of ReLU; the others are the Table 2 ablation at PyTorch defaults.
+    lam_init, lam_constraint, scale
+        As in :class:`MATk`.
+
+    Examples
+    --------
+    >>> loss = STk(k=0.5, delta=0.01, lam_init=3.0)
+    >>> round(float(loss(torch.tensor([1.0, 5.0, 3.0, 0.0]))), 4)
+    1.9975
+    """
+
+    def __init__(
+        self,
+        k: int | float,
+        delta: float = 0.01,
+        smoothing: str = "srelu",
+        lam_init: float = 0.0,
+        lam_constraint: str = "none",
+        scale: str = "paper",
+    ):
+        super().__init__(k, smoothing=smoothing, delta=delta, lam_init=lam_init, lam_constraint=lam_constraint, scale=scale)

