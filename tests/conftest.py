@@ -1,0 +1,30 @@
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("TOPKLAB_ROOT", str(ROOT))
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import topklab  # noqa: E402,F401  (torchvision shim before anything imports torchvision)
+import pytest  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+CONFIG_DIR = ROOT / "configs"
+TABULAR_DATASETS = [
+    "appendicitis", "australian", "german", "phoneme", "spambase", "titanic", "wisconsin",
+    "housing", "abalone", "cpusmall", "sinc",
+]
+
+
+@pytest.fixture
+def compose_cfg(tmp_path):
+    """Compose configs/train.yaml with overrides, logging under tmp_path."""
+
+    def _compose(*overrides: str):
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            return compose("train", overrides=[f"paths.log_dir={tmp_path}", *overrides])
+
+    return _compose
