@@ -153,4 +153,4 @@ class TabularTrainer:
 
 def _lambda_of(aggregate: nn.Module) -> float | None:
     threshold = getattr(aggregate, "threshold", None)
-    return None if threshold is None else float(threshold)
+    return None if threshold is None else float(threshold.detach())

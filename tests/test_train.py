@@ -1,0 +1,143 @@
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, TABULAR_DATASETS
+from topklab.cli import preflight
+from topklab.losses import STk
+from topklab.models import MLP
+from topklab.train.run import train
+from topklab.train.tabular import trainable_parameters
+from topklab.utils.errors import NonFiniteLossError, TopklabError
+
+FAST = ("trainer.max_epochs=1", "logger=none")
+
+
+def test_lambda_is_in_the_optimizer_and_trained(compose_cfg, tmp_path):
+    model, loss = MLP(4), STk(0.5, lam_init=0.0)
+    params = trainable_parameters(model, loss)
+    assert any(p is loss.lam for p in params)
+    summary = train(compose_cfg("loss=stk", "trainer.max_epochs=3", "logger=none"), tmp_path / "run")
+    assert summary["lambda"] != 0.0
+
+
+@pytest.mark.parametrize("name", TABULAR_DATASETS)
+def test_one_epoch_smoke_run_per_dataset(compose_cfg, tmp_path, name):
+    summary = train(compose_cfg(f"dataset={name}", *FAST), tmp_path / name)
+    metric = "error_pct" if summary["task"] == "binary" else "rmse"
+    assert math.isfinite(summary["metrics"]["test"][metric])
+    assert (tmp_path / name / "summary.json").exists()
+
+
+@pytest.mark.parametrize("loss", ["average", "maximum", "atk", "matk", "stk"])
+def test_every_aggregate_trains(compose_cfg, tmp_path, loss):
+    summary = train(compose_cfg(f"loss={loss}", "dataset=wisconsin", "trainer.max_epochs=2", "logger=none"), tmp_path / loss)
+    assert summary["metrics"]["test"]["error_pct"] < 50.0
+    assert (summary["lambda"] is None) == (loss in ("average", "maximum", "atk"))
+
+
+def test_same_seed_gives_identical_metrics(compose_cfg, tmp_path):
+    cfg = compose_cfg("dataset=german", "trainer.max_epochs=3", "logger=none", "seed=3")
+    a = train(cfg, tmp_path / "a")
+    b = train(cfg, tmp_path / "b")
+    assert a["metrics"] == b["metrics"] and a["lambda"] == b["lambda"] and a["best_step"] == b["best_step"]
+    c = train(compose_cfg("dataset=german", "trainer.max_epochs=3", "logger=none", "seed=4"), tmp_path / "c")
+    assert c["metrics"] != a["metrics"]
+
+
+def test_run_record_contents(compose_cfg, tmp_path):
+    run = tmp_path / "run"
+    train(compose_cfg("dataset=sinc", "trainer.max_epochs=2", "logger=csv"), run)
+    assert {"config.yaml", "provenance.json", "epochs.csv", "summary.json", "log.csv"} <= {p.name for p in run.iterdir()}
+    provenance = json.loads((run / "provenance.json").read_text())
+    assert provenance["seeds"] == {"seed": 0, "split_seed": 0, "data_generation_seed": 0}
+    assert provenance["packages"]["torch"].startswith(torch.__version__.split("+")[0])
+    assert provenance["hardware"]["cpu_count"] >= 1 and "sha" in provenance["git"] and "dirty" in provenance["git"]
+    epochs = (run / "epochs.csv").read_text().splitlines()
+    assert epochs[0].startswith("epoch,step,train_objective") and len(epochs) >= 2
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["dataset"] == "sinc" and "rmse" in summary["metrics"]["test"]
+    assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_state(compose_cfg, tmp_path):
+    run = tmp_path / "run"
+    cfg = compose_cfg("dataset=housing", "optim=sgd", "optim.lr=1e30", "logger=none")
+    with pytest.raises(NonFiniteLossError, match="non-finite loss .* lower optim.lr"):
+        train(cfg, run)
+    assert sorted(p.name for p in run.iterdir()) == ["last_good.pt"]
+    state = torch.load(run / "last_good.pt")
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["loss.k=40"], "loss.k: k=40 exceeds the number of losses n=16"),
+    (["trainer.batch_size=0"], "trainer.batch_size=0 must be an int >= 1"),
+    (["dataset.source.package=not_installed_pkg", "dataset=german"], "not installed; run `make setup`"),
+])
+def test_bad_input_leaves_no_run_record(compose_cfg, tmp_path, overrides, match):
+    run = tmp_path / "run"
+    with pytest.raises(TopklabError, match=match):
+        train(compose_cfg(*reversed(overrides)), run)
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["loss=foo"], "error: unknown loss 'foo'; choose one of: atk, average, matk, maximum, stk"),
+    (["-m", "dataset=german,nope"], "error: unknown dataset 'nope'; choose one of: abalone,"),
+    (["loss.k=0"], "error: loss: k=0 must be a positive count"),
+    (["loss.k=1.5"], "error: loss: k=1.5 as a float is a fraction"),
+    (["loss.delta=0"], "error: loss: delta=0 must be a positive number"),
+    (["loss.delta=-0.1"], "error: loss: delta=-0.1 must be a positive number"),
+    (["-m", "loss.k=0.5,abc"], "error: loss: k must be an int (a count) or a float in (0, 1]"),
+    (["loss=atk", "loss.k=[1,2]"], "error: loss: k must be an int"),
+    (["loss.nonexistent=1"], "error: "),
+])
+def test_preflight_errors_are_one_line(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        preflight(argv, ROOT / "configs")
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_preflight_accepts_valid_sweeps(capsys):
+    preflight(["-m", "loss=atk,stk", "loss.k=0.5,1", "dataset=german,housing"], ROOT / "configs")
+    assert capsys.readouterr().err == ""
+
+
+def run_cli(*args, cwd=ROOT):
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_bad_option_exits_nonzero_with_one_line_and_no_outputs(tmp_path):
+    result = run_cli("loss=nope", f"paths.log_dir={tmp_path}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: unknown loss 'nope'; choose one of: atk, average, matk, maximum, stk"]
+    assert not any(tmp_path.iterdir())
+
+
+def test_cli_missing_data_exits_nonzero_and_removes_record(tmp_path):
+    result = run_cli("dataset=spambase", "dataset.source.variant=uci4601",
+                     f"dataset.source.rda_path={tmp_path}/none.rda", f"paths.log_dir={tmp_path}/logs")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: spambase 4601 needs")
+    assert not list((tmp_path / "logs").rglob("*.json"))
+
+
+def test_multirun_2x2(tmp_path):
+    result = run_cli("-m", "loss=average,stk", "dataset=appendicitis,wisconsin", "trainer.max_epochs=1",
+                     "logger=csv", f"hydra.sweep.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    summaries = sorted(tmp_path.rglob("summary.json"))
+    assert len(summaries) == 4
+    combos = {(json.loads(p.read_text())["dataset"], json.loads(p.read_text())["loss"].rsplit(".", 1)[1]) for p in summaries}
+    assert combos == {(d, l) for d in ("appendicitis", "wisconsin") for l in ("Average", "STk")}
