@@ -266,3 +266,23 @@ def test_fraction_rounding():
 def test_docstring_examples(module):
     result = doctest.testmod(module, extraglobs={"torch": torch})
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("p_k,error,match", [
+    ([0.5, 0.4], ValueError, "sums to 0.9"),
+    ([1.2, -0.2], ValueError, "P_K\\[1\\]=-0.2 must be"),
+    (["a", 1], TypeError, "P_K\\[0\\]='a' is not a number"),
+    ("0.5,0.5", TypeError, "non-empty list"),
+    ([], TypeError, "non-empty list"),
+    ([0.2] * 5, None, None),
+])
+def test_p_k_validation(p_k, error, match):
+    from topklab.losses.pk import validate_p_k
+
+    if error is None:
+        assert validate_p_k(p_k, num_classes=5) == [0.2] * 5
+        with pytest.raises(ValueError, match="length 5 > 3 classes"):
+            validate_p_k(p_k, num_classes=3)
+    else:
+        with pytest.raises(error, match=match):
+            validate_p_k(p_k)
