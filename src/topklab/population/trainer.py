@@ -85,10 +85,34 @@ class PopulationTrainer:
         return params
 
     def forward(self, params: dict, x: torch.Tensor) -> torch.Tensor:
-        """(P, n, d) -> (P, n, 1)"""
+        """Each member on its own inputs: x (P, n, d) -> (P, n, 1)."""
         if "w1" in params:
             x = torch.relu(torch.baddbmm(params["b1"][:, None, :], x, params["w1"].transpose(1, 2)))
         return torch.baddbmm(params["b2"][:, None, :], x, params["w2"].transpose(1, 2))
+
+    def forward_shared(self, params: dict, x: torch.Tensor) -> torch.Tensor:
+        """All members on the same inputs, without copying them: x (n, d) -> (P, n, 1).
+        One (n, d) @ (d, P·H) product, so the hidden layers of all members come from one GEMM."""
+        n, d = x.shape
+        members = params["b2"].shape[0]
+        if "w1" in params:
+            hidden = params["w1"].shape[1]
+            h = torch.addmm(params["b1"].reshape(-1), x, params["w1"].reshape(-1, d).t()).relu_()
+            out = (h.view(n, members, hidden) * params["w2"][:, 0, :]).sum(-1).t()
+        else:
+            out = (x @ params["w2"][:, 0, :].t()).t()
+        return (out + params["b2"]).unsqueeze(-1)
+
+    def metric_by_split(self, metric, params: dict, member_split: torch.Tensor, x: torch.Tensor,
+                        y: torch.Tensor, chunk: int) -> torch.Tensor:
+        """``metric`` of every member (rows of ``params``) on its own split of (x, y): (S, n, d)."""
+        out = torch.empty(len(member_split), dtype=torch.float64)
+        with torch.no_grad():
+            for s in torch.unique(member_split).tolist():
+                rows = torch.nonzero(member_split == s).flatten()
+                for c in rows.split(chunk):
+                    out[c] = metric(self.forward_shared({n: t[c] for n, t in params.items()}, x[s]), y[s]).double()
+        return out
 
     # ---- training -----------------------------------------------------------------------
     def fit(self, splits: list, members: Members, chunk: int = 4096) -> dict[str, torch.Tensor]:
@@ -122,12 +146,8 @@ class PopulationTrainer:
         trained = [n for n in params if n != "lam" or self.aggregate in USES_LAMBDA]
         best = {n: t.clone() for n, t in params.items()}
 
-        def val_score(p: dict, rows: torch.Tensor) -> torch.Tensor:
-            with torch.no_grad():
-                return -torch.cat([
-                    metric(self.forward({n: t[c] for n, t in p.items()}, xva[split[rows[c]]]), yva[split[rows[c]]])
-                    for c in torch.arange(len(rows)).split(chunk)
-                ])
+        def val_score(p: dict, ids: torch.Tensor) -> torch.Tensor:
+            return -self.metric_by_split(metric, p, split[ids], xva, yva, chunk)
 
         active = torch.arange(P)  # ids of the members still training
         best_score = val_score(params, active)
@@ -193,9 +213,5 @@ class PopulationTrainer:
         for part in ("train", "val", "test"):
             x = torch.stack([getattr(s, f"x_{part}") for s in splits]).to(self.dtype)
             y = torch.stack([getattr(s, f"y_{part}") for s in splits]).to(self.dtype)
-            with torch.no_grad():
-                result[f"{part}_{metric_name}"] = torch.cat([
-                    metric(self.forward({n: t[c] for n, t in best.items()}, x[split[c]]), y[split[c]])
-                    for c in torch.arange(len(split)).split(chunk)
-                ])
+            result[f"{part}_{metric_name}"] = self.metric_by_split(metric, best, split, x, y, chunk)
         return result
