@@ -111,7 +111,7 @@ class TabularTrainer:
                 objective = aggregate(individual(model(x[idx]), y[idx])) + l2_penalty(model, self.l2_C)
                 if not torch.isfinite(objective):
                     raise NonFiniteLossError(
-                        f"non-finite loss ({float(objective)}) at epoch {epoch}, step {step + 1}; "
+                        f"non-finite loss ({float(objective.detach())}) at epoch {epoch}, step {step + 1}; "
                         f"lower optim.lr or check the data",
                         last_good_state=snapshot(),
                     )
