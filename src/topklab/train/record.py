@@ -16,8 +16,6 @@ from omegaconf import DictConfig, OmegaConf
 from topklab.utils import provenance
 from topklab.utils.io import atomic_torch_save, atomic_write_json, atomic_write_text
 
-HYDRA_FILES = (".hydra",)
-
 
 class RunRecord:
     def __init__(self, run_dir: str | Path, job_name: str | None = None):
@@ -47,7 +45,7 @@ class RunRecord:
     def discard(self, keep: tuple[str, ...] = ()) -> None:
         """Remove everything this run (and Hydra, for it) wrote, except ``keep``; drop the
         directory if it ends up empty. Files that are not the run's own are left alone."""
-        own = {"config.yaml", "provenance.json", "epochs.csv", "summary.json", "log.csv", "wandb", *HYDRA_FILES}
+        own = {"config.yaml", "provenance.json", "epochs.csv", "summary.json", "log.csv", "wandb", ".hydra"}
         if self.job_name:
             own.add(f"{self.job_name}.log")
         for name in own - set(keep):
