@@ -17,6 +17,7 @@ from topklab.losses.k import resolve_k, validate_k
 from topklab.models import MLP, Linear
 from topklab.population.aggregates import BATCHED_AGGREGATES, USES_LAMBDA
 from topklab.train.metrics import TASK_METRIC
+from topklab.train.tabular import batches_per_epoch
 
 ADAGRAD_EPS = 1e-10  # torch.optim.Adagrad's default
 
@@ -125,8 +126,7 @@ class PopulationTrainer:
         xva = torch.stack([s.x_val for s in splits]).to(self.dtype)
         yva = torch.stack([s.y_val for s in splits]).to(self.dtype)
         n_train = xtr.shape[1]
-        full, rest = divmod(n_train, self.batch_size)
-        per_epoch = full + (1 if rest and not (self.drop_last and full) else 0)
+        per_epoch = batches_per_epoch(n_train, self.batch_size, self.drop_last)
         P = len(members)
 
         split = torch.as_tensor(members.split)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copy
-import math
 import time
 from typing import Callable
 
@@ -16,6 +15,12 @@ from topklab.utils.errors import NonFiniteLossError
 def trainable_parameters(model: nn.Module, aggregate: nn.Module) -> list[nn.Parameter]:
     """Model parameters plus the aggregate loss's own (λ of MATk/STk): both go to the optimizer."""
     return [p for p in (*model.parameters(), *aggregate.parameters()) if p.requires_grad]
+
+
+def batches_per_epoch(n_train: int, batch_size: int, drop_last: bool) -> int:
+    """Mini-batches in one pass over ``n_train`` rows; a lone incomplete batch is never dropped."""
+    full, rest = divmod(n_train, batch_size)
+    return full + (1 if rest and not (drop_last and full) else 0)
 
 
 def l2_penalty(model: nn.Module, C: float | None) -> torch.Tensor | float:
@@ -69,10 +74,6 @@ class TabularTrainer:
         self.l2_C = l2_C
         self.drop_last = drop_last
 
-    def batches_per_epoch(self, n_train: int) -> int:
-        full, rest = divmod(n_train, self.batch_size)
-        return full + (1 if rest and not (self.drop_last and full) else 0)
-
     def fit(
         self,
         model: nn.Module,
@@ -87,7 +88,7 @@ class TabularTrainer:
         task = splits.task
         x, y = splits.x_train, splits.y_train
         n = len(y)
-        per_epoch = self.batches_per_epoch(n)
+        per_epoch = batches_per_epoch(n, self.batch_size, self.drop_last)
 
         def snapshot() -> dict:
             return {"model": copy.deepcopy(model.state_dict()), "loss": copy.deepcopy(aggregate.state_dict())}
@@ -99,8 +100,8 @@ class TabularTrainer:
             model.train()
             return result
 
-        best = {"score": -math.inf, "step": 0, "state": snapshot(), "val": validate()}
-        best["score"] = best["val"]["score"]
+        val = validate()
+        best = {"score": val["score"], "step": 0, "state": snapshot(), "val": val}
         step, start, stopped = 0, time.perf_counter(), False
         model.train()
         for epoch in range(1, self.max_epochs + 1):
@@ -131,7 +132,8 @@ class TabularTrainer:
                         break
             on_epoch_end({
                 "epoch": epoch, "step": step, "train_objective": epoch_loss / max(b + 1, 1),
-                **{f"val_{k}": v for k, v in validate().items()}, "lambda": _lambda_of(aggregate),
+                **{f"val_{k}": v for k, v in (val if step % self.eval_every == 0 else validate()).items()},
+                "lambda": _lambda_of(aggregate),
                 "best_step": best["step"], "elapsed_s": time.perf_counter() - start,
             })
             if stopped:
