@@ -15,7 +15,7 @@ def config_groups(config_dir: Path) -> dict[str, list[str]]:
     return {
         group.name: sorted(p.stem for p in group.glob("*.yaml"))
         for group in sorted(config_dir.iterdir())
-        if group.is_dir() and group.name not in {"hydra", "local"}
+        if group.is_dir() and group.name not in {"hydra", "local", "preset"}
     }
 
 

@@ -30,4 +30,6 @@ def stk(losses, k, lam, delta):
 
 
 BATCHED_AGGREGATES = {"average": average, "maximum": maximum, "atk": atk, "matk": matk, "stk": stk}
+USES_K = {"atk", "matk", "stk"}
 USES_LAMBDA = {"matk", "stk"}
+USES_DELTA = {"stk"}

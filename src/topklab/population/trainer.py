@@ -8,6 +8,7 @@ with AdaGrad(lr[m]), the same initialisation, batch order, early stopping and ro
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -116,9 +117,11 @@ class PopulationTrainer:
         return out
 
     # ---- training -----------------------------------------------------------------------
-    def fit(self, splits: list, members: Members, chunk: int = 4096) -> dict[str, torch.Tensor]:
+    def fit(self, splits: list, members: Members, chunk: int = 4096,
+            on_retire: Callable[[int], None] | None = None) -> dict[str, torch.Tensor]:
         """Train every member; return per-member tensors: ``{train,val,test}_<metric>``,
-        ``best_step``, ``steps``, ``lambda``, ``diverged``."""
+        ``best_step``, ``steps``, ``lambda``, ``diverged``. ``on_retire(n)`` is called whenever
+        ``n`` members finish (for progress bars)."""
         task = splits[0].task
         metric_name, metric = TASK_METRIC[task]
         xtr = torch.stack([s.x_train for s in splits]).to(self.dtype)
@@ -160,11 +163,13 @@ class PopulationTrainer:
 
         def retire(keep: torch.Tensor) -> None:
             nonlocal active, cur, opt_state
+            if on_retire is not None:
+                on_retire(int((~keep).sum()))
             active = active[keep]
             cur = {n: t[keep] for n, t in cur.items()}
             opt_state = {n: t[keep] for n, t in opt_state.items()}
 
-        for epoch in range(1, self.max_epochs + 1):
+        for _epoch in range(self.max_epochs):
             if len(active) == 0:
                 break
             orders = torch.stack([torch.randperm(n_train, generator=g) for g in generators])
@@ -206,6 +211,8 @@ class PopulationTrainer:
                     retire(~stop)
                     if len(active) == 0:
                         break
+        if on_retire is not None and len(active):
+            on_retire(len(active))
         return self._final_metrics(best, best_step, steps, diverged, splits, split, metric_name, metric, chunk)
 
     def _final_metrics(self, best, best_step, steps, diverged, splits, split, metric_name, metric, chunk):

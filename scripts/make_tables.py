@@ -1,0 +1,75 @@
+"""Write results/tables/table{3,4,6}.md and .tex from stored cells (reads only results/).
+
+    python scripts/make_tables.py [--preset quick] [--results results] [--out results/tables]
+
+Each table lists the paper's value, ours (mean ± std over the preset's splits), the difference,
+a mark where ours lies within the paper's std, and paired Wilcoxon tests of STk against the
+baselines of its row. Missing cells print as "—" and are listed.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from topklab.protocol.store import CellStore
+from topklab.protocol.tables import build_lines, paired_tests, render_latex, render_markdown
+from topklab.utils.errors import TopklabError
+from topklab.utils.io import atomic_write_text
+
+TABLES = ("table3", "table4", "table6")
+
+
+def header_for(preset: str, records: list[dict], lines) -> list[str]:
+    commands = sorted({r.get("command", "?") for r in records})
+    shas = sorted({str((r.get("provenance") or {}).get("git", {}).get("sha", "?"))[:10] for r in records})
+    splits = sorted({len(r["per_split"]["test"]) for r in records})
+    missing = [f"{x.dataset}/{x.individual}/{x.aggregate}" for x in lines if x.ours is None]
+    within = [x.within_paper_std for x in lines if x.within_paper_std is not None]
+    out = [f"Preset `{preset}`: {', '.join(map(str, splits))} splits per cell; code {', '.join(shas)}.",
+           f"Produced by: {'; '.join(f'`{c}`' for c in commands)}, then `python scripts/make_tables.py --preset {preset}`.",
+           f"Ours within the paper's std: {sum(within)} of {len(within)} cells."]
+    if missing:
+        out.append(f"Missing cells ({len(missing)}): {', '.join(missing)}.")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="quick", help="results/tabular/<preset>/ to read")
+    parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parents[1] / "results")
+    parser.add_argument("--out", type=Path, default=None, help="default: <results>/tables")
+    args = parser.parse_args(argv)
+    out_dir = args.out or args.results / "tables"
+    try:
+        paper_file = args.results / "paper" / "stk_neurips2024.yaml"
+        if not paper_file.exists():
+            raise TopklabError(f"{paper_file} is missing; restore it from git")
+        paper = yaml.safe_load(paper_file.read_text())
+        store = CellStore(args.results / "tabular" / args.preset)
+        records = store.records()
+        if not records:
+            raise TopklabError(f"no cells under {store.root}; run `python scripts/reproduce_tabular.py "
+                               f"preset={args.preset}` first (or pick another --preset)")
+        rendered = {}
+        for table in TABLES:
+            lines = build_lines(table, paper, records)
+            tests = paired_tests(table, records)
+            table_records = [r for r in records if r["cell"]["table"] == table]
+            header = header_for(args.preset, table_records, lines) if table_records else [
+                f"Preset `{args.preset}`: no cells of this table yet."]
+            rendered[f"{table}.md"] = render_markdown(table, paper, lines, tests, header)
+            rendered[f"{table}.tex"] = render_latex(table, paper, lines, tests, header)
+    except TopklabError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for name, text in rendered.items():
+        atomic_write_text(out_dir / name, text)
+    print(f"wrote {', '.join(sorted(rendered))} to {out_dir} from {len(records)} cells of preset {args.preset}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

