@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.setup-done
 KERNLAB_RDA := .data/kernlab/usr/lib/R/site-library/kernlab/data/spam.rda
 
-.PHONY: setup data demo test test-slow test-all clean
+.PHONY: setup data demo test test-slow test-all reproduce-tabular tables bench-population clean
 
 setup: $(STAMP) data
 
@@ -42,6 +42,27 @@ test-slow: setup
 
 test-all: setup
 	$(PY) -m pytest -q
+
+# STk Tables 3, 4, 6 by the paper's protocol into results/tabular/$(PRESET)/ (resumable: rerun to continue).
+# JOBS>1 runs rows in parallel through Hydra's joblib launcher (one torch thread each).
+PRESET ?= quick
+JOBS   ?= 1
+ROWS   := $(shell ls experiments/stk/*/*.yaml 2>/dev/null | sed 's|experiments/stk/||; s|\.yaml$$||' | paste -sd, -)
+reproduce-tabular: setup
+ifeq ($(JOBS),1)
+	$(PY) scripts/reproduce_tabular.py preset=$(PRESET)
+else
+	$(PY) scripts/reproduce_tabular.py -m preset=$(PRESET) row=$(ROWS) threads=1 \
+		hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS)
+endif
+
+# results/tables/table{3,4,6}.{md,tex} from the stored cells of TABLES_PRESET (reads only results/).
+TABLES_PRESET ?= quick
+tables: setup
+	$(PY) scripts/make_tables.py --preset $(TABLES_PRESET)
+
+bench-population: setup
+	$(PY) scripts/bench_population.py
 
 clean:
 	rm -rf outputs multirun .pytest_cache

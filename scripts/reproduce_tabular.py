@@ -18,7 +18,7 @@ os.environ.setdefault("TOPKLAB_ROOT", str(ROOT))
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from topklab.cli import fail  # noqa: E402
+from topklab.cli import check_group_choices, fail  # noqa: E402
 from topklab.protocol.reproduce import reproduce  # noqa: E402
 from topklab.utils.errors import TopklabError  # noqa: E402
 
@@ -33,4 +33,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    try:
+        check_group_choices([a for a in sys.argv[1:] if not a.startswith("-")], ROOT / "configs", exclude=("hydra",))
+    except TopklabError as err:
+        fail(err)
     main()

@@ -11,11 +11,14 @@ from topklab.utils.errors import TopklabError
 GROUP_OVERRIDE = re.compile(r"^[+~]?([A-Za-z_][\w]*)=(.*)$")
 
 
-def config_groups(config_dir: Path) -> dict[str, list[str]]:
+TRAIN_EXCLUDED = ("hydra", "local", "preset")  # groups train.yaml does not select from
+
+
+def config_groups(config_dir: Path, exclude=TRAIN_EXCLUDED) -> dict[str, list[str]]:
     return {
         group.name: sorted(p.stem for p in group.glob("*.yaml"))
         for group in sorted(config_dir.iterdir())
-        if group.is_dir() and group.name not in {"hydra", "local", "preset"}
+        if group.is_dir() and group.name not in exclude
     }
 
 
@@ -26,8 +29,8 @@ def sweep_values(value: str) -> list[str]:
     return [v.strip() for v in value.split(",")]
 
 
-def check_group_choices(overrides: list[str], config_dir: Path) -> None:
-    groups = config_groups(config_dir)
+def check_group_choices(overrides: list[str], config_dir: Path, exclude=TRAIN_EXCLUDED) -> None:
+    groups = config_groups(config_dir, exclude)
     for override in overrides:
         match = GROUP_OVERRIDE.match(override)
         if not match or match.group(1) not in groups:

@@ -75,14 +75,16 @@ class PopulationTrainer:
     def init_params(self, members: Members, n_features: int) -> dict[str, torch.Tensor]:
         """Stack each member's model as ``torch.manual_seed(seed)`` then the module constructor
         would build it, so that member m starts where the single-model run starts."""
+        seeds, member_seed = torch.unique(torch.as_tensor(members.seed), return_inverse=True)
         layers = []
         with torch.random.fork_rng():
-            for seed in members.seed:
+            for seed in seeds.tolist():
                 torch.manual_seed(seed)
                 model = MLP(n_features, self.hidden) if self.hidden else Linear(n_features)
                 layers.append([p.detach() for p in model.parameters()])
         names = ["w1", "b1", "w2", "b2"] if self.hidden else ["w2", "b2"]
-        params = {name: torch.stack([ps[i] for ps in layers]).to(self.dtype) for i, name in enumerate(names)}
+        params = {name: torch.stack([ps[i] for ps in layers]).to(self.dtype)[member_seed]
+                  for i, name in enumerate(names)}
         params["lam"] = torch.full((len(members),), float(self.lam_init), dtype=self.dtype)
         return params
 

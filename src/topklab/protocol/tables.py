@@ -87,12 +87,21 @@ def paired_tests(table: str, records: list[dict]) -> list[dict]:
                 tests.append({"dataset": dataset, "individual": individual, "baseline": baseline,
                               "n": len(stk), "mean_difference": float(np.mean(stk) - np.mean(other)),
                               "stk_better": int(np.sum(np.asarray(stk) < np.asarray(other))),
+                              "stk_worse": int(np.sum(np.asarray(stk) > np.asarray(other))),
                               "p": paired_p_value(stk, other)})
     return tests
 
 
-def _num(value: float | None, digits: int) -> str:
-    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+def _num(value: float | None, digits: int, sign: str = "") -> str:
+    if value is None or math.isnan(value):
+        return "—"
+    value = 0.0 if abs(value) < 0.5 * 10.0 ** -digits else value  # no "-0.000"
+    return f"{value:{sign}.{digits}f}"
+
+
+def wtl(test: dict) -> str:
+    ties = test["n"] - test["stk_better"] - test["stk_worse"]
+    return f"{test['stk_better']}/{ties}/{test['stk_worse']}"
 
 
 def _pm(pair, digits: int) -> str:
@@ -122,11 +131,11 @@ def render_markdown(table: str, paper: dict, lines: list[Line], tests: list[dict
                    f"{mark} | {_hyper(line.selected, line.aggregate)} |")
     if tests:
         out += ["", "Paired Wilcoxon signed-rank test (two-sided) of STk against a baseline over the same splits "
-                "(beyond the paper). Δ = mean(STk) − mean(baseline); wins = splits where STk is better.", "",
-                "| Dataset | Loss | STk vs | n | Δ | wins | p |", "|---|---|---|---|---|---|---|"]
+                "(beyond the paper). Δ = mean(STk) − mean(baseline); W/T/L = splits where STk is better/tied/worse.", "",
+                "| Dataset | Loss | STk vs | n | Δ | W/T/L | p |", "|---|---|---|---|---|---|---|"]
         for t in tests:
             out.append(f"| {t['dataset']} | {t['individual']} | {AGGREGATE_NAMES[t['baseline']]} | {t['n']} | "
-                       f"{t['mean_difference']:+.{digits}f} | {t['stk_better']}/{t['n']} | {t['p']:.3g} |")
+                       f"{_num(t['mean_difference'], digits, '+')} | {wtl(t)} | {t['p']:.3g} |")
     return "\n".join(out) + "\n"
 
 
@@ -151,10 +160,10 @@ def render_latex(table: str, paper: dict, lines: list[Line], tests: list[dict], 
     out += [r"\bottomrule", r"\end{tabular}"]
     if tests:
         out += [r"\par\medskip", r"\begin{tabular}{lllrrrr}", r"\toprule",
-                r"Dataset & Loss & STk vs & $n$ & $\Delta$ & wins & Wilcoxon $p$ \\", r"\midrule"]
+                r"Dataset & Loss & STk vs & $n$ & $\Delta$ & W/T/L & Wilcoxon $p$ \\", r"\midrule"]
         for t in tests:
             out.append(f"{_tex(t['dataset'])} & {t['individual']} & {AGGREGATE_NAMES[t['baseline']]} & {t['n']} & "
-                       f"{t['mean_difference']:+.{digits}f} & {t['stk_better']} & {t['p']:.3g} \\\\")
+                       f"{_num(t['mean_difference'], digits, '+')} & {wtl(t)} & {t['p']:.3g} \\\\")
         out += [r"\bottomrule", r"\end{tabular}"]
     out.append(r"\end{table}")
     return "\n".join(out) + "\n"
