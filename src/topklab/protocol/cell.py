@@ -136,11 +136,12 @@ def run_cell(cell: Cell, dataset, individual: nn.Module, protocol: Protocol, set
             "lambda": table["lambda"][best].tolist(),
             "diverged": table["diverged"][best].astype(bool).tolist(),
         },
-        "combos": [
-            {**combo, "val_mean": float(val[i].mean()), "test_mean": float(test[i].mean()),
-             "test_std": float(test[i].std()), "diverged": int(table["diverged"][i].sum())}
-            for i, combo in enumerate(combos)
-        ],
+        "combos": {  # every combination, column by column (grid order)
+            **{axis: [combo[axis] for combo in combos] for axis in ("k", "C", "lr", "delta")},
+            "val_mean": [round(float(v), 6) for v in val.mean(axis=1)],
+            "test_mean": [round(float(v), 6) for v in test.mean(axis=1)],
+            "diverged": table["diverged"].sum(axis=1).astype(int).tolist(),
+        },
         "members": len(rows),
         "member_steps": member_steps,
         "seconds": round(time.perf_counter() - start, 3),

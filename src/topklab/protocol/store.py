@@ -7,7 +7,7 @@ from pathlib import Path
 
 from topklab.protocol.cell import Cell
 from topklab.utils.errors import TopklabError
-from topklab.utils.io import atomic_write_json
+from topklab.utils.io import atomic_write_text
 
 
 class CellStore:
@@ -48,7 +48,7 @@ class CellStore:
 
     def save(self, record: dict) -> Path:
         cell = Cell(**record["cell"])
-        return atomic_write_json(self.path(cell), record)
+        return atomic_write_text(self.path(cell), json.dumps(record, separators=(",", ":"), sort_keys=True) + "\n")
 
     def records(self) -> list[dict]:
         """Every stored cell under the root (for the table builder)."""
