@@ -18,8 +18,8 @@ os.environ.setdefault("TOPKLAB_ROOT", str(ROOT))
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from topklab.cli import check_group_choices, fail  # noqa: E402
-from topklab.protocol.reproduce import reproduce  # noqa: E402
+from topklab.cli import check_group_choices, config_groups, fail  # noqa: E402
+from topklab.protocol.reproduce import load_rows, reproduce  # noqa: E402
 from topklab.utils.errors import TopklabError  # noqa: E402
 
 
@@ -32,9 +32,23 @@ def main(cfg: DictConfig) -> None:
     print(f"{len(records)} cells in {cfg.results_dir}; `make tables` writes results/tables/")
 
 
+def preflight(argv: list[str]) -> None:
+    """Unknown presets, rows, or overrides meant for train.py fail in one line before any job runs."""
+    args = [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]
+    train_groups = set(config_groups(ROOT / "configs")) - {"paths"}
+    for arg in args:
+        key, _, value = arg.lstrip("+~").partition("=")
+        if key in train_groups:
+            raise TopklabError(f"{key}= is a train.py option; rows choose datasets and losses here "
+                               f"(row=table3/<dataset>, aggregates=[...])")
+        if key == "row" and value != "all":
+            load_rows(ROOT / "experiments" / "stk", [v.strip() for v in value.strip("[]").split(",")])
+    check_group_choices(args, ROOT / "configs", exclude=("hydra",))
+
+
 if __name__ == "__main__":
     try:
-        check_group_choices([a for a in sys.argv[1:] if not a.startswith("-")], ROOT / "configs", exclude=("hydra",))
+        preflight(sys.argv[1:])
     except TopklabError as err:
         fail(err)
     main()

@@ -34,11 +34,20 @@ def test_paper_grid_sizes_per_aggregate():
 
 @pytest.mark.parametrize("bad,message", [
     (dict(C=[]), "grid.C is empty"), (dict(lr=[0.1, -1.0]), "grid.lr contains -1.0"),
-    (dict(k=[0]), "k"), (dict(delta=[True]), "grid.delta contains True"),
+    (dict(k=[0]), "grid.k: "), (dict(k=[2.0]), "grid.k: "), (dict(delta=[True]), "grid.delta contains True"),
 ])
 def test_bad_grid_values_are_rejected(bad, message):
-    with pytest.raises((TopklabError, ValueError), match=message):
+    with pytest.raises(TopklabError, match=message):
         Grid(**{**PAPER_GRID, **bad})
+
+
+@pytest.mark.parametrize("bad,message", [
+    (dict(n_splits=0), r"preset.n_splits=0 must be an int >= 1"), (dict(seed=-1), r"preset.seed=-1"),
+    (dict(eval_every=2.5), r"preset.eval_every=2.5"), (dict(min_delta=-1.0), r"preset.min_delta=-1.0"),
+])
+def test_bad_protocol_values_are_rejected(bad, message):
+    with pytest.raises(TopklabError, match=message):
+        tiny_protocol(**bad)
 
 
 def test_unknown_aggregate_is_rejected_with_choices():
@@ -52,6 +61,8 @@ def test_selection_uses_the_split_mean_breaks_ties_by_grid_order_and_skips_non_f
     assert select_combo(val) == 4
     assert select_combo(val[:4]) == 1
     assert select_combo(np.array([[1.0, 9.0], [4.0, 4.0]])) == 1  # the mean, not the best single split
+    with pytest.raises(TopklabError, match="every combination has a non-finite validation metric"):
+        select_combo(np.array([[np.nan, 1.0], [np.inf, 2.0]]))
 
 
 def tiny_protocol(**overrides):
@@ -86,8 +97,10 @@ def test_cell_selects_by_mean_validation_and_matches_per_model_training(wisconsi
 def test_population_chunks_give_the_same_cell(wisconsin):
     cell = Cell("table3", "wisconsin", "logistic", "matk")
     whole = run_cell(cell, wisconsin, Logistic(), tiny_protocol())
-    chunked = run_cell(cell, wisconsin, Logistic(), tiny_protocol(max_members=3))
-    assert chunked["per_split"] == whole["per_split"] and chunked["selected"] == whole["selected"]
+    for max_members in (3, 6):  # one and two combinations per population
+        chunked = run_cell(cell, wisconsin, Logistic(), tiny_protocol(max_members=max_members))
+        assert chunked["per_split"] == whole["per_split"] and chunked["selected"] == whole["selected"]
+        assert chunked["combos"] == whole["combos"]
 
 
 def write_row(directory, name="toy", dataset="wisconsin", aggregates=("average", "stk")):
@@ -120,6 +133,16 @@ def test_reproduce_stores_cells_and_a_rerun_skips_them(tmp_path, capsys):
     assert "2 of 2 cells already" in capsys.readouterr().out and path.stat().st_mtime_ns == mtime
     with pytest.raises(TopklabError, match="computed with other settings"):
         reproduce(reproduce_cfg(tmp_path, preset={"max_epochs": 3}))
+    with pytest.raises(TopklabError, match="computed with other settings"):  # k=1.0 (all) is not k=1 (one)
+        reproduce(reproduce_cfg(tmp_path, preset={"grid": {"k": [1.0, 0.5]}}))
+
+
+def test_aggregates_filter_is_exact_and_checked(tmp_path):
+    write_row(tmp_path / "experiments", aggregates=("atk", "matk"))
+    records = reproduce(reproduce_cfg(tmp_path, aggregates="matk"))
+    assert [r["cell"]["aggregate"] for r in records] == ["matk"]
+    with pytest.raises(TopklabError, match=r"aggregates \['stk'\] are in none of the selected rows"):
+        reproduce(reproduce_cfg(tmp_path, aggregates=["matk", "stk"]))
 
 
 def test_a_failing_cell_keeps_finished_cells_and_leaves_no_partial_file(tmp_path, monkeypatch):
@@ -183,11 +206,17 @@ def test_presets_compose_into_a_protocol(preset):
         assert protocol.grid == Grid(**PAPER_GRID) and protocol.n_splits == {"full": 50, "fraction": 2}[preset]
 
 
-def test_cli_bad_row_is_one_line_exit_2(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "reproduce_tabular.py"), "row=table3/nope",
-                          f"results_dir={tmp_path}/r", f"hydra.run.dir={tmp_path}/h"],
+@pytest.mark.parametrize("args,message", [
+    (["row=table3/nope"], "error: unknown row 'table3/nope'; choose from: table3/appendicitis"),
+    (["-m", "row=table3/wisconsin,table3/nope"], "error: unknown row 'table3/nope'"),
+    (["preset=huge"], "error: unknown preset 'huge'; choose one of: fraction, full, quick"),
+    (["dataset=german"], "error: dataset= is a train.py option"),
+])
+def test_cli_bad_input_is_one_line_exit_2_before_any_job(tmp_path, args, message):
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "reproduce_tabular.py"), *args,
+                          f"results_dir={tmp_path}/r", f"hydra.run.dir={tmp_path}/h", f"hydra.sweep.dir={tmp_path}/h"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == [
-        next(line for line in out.stderr.splitlines() if line.startswith("error: unknown row 'table3/nope'"))]
-    assert not (tmp_path / "r").exists()
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), out.stderr
+    assert not (tmp_path / "r").exists() and not (tmp_path / "h").exists()

@@ -9,6 +9,7 @@ from scipy.stats import wilcoxon
 
 from conftest import ROOT
 from topklab.protocol.tables import paired_p_value
+from topklab.utils.errors import TopklabError
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_tables  # noqa: E402
@@ -70,5 +71,5 @@ def test_no_results_is_a_one_line_error_and_writes_nothing(results, capsys):
 
 def test_paired_p_value_needs_paired_samples():
     assert paired_p_value([1.0, 2.0], [1.0, 2.0]) == 1.0
-    with pytest.raises(Exception, match="same splits"):
-        paired_p_value([1.0, 2.0], [1.0, 2.0, 3.0])
+    with pytest.raises(TopklabError, match="table3/x/logistic: stk vs atk needs the same splits"):
+        paired_p_value([1.0, 2.0], [1.0, 2.0, 3.0], "table3/x/logistic: stk vs atk")

@@ -12,6 +12,7 @@ from torch import nn
 
 from topklab.population import Members, PopulationTrainer
 from topklab.protocol.grid import Grid
+from topklab.utils.errors import TopklabError
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,16 @@ class Protocol:
     lam_init: float = 0.0
     max_members: int = 70_000
 
+    def __post_init__(self):
+        for name in ("n_splits", "max_epochs", "batch_size", "patience", "eval_every", "hidden", "max_members"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise TopklabError(f"preset.{name}={value!r} must be an int >= 1")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise TopklabError(f"preset.seed={self.seed!r} must be an int >= 0")
+        if not self.min_delta >= 0:
+            raise TopklabError(f"preset.min_delta={self.min_delta!r} must be >= 0")
+
     def fingerprint(self, aggregate: str) -> dict:
         """Everything that determines a cell's numbers (stored with it, compared on resume)."""
         fields = asdict(self)
@@ -73,7 +84,8 @@ def select_combo(val: np.ndarray) -> int:
     """Index of the combination with the lowest validation metric averaged over splits.
 
     ``val`` is (combinations, splits), lower is better (error % or RMSE). Ties go to the first
-    combination in grid order; a combination with any non-finite value is never chosen.
+    combination in grid order; a combination with any non-finite value is never chosen, and if
+    every combination has one that is an error.
 
     Examples
     --------
@@ -81,8 +93,9 @@ def select_combo(val: np.ndarray) -> int:
     1
     """
     mean = val.mean(axis=1)
-    mean = np.where(np.isfinite(mean), mean, np.inf)
-    return int(np.argmin(mean))
+    if not np.isfinite(mean).any():
+        raise TopklabError("every combination has a non-finite validation metric; check the data and lower the grid's lr")
+    return int(np.argmin(np.where(np.isfinite(mean), mean, np.inf)))
 
 
 def run_cell(cell: Cell, dataset, individual: nn.Module, protocol: Protocol, settings: dict | None = None,

@@ -40,7 +40,10 @@ class Grid:
             if not values:
                 raise TopklabError(f"grid.{name} is empty; give at least one value")
         for k in self.k:
-            validate_k(k)
+            try:
+                validate_k(k)
+            except ValueError as err:
+                raise TopklabError(f"grid.k: {err}") from None
         for name in ("C", "lr", "delta"):
             for value in getattr(self, name):
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:

@@ -19,6 +19,12 @@ from topklab.utils.provenance import collect
 ROW_FIELDS = {"table", "dataset", "individual", "aggregates"}
 
 
+def describe(selected: dict) -> str:
+    """``k=0.5, C=100, lr=0.1, delta=0.01``; k prints as given, so 1 (one sample) and 1.0 (all) differ."""
+    return ", ".join(f"{name}={value if name == 'k' else format(value, 'g')}"
+                     for name, value in selected.items() if name != "index")
+
+
 def load_rows(experiments_dir: Path, rows) -> list[DictConfig]:
     """The row configs named by ``rows`` ("all" or a list of ``table3/australian``-style names)."""
     available = {p.relative_to(experiments_dir).with_suffix("").as_posix(): p
@@ -40,11 +46,20 @@ def load_rows(experiments_dir: Path, rows) -> list[DictConfig]:
 
 def protocol_from(preset: DictConfig) -> Protocol:
     fields = OmegaConf.to_container(preset, resolve=True)
+    missing = {"name", "grid"} - set(fields)
+    if missing:
+        raise TopklabError(f"preset lacks {', '.join(sorted(missing))}; start from configs/preset/full.yaml")
     fields.pop("name")
     try:
         return Protocol(grid=Grid(**fields.pop("grid")), **fields)
     except TypeError as err:
         raise TopklabError(f"preset: {err}") from None
+
+
+def as_list(value) -> list | None:
+    if value is None:
+        return None
+    return [value] if isinstance(value, str) else list(value)
 
 
 def group_config(config_dir: Path, group: str, option: str, paths: DictConfig) -> DictConfig:
@@ -68,15 +83,22 @@ def reproduce(cfg: DictConfig) -> list[dict]:
     plan = []  # (cell, dataset config, individual config, fingerprint extras)
     for row in load_rows(Path(cfg.experiments_dir), cfg.row):
         dataset_cfg = group_config(config_dir, "dataset", row.dataset, cfg.paths)
-        aggregates = [a for a in row.aggregates if cfg.aggregates is None or a in cfg.aggregates]
+        wanted = as_list(cfg.aggregates)
+        aggregates = [a for a in row.aggregates if wanted is None or a in wanted]
         for individual in row.individual:
             individual_cfg = group_config(config_dir, "individual", individual, cfg.paths)
             for aggregate in aggregates:
                 cell = Cell(row.table, row.dataset, individual, aggregate)
                 protocol.grid.combos(aggregate)  # unknown aggregate names fail before any training
-                settings = {"dataset": OmegaConf.to_container(dataset_cfg, resolve=True),
-                            "individual": OmegaConf.to_container(individual_cfg, resolve=True)}
+                # unresolved, so that machine-specific paths do not enter the fingerprint
+                settings = {"dataset": OmegaConf.to_container(dataset_cfg, resolve=False),
+                            "individual": OmegaConf.to_container(individual_cfg, resolve=False)}
                 plan.append((cell, dataset_cfg, individual_cfg, settings))
+
+    unused = set(as_list(cfg.aggregates) or []) - {c.aggregate for c, *_ in plan}
+    if unused:
+        raise TopklabError(f"aggregates {sorted(unused)} are in none of the selected rows; choose from the rows' "
+                           f"aggregates ({', '.join(sorted({c.aggregate for c, *_ in plan}))})")
 
     def fingerprint(cell, settings):
         return {"protocol": protocol.fingerprint(cell.aggregate), **settings}
@@ -99,5 +121,5 @@ def reproduce(cfg: DictConfig) -> list[dict]:
             record["provenance"] = provenance
             store.save(record)
             bar.write(f"{cell.key}: test {record['metric']} {record['test_mean']:.4g} ± {record['test_std']:.3g} "
-                      f"(selected {', '.join(f'{k}={v:g}' for k, v in record['selected'].items() if k != 'index')}; {record['seconds']:.0f} s)")
+                      f"(selected {describe(record['selected'])}; {record['seconds']:.0f} s)")
     return [store.load(cell) for cell, *_ in plan]

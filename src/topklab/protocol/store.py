@@ -10,6 +10,10 @@ from topklab.utils.errors import TopklabError
 from topklab.utils.io import atomic_write_text
 
 
+def canonical(obj) -> str:
+    return json.dumps(obj, sort_keys=True)
+
+
 class CellStore:
     """``<root>/<table>/<dataset>/<individual>-<aggregate>.json`` under one preset's directory.
 
@@ -39,7 +43,8 @@ class CellStore:
         record = self.load(cell)
         if record is None:
             return False
-        if record.get("fingerprint") != json.loads(json.dumps(fingerprint)):
+        # as JSON text, so that k=1 (one sample) and k=1.0 (the whole batch) differ
+        if canonical(record.get("fingerprint")) != canonical(fingerprint):
             raise TopklabError(
                 f"{self.path(cell)} was computed with other settings than this run's; "
                 f"delete it (or use another preset name / results dir) to recompute"

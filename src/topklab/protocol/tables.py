@@ -23,7 +23,6 @@ class Line:
     aggregate: str
     paper: tuple[float, float] | None
     ours: tuple[float, float] | None
-    n_splits: int | None
     selected: dict | None
 
     @property
@@ -35,7 +34,7 @@ class Line:
         return None if self.difference is None else abs(self.difference) <= self.paper[1]
 
 
-def paired_p_value(ours: list[float], baseline: list[float]) -> float:
+def paired_p_value(ours: list[float], baseline: list[float], what: str = "") -> float:
     """Two-sided Wilcoxon signed-rank p-value of paired per-split metrics (1.0 if all equal).
 
     Examples
@@ -45,7 +44,8 @@ def paired_p_value(ours: list[float], baseline: list[float]) -> float:
     """
     a, b = np.asarray(ours, dtype=float), np.asarray(baseline, dtype=float)
     if a.shape != b.shape:
-        raise TopklabError(f"paired test needs the same splits on both sides, got {a.size} and {b.size} values")
+        raise TopklabError(f"paired test {what} needs the same splits on both sides, got {a.size} and {b.size} "
+                           f"values; recompute the cells with one preset")
     if np.all(a == b):
         return 1.0
     return float(wilcoxon(a, b, zero_method="wilcox", alternative="two-sided").pvalue)
@@ -64,7 +64,6 @@ def build_lines(table: str, paper: dict, records: list[dict]) -> list[Line]:
             lines.append(Line(
                 dataset, individual, aggregate, tuple(value),
                 None if record is None else (record["test_mean"], record["test_std"]),
-                None if record is None else len(record["per_split"]["test"]),
                 None if record is None else {k: v for k, v in record["selected"].items() if k != "index"},
             ))
     return lines
@@ -84,11 +83,14 @@ def paired_tests(table: str, records: list[dict]) -> list[dict]:
         for baseline in PAIRED_BASELINES:
             if baseline in cells:
                 other = cells[baseline]["per_split"]["test"]
+                what = f"{table}/{dataset}/{individual}: stk vs {baseline}"
+                if cells[baseline]["per_split"].get("split_seed") != cells["stk"]["per_split"].get("split_seed"):
+                    raise TopklabError(f"paired test {what}: the cells used different splits; recompute with one preset")
                 tests.append({"dataset": dataset, "individual": individual, "baseline": baseline,
                               "n": len(stk), "mean_difference": float(np.mean(stk) - np.mean(other)),
                               "stk_better": int(np.sum(np.asarray(stk) < np.asarray(other))),
                               "stk_worse": int(np.sum(np.asarray(stk) > np.asarray(other))),
-                              "p": paired_p_value(stk, other)})
+                              "p": paired_p_value(stk, other, what)})
     return tests
 
 
@@ -113,7 +115,7 @@ def _hyper(selected: dict | None, aggregate: str) -> str:
         return "—"
     keys = ["C", "lr"] + (["k"] if aggregate in ("atk", "matk", "stk") else []) + (["delta"] if aggregate == "stk" else [])
     names = {"C": "C", "lr": "η", "k": "k", "delta": "δ"}
-    return ", ".join(f"{names[k]}={selected[k]:g}" for k in keys)
+    return ", ".join(f"{names[k]}={selected[k] if k == 'k' else format(selected[k], 'g')}" for k in keys)
 
 
 def render_markdown(table: str, paper: dict, lines: list[Line], tests: list[dict], header: list[str]) -> str:
@@ -155,14 +157,14 @@ def render_latex(table: str, paper: dict, lines: list[Line], tests: list[dict], 
     for line in lines:
         mark = r"\checkmark" if line.within_paper_std else ""
         pm = (lambda p: "--" if p is None else f"${p[0]:.{digits}f} \\pm {p[1]:.{digits}f}$")
-        out.append(f"{_tex(line.dataset)} & {line.individual} & {AGGREGATE_NAMES[line.aggregate]} & "
+        out.append(f"{_tex(line.dataset)} & {_tex(line.individual)} & {AGGREGATE_NAMES[line.aggregate]} & "
                    f"{pm(line.paper)} & {pm(line.ours)} & {_num(line.difference, digits)} & {mark} \\\\")
     out += [r"\bottomrule", r"\end{tabular}"]
     if tests:
         out += [r"\par\medskip", r"\begin{tabular}{lllrrrr}", r"\toprule",
                 r"Dataset & Loss & STk vs & $n$ & $\Delta$ & W/T/L & Wilcoxon $p$ \\", r"\midrule"]
         for t in tests:
-            out.append(f"{_tex(t['dataset'])} & {t['individual']} & {AGGREGATE_NAMES[t['baseline']]} & {t['n']} & "
+            out.append(f"{_tex(t['dataset'])} & {_tex(t['individual'])} & {AGGREGATE_NAMES[t['baseline']]} & {t['n']} & "
                        f"{_num(t['mean_difference'], digits, '+')} & {wtl(t)} & {t['p']:.3g} \\\\")
         out += [r"\bottomrule", r"\end{tabular}"]
     out.append(r"\end{table}")

@@ -12,11 +12,9 @@ def _atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str) ->
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
     try:
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make results unreadable to others
         with os.fdopen(fd, mode) as handle:
+            os.fchmod(handle.fileno(), 0o644)  # mkstemp's 0600 would hide results from other users
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
