@@ -12,6 +12,7 @@ from torch import nn
 
 from topklab.population import Members, PopulationTrainer
 from topklab.protocol.grid import Grid
+from topklab.train.metrics import TASK_METRIC
 from topklab.utils.errors import TopklabError
 
 
@@ -128,11 +129,12 @@ def run_cell(cell: Cell, dataset, individual: nn.Module, protocol: Protocol, set
             columns.setdefault(name, []).append(values)
     table = {name: torch.cat(parts).double().numpy().reshape(len(combos), protocol.n_splits)
              for name, parts in columns.items()}
-    metric = next(name.split("_", 1)[1] for name in table if name.startswith("test_"))
+    metric = TASK_METRIC[dataset.task][0]
     val, test = table[f"val_{metric}"], table[f"test_{metric}"]
     best = select_combo(val)
     return {
         "cell": asdict(cell),
+        "data": splits[0].info,
         "metric": metric,
         "fingerprint": {"protocol": protocol.fingerprint(cell.aggregate), **(settings or {})},
         "selected": {"index": best, **combos[best]},

@@ -115,7 +115,6 @@ def reproduce(cfg: DictConfig) -> list[dict]:
             dataset = build(dataset_cfg, "dataset")
             individual = build(individual_cfg, "individual")
             record = run_cell(cell, dataset, individual, protocol, settings=settings, on_retire=bar.update)
-            record["data"] = dataset.splits(split_seed=0).info
             record["preset"] = cfg.preset.name
             record["command"] = command
             record["provenance"] = provenance

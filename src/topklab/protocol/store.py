@@ -10,6 +10,13 @@ from topklab.utils.errors import TopklabError
 from topklab.utils.io import atomic_write_text
 
 
+def read_cell(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise TopklabError(f"{path} is corrupt ({err}); delete it and rerun to recompute that cell") from err
+
+
 def canonical(obj) -> str:
     return json.dumps(obj, sort_keys=True)
 
@@ -31,12 +38,7 @@ class CellStore:
 
     def load(self, cell: Cell) -> dict | None:
         path = self.path(cell)
-        if not path.exists():
-            return None
-        try:
-            return json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise TopklabError(f"{path} is corrupt ({err}); delete it and rerun to recompute that cell") from err
+        return read_cell(path) if path.exists() else None
 
     def is_done(self, cell: Cell, fingerprint: dict) -> bool:
         """True if ``cell`` is stored with this fingerprint; an error if it is stored with another."""
@@ -57,10 +59,4 @@ class CellStore:
 
     def records(self) -> list[dict]:
         """Every stored cell under the root (for the table builder)."""
-        out = []
-        for path in sorted(self.root.glob("*/*/*.json")):
-            try:
-                out.append(json.loads(path.read_text()))
-            except (json.JSONDecodeError, UnicodeDecodeError) as err:
-                raise TopklabError(f"{path} is corrupt ({err}); delete it and rerun to recompute that cell") from err
-        return out
+        return [read_cell(path) for path in sorted(self.root.glob("*/*/*.json"))]

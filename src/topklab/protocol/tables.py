@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import wilcoxon
 
+from topklab.population.aggregates import USES_DELTA, USES_K
 from topklab.utils.errors import TopklabError
 
 AGGREGATE_NAMES = {"average": "Average", "maximum": "Maximum", "atk": "ATk", "matk": "MATk", "stk": "STk"}
@@ -113,7 +114,7 @@ def _pm(pair, digits: int) -> str:
 def _hyper(selected: dict | None, aggregate: str) -> str:
     if selected is None:
         return "—"
-    keys = ["C", "lr"] + (["k"] if aggregate in ("atk", "matk", "stk") else []) + (["delta"] if aggregate == "stk" else [])
+    keys = ["C", "lr"] + (["k"] if aggregate in USES_K else []) + (["delta"] if aggregate in USES_DELTA else [])
     names = {"C": "C", "lr": "η", "k": "k", "delta": "δ"}
     return ", ".join(f"{names[k]}={selected[k] if k == 'k' else format(selected[k], 'g')}" for k in keys)
 
