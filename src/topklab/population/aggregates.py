@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from topklab.losses.smoothing import srelu
+from topklab.losses.smoothing import get_smoothing, srelu
 
 
 def average(losses, k, lam, delta):
@@ -33,3 +33,14 @@ BATCHED_AGGREGATES = {"average": average, "maximum": maximum, "atk": atk, "matk"
 USES_K = {"atk", "matk", "stk"}
 USES_LAMBDA = {"matk", "stk"}
 USES_DELTA = {"stk"}
+
+
+def thresholded(smoothing: str):
+    """``(1/B)·Σ φ(ℓ − λ) + (k/B)·λ`` with φ = ``SMOOTHINGS[smoothing]`` (STk with another ReLU
+    variant, STk paper Table 2); φ gets δ but only SReLU uses it."""
+    phi = get_smoothing(smoothing)
+
+    def aggregate(losses, k, lam, delta):
+        return phi(losses - lam[:, None], delta[:, None]).mean(1) + k / losses.shape[1] * lam
+
+    return aggregate
