@@ -66,7 +66,9 @@ class SyntheticTrainer:
     lr : float > 0, Adam step size (paper: "default", 1e-3); betas/eps are PyTorch's defaults
     l1 : float >= 0, coefficient of ``l1·‖w‖₁`` (paper: not given; our choice, a config field)
     delta : float > 0, SReLU δ (paper: 0.01)
-    lam_init : float, initial λ of MATk/STk
+    lam_init : float or "auto", initial λ of MATk/STk. ``auto`` starts λ at its optimum for the
+        initial model: the ⌈n·k/B⌉-th largest per-sample training loss at initialisation (see
+        :func:`initial_threshold`). The paper does not say how λ starts.
     eval_every : int >= 1, steps between validation evaluations
     patience, min_delta : stop once validation accuracy (a fraction) has not risen by more than
         ``min_delta`` for ``patience`` steps (paper: 1e-4 within 200 steps); roll back to the best
@@ -77,7 +79,7 @@ class SyntheticTrainer:
     lr: float = 1e-3
     l1: float = 1e-3
     delta: float = 0.01
-    lam_init: float = 0.0
+    lam_init: float | str = 0.0
     eval_every: int = 10
     patience: int = 200
     min_delta: float = 1e-4
@@ -90,9 +92,20 @@ class SyntheticTrainer:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TopklabError(f"synthetic trainer {name}={value!r} must be an int >= 1")
+        if self.lam_init != "auto" and not isinstance(self.lam_init, (int, float)):
+            raise TopklabError(f"synthetic trainer lam_init={self.lam_init!r} must be a number or 'auto'")
         if not self.lr > 0 or not self.delta > 0 or self.l1 < 0 or self.min_delta < 0:
             raise TopklabError(f"synthetic trainer needs lr > 0, delta > 0, l1 >= 0, min_delta >= 0; got "
                                f"lr={self.lr}, delta={self.delta}, l1={self.l1}, min_delta={self.min_delta}")
+
+
+def initial_threshold(losses: torch.Tensor, k_count: torch.Tensor, batch: int) -> torch.Tensor:
+    """The ``round(n·k/B)``-th largest (at least the first) of ``losses`` (..., n) for each k count
+    ``k_count`` (...,): where λ* = ℓ_[k] would sit if the whole training set were one batch."""
+    n = losses.shape[-1]
+    rank = (n * k_count / batch).round().clamp(1, n).long()
+    ranked = torch.sort(losses, dim=-1, descending=True).values
+    return ranked.gather(-1, (rank - 1)[..., None])[..., 0]
 
 
 def init_linear(seed: int, d: int) -> nn.Linear:
@@ -117,7 +130,14 @@ def fit_single(column: Column, k, train: SyntheticSplit, val: SyntheticSplit, se
     n, d = train.x.shape
     with torch.random.fork_rng():
         model = init_linear(seed, d)
-    aggregate = column.module(k if column.uses_k else 1, settings.delta, settings.lam_init, scale)
+    lam_init = settings.lam_init
+    if lam_init == "auto":
+        with torch.no_grad():
+            losses = F.binary_cross_entropy_with_logits(model(train.x)[:, 0], train.y, reduction="none")
+        batch = min(settings.batch_size, n)
+        k_count = resolve_k(k, batch) if column.uses_k else 1
+        lam_init = float(initial_threshold(losses, torch.tensor(float(k_count)), batch))
+    aggregate = column.module(k if column.uses_k else 1, settings.delta, lam_init, scale)
     params = list(model.parameters()) + list(aggregate.parameters())
     optimizer = torch.optim.Adam(params, lr=settings.lr, betas=settings.betas, eps=settings.eps)
     generator = torch.Generator().manual_seed(seed)
@@ -200,7 +220,12 @@ class LogisticPopulation:
             layers = [init_linear(int(v), d) for v in seeds]
         cur = {"w": torch.stack([m.weight.detach()[0] for m in layers])[:, None, :].repeat(1, M, 1),
                "b": torch.stack([m.bias.detach()[0] for m in layers])[:, None].repeat(1, M),
-               "lam": torch.full((R, M), float(s.lam_init))}
+               "lam": torch.full((R, M), 0.0 if s.lam_init == "auto" else float(s.lam_init))}
+        if s.lam_init == "auto":
+            with torch.no_grad():
+                logits = torch.einsum("rnd,rmd->rmn", xtr, cur["w"]) + cur["b"][..., None]
+                losses = F.binary_cross_entropy_with_logits(logits, ytr[:, None, :].expand_as(logits), reduction="none")
+                cur["lam"] = initial_threshold(losses, k_count.view(R, M), batch)
         trained = ["w", "b"] + (["lam"] if self.column.uses_lambda else [])
         m1 = {name: torch.zeros_like(cur[name]) for name in trained}
         m2 = {name: torch.zeros_like(cur[name]) for name in trained}
