@@ -286,3 +286,31 @@ def test_p_k_validation(p_k, error, match):
     else:
         with pytest.raises(error, match=match):
             validate_p_k(p_k)
+
+
+# ---------- the fused SReLU mean inside STk ----------
+
+@pytest.mark.parametrize("delta", [1e-4, 0.01, 0.5])
+def test_srelu_mean_matches_elementwise_formula(delta):
+    from topklab.losses.aggregate.srelu_mean import srelu_mean
+
+    losses = (torch.randn(301, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) * 3).requires_grad_()
+    lam = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    fused = srelu_mean(losses, lam, delta)
+    reference = srelu(losses - lam, delta).mean()
+    assert fused.item() == pytest.approx(reference.item(), rel=1e-12, abs=1e-14)
+    fused_grads = torch.autograd.grad(fused, (losses, lam))
+    reference_grads = torch.autograd.grad(reference, (losses, lam))
+    for got, want in zip(fused_grads, reference_grads):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-14)
+    assert torch.autograd.gradcheck(lambda l, t: srelu_mean(l, t, delta), (losses, lam))
+
+
+def test_srelu_mean_refuses_double_backward():
+    from topklab.losses.aggregate.srelu_mean import srelu_mean
+
+    losses = torch.rand(5, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(srelu_mean(losses, torch.tensor(0.5, dtype=torch.float64), 0.01), losses,
+                                  create_graph=True)
+    with pytest.raises(RuntimeError):
+        grad.sum().backward()

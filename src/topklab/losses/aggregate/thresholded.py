@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from topklab.losses.aggregate.base import check_losses
+from topklab.losses.aggregate.srelu_mean import srelu_mean
 from topklab.losses.k import resolve_k, validate_k
 from topklab.losses.smoothing import get_smoothing
 from topklab.losses.threshold import get_constraint
@@ -55,7 +56,11 @@ class ThresholdedTopK(nn.Module):
         n = losses.numel()
         k = resolve_k(self.k, n)
         lam = self.threshold.to(losses.dtype)
-        value = self._phi(losses - lam, self.delta).mean() + (k / n) * lam
+        if self.smoothing == "srelu":
+            hinge = srelu_mean(losses, lam, self.delta)
+        else:
+            hinge = self._phi(losses - lam, self.delta).mean()
+        value = hinge + (k / n) * lam
         if self.scale == "atk":
             value = value * (n / k)
         return value
