@@ -1,4 +1,5 @@
-"""Write results/tables/table{3,4,6}.md and .tex from stored cells (reads only results/).
+"""Write results/tables/table{3,4,6}.md and .tex from stored cells, and table{1,2}.md from
+results/synthetic/table{1,2}.json where those exist (reads only results/).
 
     python scripts/make_tables.py [--preset quick] [--results results] [--out results/tables]
 
@@ -12,10 +13,13 @@ import argparse
 import sys
 from pathlib import Path
 
+import json
+
 import yaml
 
 from topklab.protocol.store import CellStore
 from topklab.protocol.tables import build_lines, paired_tests, render_latex, render_markdown
+from topklab.synthetic.tables import render_table1, render_table2
 from topklab.utils.errors import TopklabError
 from topklab.utils.io import atomic_write_text
 
@@ -62,6 +66,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"Preset `{args.preset}`: no cells of this table yet."]
             rendered[f"{table}.md"] = render_markdown(table, paper, lines, tests, header)
             rendered[f"{table}.tex"] = render_latex(table, paper, lines, tests, header)
+        for name, render in (("table1", render_table1), ("table2", render_table2)):
+            source = args.results / "synthetic" / f"{name}.json"
+            if source.exists():
+                try:
+                    rendered[f"{name}.md"] = render(json.loads(source.read_text()), paper)
+                except (ValueError, KeyError) as err:
+                    raise TopklabError(f"{source} is corrupt ({err!r}); rerun the script that wrote it") from None
+            else:
+                print(f"note: {source} not found; {name}.md not written (see scripts/README.md)")
     except TopklabError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -78,7 +78,7 @@ def main() -> None:
         rows[name]["std"] = statistics.pstdev(seconds)
         print(f"{name:>14}: {rows[name]['mean']:.4f} ± {rows[name]['std']:.4f} s ({rows[name]['level']})")
     result = {"n": args.n, "k": args.k, "runs": args.runs, "seed": args.seed, "lr": args.lr, "delta": args.delta,
-              "tol": args.tol, "threads": 1, "algorithms": rows, "command": " ".join(["python", *sys.argv]),
+              "tol": args.tol, "threads": 1, "algorithms": rows, "order": names, "command": " ".join(["python", *sys.argv]),
               "provenance": collect(ROOT)}
     print(f"wrote {atomic_write_json(args.out, result)}")
 

@@ -104,7 +104,7 @@ def table2(cfg: DictConfig, log=print) -> dict:
         log(f"table2 {name}: acc {mean_std(out['test_acc'])[0]:.2f}%  ParaF1 {mean_std(out['paraf1'])[0]:.3f}  "
             f"k={out['k']}  time {mean_std(times)[0]:.2f} s/model")
     lda_w, lda_b = lda_boundary(task.mean_neg, task.mean_pos, task.cov, cfg.positive_fraction)
-    return {"columns": columns, "bayes_accuracy_balanced_test": 100 * task.bayes_accuracy(0.5),
+    return {"columns": columns, "order": list(columns), "bayes_accuracy_balanced_test": 100 * task.bayes_accuracy(0.5),
             "lda_support": int((lda_w.abs() > 1e-9).sum())}
 
 
@@ -143,7 +143,8 @@ def figure4(cfg: DictConfig, log=print) -> dict:
             log(f"figure4 ratio {ratio} {name}: acc {mean_std(out['test_acc'])[0]:.2f}%  "
                 f"ParaF1 {mean_std(out['paraf1'])[0]:.3f}")
         by_ratio[str(ratio)] = row
-    return {"negative_ratios": list(cfg.figure4.negative_ratios), "by_ratio": by_ratio}
+    return {"negative_ratios": list(cfg.figure4.negative_ratios), "by_ratio": by_ratio,
+            "order": list(cfg.figure4.columns)}
 
 
 RUNNERS = {"table2": table2, "figure3": figure3, "figure4": figure4}

@@ -1,0 +1,274 @@
+"""STk §4: the Gaussian data generator, the LDA boundary, ParaF1, the synthetic population trainer
+against the single-model loop, the Table 1 solvers, and the scripts end to end on tiny settings."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT
+from topklab.bench.topk_sum import (bubble_sort_topk_sum, exact_objective, heap_sort_topk_sum, lambda_iteration,
+                                    sort_topk_sum)
+from topklab.synthetic import GaussianTask, lda_boundary, para_f1, toeplitz_covariance
+from topklab.synthetic.train import Column, LogisticPopulation, SyntheticTrainer, fit_single, initial_threshold
+from topklab.utils.errors import TopklabError
+
+# ---------- data ----------
+
+
+def test_covariances_as_printed_and_intended():
+    printed = GaussianTask(d=5, n_signal=2, covariance="printed").cov
+    intended = GaussianTask(d=5, n_signal=2, covariance="intended").cov
+    for j in range(5):
+        for k in range(5):
+            assert printed[j, k].item() == pytest.approx(0.25 ** (0.5 + abs(j - k)))
+            assert intended[j, k].item() == pytest.approx(0.5 ** abs(j - k))
+    assert printed[0, 0].item() == pytest.approx(0.5)  # the printed form's diagonal is 0.5, not 1
+
+
+def test_samples_have_the_covariance_means_and_exact_class_ratio():
+    task = GaussianTask(d=6, n_signal=2, covariance="intended")
+    split = task.sample(40_000, positive_fraction=0.8, generator=torch.Generator().manual_seed(1))
+    assert int(split.y.sum()) == 32_000 and split.x.dtype == torch.float32
+    x = split.x.double()
+    for label, mean in ((1, task.mean_pos), (0, task.mean_neg)):
+        rows = x[split.y == label]
+        torch.testing.assert_close(rows.mean(0), mean, atol=0.03, rtol=0)
+        torch.testing.assert_close(torch.cov(rows.T), task.cov, atol=0.04, rtol=0)
+    assert task.mean_pos.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("fraction,n,expected", [(0.5, 10, 5), (0.999, 1000, 999), (0.999, 100, 99), (0.001, 100, 1)])
+def test_class_counts_round_and_keep_both_classes(fraction, n, expected):
+    split = GaussianTask(d=3, n_signal=1).sample(n, fraction, torch.Generator().manual_seed(0))
+    assert int(split.y.sum()) == expected
+
+
+@pytest.mark.parametrize("kwargs", [{"covariance": "diagonal"}, {"rho": 1.0}, {"n_signal": 0}, {"n_signal": 9, "d": 4}])
+def test_bad_task_settings_say_what_to_fix(kwargs):
+    with pytest.raises(TopklabError):
+        GaussianTask(**kwargs)
+
+
+# ---------- LDA and ParaF1 ----------
+
+
+def test_lda_boundary_of_the_papers_2d_example():
+    task = GaussianTask(d=2, n_signal=2, shift=2.0, rho=0.8)
+    w, b = lda_boundary(task.mean_neg, task.mean_pos, task.cov, 0.8)
+    assert w.tolist() == pytest.approx([1.111, 1.111], abs=1e-3)
+    assert b == pytest.approx(-0.836, abs=1e-3)
+
+
+def test_lda_boundary_is_the_bayes_rule():
+    """The LDA score equals the log posterior odds computed from the two Gaussian densities."""
+    task = GaussianTask(d=3, n_signal=2, shift=1.5, rho=0.3)
+    w, b = lda_boundary(task.mean_neg, task.mean_pos, task.cov, 0.7)
+    x = torch.randn(50, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    pos = torch.distributions.MultivariateNormal(task.mean_pos, task.cov).log_prob(x)
+    neg = torch.distributions.MultivariateNormal(task.mean_neg, task.cov).log_prob(x)
+    torch.testing.assert_close(x @ w + b, pos - neg + torch.log(torch.tensor(0.7 / 0.3, dtype=torch.float64)))
+
+
+def test_paraf1_against_a_set_based_reference():
+    g = torch.Generator().manual_seed(4)
+    w_star = torch.zeros(30)
+    w_star[:10] = 1.0
+    for _ in range(20):
+        w_hat = torch.randn(30, generator=g) * (torch.rand(30, generator=g) < 0.4)
+        found = {j for j in range(30) if abs(w_hat[j]) > 0.2}
+        true = set(range(10))
+        hits = len(found & true)
+        precision = hits / len(found) if found else 0.0
+        recall = hits / len(true)
+        want = 2 * precision * recall / (precision + recall) if hits else 0.0
+        assert para_f1(w_hat, w_star, 0.2).item() == pytest.approx(want, abs=1e-6)
+    assert para_f1(torch.zeros(30), w_star, 0.0).item() == 0.0
+    assert para_f1(w_star, w_star, 0.0).item() == 1.0
+
+
+# ---------- trainers ----------
+
+
+@pytest.fixture(scope="module")
+def tiny_data():
+    task = GaussianTask(d=12, n_signal=3, covariance="intended")
+    g = torch.Generator().manual_seed(0)
+    train = [task.sample(400, 0.8, g) for _ in range(2)]
+    val = [task.sample(150, 0.5, g) for _ in range(2)]
+    return train, val
+
+
+COLUMNS = [Column("average"), Column("maximum"), Column("atk"), Column("matk"), Column("stk"),
+           Column("stk", "elu"), Column("stk", "softplus"), Column("stk", "leaky_relu")]
+
+
+@pytest.mark.parametrize("column", COLUMNS, ids=lambda c: f"{c.aggregate}-{c.smoothing}")
+@pytest.mark.parametrize("lam_init", [0.0, "auto"])
+def test_population_equals_single_model_loop(tiny_data, column, lam_init):
+    train, val = tiny_data
+    settings = SyntheticTrainer(batch_size=64, lr=1e-2, l1=1e-3, eval_every=5, patience=30, max_epochs=12,
+                                lam_init=lam_init)
+    seeds, ks = [3, 4], [0.5, 0.2, 5]
+    population = LogisticPopulation(column, settings).fit(train, val, seeds, ks)
+    for r in range(2):
+        for m, k in enumerate(ks):
+            single = fit_single(column, k, train[r], val[r], seeds[r], settings)
+            assert single["best_step"] == int(population["best_step"][r, m])
+            assert single["steps"] == int(population["steps"][r, m])
+            assert single["val_acc"] == pytest.approx(float(population["val_acc"][r, m]), abs=1e-12)
+            torch.testing.assert_close(population["w"][r, m], single["w"], atol=1e-5, rtol=1e-4)
+            if column.uses_lambda:
+                assert float(population["lam"][r, m]) == pytest.approx(float(single["lam"]), abs=1e-5)
+
+
+def test_early_stopping_rolls_back_to_the_best_validation_step(tiny_data):
+    train, val = tiny_data
+    settings = SyntheticTrainer(batch_size=64, lr=5e-2, eval_every=1, patience=15, max_epochs=50)
+    out = fit_single(Column("average"), 1, train[0], val[0], 7, settings)
+    assert out["steps"] - out["best_step"] == settings.patience  # stopped exactly patience steps after the best
+    w, b = out["w"], out["b"]
+    acc = ((val[0].x @ w + b > 0).float() == val[0].y).double().mean().item()
+    assert acc == pytest.approx(out["val_acc"])
+
+
+def test_initial_threshold_is_the_kth_largest():
+    losses = torch.tensor([[0.1, 0.9, 0.5, 0.7, 0.3, 0.2, 0.8, 0.4]])
+    # n = 8 rows, batch 4: k = 1 of 4 -> the 2nd largest of 8; k = 3 of 4 -> the 6th largest
+    got = initial_threshold(losses.expand(2, 8), torch.tensor([1.0, 3.0]), batch=4)
+    assert got.tolist() == pytest.approx([0.8, 0.3])
+
+
+@pytest.mark.parametrize("kwargs", [{"batch_size": 0}, {"lr": 0.0}, {"l1": -1.0}, {"lam_init": "median"}])
+def test_bad_trainer_settings(kwargs):
+    with pytest.raises(TopklabError):
+        SyntheticTrainer(**kwargs)
+
+
+# ---------- Table 1 solvers ----------
+
+
+def test_topk_sum_solvers_agree_with_torch_topk():
+    g = torch.Generator().manual_seed(2)
+    for n, k in ((50, 5), (301, 1), (400, 400)):
+        values = torch.randn(n, generator=g, dtype=torch.float64)
+        want = float(torch.topk(values, k).values.sum())
+        assert bubble_sort_topk_sum(values.tolist(), k) == pytest.approx(want)
+        assert heap_sort_topk_sum(values.tolist(), k) == pytest.approx(want)
+        assert sort_topk_sum(values, k) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("method", ["atk", "stk"])
+def test_lambda_iteration_reaches_the_tolerance(method):
+    values = torch.randn(5000, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    target = float(torch.topk(values, 5).values.sum())
+    answer, iterations = lambda_iteration(values, 5, target, method, tol=1e-2)
+    assert abs(answer - target) < 1e-2 and iterations > 0
+    # Eq. 1 at any λ bounds the top-k sum from above, and is exact at λ = e_[k]
+    kth = torch.topk(values, 5).values[-1]
+    assert float(exact_objective(values, kth, 5)) == pytest.approx(target)
+    assert float(exact_objective(values, kth + 0.3, 5)) > target
+
+
+# ---------- scripts end to end ----------
+
+TINY = ["repeats=2", "threads=1", "task.d=12", "task.n_signal=3", "sizes.train=600", "sizes.val=200",
+        "sizes.test=200", "trainer.batch_size=64", "trainer.max_epochs=3", "k_grid=[0.2,0.8]", "time_repeats=1",
+        "figure3.sizes.train=300", "figure3.sizes.val=100", "figure3.sizes.test=100", "figure3.trainer.max_epochs=3",
+        "figure4.negative_ratios=[0.5,0.05]"]
+
+
+def run_script(name, *args, cwd=ROOT):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd)
+
+
+def test_reproduce_synthetic_then_tables_and_figures(tmp_path):
+    results = tmp_path / "results"
+    (results / "paper").mkdir(parents=True)
+    (results / "paper" / "stk_neurips2024.yaml").write_text((ROOT / "results/paper/stk_neurips2024.yaml").read_text())
+    out = run_script("reproduce_synthetic.py", *TINY, f"results_dir={results}/synthetic", f"hydra.run.dir={tmp_path}/h")
+    assert out.returncode == 0, out.stderr
+    table2 = json.loads((results / "synthetic" / "table2.json").read_text())
+    assert table2["order"][0] == "Average" and len(table2["columns"]) == 8
+    for column in table2["columns"].values():
+        assert len(column["test_acc"]) == 2 and all(0 <= a <= 100 for a in column["test_acc"])
+        assert all(0 <= f <= 1 for f in column["paraf1"])
+    assert table2["columns"]["STk (SReLU)"]["k"] in (0.2, 0.8) and table2["columns"]["Average"]["k"] is None
+    assert table2["provenance"]["git"] and "repeats=2" in table2["command"]
+    figure4 = json.loads((results / "synthetic" / "figure4.json").read_text())
+    assert set(figure4["by_ratio"]) == {"0.5", "0.05"}
+
+    out = run_script("table1_topk_time.py", "--runs", "2", "--n", "300", "--out", str(results / "synthetic/table1.json"))
+    assert out.returncode == 0, out.stderr
+    table1 = json.loads((results / "synthetic" / "table1.json").read_text())
+    assert all(max(row["abs_error"]) < 1e-2 for row in table1["algorithms"].values())
+
+    out = run_script("make_tables.py", "--results", str(results))
+    assert out.returncode == 2 and "no cells" in out.stderr  # no tabular cells in this tree: a one-line error
+    out = run_script("make_figures.py", "--results", str(results))
+    assert out.returncode == 0, out.stderr
+    for name in ("figure2", "figure3", "figure4"):
+        assert (results / "figures" / f"{name}.png").stat().st_size > 10_000
+
+
+def test_make_tables_renders_tables_1_and_2(tmp_path):
+    from topklab.synthetic.tables import render_table1, render_table2
+    import yaml
+
+    paper = yaml.safe_load((ROOT / "results/paper/stk_neurips2024.yaml").read_text())
+    table1 = {"n": 10000, "k": 5, "runs": 2, "threads": 1, "command": "python x", "order": ["HeapSort", "STk"],
+              "algorithms": {"HeapSort": {"level": "pure Python loops", "seconds": [0.1, 0.3], "mean": 0.2, "std": 0.1,
+                                          "iterations": []},
+                             "STk": {"level": "torch", "seconds": [0.01], "mean": 0.0254, "std": 0.0, "iterations": [10, 30]}}}
+    text = render_table1(table1, paper)
+    assert "| HeapSort | pure Python loops | 0.1243 ± 0.045 | 0.2 ± 0.1 | 1.61 | — |" in text
+    assert "| STk | torch | 0.0127 ± 0.002 | 0.0254 ± 0 | 2 | 20 (max 30) |" in text
+    columns = {name: {"test_acc": [70.0, 80.0], "paraf1": [0.5, 0.5], "seconds_single": [1.0], "k": 0.5}
+               for name in ("Average", "STk (SReLU)")}
+    table2 = {"columns": columns, "order": ["Average", "STk (SReLU)"], "bayes_accuracy_balanced_test": 96.4,
+              "command": "python y", "config": {"task": {"covariance": "printed"}, "trainer": {"l1": 0.01, "lam_init": "auto"},
+                                                "k_grid": [0.5], "support_tol": 0.01, "time_repeats": 1}}
+    text = render_table2(table2, paper)
+    assert "| Accuracy (%), paper | 72.86 | 76.10 |" in text
+    assert "| Accuracy (%), ours | 75.00 ± 5.00 | 75.00 ± 5.00 |" in text
+    assert "| ParaF1, paper | 0.190 | 0.345 |" in text
+
+
+def test_table1_script_rejects_bad_input(tmp_path):
+    out = run_script("table1_topk_time.py", "--k", "0", "--out", str(tmp_path / "t.json"))
+    assert out.returncode == 2 and out.stderr.startswith("error:") and len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_reproduce_synthetic_rejects_unknown_experiment(tmp_path):
+    out = run_script("reproduce_synthetic.py", "experiments=[table9]", f"results_dir={tmp_path}/r",
+                     f"hydra.run.dir={tmp_path}/h")
+    assert out.returncode == 2 and "unknown synthetic experiment" in out.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_bench_topk_worker_measures_one_point():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import bench_topk
+    finally:
+        sys.path.pop(0)
+    row = bench_topk.worker("STk", 1000, 100, "cpu", min_time=0.01, threads=1)
+    assert row["seconds"] > 0 and row["repeats"] >= 3 and row["peak_bytes"] >= 0
+    rows = []
+    for name in bench_topk.LOSSES:
+        for label in (bench_topk.k_values(1000) if name in bench_topk.USES_K else ["-"]):
+            rows.append({"loss": name, "n": 1000, "k_label": label, "seconds": 2.0 if name == "STk" else 1.0,
+                         "peak_bytes": 0})
+    assert bench_topk.stk_ratio(rows, 1000) == 2.0
+    assert "| STk | 0.9n | 2e+03 ms (0 MiB) |" in bench_topk.render(rows, "cpu", "test machine")
+
+
+@pytest.mark.slow
+def test_bench_topk_script_last_line(tmp_path):
+    out = run_script("bench_topk.py", "--max-exp", "3", "--min-time", "0.01", "--out-dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1].startswith("worst STk/Average ratio over n: ")
+    assert (tmp_path / "topk_cpu.png").exists() and (tmp_path / "topk_cpu.md").exists()
