@@ -5,7 +5,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.setup-done
 KERNLAB_RDA := .data/kernlab/usr/lib/R/site-library/kernlab/data/spam.rda
 
-.PHONY: setup data demo test test-slow test-all reproduce-tabular tables bench-population clean
+.PHONY: setup data demo test test-slow test-all reproduce-tabular tables bench-population \
+        reproduce-synthetic table1 bench-topk figures clean
 
 setup: $(STAMP) data
 
@@ -63,6 +64,25 @@ tables: setup
 
 bench-population: setup
 	$(PY) scripts/bench_population.py
+
+# STk §4.2: Table 2, Figures 3 and 4 into results/synthetic/*.json (50 repeats; about half an hour here).
+reproduce-synthetic: setup
+	$(PY) scripts/reproduce_synthetic.py
+
+# STk Table 1 (top-5 of 10,000, 50 runs) into results/synthetic/table1.json (a few minutes).
+table1: setup
+	$(PY) scripts/table1_topk_time.py
+
+# Aggregate losses, forward + backward time and memory, n = 1e3..1e7: results/bench/topk_cpu.*
+# (BENCH_DEVICE=cuda and BENCH_MAX_EXP=8 on a GPU).
+BENCH_DEVICE  ?= cpu
+BENCH_MAX_EXP ?= 7
+bench-topk: setup
+	$(PY) scripts/bench_topk.py --device $(BENCH_DEVICE) --max-exp $(BENCH_MAX_EXP)
+
+# results/figures/figure{2,3,4}.png from results/synthetic/ (reads only results/).
+figures: setup
+	$(PY) scripts/make_figures.py
 
 clean:
 	rm -rf outputs multirun .pytest_cache
