@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 from topklab.losses.smoothing import srelu  # noqa: E402
+from topklab.synthetic.tables import mean_std  # noqa: E402
 
 COLORS = {"Average": "tab:gray", "ATk": "tab:blue", "STk": "tab:red"}
 
@@ -73,9 +73,7 @@ def figure4(result: dict, paper: dict, path: Path) -> None:
     for ax, key, paper_key, label in ((axes[0], "test_acc", "accuracy_pct", "accuracy (%)"),
                                       (axes[1], "paraf1", "paraf1", "ParaF1")):
         for name in result["order"]:
-            rows = [result["by_ratio"][str(r)][name][key] for r in ratios]
-            means = [statistics.fmean(v) for v in rows]
-            stds = [statistics.pstdev(v) if len(v) > 1 else 0.0 for v in rows]
+            means, stds = zip(*(mean_std(result["by_ratio"][str(r)][name][key]) for r in ratios))
             ax.errorbar(ratios, means, yerr=stds, marker="o", capsize=3, color=COLORS.get(name), label=f"{name}, ours")
             published = paper.get(paper_key, {}).get(name)
             if published:
@@ -102,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     written = []
     figure2(out / "figure2.png")
     written.append("figure2.png")
-    for name, draw in (("figure3", lambda r, p: figure3(r, p)), ("figure4", lambda r, p: figure4(r, paper["figure4"], p))):
+    for name, draw in (("figure3", figure3), ("figure4", lambda r, p: figure4(r, paper["figure4"], p))):
         source = args.results / "synthetic" / f"{name}.json"
         if not source.exists():
             print(f"note: {source} not found; run scripts/reproduce_synthetic.py first ({name}.png skipped)")

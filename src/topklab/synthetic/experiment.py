@@ -7,7 +7,6 @@ it from ``k_grid`` by validation accuracy averaged over the repeats (as §5.1 do
 """
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -18,17 +17,13 @@ from omegaconf import DictConfig, OmegaConf
 from topklab.synthetic.gaussian import GaussianTask
 from topklab.synthetic.lda import lda_boundary
 from topklab.synthetic.paraf1 import para_f1
+from topklab.synthetic.tables import mean_std
 from topklab.synthetic.train import Column, LogisticPopulation, SyntheticTrainer, accuracy, fit_single
 from topklab.utils.errors import TopklabError
 from topklab.utils.io import atomic_write_json
 from topklab.utils.provenance import collect
 
 EXPERIMENTS = ("table2", "figure3", "figure4")
-
-
-def mean_std(values) -> list[float]:
-    values = [float(v) for v in values]
-    return [statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0]
 
 
 def make_repeats(task: GaussianTask, sizes, positive_fraction: float, repeats: int, data_seed: int):
@@ -150,6 +145,14 @@ def figure4(cfg: DictConfig, log=print) -> dict:
 RUNNERS = {"table2": table2, "figure3": figure3, "figure4": figure4}
 
 
+def portable_config(cfg: DictConfig) -> dict:
+    """The resolved config without machine paths (``paths``, ``results_dir``), for committed results."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    for key in ("paths", "results_dir"):
+        config.pop(key, None)
+    return config
+
+
 def run(cfg: DictConfig, log=print) -> list[Path]:
     """Run ``cfg.experiments`` and write ``<results_dir>/<name>.json`` for each (atomically)."""
     unknown = [e for e in cfg.experiments if e not in RUNNERS]
@@ -165,7 +168,7 @@ def run(cfg: DictConfig, log=print) -> list[Path]:
         result = RUNNERS[name](cfg, log)
         result.update({"experiment": name, "seconds": time.perf_counter() - start,
                        "command": " ".join(["python", *sys.argv]),
-                       "config": OmegaConf.to_container(cfg, resolve=True), "provenance": provenance})
+                       "config": portable_config(cfg), "provenance": provenance})
         written.append(atomic_write_json(Path(cfg.results_dir) / f"{name}.json", result))
         log(f"wrote {written[-1]} ({result['seconds']:.0f} s)")
     return written

@@ -28,7 +28,9 @@ def render_table1(result: dict, paper: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _mean_std(values) -> tuple[float, float]:
+def mean_std(values) -> tuple[float, float]:
+    """Mean and population std (0 for a single value)."""
+    values = [float(v) for v in values]
     return statistics.fmean(values), (statistics.pstdev(values) if len(values) > 1 else 0.0)
 
 
@@ -52,7 +54,7 @@ def render_table2(result: dict, paper: dict) -> str:
         paper_row = published[key]
         lines.append(f"| {label}, paper | " + " | ".join(fmt(paper_row[n]) if n in paper_row else "—" for n in names) + " |")
         lines.append(f"| {label}, ours | " + " | ".join(
-            "{} ± {}".format(*(fmt(v) for v in _mean_std(values_of(columns[n])))) for n in names) + " |")
+            "{} ± {}".format(*(fmt(v) for v in mean_std(values_of(columns[n])))) for n in names) + " |")
 
     row("Accuracy (%)", "accuracy_pct", lambda c: c["test_acc"], lambda v: f"{v:.2f}")
     row("ParaF1", "paraf1", lambda c: c["paraf1"], lambda v: f"{v:.3f}")

@@ -45,15 +45,17 @@ class Column:
         return BATCHED_AGGREGATES[self.aggregate]
 
     def module(self, k, delta: float, lam_init: float, scale: str) -> nn.Module:
-        if self.aggregate == "average":
-            return Average()
-        if self.aggregate == "maximum":
-            return Maximum()
-        if self.aggregate == "atk":
-            return ATk(k)
-        if self.aggregate == "matk":
-            return MATk(k, lam_init=lam_init, scale=scale)
-        return STk(k, delta=delta, smoothing=self.smoothing, lam_init=lam_init, scale=scale)
+        return MODULES[self.aggregate](k, delta, self.smoothing, lam_init, scale)
+
+
+MODULES = {
+    "average": lambda k, delta, smoothing, lam_init, scale: Average(),
+    "maximum": lambda k, delta, smoothing, lam_init, scale: Maximum(),
+    "atk": lambda k, delta, smoothing, lam_init, scale: ATk(k),
+    "matk": lambda k, delta, smoothing, lam_init, scale: MATk(k, lam_init=lam_init, scale=scale),
+    "stk": lambda k, delta, smoothing, lam_init, scale: STk(k, delta=delta, smoothing=smoothing,
+                                                            lam_init=lam_init, scale=scale),
+}
 
 
 @dataclass
