@@ -63,7 +63,7 @@ def check_configs(overrides: list[str], config_dir: Path, multirun: bool) -> Non
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from topklab.train.run import build
+    from topklab.train.run import DATA_CONTEXT_KEYS, build, data_context
 
     points = sweep_points(overrides) if multirun else [[o for o in overrides if not o.startswith("hydra")]]
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
@@ -72,9 +72,9 @@ def check_configs(overrides: list[str], config_dir: Path, multirun: bool) -> Non
                 cfg = compose("train", overrides=point)
             except (HydraException, OmegaConfBaseException) as err:
                 raise TopklabError(" ".join(str(err).split())) from None
-            for group in ("loss", "trainer", "dataset", "logger", "individual"):
-                build(cfg[group], group)
-            build(cfg.model, "model", in_features=1)
+            for group in ("loss", "trainer", "dataset", "logger", "individual", "model"):
+                if not data_context(cfg[group], dict.fromkeys(DATA_CONTEXT_KEYS)):  # the rest is checked once data is read
+                    build(cfg[group], group)
 
 
 def preflight(argv: list[str], config_dir: Path) -> None:

@@ -7,10 +7,12 @@
 torch.Size([])
 """
 from topklab.losses.aggregate import ATk, Average, MATk, Maximum, STk, ThresholdedTopK
-from topklab.losses.individual import Absolute, CrossEntropy, Hinge, Logistic, Square
+from topklab.losses.individual import (
+    Absolute, CrossEntropy, Hinge, Logistic, LogitAdjusted, SmoothTopKSVM, Square, TopKCrossEntropy,
+)
 from topklab.losses.smoothing import srelu
 
 __all__ = [
-    "ATk", "Absolute", "Average", "CrossEntropy", "Hinge", "Logistic", "MATk", "Maximum",
-    "STk", "Square", "ThresholdedTopK", "srelu",
+    "ATk", "Absolute", "Average", "CrossEntropy", "Hinge", "Logistic", "LogitAdjusted", "MATk", "Maximum",
+    "STk", "SmoothTopKSVM", "Square", "ThresholdedTopK", "TopKCrossEntropy", "srelu",
 ]

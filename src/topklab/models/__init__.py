@@ -1,4 +1,5 @@
 from topklab.models.linear import Linear
 from topklab.models.mlp import MLP
+from topklab.models.resnet_cifar import CifarResNet, resnet18_cifar, resnet32
 
-__all__ = ["Linear", "MLP"]
+__all__ = ["CifarResNet", "Linear", "MLP", "resnet18_cifar", "resnet32"]

@@ -1,7 +1,7 @@
 """The run record: what a run leaves in its directory, written atomically.
 
 ``config.yaml`` (resolved), ``provenance.json`` (seeds, git SHA and dirty flag, packages,
-hardware), ``epochs.csv`` (one row per epoch), ``summary.json`` (final metrics; written last, so
+hardware), ``indices.json`` (a data subset's indices, when any), ``epochs.csv`` (one row per epoch), ``summary.json`` (final metrics; written last, so
 its presence marks a finished run). On a bad-input failure :meth:`discard` removes the record.
 """
 from __future__ import annotations
@@ -26,7 +26,16 @@ class RunRecord:
 
     def write_start(self, cfg: DictConfig, seeds: dict, project_root: str | Path) -> None:
         atomic_write_text(self.run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-        atomic_write_json(self.run_dir / "provenance.json", {"seeds": seeds, **provenance.collect(project_root)})
+        self._provenance = {"seeds": seeds, **provenance.collect(project_root)}
+        atomic_write_json(self.run_dir / "provenance.json", self._provenance)
+
+    def provenance(self) -> dict:
+        return self._provenance
+
+    def write_indices(self, indices: dict) -> None:
+        """The data subset's source indices (long-tailed draw, validation split), when there are any."""
+        if indices:
+            atomic_write_json(self.run_dir / "indices.json", indices)
 
     def add_epoch(self, row: dict) -> None:
         self.epoch_rows.append(row)
@@ -45,7 +54,7 @@ class RunRecord:
     def discard(self, keep: tuple[str, ...] = ()) -> None:
         """Remove everything this run (and Hydra, for it) wrote, except ``keep``; drop the
         directory if it ends up empty. Files that are not the run's own are left alone."""
-        own = {"config.yaml", "provenance.json", "epochs.csv", "summary.json", "log.csv", "wandb", ".hydra"}
+        own = {"config.yaml", "provenance.json", "indices.json", "epochs.csv", "summary.json", "log.csv", "wandb", ".hydra", "profile"}
         if self.job_name:
             own.add(f"{self.job_name}.log")
         for name in own - set(keep):

@@ -1,18 +1,21 @@
 """One training job from a composed config: build, train, record. Used by ``train.py``."""
 from __future__ import annotations
 
+import inspect
 import os
+import sys
 from pathlib import Path
 
 import torch
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from topklab.losses.k import resolve_k
+from topklab.train.checkpoint import CheckpointStore, run_key
 from topklab.train.record import RunRecord
-from topklab.train.tabular import trainable_parameters
 from topklab.utils.errors import NonFiniteLossError, TopklabError
+from topklab.utils.io import atomic_write_json
 from topklab.utils.seed import seed_everything
 
 
@@ -28,6 +31,40 @@ def build(node: DictConfig, group: str, **kwargs):
         if isinstance(cause, (ValueError, TypeError)):
             raise TopklabError(f"{group}: {cause}") from None
         raise
+
+
+DATA_CONTEXT_KEYS = ("in_features", "in_channels", "num_classes", "class_counts")  # what splits.*_context() give
+
+
+def data_context(node: DictConfig, context: dict) -> dict:
+    """The entries of ``context`` (what the data says: in_features, num_classes, class_counts ...)
+    that the node's ``_target_`` accepts and the config does not set itself."""
+    try:
+        parameters = inspect.signature(get_object(node._target_)).parameters
+    except (ImportError, ValueError, TypeError, AttributeError):
+        return {}
+    return {k: v for k, v in context.items() if k in parameters and k not in node}
+
+
+def build_for_data(node: DictConfig, group: str, context: dict):
+    """:func:`build` with the data-dependent arguments the target asks for; a target that needs
+    one the dataset cannot give (an MLP on images) gets a one-line error naming both."""
+    try:
+        return build(node, group, **data_context(node, context))
+    except TopklabError as err:
+        if "missing" in str(err) and "required" in str(err):
+            raise TopklabError(f"{group} {node._target_.rsplit('.', 1)[-1]} does not fit this dataset "
+                               f"(it provides {', '.join(context) or 'nothing'}): {err}") from None
+        raise
+
+
+def parameter_groups(model, aggregate) -> list[dict]:
+    """The model's parameters, and the aggregate's own (λ of MATk/STk) without weight decay."""
+    groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    threshold = [p for p in aggregate.parameters() if p.requires_grad]
+    if threshold:
+        groups.append({"params": threshold, "weight_decay": 0.0})
+    return groups
 
 
 def check_k_fits(aggregate, batch_size: int, n_train: int) -> None:
@@ -55,21 +92,27 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None) -> 
         seed_everything(cfg.seed)
         dataset = build(cfg.dataset, "dataset")
         splits = dataset.splits()
-        model = build(cfg.model, "model", in_features=splits.n_features)
-        individual = build(cfg.individual, "individual")
+        model = build_for_data(cfg.model, "model", splits.model_context())
+        individual = build_for_data(cfg.individual, "individual", splits.loss_context())
         aggregate = build(cfg.loss, "loss")
         trainer = build(cfg.trainer, "trainer")
         check_k_fits(aggregate, trainer.batch_size, len(splits.y_train))
-        optimizer = build(cfg.optim, "optim")(trainable_parameters(model, aggregate))
+        optimizer = build(cfg.optim, "optim")(parameter_groups(model, aggregate))
         logger = build(cfg.logger, "logger")
         seeds = {"seed": cfg.seed, "split_seed": splits.info["split_seed"], **_data_seeds(cfg)}
         record.write_start(cfg, seeds, project_root())
-        logger.start(record.run_dir, OmegaConf.to_container(cfg, resolve=True))
+        record.write_indices(getattr(splits, "indices", {}))
+        workdir = Path(cfg.paths.checkpoint_dir) / run_key(cfg)
+        logger.start(record.run_dir, OmegaConf.to_container(cfg, resolve=True),
+                     resume_id=CheckpointStore(workdir).info().get("logger_id"))
         generator = torch.Generator().manual_seed(cfg.seed)
         result = trainer.fit(
             model, individual, aggregate, optimizer, splits, generator,
             on_epoch_end=record.add_epoch,
             on_eval=logger.log,
+            workdir=workdir,
+            run_dir=record.run_dir,
+            logger_id=logger.id,
         )
     except NonFiniteLossError as err:
         record.discard(keep=("last_good.pt",))
@@ -87,7 +130,21 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None) -> 
         "seeds": seeds, "logger_id": logger.id, **result,
     }
     record.write_summary(summary)
+    if cfg.get("result_file"):
+        write_result(cfg, summary, record)
     return summary
+
+
+def write_result(cfg: DictConfig, summary: dict, record: RunRecord) -> Path:
+    """The run's compact, portable result (summary, config without machine paths, provenance and
+    the command) at ``cfg.result_file``, written atomically; what results tables are made from."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    config.pop("paths", None)
+    config.pop("result_file", None)
+    return atomic_write_json(cfg.result_file, {
+        "command": "python " + " ".join(Path(a).name if i == 0 else a for i, a in enumerate(sys.argv)),
+        "config": config, "summary": summary, "provenance": record.provenance(),
+    })
 
 
 def _data_seeds(cfg: DictConfig) -> dict:
@@ -99,10 +156,10 @@ def format_summary(summary: dict) -> str:
     metrics = summary["metrics"]
     name = next(k for k in metrics["test"] if k != "score")
     lam = summary["lambda"]
+    splits = " | ".join(f"{split} {name} {metrics[split][name]:.4f}" for split in ("test", "val", "train") if split in metrics)
     return (
         f"{summary['dataset']} | {summary['loss'].rsplit('.', 1)[-1]} + {summary['individual'].rsplit('.', 1)[-1]}"
-        f" | test {name} {metrics['test'][name]:.4f} | val {name} {metrics['val'][name]:.4f}"
-        f" | train {name} {metrics['train'][name]:.4f}"
+        f" | {splits}"
         f" | lambda {'n/a' if lam is None else f'{lam:.4f}'}"
         f" | best step {summary['best_step']} of {summary['steps']} ({summary['epochs']} epochs,"
         f" {summary['train_seconds']:.1f}s)"

@@ -84,7 +84,13 @@ class TabularTrainer:
         generator: torch.Generator,
         on_epoch_end: Callable[[dict], None] = lambda row: None,
         on_eval: Callable[[dict], None] = lambda row: None,
+        workdir=None,
+        run_dir=None,
+        logger_id=None,
     ) -> dict:
+        """Train, roll back to the best-validation state, and score it. ``workdir``, ``run_dir``
+        and ``logger_id`` are the engine's resume arguments; a tabular run takes seconds and is
+        not checkpointed, so they are unused here."""
         task = splits.task
         x, y = splits.x_train, splits.y_train
         n = len(y)

@@ -29,6 +29,12 @@ class TabularSplits:
     def n_features(self) -> int:
         return self.x_train.shape[1]
 
+    def model_context(self) -> dict:
+        return {"in_features": self.n_features}
+
+    def loss_context(self) -> dict:
+        return {}
+
 
 class TabularDataset:
     """A tabular benchmark: a raw ``source`` plus the paper's preprocessing and random split.

@@ -1,0 +1,145 @@
+"""``dataset=cifar100 | cifar100lt | fmnistlt``: image classification sets built from their real
+on-disk files, with a seeded long-tailed subset and a seeded validation split (both separate from
+the training seed)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from topklab.data.vision.files import ensure_cifar100, find_fashion_mnist, read_cifar100_split, read_fashion_mnist_split
+from topklab.data.vision.longtail import exponential_profile, longtail_indices
+from topklab.data.vision.splits import VisionSplits, as_tensors, balanced_from_unused, holdout
+from topklab.utils.errors import TopklabError
+
+VALIDATION_MODES = ("holdout", "balanced_unused")
+
+
+class ImageDataset:
+    """Shared split logic. Subclasses implement :meth:`read` -> (x_train, y_train, x_test, y_test).
+
+    Parameters
+    ----------
+    imbalance_ratio : float >= 1 or None
+        None keeps the training set as it is; ρ >= 1 draws an exponential long-tailed subset with
+        ``n_max`` images in class 0 and n_max/ρ in the last class.
+    n_max : int, images of the largest class of the long-tailed subset
+    lt_seed : int, seed of the long-tailed draw (kept fixed across training seeds)
+    validation : holdout | balanced_unused
+        holdout: a random ``val_fraction`` of the (subsampled) training set, as difftopk does (5 %).
+        balanced_unused: ``val_per_class`` images per class from training images the long-tailed
+        subset did not use (a balanced validation set, like the balanced test set).
+    split_seed : int, seed of the validation draw
+    """
+
+    name = "images"
+    num_classes = 0
+
+    def __init__(self, root: str, mean, std, imbalance_ratio: float | None = None, n_max: int | None = None,
+                 lt_seed: int = 0, validation: str = "holdout", val_fraction: float = 0.05,
+                 val_per_class: int = 50, split_seed: int = 0, download: bool = False):
+        if validation not in VALIDATION_MODES:
+            raise ValueError(f"validation={validation!r}; choose one of {', '.join(VALIDATION_MODES)}")
+        if imbalance_ratio is not None and not float(imbalance_ratio) >= 1:
+            raise ValueError(f"imbalance_ratio={imbalance_ratio} must be >= 1 (largest / smallest class) or null")
+        if validation == "balanced_unused" and imbalance_ratio is None:
+            raise ValueError("validation=balanced_unused needs a long-tailed subset (imbalance_ratio); use holdout")
+        if len(mean) != len(std) or any(s <= 0 for s in std):
+            raise ValueError(f"mean {list(mean)} and std {list(std)} must have one entry per channel and std > 0")
+        self.root = Path(root)
+        self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+        self.imbalance_ratio = None if imbalance_ratio is None else float(imbalance_ratio)
+        self.n_max = n_max
+        self.lt_seed = lt_seed
+        self.validation = validation
+        self.val_fraction = val_fraction
+        self.val_per_class = val_per_class
+        self.split_seed = split_seed
+        self.download = download
+        self.task = "multiclass"
+
+    def read(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def splits(self) -> VisionSplits:
+        x_train, y_train, x_test, y_test = self.read()
+        info = {"split_seed": self.split_seed, "validation": self.validation, "source_train_size": len(y_train)}
+        kept = np.arange(len(y_train))
+        indices = {}
+        try:
+            if self.imbalance_ratio is not None:
+                n_max = self.n_max or int(np.bincount(y_train, minlength=self.num_classes).min())
+                counts = exponential_profile(n_max, self.num_classes, self.imbalance_ratio)
+                kept = longtail_indices(y_train, counts, self.lt_seed)
+                info.update(imbalance_ratio=self.imbalance_ratio, n_max=n_max, lt_seed=self.lt_seed, profile=counts)
+                indices["longtail"] = kept.tolist()
+            if self.validation == "holdout":
+                train_pos, val_pos = holdout(y_train[kept], self.val_fraction, self.split_seed)
+                train_idx, val_idx = kept[train_pos], kept[val_pos]
+                info["val_fraction"] = self.val_fraction
+            else:
+                train_idx = kept
+                val_idx = balanced_from_unused(y_train, kept, self.val_per_class, self.num_classes, self.split_seed)
+                info["val_per_class"] = self.val_per_class
+        except ValueError as err:
+            raise TopklabError(f"dataset {self.name}: {err}") from None
+        indices["val"] = val_idx.tolist()
+        x_tr, y_tr = as_tensors(x_train[train_idx], y_train[train_idx])
+        x_va, y_va = as_tensors(x_train[val_idx], y_train[val_idx])
+        x_te, y_te = as_tensors(x_test, y_test)
+        splits = VisionSplits(self.name, self.num_classes, x_tr, y_tr, x_va, y_va, x_te, y_te, self.mean, self.std, info, indices)
+        info["sizes"] = splits.sizes()
+        info["class_counts"] = splits.class_counts
+        return splits
+
+
+class CIFAR100(ImageDataset):
+    """CIFAR-100 from torchvision's ``cifar-100-python`` folder under ``root`` (50,000 + 10,000 images).
+
+    With ``imbalance_ratio`` it is CIFAR-100-LT (papers.md §4.3): n_c = int(500 · ρ^(−c/99)),
+    10,847 training images at ρ = 100.
+
+    Examples
+    --------
+    >>> CIFAR100(root=".data", mean=[0.5] * 3, std=[0.25] * 3, imbalance_ratio=100).name
+    'cifar100lt'
+    """
+
+    num_classes = 100
+
+    def __init__(self, root: str, mean, std, **kwargs):
+        super().__init__(root, mean, std, **kwargs)
+        self.name = "cifar100" if self.imbalance_ratio is None else "cifar100lt"
+
+    def read(self):
+        folder = ensure_cifar100(self.root, self.download)
+        x_train, y_train = read_cifar100_split(folder / "train")
+        x_test, y_test = read_cifar100_split(folder / "test")
+        return x_train, y_train, x_test, y_test
+
+
+def fashion_mnist_candidates(root: str | os.PathLike) -> list[Path]:
+    root = Path(root)
+    return [root, root / "usr/share/datasets/fashion-mnist", Path("/usr/share/datasets/fashion-mnist")]
+
+
+class FashionMNIST(ImageDataset):
+    """Fashion-MNIST (60,000 + 10,000 grey 28×28 images, 10 classes) from its IDX files: ``root``,
+    Debian's package unpacked under ``root`` (``make data``) or installed system-wide.
+
+    With ``imbalance_ratio=100, n_max=500`` it is ``fmnistlt``: CIFAR-100-LT's profile on 10
+    classes, [500, 299, 179, 107, 64, 38, 23, 13, 8, 5] training images (1,236) (many / medium / few = 4 / 3 / 3 classes).
+    """
+
+    num_classes = 10
+
+    def __init__(self, root: str, mean, std, **kwargs):
+        super().__init__(root, mean, std, **kwargs)
+        self.name = "fmnist" if self.imbalance_ratio is None else "fmnistlt"
+
+    def read(self):
+        folder = find_fashion_mnist(fashion_mnist_candidates(self.root))
+        x_train, y_train = read_fashion_mnist_split(folder, "train")
+        x_test, y_test = read_fashion_mnist_split(folder, "t10k")
+        return x_train, y_train, x_test, y_test

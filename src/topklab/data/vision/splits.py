@@ -1,0 +1,85 @@
+"""What a vision dataset hands the engine: uint8 image tensors per split plus what models and
+losses need to know about the data (channels, classes, training class counts)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+@dataclass
+class VisionSplits:
+    """Train / validation / test images (uint8, N × C × H × W) and int64 labels.
+
+    ``mean``/``std`` are per-channel, on the [0, 1] scale, for normalisation after augmentation.
+    ``info`` (seeds, sizes, class counts) goes into the run's summary; ``indices`` (the long-tailed
+    subset's and the validation split's source indices) into its ``indices.json``.
+    """
+
+    name: str
+    num_classes: int
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_val: torch.Tensor
+    y_val: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    info: dict = field(default_factory=dict)
+    indices: dict = field(default_factory=dict)
+    task: str = "multiclass"
+
+    @property
+    def in_channels(self) -> int:
+        return int(self.x_train.shape[1])
+
+    @property
+    def class_counts(self) -> list[int]:
+        """Training images per class (after any long-tailed subsampling and validation hold-out)."""
+        return torch.bincount(self.y_train, minlength=self.num_classes).tolist()
+
+    def model_context(self) -> dict:
+        return {"in_channels": self.in_channels, "num_classes": self.num_classes}
+
+    def loss_context(self) -> dict:
+        return {"num_classes": self.num_classes, "class_counts": self.class_counts}
+
+    def sizes(self) -> dict:
+        return {"train": len(self.y_train), "val": len(self.y_val), "test": len(self.y_test)}
+
+
+def as_tensors(images: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.from_numpy(np.ascontiguousarray(images)), torch.from_numpy(np.asarray(labels, dtype=np.int64))
+
+
+def holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) positions: a random ``fraction`` of all rows held out (difftopk's random_split)."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"val_fraction={fraction} must lie in (0, 1)")
+    n = len(labels)
+    n_val = int(round(fraction * n))
+    if n_val < 1 or n_val >= n:
+        raise ValueError(f"val_fraction={fraction} of {n} training images leaves an empty split; change it")
+    order = np.random.RandomState(seed).permutation(n)
+    return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+
+def balanced_from_unused(labels: np.ndarray, used: np.ndarray, per_class: int, num_classes: int, seed: int) -> np.ndarray:
+    """``per_class`` images of every class drawn from the training images the subset left unused."""
+    if per_class < 1:
+        raise ValueError(f"val_per_class={per_class} must be >= 1")
+    unused = np.ones(len(labels), dtype=bool)
+    unused[used] = False
+    rng = np.random.RandomState(seed)
+    chosen = []
+    for c in range(num_classes):
+        pool = np.flatnonzero(unused & (labels == c))
+        if len(pool) < per_class:
+            raise ValueError(
+                f"class {c} has only {len(pool)} unused training images for val_per_class={per_class}; "
+                f"lower it or use validation=holdout"
+            )
+        chosen.append(rng.permutation(pool)[:per_class])
+    return np.sort(np.concatenate(chosen))

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from topklab.losses.individual.topk_ce import difftopk_module
+
+
+class SmoothTopKSVM(nn.Module):
+    """Per-sample smooth top-k SVM loss of Berrada et al. (ICLR 2018), in its "smooth hard" form:
+    samples whose k-th and (k+1)-th scores are far apart (by k·τ·log(threshold)) take the hard top-k
+    hinge, the others the smoothed one. Computed with difftopk's port of the authors' code; the
+    batch mean equals ``difftopk.SmoothHardTopKLoss`` (tested).
+
+    Parameters
+    ----------
+    k : int, 1 <= k < classes (Petersen et al. use the P_K's K, i.e. 5)
+    tau : float > 0, smoothing temperature; smaller is closer to the hard hinge (difftopk passes
+        its ``inverse_temperature`` here: 1 in the CIFAR runs)
+    num_classes : int, filled in from the dataset
+
+    Examples
+    --------
+    >>> SmoothTopKSVM(k=2, tau=1.0, num_classes=4)(torch.zeros(3, 4), torch.tensor([0, 1, 2])).shape
+    torch.Size([3])
+
+    References
+    ----------
+    Berrada, Zisserman & Kumar, "Smooth Loss Functions for Deep Top-k Classification", ICLR 2018, Eq. 10–12.
+    """
+
+    def __init__(self, k: int = 5, tau: float = 1.0, num_classes: int | None = None, threshold: float = 1e3):
+        super().__init__()
+        if num_classes is None:
+            raise ValueError("SmoothTopKSVM needs num_classes; use it with a classification dataset")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < num_classes:
+            raise ValueError(f"k={k!r} must be an int with 1 <= k < classes={num_classes}")
+        if not tau > 0:
+            raise ValueError(f"tau={tau} must be > 0 (smaller = closer to the hard top-k hinge)")
+        smooth_topk = difftopk_module("difftopk.smooth_topk")
+        self.k, self.tau, self.threshold, self.num_classes = k, float(tau), float(threshold), num_classes
+        labels = torch.arange(num_classes)
+        self.hard_loss = smooth_topk.Topk_Hard_SVM(labels, k, 1.0)
+        self.smooth_loss = smooth_topk.Topk_Smooth_SVM(labels, k, self.tau, 1.0)
+
+    def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if output.device.type != "cpu":
+            raise ValueError("SmoothTopKSVM runs on CPU only (difftopk's port keeps its class labels on the CPU)")
+        target = target.long()
+        smooth, hard = difftopk_module("difftopk.smooth_topk").detect_large(output, self.k, self.tau, self.threshold)
+        losses = output.new_zeros(len(target))
+        if smooth.any():
+            losses = losses.index_put((smooth,), self.smooth_loss(output[smooth], target[smooth]))
+        if hard.any():
+            losses = losses.index_put((hard,), self.hard_loss(output[hard], target[hard]))
+        return losses

@@ -1,0 +1,61 @@
+"""Resumable training state: one atomically written ``last.pt`` per run key, plus a small
+``run.json`` (logger id, progress) that can be read without loading tensors.
+
+The run key is a hash of the resolved config minus what does not change the result (paths,
+logger, progress display, the checkpoint settings themselves), so restarting the same command
+finds the checkpoint even though Hydra gives the new process a new output directory.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from topklab.utils.io import atomic_torch_save, atomic_write_json
+from topklab.utils.errors import TopklabError
+
+NOT_IN_KEY = ("paths", "logger", "result_file")
+TRAINER_NOT_IN_KEY = ("progress", "resume", "checkpoint_every")
+
+
+def run_key(cfg: DictConfig) -> str:
+    """16 hex digits identifying what a run computes."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    for key in NOT_IN_KEY:
+        resolved.pop(key, None)
+    for key in TRAINER_NOT_IN_KEY:
+        resolved.get("trainer", {}).pop(key, None)
+    text = json.dumps(resolved, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class CheckpointStore:
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+
+    @property
+    def path(self) -> Path:
+        return self.directory / "last.pt"
+
+    def exists(self) -> bool:
+        return self.path.is_file()
+
+    def info(self) -> dict:
+        meta = self.directory / "run.json"
+        return json.loads(meta.read_text()) if meta.is_file() else {}
+
+    def save(self, state: dict, info: dict) -> None:
+        atomic_torch_save(self.path, state)
+        atomic_write_json(self.directory / "run.json", info)
+
+    def load(self) -> dict:
+        try:
+            return torch.load(self.path, map_location="cpu", weights_only=False)
+        except Exception as err:  # a torn or foreign file: say which and how to start over
+            raise TopklabError(
+                f"checkpoint {self.path} cannot be read ({type(err).__name__}: {err}); delete that folder "
+                f"to start the run over, or pass trainer.resume=false"
+            ) from None

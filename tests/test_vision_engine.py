@@ -1,0 +1,138 @@
+"""The image-classification engine end to end on tiny on-disk datasets: records, selection,
+profiling, exact resume after a kill, the profiler config, and every vision experiment row."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import ROOT
+from topklab.data.vision.longtail import exponential_profile
+from topklab.train.run import train
+from vision_files import write_cifar100, write_fashion_mnist
+
+TINY_FMNIST = [
+    "dataset=fmnistlt", "dataset.n_max=40", "dataset.imbalance_ratio=10", "dataset.val_per_class=5",
+    "trainer.batch_size=16", "trainer.eval_batch_size=64", "trainer.progress=false", "logger=none",
+]
+
+
+@pytest.fixture(scope="module")
+def fmnist_root(tmp_path_factory):
+    return write_fashion_mnist(tmp_path_factory.mktemp("fmnist"), per_class_train=50, per_class_test=6)
+
+
+@pytest.fixture(scope="module")
+def cifar_root(tmp_path_factory):
+    return write_cifar100(tmp_path_factory.mktemp("cifar"), per_class_train=6, per_class_test=1)
+
+
+def run_train(compose_cfg, tmp_path, *overrides):
+    cfg = compose_cfg(*overrides, f"paths.log_dir={tmp_path}")
+    return train(cfg, tmp_path / "run"), tmp_path / "run"
+
+
+def test_fmnistlt_run_writes_record_profile_and_selects_best_validation(compose_cfg, tmp_path, fmnist_root):
+    summary, run_dir = run_train(compose_cfg, tmp_path, *TINY_FMNIST, f"dataset.root={fmnist_root}",
+                                 "trainer.epochs=3", "loss=stk", f"result_file={tmp_path}/result.json")
+    assert summary["data"]["class_counts"] == exponential_profile(40, 10, 10)
+    history = [row for row in (run_dir / "epochs.csv").read_text().splitlines()[1:]]
+    assert len(history) == 3
+    header = (run_dir / "epochs.csv").read_text().splitlines()[0].split(",")
+    for column in ("val_top1", "val_few", "images_per_s", "data_wait_share", "loss_share", "peak_memory_mb", "lambda"):
+        assert column in header
+    val_top1 = [float(row.split(",")[header.index("val_top1")]) for row in history]
+    best_epoch = max(range(3), key=lambda i: (val_top1[i], -i)) + 1
+    assert summary["best_epoch"] == best_epoch
+    assert summary["metrics"]["val"]["top1"] == pytest.approx(val_top1[best_epoch - 1])
+    test = summary["metrics"]["test"]
+    assert set(test) >= {"top1", "top5", "many", "medium", "few", "per_class"} and len(test["per_class"]) == 10
+    assert 0 < summary["cost"]["images_per_s"] and 0 <= summary["cost"]["loss_share"] < 1
+    indices = json.loads((run_dir / "indices.json").read_text())
+    assert len(indices["longtail"]) == sum(summary["data"]["class_counts"]) and len(indices["val"]) == 50
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["summary"]["metrics"]["test"]["top1"] == test["top1"]
+    assert "paths" not in result["config"] and result["provenance"]["seeds"]["seed"] == 0
+
+
+def test_long_tailed_draw_is_fixed_across_training_seeds(compose_cfg, tmp_path, fmnist_root):
+    records = []
+    for seed in (0, 1):
+        _, run_dir = run_train(compose_cfg, tmp_path / str(seed), *TINY_FMNIST, f"dataset.root={fmnist_root}",
+                               "trainer.epochs=1", "trainer.max_steps=1", f"seed={seed}")
+        records.append(json.loads((run_dir / "indices.json").read_text()))
+    assert records[0] == records[1]
+    _, run_dir = run_train(compose_cfg, tmp_path / "lt1", *TINY_FMNIST, f"dataset.root={fmnist_root}",
+                           "trainer.epochs=1", "trainer.max_steps=1", "dataset.lt_seed=1")
+    assert json.loads((run_dir / "indices.json").read_text())["longtail"] != records[0]["longtail"]
+
+
+def test_profile_trainer_saves_a_trace(compose_cfg, tmp_path, fmnist_root):
+    _, run_dir = run_train(compose_cfg, tmp_path, *TINY_FMNIST, f"dataset.root={fmnist_root}", "trainer=profile",
+                           "trainer.batch_size=16", "trainer.progress=false")
+    trace = json.loads((run_dir / "profile" / "trace.json").read_text())
+    assert any("conv" in event.get("name", "") for event in trace["traceEvents"])
+
+
+def train_command(tmp_path, fmnist_root, *extra):
+    return [sys.executable, str(ROOT / "train.py"), *TINY_FMNIST, f"dataset.root={fmnist_root}", "trainer.epochs=4",
+            "trainer.checkpoint_every=1", f"paths.log_dir={tmp_path}/logs", "loss=stk", *extra]
+
+
+def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnist_root):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    reference = tmp_path / "reference.json"
+    subprocess.run(train_command(tmp_path / "a", fmnist_root, f"result_file={reference}"), env=env, check=True,
+                   capture_output=True)
+    interrupted = tmp_path / "interrupted.json"
+    command = train_command(tmp_path / "b", fmnist_root, f"result_file={interrupted}")
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    info = None
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        found = list((tmp_path / "b" / "logs" / "checkpoints").glob("*/run.json"))
+        if found:
+            info = json.loads(found[0].read_text())
+            if info["step"] >= 7:  # mid-way through epoch 2 (5 steps per epoch)
+                process.send_signal(signal.SIGKILL)
+                break
+        time.sleep(0.005)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    assert not interrupted.exists()
+    resumed = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    a = json.loads(reference.read_text())["summary"]
+    b = json.loads(interrupted.read_text())["summary"]
+    assert b["metrics"] == a["metrics"]
+    assert (b["best_epoch"], b["steps"], b["lambda"]) == (a["best_epoch"], a["steps"], a["lambda"])
+
+
+def experiment_rows():
+    rows = sorted((ROOT / "experiments" / "vision").glob("*/*.yaml"))
+    return [f"{p.parent.name}/{p.stem}" for p in rows if not p.stem.startswith("_")]
+
+
+def test_every_table_row_has_an_experiment():
+    rows = experiment_rows()
+    assert len([r for r in rows if r.startswith("petersen_cifar100/")]) == 10
+    assert {r for r in rows if r.startswith("fmnistlt/")} == {f"fmnistlt/{r}" for r in ("ce", "la", "la_atk", "la_stk", "topk_ce")}
+    assert {r for r in rows if r.startswith("stk_cifar100lt/")} >= {f"stk_cifar100lt/{r}" for r in ("la_average", "la_atk", "la_stk")}
+
+
+@pytest.mark.parametrize("row", experiment_rows())
+def test_experiment_row_composes_and_smoke_runs(compose_cfg, tmp_path, row, fmnist_root, cifar_root):
+    data = [f"dataset.root={fmnist_root}", "dataset.n_max=40", "dataset.val_per_class=5"] if row.startswith("fmnistlt") else \
+        [f"dataset.root={cifar_root}"]
+    if row.startswith("stk_cifar100lt"):
+        data += ["dataset.n_max=6", "dataset.imbalance_ratio=3", "dataset.val_fraction=0.2"]
+    cfg = compose_cfg(f"vision={row}", *data, "trainer.epochs=1", "trainer.max_steps=1", "trainer.batch_size=8",
+                      "trainer.progress=false", f"result_file={tmp_path}/result.json", f"paths.log_dir={tmp_path}")
+    assert OmegaConf.select(cfg, "trainer._target_").endswith("ClassificationTrainer")
+    summary = train(cfg, tmp_path / "run")
+    assert summary["steps"] == 1 and (tmp_path / "result.json").exists()
