@@ -77,7 +77,7 @@ else
 endif
 
 # results/tables/table{3,4,6}.{md,tex} from the stored cells of TABLES_PRESET (reads only results/).
-TABLES_PRESET ?= quick
+TABLES_PRESET ?= fraction
 tables: setup
 	$(PY) scripts/make_tables.py --preset $(TABLES_PRESET)
 
