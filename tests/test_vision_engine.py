@@ -29,7 +29,7 @@ def fmnist_root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cifar_root(tmp_path_factory):
-    return write_cifar100(tmp_path_factory.mktemp("cifar"), per_class_train=6, per_class_test=1)
+    return write_cifar100(tmp_path_factory.mktemp("cifar"), per_class_train=3, per_class_test=1)
 
 
 def run_train(compose_cfg, tmp_path, *overrides):
@@ -127,12 +127,40 @@ def test_every_table_row_has_an_experiment():
 
 @pytest.mark.parametrize("row", experiment_rows())
 def test_experiment_row_composes_and_smoke_runs(compose_cfg, tmp_path, row, fmnist_root, cifar_root):
-    data = [f"dataset.root={fmnist_root}", "dataset.n_max=40", "dataset.val_per_class=5"] if row.startswith("fmnistlt") else \
-        [f"dataset.root={cifar_root}"]
+    data = [f"dataset.root={fmnist_root}", "dataset.n_max=40", "dataset.imbalance_ratio=10", "dataset.val_per_class=5"] \
+        if row.startswith("fmnistlt") else \
+        [f"dataset.root={cifar_root}", "dataset.val_fraction=0.34"]
     if row.startswith("stk_cifar100lt"):
-        data += ["dataset.n_max=6", "dataset.imbalance_ratio=3", "dataset.val_fraction=0.2"]
+        data += ["dataset.n_max=3", "dataset.imbalance_ratio=1.5"]
     cfg = compose_cfg(f"vision={row}", *data, "trainer.epochs=1", "trainer.max_steps=1", "trainer.batch_size=8",
                       "trainer.progress=false", f"result_file={tmp_path}/result.json", f"paths.log_dir={tmp_path}")
     assert OmegaConf.select(cfg, "trainer._target_").endswith("ClassificationTrainer")
     summary = train(cfg, tmp_path / "run")
     assert summary["steps"] == 1 and (tmp_path / "result.json").exists()
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["loss=topk_ce", "individual.p_k=[0.5,0.4]"], "sums to 0.9"),
+    (["loss=topk_ce", "individual.method=quicksort"], "choose one of"),
+    (["model=mlp"], "does not fit this dataset"),
+    (["dataset.imbalance_ratio=1000"], "without images"),
+])
+def test_bad_vision_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, fmnist_root, overrides, message):
+    result_file = tmp_path / "result.json"
+    command = [sys.executable, str(ROOT / "train.py"), *TINY_FMNIST, f"dataset.root={fmnist_root}",
+               f"paths.log_dir={tmp_path}/logs", f"result_file={result_file}", *overrides]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 2
+    error_lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and message in error_lines[0]
+    assert not result_file.exists()
+    assert not [p for p in (tmp_path / "logs").rglob("*") if p.is_file()]
+
+
+def test_missing_cifar_says_where_to_put_it(tmp_path):
+    command = [sys.executable, str(ROOT / "train.py"), "dataset=cifar100", f"dataset.root={tmp_path}/nowhere",
+               f"paths.log_dir={tmp_path}/logs", "logger=none"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "cifar-100-python.tar.gz" in done.stderr and "dataset.download=true" in done.stderr
+    assert not list((tmp_path / "logs").glob("*/runs/*/summary.json"))

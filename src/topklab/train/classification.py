@@ -212,7 +212,7 @@ class ClassificationTrainer:
                     best = state["best"].get(metric)
                     if best is None or val[metric] > best["value"]:
                         state["best"][metric] = {"value": val[metric], "epoch": epoch + 1, "step": state["step"],
-                                                 "state": snapshot()}
+                                                 "val": val, "state": snapshot()}
                 state["train_seconds"] += time.perf_counter() - epoch_start
                 row = {"epoch": epoch + 1, "step": state["step"], "lr": scheduler.get_last_lr()[0],
                        "train_loss": state["loss_sum"] / max(state["batch"], 1),
@@ -227,14 +227,18 @@ class ClassificationTrainer:
                 if stop:
                     break
 
-        results = {}
+        results, tested = {}, {}
         for metric in self.select_metrics:
             best = state["best"][metric]
-            model.load_state_dict(best["state"]["model"])
-            aggregate.load_state_dict(best["state"]["loss"])
-            results[metric] = {"epoch": best["epoch"], "step": best["step"],
-                               "val": evaluate(splits.x_val, splits.y_val),
-                               "test": evaluate(splits.x_test, splits.y_test)}
+            if best["epoch"] not in tested:  # metrics selecting the same epoch share one test pass
+                model.load_state_dict(best["state"]["model"])
+                aggregate.load_state_dict(best["state"]["loss"])
+                tested[best["epoch"]] = evaluate(splits.x_test, splits.y_test)
+            results[metric] = {"epoch": best["epoch"], "step": best["step"], "val": best["val"],
+                               "test": tested[best["epoch"]]}
+        primary_best = state["best"][self.select_metrics[0]]["state"]
+        model.load_state_dict(primary_best["model"])
+        aggregate.load_state_dict(primary_best["loss"])
         primary = results[self.select_metrics[0]]
         if store is not None:
             store.save({"model": model.state_dict(), "loss": aggregate.state_dict(), "optimizer": optimizer.state_dict(),

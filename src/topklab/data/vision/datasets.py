@@ -27,7 +27,7 @@ class ImageDataset:
     n_max : int, images of the largest class of the long-tailed subset
     lt_seed : int, seed of the long-tailed draw (kept fixed across training seeds)
     validation : holdout | balanced_unused
-        holdout: a random ``val_fraction`` of the (subsampled) training set, as difftopk does (5 %).
+        holdout: ``val_fraction`` of each class of the (subsampled) training set (difftopk: 5 %).
         balanced_unused: ``val_per_class`` images per class from training images the long-tailed
         subset did not use (a balanced validation set, like the balanced test set).
     split_seed : int, seed of the validation draw

@@ -25,7 +25,11 @@ def exponential_profile(n_max: int, num_classes: int, imbalance_ratio: float) ->
     if not imbalance_ratio >= 1:
         raise ValueError(f"imbalance_ratio={imbalance_ratio} must be >= 1 (ρ = largest / smallest class)")
     factor = 1.0 / imbalance_ratio
-    return [int(n_max * factor ** (c / (num_classes - 1))) for c in range(num_classes)]
+    counts = [int(n_max * factor ** (c / (num_classes - 1))) for c in range(num_classes)]
+    if counts[-1] < 1:
+        raise ValueError(f"n_max={n_max} with imbalance_ratio={imbalance_ratio} leaves the last class without images; "
+                         f"raise n_max to at least {imbalance_ratio:g} or lower the ratio")
+    return counts
 
 
 def longtail_indices(labels: np.ndarray, counts: list[int], seed: int) -> np.ndarray:
