@@ -86,19 +86,14 @@ class DeviceLoader:
         offsets = None if offsets is None else offsets.to(self.device)
         flips = None if flips is None else flips.to(self.device)
         height, width = self.size
-        rows_base = torch.arange(height, device=self.device)
-        cols_base = torch.arange(width, device=self.device)
+        # every padded crop position as a view (N, C, 2p+1, 2p+1, H, W): a crop is one block index
+        windows = self.images.unfold(2, height, 1).unfold(3, width, 1) if offsets is not None else None
         for b in range(start, len(self)):
             idx = order[b * self.batch_size: (b + 1) * self.batch_size]
-            x = self.images[idx]
-            if offsets is not None:
-                rows = (offsets[0, idx, None] + rows_base)[:, None, :, None]
-                cols = (offsets[1, idx, None] + cols_base)[:, None, None, :]
-                batch = torch.arange(len(idx), device=self.device)[:, None, None, None]
-                channel = torch.arange(x.shape[1], device=self.device)[None, :, None, None]
-                x = x[batch, channel, rows, cols]
+            x = windows[idx, :, offsets[0, idx], offsets[1, idx]] if windows is not None else self.images[idx]
             if flips is not None:
-                x = torch.where(flips[idx, None, None, None], x.flip(-1), x)
+                flipped = flips[idx]
+                x[flipped] = x[flipped].flip(-1)
             x = (x.float() - self.mean) / self.std
             if self.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
