@@ -1,5 +1,7 @@
-"""Write results/tables/table{3,4,6}.md and .tex from stored cells, and table{1,2}.md from
-results/synthetic/table{1,2}.json where those exist (reads only results/).
+"""Write results/tables/table{3,4,6}.md and .tex from stored cells, table{1,2}.md from
+results/synthetic/table{1,2}.json, and <table>.md for each vision table with runs under
+results/vision/<table>/ (fmnistlt, petersen_cifar100, stk_cifar100lt). Numbers come only from
+results/; the vision rows' labels and order come from experiments/vision/<table>/*.yaml.
 
     python scripts/make_tables.py [--preset quick] [--results results] [--out results/tables]
 
@@ -20,10 +22,35 @@ import yaml
 from topklab.protocol.store import CellStore
 from topklab.protocol.tables import build_lines, paired_tests, render_latex, render_markdown
 from topklab.synthetic.tables import render_table1, render_table2
+from topklab.train.classification_tables import load_table, render_vision_table
 from topklab.utils.errors import TopklabError
 from topklab.utils.io import atomic_write_text
 
 TABLES = ("table3", "table4", "table6")
+VISION_PAPER = {"petersen_cifar100": ("petersen_icml2022.yaml", "petersen_cifar100"),
+                "stk_cifar100lt": ("stk_neurips2024.yaml", "table5")}
+
+
+def vision_rows(experiments: Path, table: str) -> tuple[list[str], dict[str, str]]:
+    """Row names in file order and their labels (the ``row:`` field) from the experiment configs."""
+    files = sorted(p for p in (experiments / table).glob("*.yaml") if not p.stem.startswith("_"))
+    labels = {p.stem: (yaml.safe_load(p.read_text()) or {}).get("row") or p.stem for p in files}
+    return [p.stem for p in files], labels
+
+
+def render_vision_tables(results: Path, experiments: Path) -> dict[str, str]:
+    rendered = {}
+    for directory in sorted(p for p in (results / "vision").glob("*") if p.is_dir()):
+        rows = load_table(directory)
+        if not rows:
+            continue
+        order, labels = vision_rows(experiments, directory.name)
+        paper = None
+        if directory.name in VISION_PAPER:
+            file, key = VISION_PAPER[directory.name]
+            paper = yaml.safe_load((results / "paper" / file).read_text())[key]
+        rendered[f"{directory.name}.md"] = render_vision_table(directory.name, rows, labels, order, paper)
+    return rendered
 
 
 def header_for(preset: str, records: list[dict], lines) -> list[str]:
@@ -45,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="quick", help="results/tabular/<preset>/ to read")
     parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parents[1] / "results")
     parser.add_argument("--out", type=Path, default=None, help="default: <results>/tables")
+    parser.add_argument("--experiments", type=Path, default=Path(__file__).resolve().parents[1] / "experiments" / "vision",
+                        help="row labels and order of the vision tables")
     args = parser.parse_args(argv)
     out_dir = args.out or args.results / "tables"
     try:
@@ -75,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise TopklabError(f"{source} is corrupt ({err!r}); rerun the script that wrote it") from None
             else:
                 print(f"note: {source} not found; {name}.md not written (see scripts/README.md)")
+        rendered.update(render_vision_tables(args.results, args.experiments))
     except TopklabError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

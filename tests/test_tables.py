@@ -73,3 +73,31 @@ def test_paired_p_value_needs_paired_samples():
     assert paired_p_value([1.0, 2.0], [1.0, 2.0]) == 1.0
     with pytest.raises(TopklabError, match="table3/x/logistic: stk vs atk needs the same splits"):
         paired_p_value([1.0, 2.0], [1.0, 2.0, 3.0], "table3/x/logistic: stk vs atk")
+
+
+def fake_vision_run(results, table, row, seed, top1, top5, per_class):
+    test = {"top1": top1, "top5": top5, "many": per_class[0], "medium": per_class[1], "few": per_class[2],
+            "per_class": per_class, "score": top1}
+    result = {"command": f"python train.py vision={table}/{row} seed={seed}", "provenance": {"git": {"sha": "def5678"}},
+              "config": {"trainer": {"epochs": 3, "batch_size": 8, "select_metrics": ["top1", "top5"]}},
+              "summary": {"metrics": {"test": test}, "class_counts": [150, 50, 5],
+                          "selection": {"top1": {"test": top1}, "top5": {"test": top5 + 1.0}}}}
+    path = results / "vision" / table / row / f"seed{seed}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result))
+
+
+def test_vision_table_shows_mean_std_over_seeds_paper_values_and_per_class(results, tmp_path):
+    shutil.copy(ROOT / "results" / "paper" / "petersen_icml2022.yaml", results / "paper")
+    experiments = tmp_path / "experiments"
+    (experiments / "petersen_cifar100").mkdir(parents=True)
+    (experiments / "petersen_cifar100" / "softmax_ce.yaml").write_text('row: "Softmax CE"\n')
+    fake_vision_run(results, "petersen_cifar100", "softmax_ce", 0, 60.0, 84.0, [90.0, 50.0, 10.0])
+    fake_vision_run(results, "petersen_cifar100", "softmax_ce", 1, 62.0, 86.0, [80.0, 70.0, 30.0])
+    assert make_tables.main(["--preset", "fake", "--results", str(results), "--experiments", str(experiments)]) == 0
+    text = (results / "tables" / "petersen_cifar100.md").read_text()
+    # top-1 from its own selection, top-5 from the top-5 selection (+1 in the fake), population std
+    assert "| Softmax CE | 2 | 61.00 ± 1.00 | 86.00 ± 1.00 | 85.00 ± 5.00 | 60.00 ± 10.00 | 20.00 ± 10.00 | 61.27 | 85.31 |" in text
+    assert "| Softmax CE | 85.0 | 60.0 | 20.0 |" in text
+    (results / "vision" / "petersen_cifar100" / "softmax_ce" / "seed1.json").write_text("{broken")
+    assert make_tables.main(["--preset", "fake", "--results", str(results), "--experiments", str(experiments)]) == 2

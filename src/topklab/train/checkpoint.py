@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from topklab.utils.io import atomic_torch_save, atomic_write_json
 from topklab.utils.errors import TopklabError
 
-NOT_IN_KEY = ("paths", "logger", "result_file")
+NOT_IN_KEY = ("paths", "logger", "result_file", "row")
 TRAINER_NOT_IN_KEY = ("progress", "resume", "checkpoint_every")
 
 
