@@ -84,7 +84,7 @@ tables: setup
 bench-population: setup
 	$(PY) scripts/bench_population.py
 
-# STk §4.2: Table 2, Figures 3 and 4 into results/synthetic/*.json (50 repeats; about half an hour here).
+# STk §4.2: Table 2, Figures 3 and 4 into results/synthetic/*.json (50 repeats; about 50 min here at 1 thread).
 reproduce-synthetic: setup
 	$(PY) scripts/reproduce_synthetic.py
 

@@ -88,7 +88,7 @@ def test_bad_input_leaves_no_run_record(compose_cfg, tmp_path, overrides, match)
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["loss=foo"], "error: unknown loss 'foo'; choose one of: atk, average, matk, maximum, stk"),
+    (["loss=foo"], "error: unknown loss 'foo'; choose one of: atk, average, matk, maximum, stk, topk_ce"),
     (["-m", "dataset=german,nope"], "error: unknown dataset 'nope'; choose one of: abalone,"),
     (["loss.k=0"], "error: loss: k=0 must be a positive count"),
     (["loss.k=1.5"], "error: loss: k=1.5 as a float is a fraction"),
@@ -121,7 +121,7 @@ def test_cli_bad_option_exits_nonzero_with_one_line_and_no_outputs(tmp_path):
     result = run_cli("loss=nope", f"paths.log_dir={tmp_path}")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "error: unknown loss 'nope'; choose one of: atk, average, matk, maximum, stk"]
+        "error: unknown loss 'nope'; choose one of: atk, average, matk, maximum, stk, topk_ce"]
     assert not any(tmp_path.iterdir())
 
 
