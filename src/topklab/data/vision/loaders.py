@@ -72,10 +72,6 @@ class DeviceLoader:
     def __len__(self) -> int:
         return n_batches(len(self.labels), self.batch_size, self.drop_last)
 
-    @property
-    def num_images(self) -> int:
-        return len(self.labels)
-
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         n = len(self.labels)
         generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
@@ -141,10 +137,6 @@ class TorchvisionLoader:
 
     def __len__(self) -> int:
         return n_batches(len(self.dataset), self.batch_size, self.drop_last)
-
-    @property
-    def num_images(self) -> int:
-        return len(self.dataset)
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         seed = epoch_seed(self.seed, epoch)
