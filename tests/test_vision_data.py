@@ -104,6 +104,7 @@ def test_cifar100_reader_and_lt_holdout(tmp_path):
     assert splits.name == "cifar100lt" and tuple(splits.x_train.shape[1:]) == (3, 32, 32)
     assert min(splits.class_counts) >= 1 and len(splits.y_test) == 100
     assert sum(splits.class_counts) + len(splits.y_val) == sum(exponential_profile(6, 100, 3))
+    assert splits.shot_counts == exponential_profile(6, 100, 3)  # groups by the set before hold-out
     (root / "cifar-100-python" / "train").write_bytes(b"not a pickle")
     with pytest.raises(TopklabError, match="not a readable cifar-100-python"):
         data.splits()

@@ -79,6 +79,15 @@ def test_profile_trainer_saves_a_trace(compose_cfg, tmp_path, fmnist_root):
     assert any("conv" in event.get("name", "") for event in trace["traceEvents"])
 
 
+def test_rerunning_a_finished_run_reports_it_without_training_more(compose_cfg, tmp_path, fmnist_root):
+    overrides = [*TINY_FMNIST, f"dataset.root={fmnist_root}", "trainer.epochs=5", "trainer.max_steps=3", "loss=stk"]
+    first, _ = run_train(compose_cfg, tmp_path, *overrides)
+    again, run_dir = run_train(compose_cfg, tmp_path, *overrides)
+    assert (first["steps"], first["epochs"]) == (again["steps"], again["epochs"]) == (3, 1)
+    assert again["metrics"] == first["metrics"] and again["lambda"] == first["lambda"]
+    assert len((run_dir / "epochs.csv").read_text().splitlines()) == 2
+
+
 def train_command(tmp_path, fmnist_root, *extra):
     return [sys.executable, str(ROOT / "train.py"), *TINY_FMNIST, f"dataset.root={fmnist_root}", "trainer.epochs=4",
             "trainer.checkpoint_every=1", f"paths.log_dir={tmp_path}/logs", "loss=stk", *extra]
@@ -144,6 +153,7 @@ def test_experiment_row_composes_and_smoke_runs(compose_cfg, tmp_path, row, fmni
     (["loss=topk_ce", "individual.method=quicksort"], "choose one of"),
     (["model=mlp"], "does not fit this dataset"),
     (["dataset.imbalance_ratio=1000"], "without images"),
+    (["loss=atk", "loss.k=16"], "smallest batch=15"),
 ])
 def test_bad_vision_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, fmnist_root, overrides, message):
     result_file = tmp_path / "result.json"

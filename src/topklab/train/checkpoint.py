@@ -1,8 +1,8 @@
 """Resumable training state: one atomically written ``last.pt`` per run key, plus a small
 ``run.json`` (logger id, progress) that can be read without loading tensors.
 
-The run key is a hash of the resolved config minus what does not change the result (paths,
-logger, progress display, the checkpoint settings themselves), so restarting the same command
+The run key is a hash of the resolved config minus what does not change the result (paths and
+the data's location, logger, progress display, the checkpoint settings themselves), so restarting the same command
 finds the checkpoint even though Hydra gives the new process a new output directory.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ from topklab.utils.errors import TopklabError
 
 NOT_IN_KEY = ("paths", "logger", "result_file", "row")
 TRAINER_NOT_IN_KEY = ("progress", "resume", "checkpoint_every")
+DATASET_NOT_IN_KEY = ("root", "download")  # where the files are, not what they are
 
 
 def run_key(cfg: DictConfig) -> str:
@@ -28,6 +29,8 @@ def run_key(cfg: DictConfig) -> str:
         resolved.pop(key, None)
     for key in TRAINER_NOT_IN_KEY:
         resolved.get("trainer", {}).pop(key, None)
+    for key in DATASET_NOT_IN_KEY:
+        resolved.get("dataset", {}).pop(key, None)
     text = json.dumps(resolved, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -119,6 +119,7 @@ class ClassificationTrainer:
                                                                           epochs=self.epochs, **self.schedule))
         scaler = torch.amp.GradScaler(device.type, enabled=self.amp == "fp16")
         counts = splits.class_counts
+        group_counts = splits.shot_counts  # many / medium / few by the long-tailed set's sizes, before hold-out
 
         def autocast():
             if amp_dtype is None:
@@ -132,7 +133,7 @@ class ClassificationTrainer:
             with torch.no_grad(), autocast():
                 logits = torch.cat([model(x).float() for x, _ in loader.batches()])
             model.train()
-            return classification_metrics(logits, labels, counts, many=self.many_shot, few=self.few_shot)
+            return classification_metrics(logits, labels, group_counts, many=self.many_shot, few=self.few_shot)
 
         def snapshot() -> dict:
             return {"model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
@@ -140,7 +141,7 @@ class ClassificationTrainer:
 
         store = CheckpointStore(workdir) if workdir is not None else None
         state = {"epoch": 0, "batch": 0, "step": 0, "loss_sum": 0.0, "history": [], "best": {},
-                 "train_seconds": 0.0, "logger_id": logger_id}
+                 "train_seconds": 0.0, "logger_id": logger_id, "finished": False}
         if store is not None and self.resume and store.exists():
             saved = store.load()
             model.load_state_dict(saved["model"])
@@ -154,22 +155,35 @@ class ClassificationTrainer:
             for row in state["history"]:
                 on_epoch_end(row)
 
+        check_each_step = device.type != "cuda"  # on a GPU a per-step check would synchronise every step
+        running = torch.tensor(state["loss_sum"], dtype=torch.float64, device=device)
+
+        def check_finite(where: str) -> None:
+            if not torch.isfinite(running):
+                raise NonFiniteLossError(
+                    f"non-finite loss {where}; lower optim.lr or set trainer.amp=none "
+                    f"(resume from the last finite checkpoint with trainer.resume=true)",
+                    last_good_state=snapshot())
+
         def save_checkpoint() -> None:
             if store is None:
                 return
+            check_finite(f"before the checkpoint at step {state['step']}")
+            state["loss_sum"] = float(running)
             store.save({"model": model.state_dict(), "loss": aggregate.state_dict(), "optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
                         "progress": state},
                        {"epoch": state["epoch"], "batch": state["batch"], "step": state["step"],
-                        "logger_id": state["logger_id"], "finished": False})
+                        "logger_id": state["logger_id"], "finished": state["finished"]})
 
         profile = StepProfile(device)
         profiler = self._torch_profiler(run_dir)
-        stop = False
         model.train()
         with profiler:
-            for epoch in range(state["epoch"], self.epochs):
+            for epoch in range(state["epoch"], self.epochs if not state["finished"] else state["epoch"]):
                 profile.reset()
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
                 epoch_start = time.perf_counter()
                 bar = tqdm(total=steps_per_epoch, initial=state["batch"], desc=f"epoch {epoch + 1}/{self.epochs}",
                            disable=not self.progress, leave=False)
@@ -182,10 +196,11 @@ class ClassificationTrainer:
                     loss_start = profile.now()
                     objective = aggregate(individual(output.float(), y))
                     loss_end = profile.now()
-                    if not torch.isfinite(objective):
+                    if check_each_step and not torch.isfinite(objective):
                         raise NonFiniteLossError(
                             f"non-finite loss ({float(objective.detach())}) at epoch {epoch + 1}, step {state['step'] + 1}; "
-                            f"lower optim.lr or set trainer.amp=none (the last checkpoint is kept)")
+                            f"lower optim.lr or set trainer.amp=none (the last checkpoint is kept)",
+                            last_good_state=snapshot())
                     optimizer.zero_grad(set_to_none=True)
                     scaler.scale(objective).backward()
                     scaler.step(optimizer)
@@ -195,18 +210,20 @@ class ClassificationTrainer:
                     profiler.step()
                     state["step"] += 1
                     state["batch"] += 1
-                    state["loss_sum"] += float(objective.detach())
+                    running += objective.detach().double()
                     bar.update(1)
                     if self.checkpoint_every and state["step"] % self.checkpoint_every == 0:
                         state["train_seconds"] += time.perf_counter() - epoch_start
                         epoch_start = time.perf_counter()
                         save_checkpoint()
                     if self.max_steps is not None and state["step"] >= self.max_steps:
-                        stop = True
+                        state["finished"] = True
                         break
                     fetch_start = time.perf_counter()
                 bar.close()
                 cost = profile.summary()
+                peak_mb = peak_memory_bytes(device) / 2**20
+                check_finite(f"in epoch {epoch + 1}")
                 val = evaluate(splits.x_val, splits.y_val)
                 for metric in self.select_metrics:
                     best = state["best"].get(metric)
@@ -215,16 +232,17 @@ class ClassificationTrainer:
                                                  "val": val, "state": snapshot()}
                 state["train_seconds"] += time.perf_counter() - epoch_start
                 row = {"epoch": epoch + 1, "step": state["step"], "lr": scheduler.get_last_lr()[0],
-                       "train_loss": state["loss_sum"] / max(state["batch"], 1),
+                       "train_loss": float(running) / max(state["batch"], 1),
                        **{f"val_{k}": val[k] for k in ("top1", "top5", "many", "medium", "few") if k in val},
                        "lambda": lambda_of(aggregate), **cost,
-                       "peak_memory_mb": peak_memory_bytes(device) / 2**20, "elapsed_s": state["train_seconds"]}
+                       "peak_memory_mb": peak_mb, "elapsed_s": state["train_seconds"]}
                 state["history"].append(row)
-                state.update(epoch=epoch + 1, batch=0, loss_sum=0.0)
+                state.update(epoch=epoch + 1, batch=0, finished=state["finished"] or epoch + 1 == self.epochs)
+                running.zero_()
                 save_checkpoint()
                 on_epoch_end(row)
                 on_eval(row)
-                if stop:
+                if state["finished"]:
                     break
 
         results, tested = {}, {}
@@ -240,12 +258,6 @@ class ClassificationTrainer:
         model.load_state_dict(primary_best["model"])
         aggregate.load_state_dict(primary_best["loss"])
         primary = results[self.select_metrics[0]]
-        if store is not None:
-            store.save({"model": model.state_dict(), "loss": aggregate.state_dict(), "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
-                        "progress": state},
-                       {"epoch": state["epoch"], "batch": 0, "step": state["step"], "logger_id": state["logger_id"],
-                        "finished": True})
         last = state["history"][-1]
         return {
             "metrics": {"val": primary["val"], "test": primary["test"]},

@@ -67,14 +67,20 @@ def parameter_groups(model, aggregate) -> list[dict]:
     return groups
 
 
-def check_k_fits(aggregate, batch_size: int, n_train: int) -> None:
+def check_k_fits(aggregate, batch_size: int, n_train: int, drop_last: bool = True) -> None:
+    """A count k must fit every batch: the full one and, unless it is dropped, the last partial one."""
     k = getattr(aggregate, "k", None)
     if k is None:
         return
+    smallest = min(batch_size, n_train)
+    if not drop_last and n_train > batch_size and n_train % batch_size:
+        smallest = n_train % batch_size
     try:
-        resolve_k(k, min(batch_size, n_train))
+        resolve_k(k, smallest)
     except ValueError as err:
-        raise TopklabError(f"loss.k: {err} (trainer.batch_size={batch_size}, training rows={n_train})") from None
+        raise TopklabError(
+            f"loss.k: {err} (trainer.batch_size={batch_size}, training rows={n_train}, smallest batch={smallest}); "
+            f"use a fraction of the batch or trainer.drop_last=true") from None
 
 
 def project_root() -> Path:
@@ -96,7 +102,7 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None) -> 
         individual = build_for_data(cfg.individual, "individual", splits.loss_context())
         aggregate = build(cfg.loss, "loss")
         trainer = build(cfg.trainer, "trainer")
-        check_k_fits(aggregate, trainer.batch_size, len(splits.y_train))
+        check_k_fits(aggregate, trainer.batch_size, len(splits.y_train), trainer.drop_last)
         optimizer = build(cfg.optim, "optim")(parameter_groups(model, aggregate))
         logger = build(cfg.logger, "logger")
         seeds = {"seed": cfg.seed, "split_seed": splits.info["split_seed"], **_data_seeds(cfg)}

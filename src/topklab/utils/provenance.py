@@ -1,6 +1,7 @@
 """What produced a run: code version, packages, hardware (airbench-style provenance)."""
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import platform
@@ -17,7 +18,8 @@ TRACKED_PACKAGES = (
 )
 
 
-def git_info(root: str | os.PathLike) -> dict:
+@functools.lru_cache(maxsize=None)
+def _git_info(root: str) -> dict:
     def git(*args: str) -> str | None:
         try:
             out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
@@ -28,6 +30,12 @@ def git_info(root: str | os.PathLike) -> dict:
     sha = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no")
     return {"sha": sha, "dirty": None if status is None else bool(status)}
+
+
+def git_info(root: str | os.PathLike) -> dict:
+    """The commit and dirty flag, read once per process: the code a process runs is the code it
+    imported, so later jobs of a long sweep must not report commits made while it ran."""
+    return dict(_git_info(str(Path(root).resolve())))
 
 
 def package_versions(names=TRACKED_PACKAGES) -> dict:

@@ -88,9 +88,11 @@ class ImageDataset:
         x_tr, y_tr = as_tensors(x_train[train_idx], y_train[train_idx])
         x_va, y_va = as_tensors(x_train[val_idx], y_train[val_idx])
         x_te, y_te = as_tensors(x_test, y_test)
-        splits = VisionSplits(self.name, self.num_classes, x_tr, y_tr, x_va, y_va, x_te, y_te, self.mean, self.std, info, indices)
+        splits = VisionSplits(self.name, self.num_classes, x_tr, y_tr, x_va, y_va, x_te, y_te, self.mean, self.std, info, indices,
+                              source_counts=np.bincount(y_train[kept], minlength=self.num_classes).tolist())
         info["sizes"] = splits.sizes()
         info["class_counts"] = splits.class_counts
+        info["shot_counts"] = splits.shot_counts
         return splits
 
 

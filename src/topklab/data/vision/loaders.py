@@ -114,7 +114,9 @@ class TorchvisionLoader:
     Parameters are those of :class:`DeviceLoader` plus ``num_workers`` (int >= 0). With workers,
     each epoch's worker seeds come from the epoch's generator; with ``num_workers=0`` the
     transforms draw from torch's global generator, which is re-seeded from (seed, epoch) at the
-    start of each epoch.
+    start of each epoch; a mid-epoch resume then replays the skipped batches' draws back to back,
+    which is exact only while the training step itself draws nothing from that generator (true
+    for the models and losses here; not with dropout). The device loader has no such caveat.
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, mean, std, train: bool,

@@ -29,6 +29,7 @@ class VisionSplits:
     std: tuple[float, ...]
     info: dict = field(default_factory=dict)
     indices: dict = field(default_factory=dict)
+    source_counts: list[int] | None = None
     task: str = "multiclass"
 
     @property
@@ -39,6 +40,12 @@ class VisionSplits:
     def class_counts(self) -> list[int]:
         """Training images per class (after any long-tailed subsampling and validation hold-out)."""
         return torch.bincount(self.y_train, minlength=self.num_classes).tolist()
+
+    @property
+    def shot_counts(self) -> list[int]:
+        """Per-class sizes that define the many / medium / few groups: the (long-tailed) training
+        set before the validation hold-out, so a hold-out cannot move a class across a threshold."""
+        return self.source_counts if self.source_counts is not None else self.class_counts
 
     def model_context(self) -> dict:
         return {"in_channels": self.in_channels, "num_classes": self.num_classes}

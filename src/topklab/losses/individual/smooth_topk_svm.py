@@ -37,20 +37,27 @@ class SmoothTopKSVM(nn.Module):
             raise ValueError(f"k={k!r} must be an int with 1 <= k < classes={num_classes}")
         if not tau > 0:
             raise ValueError(f"tau={tau} must be > 0 (smaller = closer to the hard top-k hinge)")
-        smooth_topk = difftopk_module("difftopk.smooth_topk")
         self.k, self.tau, self.threshold, self.num_classes = k, float(tau), float(threshold), num_classes
-        labels = torch.arange(num_classes)
-        self.hard_loss = smooth_topk.Topk_Hard_SVM(labels, k, 1.0)
-        self.smooth_loss = smooth_topk.Topk_Smooth_SVM(labels, k, self.tau, 1.0)
+        self._losses: dict[str, tuple] = {}
+        self.losses("cpu")
+
+    def losses(self, device) -> tuple:
+        """(hard, smooth) loss functions of difftopk's port, whose class labels live on ``device``."""
+        key = str(device)
+        if key not in self._losses:
+            smooth_topk = difftopk_module("difftopk.smooth_topk")
+            labels = torch.arange(self.num_classes, device=device)
+            self._losses[key] = (smooth_topk.Topk_Hard_SVM(labels, self.k, 1.0),
+                                 smooth_topk.Topk_Smooth_SVM(labels, self.k, self.tau, 1.0))
+        return self._losses[key]
 
     def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        if output.device.type != "cpu":
-            raise ValueError("SmoothTopKSVM runs on CPU only (difftopk's port keeps its class labels on the CPU)")
         target = target.long()
+        hard_loss, smooth_loss = self.losses(output.device)
         smooth, hard = difftopk_module("difftopk.smooth_topk").detect_large(output, self.k, self.tau, self.threshold)
         losses = output.new_zeros(len(target))
         if smooth.any():
-            losses = losses.index_put((smooth,), self.smooth_loss(output[smooth], target[smooth]))
+            losses = losses.index_put((smooth,), smooth_loss(output[smooth], target[smooth]))
         if hard.any():
-            losses = losses.index_put((hard,), self.hard_loss(output[hard], target[hard]))
+            losses = losses.index_put((hard,), hard_loss(output[hard], target[hard]))
         return losses
