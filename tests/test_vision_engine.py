@@ -174,3 +174,12 @@ def test_missing_cifar_says_where_to_put_it(tmp_path):
     assert done.returncode == 2
     assert "cifar-100-python.tar.gz" in done.stderr and "dataset.download=true" in done.stderr
     assert not list((tmp_path / "logs").glob("*/runs/*/summary.json"))
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_autocast_runs_and_keeps_the_loss_in_float32(compose_cfg, tmp_path, fmnist_root, amp):
+    summary, run_dir = run_train(compose_cfg, tmp_path, *TINY_FMNIST, f"dataset.root={fmnist_root}", "trainer.epochs=1",
+                                 "trainer.max_steps=2", f"trainer.amp={amp}", "loss=stk")
+    assert summary["amp"] == amp and summary["steps"] == 2
+    header, row = (run_dir / "epochs.csv").read_text().splitlines()[:2]
+    assert float(row.split(",")[header.split(",").index("train_loss")]) > 0
