@@ -6,7 +6,6 @@
 Writes results/synthetic/<experiment>.json; `make tables` and `make figures` render them.
 """
 import os
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]

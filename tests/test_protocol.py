@@ -5,7 +5,6 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 from omegaconf import OmegaConf
 
 from conftest import CONFIG_DIR, ROOT

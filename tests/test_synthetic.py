@@ -10,7 +10,7 @@ import torch
 from conftest import ROOT
 from topklab.bench.topk_sum import (bubble_sort_topk_sum, exact_objective, heap_sort_topk_sum, lambda_iteration,
                                     sort_topk_sum)
-from topklab.synthetic import GaussianTask, lda_boundary, para_f1, toeplitz_covariance
+from topklab.synthetic import GaussianTask, lda_boundary, para_f1
 from topklab.synthetic.train import Column, LogisticPopulation, SyntheticTrainer, fit_single, initial_threshold
 from topklab.utils.errors import TopklabError
 

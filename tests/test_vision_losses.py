@@ -2,7 +2,6 @@
 SinkhornSort, the smooth top-k SVM, the CIFAR ResNets, metrics and LR schedules."""
 import contextlib
 import io
-import itertools
 import math
 
 import pytest

@@ -18,7 +18,7 @@ from topklab.losses.k import resolve_k, validate_k
 from topklab.models import MLP, Linear
 from topklab.population.aggregates import BATCHED_AGGREGATES, USES_LAMBDA
 from topklab.train.metrics import TASK_METRIC
-from topklab.train.tabular import batches_per_epoch
+from topklab.utils.batching import batches_per_epoch
 
 ADAGRAD_EPS = 1e-10  # torch.optim.Adagrad's default
 

@@ -21,7 +21,7 @@ from topklab.synthetic.tables import mean_std
 from topklab.synthetic.train import Column, LogisticPopulation, SyntheticTrainer, accuracy, fit_single
 from topklab.utils.errors import TopklabError
 from topklab.utils.io import atomic_write_json
-from topklab.utils.provenance import collect
+from topklab.utils.provenance import collect, portable_config
 
 EXPERIMENTS = ("table2", "figure3", "figure4")
 
@@ -143,14 +143,6 @@ def figure4(cfg: DictConfig, log=print) -> dict:
 
 
 RUNNERS = {"table2": table2, "figure3": figure3, "figure4": figure4}
-
-
-def portable_config(cfg: DictConfig) -> dict:
-    """The resolved config without machine paths (``paths``, ``results_dir``), for committed results."""
-    config = OmegaConf.to_container(cfg, resolve=True)
-    for key in ("paths", "results_dir"):
-        config.pop(key, None)
-    return config
 
 
 def run(cfg: DictConfig, log=print) -> list[Path]:

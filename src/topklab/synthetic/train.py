@@ -20,7 +20,7 @@ from topklab.losses import ATk, Average, MATk, Maximum, STk
 from topklab.losses.k import resolve_k, validate_k
 from topklab.population.aggregates import BATCHED_AGGREGATES, thresholded
 from topklab.synthetic.gaussian import SyntheticSplit
-from topklab.train.tabular import batches_per_epoch
+from topklab.utils.batching import batches_per_epoch
 from topklab.utils.errors import TopklabError
 
 

@@ -24,6 +24,7 @@ from topklab.train.checkpoint import CheckpointStore
 from topklab.train.classification_metrics import classification_metrics
 from topklab.train.profiling import StepProfile, peak_memory_bytes
 from topklab.train.schedules import LRFactor
+from topklab.train.tabular import lambda_of
 from topklab.utils.errors import NonFiniteLossError, TopklabError
 from topklab.utils.seed import rng_state, set_rng_state
 
@@ -36,11 +37,6 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise TopklabError(f"trainer.device={name} but no CUDA device is visible; use trainer.device=cpu or auto")
     return torch.device(name)
-
-
-def lambda_of(aggregate: nn.Module) -> float | None:
-    threshold = getattr(aggregate, "threshold", None)
-    return None if threshold is None else float(threshold.detach())
 
 
 class ClassificationTrainer:
@@ -126,9 +122,13 @@ class ClassificationTrainer:
                 return contextlib.nullcontext()
             return torch.autocast(device.type, dtype=amp_dtype)
 
-        def evaluate(images, labels) -> dict:
-            loader = build_loader(self.loader, images, labels, self.eval_batch_size, splits.mean, splits.std, False,
-                                  device, drop_last=False, seed=seed, **loader_args)
+        def eval_loader(images, labels):
+            return build_loader(self.loader, images, labels, self.eval_batch_size, splits.mean, splits.std, False,
+                                device, drop_last=False, seed=seed, **loader_args)
+
+        val_loader = eval_loader(splits.x_val, splits.y_val)
+
+        def evaluate(loader, labels) -> dict:
             model.eval()
             with torch.no_grad(), autocast():
                 logits = torch.cat([model(x).float() for x, _ in loader.batches()])
@@ -224,7 +224,7 @@ class ClassificationTrainer:
                 cost = profile.summary()
                 peak_mb = peak_memory_bytes(device) / 2**20
                 check_finite(f"in epoch {epoch + 1}")
-                val = evaluate(splits.x_val, splits.y_val)
+                val = evaluate(val_loader, splits.y_val)
                 for metric in self.select_metrics:
                     best = state["best"].get(metric)
                     if best is None or val[metric] > best["value"]:
@@ -246,12 +246,13 @@ class ClassificationTrainer:
                     break
 
         results, tested = {}, {}
+        test_loader = eval_loader(splits.x_test, splits.y_test)
         for metric in self.select_metrics:
             best = state["best"][metric]
             if best["epoch"] not in tested:  # metrics selecting the same epoch share one test pass
                 model.load_state_dict(best["state"]["model"])
                 aggregate.load_state_dict(best["state"]["loss"])
-                tested[best["epoch"]] = evaluate(splits.x_test, splits.y_test)
+                tested[best["epoch"]] = evaluate(test_loader, splits.y_test)
             results[metric] = {"epoch": best["epoch"], "step": best["step"], "val": best["val"],
                                "test": tested[best["epoch"]]}
         primary_best = state["best"][self.select_metrics[0]]["state"]

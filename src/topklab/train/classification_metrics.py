@@ -2,8 +2,6 @@
 (many / medium / few-shot: more than 100, 20–100, fewer than 20 training images per class)."""
 from __future__ import annotations
 
-import math
-
 import torch
 
 
@@ -41,8 +39,3 @@ def classification_metrics(logits: torch.Tensor, labels: torch.Tensor, class_cou
     result["per_class"] = per_class
     result["score"] = result["top1"]
     return result
-
-
-def mean_or_nan(values) -> float:
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else math.nan

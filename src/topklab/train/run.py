@@ -16,6 +16,7 @@ from topklab.train.checkpoint import CheckpointStore, run_key
 from topklab.train.record import RunRecord
 from topklab.utils.errors import NonFiniteLossError, TopklabError
 from topklab.utils.io import atomic_write_json
+from topklab.utils.provenance import portable_config
 from topklab.utils.seed import seed_everything
 
 
@@ -144,12 +145,10 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None) -> 
 def write_result(cfg: DictConfig, summary: dict, record: RunRecord) -> Path:
     """The run's compact, portable result (summary, config without machine paths, provenance and
     the command) at ``cfg.result_file``, written atomically; what results tables are made from."""
-    config = OmegaConf.to_container(cfg, resolve=True)
-    config.pop("paths", None)
-    config.pop("result_file", None)
+    portable_summary = {k: v for k, v in summary.items() if k != "logger_id"}  # a CSV logger's id is a path
     return atomic_write_json(cfg.result_file, {
         "command": "python " + " ".join(Path(a).name if i == 0 else a for i, a in enumerate(sys.argv)),
-        "config": config, "summary": summary, "provenance": record.provenance(),
+        "config": portable_config(cfg), "summary": portable_summary, "provenance": record.provenance(),
     })
 
 

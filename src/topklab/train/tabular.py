@@ -9,18 +9,13 @@ import torch
 from torch import nn
 
 from topklab.train.metrics import evaluate
+from topklab.utils.batching import batches_per_epoch
 from topklab.utils.errors import NonFiniteLossError
 
 
 def trainable_parameters(model: nn.Module, aggregate: nn.Module) -> list[nn.Parameter]:
     """Model parameters plus the aggregate loss's own (λ of MATk/STk): both go to the optimizer."""
     return [p for p in (*model.parameters(), *aggregate.parameters()) if p.requires_grad]
-
-
-def batches_per_epoch(n_train: int, batch_size: int, drop_last: bool) -> int:
-    """Mini-batches in one pass over ``n_train`` rows; a lone incomplete batch is never dropped."""
-    full, rest = divmod(n_train, batch_size)
-    return full + (1 if rest and not (drop_last and full) else 0)
 
 
 def l2_penalty(model: nn.Module, C: float | None) -> torch.Tensor | float:
@@ -132,14 +127,14 @@ class TabularTrainer:
                     if val["score"] > best["score"] + self.min_delta:
                         best = {"score": val["score"], "step": step, "state": snapshot(), "val": val}
                     on_eval({"step": step, "epoch": epoch, **{f"val_{k}": v for k, v in val.items()},
-                             "lambda": _lambda_of(aggregate)})
+                             "lambda": lambda_of(aggregate)})
                     if step - best["step"] >= self.patience:
                         stopped = True
                         break
             on_epoch_end({
                 "epoch": epoch, "step": step, "train_objective": epoch_loss / max(b + 1, 1),
                 **{f"val_{k}": v for k, v in (val if step % self.eval_every == 0 else validate()).items()},
-                "lambda": _lambda_of(aggregate),
+                "lambda": lambda_of(aggregate),
                 "best_step": best["step"], "elapsed_s": time.perf_counter() - start,
             })
             if stopped:
@@ -155,10 +150,10 @@ class TabularTrainer:
             }
         return {
             "metrics": metrics, "best_step": best["step"], "steps": step, "epochs": epoch,
-            "early_stopped": stopped, "lambda": _lambda_of(aggregate), "train_seconds": time.perf_counter() - start,
+            "early_stopped": stopped, "lambda": lambda_of(aggregate), "train_seconds": time.perf_counter() - start,
         }
 
 
-def _lambda_of(aggregate: nn.Module) -> float | None:
+def lambda_of(aggregate: nn.Module) -> float | None:
     threshold = getattr(aggregate, "threshold", None)
     return None if threshold is None else float(threshold.detach())

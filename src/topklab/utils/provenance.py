@@ -38,6 +38,22 @@ def git_info(root: str | os.PathLike) -> dict:
     return dict(_git_info(str(Path(root).resolve())))
 
 
+MACHINE_KEYS = ("paths", "results_dir", "result_file")  # top-level keys that only say where things are
+
+
+def portable_config(cfg) -> dict:
+    """The resolved config without machine paths (``paths``, ``results_dir``, ``result_file``,
+    ``dataset.root``), for committed results."""
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.to_container(cfg, resolve=True)
+    for key in MACHINE_KEYS:
+        config.pop(key, None)
+    if isinstance(config.get("dataset"), dict):
+        config["dataset"].pop("root", None)
+    return config
+
+
 def package_versions(names=TRACKED_PACKAGES) -> dict:
     versions = {}
     for name in names:

@@ -16,16 +16,13 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
+from topklab.utils.batching import batches_per_epoch
+
 LOADERS = ("device", "torchvision")
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch) % 2**63
-
-
-def n_batches(n: int, batch_size: int, drop_last: bool) -> int:
-    full, rest = divmod(n, batch_size)
-    return full + (1 if rest and not (drop_last and full) else 0)
 
 
 class DeviceLoader:
@@ -70,7 +67,7 @@ class DeviceLoader:
         self.std = torch.tensor(std, device=self.device).view(shape) * 255.0
 
     def __len__(self) -> int:
-        return n_batches(len(self.labels), self.batch_size, self.drop_last)
+        return batches_per_epoch(len(self.labels), self.batch_size, self.drop_last)
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         n = len(self.labels)
@@ -138,7 +135,7 @@ class TorchvisionLoader:
         self.num_workers, self.channels_last = num_workers, channels_last
 
     def __len__(self) -> int:
-        return n_batches(len(self.dataset), self.batch_size, self.drop_last)
+        return batches_per_epoch(len(self.dataset), self.batch_size, self.drop_last)
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         seed = epoch_seed(self.seed, epoch)

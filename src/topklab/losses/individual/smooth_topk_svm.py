@@ -39,6 +39,7 @@ class SmoothTopKSVM(nn.Module):
             raise ValueError(f"tau={tau} must be > 0 (smaller = closer to the hard top-k hinge)")
         self.k, self.tau, self.threshold, self.num_classes = k, float(tau), float(threshold), num_classes
         self._losses: dict[str, tuple] = {}
+        self._detect_large = difftopk_module("difftopk.smooth_topk").detect_large
         self.losses("cpu")
 
     def losses(self, device) -> tuple:
@@ -54,7 +55,7 @@ class SmoothTopKSVM(nn.Module):
     def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         target = target.long()
         hard_loss, smooth_loss = self.losses(output.device)
-        smooth, hard = difftopk_module("difftopk.smooth_topk").detect_large(output, self.k, self.tau, self.threshold)
+        smooth, hard = self._detect_large(output, self.k, self.tau, self.threshold)
         losses = output.new_zeros(len(target))
         if smooth.any():
             losses = losses.index_put((smooth,), smooth_loss(output[smooth], target[smooth]))
