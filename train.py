@@ -2,7 +2,9 @@
 
     python train.py                                  # STk + MLP on australian, offline
     python train.py loss=atk dataset=german          # swap any config group
+    python train.py loss=stk dataset=cifar100lt      # image recipe: ResNet-32, logit-adjusted CE, SGD
     python train.py -m loss=average,atk,matk,stk     # sweep
+    python train.py experiment=fmnistlt/la_stk       # a row of a results table
 """
 import os
 import sys
@@ -15,23 +17,28 @@ import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from topklab.cli import fail, preflight  # noqa: E402
-from topklab.train.run import format_summary, train  # noqa: E402
-from topklab.utils.errors import TopklabError  # noqa: E402
+from topklab.cli import preflight  # noqa: E402
+from topklab.engine.build import compose_run, recipe_for  # noqa: E402
+from topklab.engine.run import format_summary, optimized_value, train  # noqa: E402
 
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float:
     hydra_cfg = HydraConfig.get()
-    try:
-        summary = train(cfg, hydra_cfg.runtime.output_dir, job_name=hydra_cfg.job.name)
-    except TopklabError as err:
-        fail(err)
+    # A TopklabError is not caught here: hydra.callbacks.jobs (topklab.launch.callback) turns it into
+    # `error: ...` + exit 2 for a single run, and into a recorded failure for a sweep job.
+    recipe = recipe_for(cfg)
+    if recipe is not None:
+        cfg = compose_run(list(hydra_cfg.overrides.task))
+        print(f"recipe: {recipe} (from the dataset's task; choose another with recipe=<name>)")
+    summary = train(cfg, hydra_cfg.runtime.output_dir, job_name=hydra_cfg.job.name)
+    value = optimized_value(cfg, summary)
     print(format_summary(summary))
     print(f"run record: {hydra_cfg.runtime.output_dir}")
-    return summary["metrics"]["val"]["score"]
+    return value
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # CUDA checks must not start CUDA before a sweep job is pinned to its GPU
     preflight(sys.argv[1:], ROOT / "configs")
     main()

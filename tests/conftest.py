@@ -10,7 +10,9 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 import topklab  # noqa: E402,F401  (torchvision shim before anything imports torchvision)
 import pytest  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra import initialize_config_dir  # noqa: E402
+
+from topklab.engine.build import compose_run  # noqa: E402
 
 CONFIG_DIR = ROOT / "configs"
 TABULAR_DATASETS = [
@@ -21,10 +23,10 @@ TABULAR_DATASETS = [
 
 @pytest.fixture
 def compose_cfg(tmp_path):
-    """Compose configs/train.yaml with overrides, logging under tmp_path."""
+    """Compose configs/train.yaml with overrides (``recipe=auto`` resolved as train.py does), logging under tmp_path."""
 
     def _compose(*overrides: str):
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            return compose("train", overrides=[f"paths.log_dir={tmp_path}", *overrides])
+            return compose_run([f"paths.log_dir={tmp_path}", *overrides])
 
     return _compose

@@ -1,57 +1,64 @@
-"""Every option of every config group composes and instantiates (lightning-hydra-template style)."""
+"""Every option of every config group composes and instantiates (lightning-hydra-template style),
+and recipe=auto gives each kind of dataset sensible groups that the command line can override."""
 import pytest
 from hydra.utils import instantiate
 
 from conftest import CONFIG_DIR
 from topklab.cli import config_groups
-from topklab.train.run import build, build_for_data
+from topklab.engine.build import build, build_for_data
 
-FAKE_DATA = {"in_features": 3, "in_channels": 3, "num_classes": 10, "class_counts": [50, 30, 20, 10, 8, 6, 5, 4, 3, 2]}
+FAKE_DATA = {"in_features": 3, "in_channels": 3, "num_classes": 10, "class_counts": [50, 30, 20, 10, 8, 6, 5, 4, 3, 2],
+             "shot_counts": [50, 30, 20, 10, 8, 6, 5, 4, 3, 2], "target": "binary"}
 
-GROUP_OPTIONS = [(group, option) for group, options in config_groups(CONFIG_DIR).items() for option in options]
+GROUP_OPTIONS = [(group, option) for group, options in config_groups(CONFIG_DIR).items() for option in options
+                 if not option.rsplit("/", 1)[-1].startswith("_")]
 
 
 def test_there_is_something_to_compose():
     groups = dict(config_groups(CONFIG_DIR))
-    for group in ("dataset", "model", "loss", "individual", "optim", "trainer", "logger"):
+    for group in ("dataset", "model", "loss", "individual", "optim", "engine", "task", "recipe", "logger", "experiment"):
         assert groups.get(group), f"config group {group} is empty"
 
 
 @pytest.mark.parametrize("group,option", GROUP_OPTIONS, ids=[f"{g}={o}" for g, o in GROUP_OPTIONS])
 def test_compose_and_instantiate(compose_cfg, group, option):
     cfg = compose_cfg(f"{group}={option}")
-    assert cfg[group] is not None
+    assert cfg[group] is not None if group not in ("recipe", "experiment") else cfg.recipe != "auto"
     dataset = build(cfg.dataset, "dataset")
     build_for_data(cfg.model, "model", FAKE_DATA)
     build(cfg.loss, "loss")
     build_for_data(cfg.individual, "individual", FAKE_DATA)
-    build(cfg.trainer, "trainer")
+    build(cfg.engine, "engine")
+    build_for_data(cfg.task, "task", FAKE_DATA)
     build(cfg.logger, "logger")
     optimizer_factory = instantiate(cfg.optim)
     assert callable(optimizer_factory)
     assert dataset.task in ("binary", "regression", "multiclass")
 
 
-def test_regression_datasets_default_to_square_loss_but_accept_overrides(compose_cfg):
-    assert compose_cfg("dataset=housing").individual._target_ == "topklab.losses.Square"
-    assert compose_cfg("dataset=housing", "individual=absolute").individual._target_ == "topklab.losses.Absolute"
-    assert compose_cfg("dataset=german").individual._target_ == "topklab.losses.Logistic"
-
-
-@pytest.mark.parametrize("dataset,model,trainer", [
-    ("cifar100", "resnet18_cifar", "ClassificationTrainer"), ("cifar100lt", "resnet32", "ClassificationTrainer"),
-    ("fmnistlt", "resnet32", "ClassificationTrainer"), ("australian", "MLP", "TabularTrainer"),
+@pytest.mark.parametrize("dataset,recipe,model,individual,engine_select", [
+    ("australian", "binary", "MLP", "Logistic", None), ("housing", "regression", "MLP", "Square", None),
+    ("cifar100", "multiclass", "resnet32", "LogitAdjusted", ["top1"]),
+    ("cifar100lt", "multiclass", "resnet32", "LogitAdjusted", ["top1"]),
+    ("fmnistlt", "multiclass", "resnet32", "LogitAdjusted", ["top1"]),
 ])
-def test_image_datasets_switch_model_trainer_and_loss_but_accept_overrides(compose_cfg, dataset, model, trainer):
+def test_recipe_follows_the_dataset_task(compose_cfg, dataset, recipe, model, individual, engine_select):
     cfg = compose_cfg(f"dataset={dataset}")
-    assert cfg.model._target_.endswith(model) and cfg.trainer._target_.endswith(trainer)
-    assert compose_cfg(f"dataset={dataset}", "model=resnet18_cifar").model._target_.endswith("resnet18_cifar")
+    assert cfg.recipe == recipe
+    assert cfg.model._target_.endswith(model) and cfg.individual._target_.endswith(individual)
+    assert cfg.engine.select_metrics == engine_select
 
 
-def test_loss_topk_ce_is_the_mean_of_the_top_k_cross_entropy(compose_cfg):
-    cfg = compose_cfg("dataset=cifar100", "loss=topk_ce")
-    assert cfg.loss._target_ == "topklab.losses.Average"
-    assert cfg.individual._target_ == "topklab.losses.TopKCrossEntropy"
-    for field in ("top1_mode", "distribution", "inverse_temperature", "art_lambda", "m", "p_k", "method"):
-        assert field in cfg.individual
-    assert compose_cfg("dataset=fmnistlt", "loss=stk").individual._target_ == "topklab.losses.LogitAdjusted"
+def test_command_line_choices_win_over_the_recipe(compose_cfg):
+    cfg = compose_cfg("dataset=cifar100lt", "loss=stk", "model=resnet18_cifar", "individual=cross_entropy", "optim=adam")
+    assert cfg.model._target_.endswith("resnet18_cifar") and cfg.optim._target_ == "torch.optim.Adam"
+    assert cfg.individual._target_.endswith("CrossEntropy") and cfg.loss._target_.endswith("STk")
+    assert compose_cfg("dataset=housing", "individual=absolute").individual._target_ == "topklab.losses.Absolute"
+    assert compose_cfg("dataset=cifar100lt", "recipe=binary").model._target_.endswith("MLP")
+
+
+def test_a_group_option_describes_only_itself():
+    """Couplings live in recipes and experiment rows, not in dataset/model/loss/... options."""
+    for group in ("dataset", "model", "loss", "individual", "optim", "engine", "task", "logger"):
+        for path in (CONFIG_DIR / group).glob("*.yaml"):
+            assert "override /" not in path.read_text(), f"{group}/{path.name} sets another group"

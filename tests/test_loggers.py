@@ -3,7 +3,7 @@ import csv
 import pytest
 
 from topklab.loggers import CSVLogger, WandbLogger
-from topklab.train.run import train
+from topklab.engine.run import train
 
 
 def test_wandb_mode_resolution(monkeypatch, tmp_path):
@@ -24,7 +24,7 @@ def test_wandb_offline_run_is_written_and_finished(compose_cfg, tmp_path, monkey
     monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
     run = tmp_path / "run"
-    summary = train(compose_cfg("dataset=appendicitis", "trainer.max_epochs=1", "logger=wandb",
+    summary = train(compose_cfg("dataset=appendicitis", "engine.epochs=1", "logger=wandb",
                                 "logger.mode=offline"), run)
     assert summary["logger_id"]
     assert list((run / "wandb").glob("offline-run-*"))

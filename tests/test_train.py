@@ -11,18 +11,20 @@ from conftest import ROOT, TABULAR_DATASETS
 from topklab.cli import preflight
 from topklab.losses import STk
 from topklab.models import MLP
-from topklab.train.run import train
-from topklab.train.tabular import trainable_parameters
+from topklab.engine import Objective, TrainingModule
+from topklab.engine.run import train
+from topklab.losses import Logistic
 from topklab.utils.errors import NonFiniteLossError, TopklabError
 
-FAST = ("trainer.max_epochs=1", "logger=none")
+FAST = ("engine.epochs=1", "logger=none")
 
 
 def test_lambda_is_in_the_optimizer_and_trained(compose_cfg, tmp_path):
     model, loss = MLP(4), STk(0.5, lam_init=0.0)
-    params = trainable_parameters(model, loss)
-    assert any(p is loss.lam for p in params)
-    summary = train(compose_cfg("loss=stk", "trainer.max_epochs=3", "logger=none"), tmp_path / "run")
+    groups = TrainingModule(model, Objective(Logistic(), loss)).parameter_groups()
+    assert [g.get("weight_decay") for g in groups] == [None, 0.0]
+    assert [p for p in groups[1]["params"]] == [loss.lam] and len(groups[0]["params"]) == len(list(model.parameters()))
+    summary = train(compose_cfg("loss=stk", "engine.epochs=3", "logger=none"), tmp_path / "run")
     assert summary["lambda"] != 0.0
 
 
@@ -36,30 +38,30 @@ def test_one_epoch_smoke_run_per_dataset(compose_cfg, tmp_path, name):
 
 @pytest.mark.parametrize("loss", ["average", "maximum", "atk", "matk", "stk"])
 def test_every_aggregate_trains(compose_cfg, tmp_path, loss):
-    summary = train(compose_cfg(f"loss={loss}", "dataset=wisconsin", "trainer.max_epochs=2", "logger=none"), tmp_path / loss)
+    summary = train(compose_cfg(f"loss={loss}", "dataset=wisconsin", "engine.epochs=2", "logger=none"), tmp_path / loss)
     assert summary["metrics"]["test"]["error_pct"] < 50.0
     assert (summary["lambda"] is None) == (loss in ("average", "maximum", "atk"))
 
 
 def test_same_seed_gives_identical_metrics(compose_cfg, tmp_path):
-    cfg = compose_cfg("dataset=german", "trainer.max_epochs=3", "logger=none", "seed=3")
+    cfg = compose_cfg("dataset=german", "engine.epochs=3", "logger=none", "seed=3")
     a = train(cfg, tmp_path / "a")
     b = train(cfg, tmp_path / "b")
     assert a["metrics"] == b["metrics"] and a["lambda"] == b["lambda"] and a["best_step"] == b["best_step"]
-    c = train(compose_cfg("dataset=german", "trainer.max_epochs=3", "logger=none", "seed=4"), tmp_path / "c")
+    c = train(compose_cfg("dataset=german", "engine.epochs=3", "logger=none", "seed=4"), tmp_path / "c")
     assert c["metrics"] != a["metrics"]
 
 
 def test_run_record_contents(compose_cfg, tmp_path):
     run = tmp_path / "run"
-    train(compose_cfg("dataset=sinc", "trainer.max_epochs=2", "logger=csv"), run)
+    train(compose_cfg("dataset=sinc", "engine.epochs=2", "logger=csv"), run)
     assert {"config.yaml", "provenance.json", "epochs.csv", "summary.json", "log.csv"} <= {p.name for p in run.iterdir()}
     provenance = json.loads((run / "provenance.json").read_text())
     assert provenance["seeds"] == {"seed": 0, "split_seed": 0, "data_generation_seed": 0}
     assert provenance["packages"]["torch"].startswith(torch.__version__.split("+")[0])
     assert provenance["hardware"]["cpu_count"] >= 1 and "sha" in provenance["git"] and "dirty" in provenance["git"]
     epochs = (run / "epochs.csv").read_text().splitlines()
-    assert epochs[0].startswith("epoch,step,train_objective") and len(epochs) >= 2
+    assert epochs[0].startswith("epoch,step,lr,train_loss,val_rmse,lambda,best_step") and len(epochs) >= 2
     summary = json.loads((run / "summary.json").read_text())
     assert summary["dataset"] == "sinc" and "rmse" in summary["metrics"]["test"]
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
@@ -72,12 +74,12 @@ def test_non_finite_loss_stops_and_keeps_last_good_state(compose_cfg, tmp_path):
         train(cfg, run)
     assert sorted(p.name for p in run.iterdir()) == ["last_good.pt"]
     state = torch.load(run / "last_good.pt")
-    assert all(torch.isfinite(t).all() for t in state["model"].values())
+    assert all(torch.isfinite(t).all() for t in state.values())
 
 
 @pytest.mark.parametrize("overrides,match", [
     (["loss.k=40"], "loss.k: k=40 exceeds the number of losses n=16"),
-    (["trainer.batch_size=0"], "trainer.batch_size=0 must be an int >= 1"),
+    (["engine.batch_size=0"], "engine.batch_size=0 must be an int >= 1"),
     (["dataset.source.package=not_installed_pkg", "dataset=german"], "not installed; run `make setup`"),
 ])
 def test_bad_input_leaves_no_run_record(compose_cfg, tmp_path, overrides, match):
@@ -88,7 +90,7 @@ def test_bad_input_leaves_no_run_record(compose_cfg, tmp_path, overrides, match)
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["loss=foo"], "error: unknown loss 'foo'; choose one of: atk, average, matk, maximum, stk, topk_ce"),
+    (["loss=foo"], "error: unknown loss 'foo'; choose one of: atk, average, matk, maximum, stk"),
     (["-m", "dataset=german,nope"], "error: unknown dataset 'nope'; choose one of: abalone,"),
     (["loss.k=0"], "error: loss: k=0 must be a positive count"),
     (["loss.k=1.5"], "error: loss: k=1.5 as a float is a fraction"),
@@ -121,7 +123,7 @@ def test_cli_bad_option_exits_nonzero_with_one_line_and_no_outputs(tmp_path):
     result = run_cli("loss=nope", f"paths.log_dir={tmp_path}")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "error: unknown loss 'nope'; choose one of: atk, average, matk, maximum, stk, topk_ce"]
+        "error: unknown loss 'nope'; choose one of: atk, average, matk, maximum, stk"]
     assert not any(tmp_path.iterdir())
 
 
@@ -134,7 +136,7 @@ def test_cli_missing_data_exits_nonzero_and_removes_record(tmp_path):
 
 
 def test_multirun_2x2(tmp_path):
-    result = run_cli("-m", "loss=average,stk", "dataset=appendicitis,wisconsin", "trainer.max_epochs=1",
+    result = run_cli("-m", "loss=average,stk", "dataset=appendicitis,wisconsin", "engine.epochs=1",
                      "logger=csv", f"hydra.sweep.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     summaries = sorted(tmp_path.rglob("summary.json"))

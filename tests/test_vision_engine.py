@@ -8,16 +8,16 @@ import sys
 import time
 
 import pytest
-from omegaconf import OmegaConf
 
 from conftest import ROOT
+from topklab.cli import config_groups
 from topklab.data.vision.longtail import exponential_profile
-from topklab.train.run import train
+from topklab.engine.run import train
 from vision_files import write_cifar100, write_fashion_mnist
 
 TINY_FMNIST = [
     "dataset=fmnistlt", "dataset.n_max=40", "dataset.imbalance_ratio=10", "dataset.val_per_class=5",
-    "trainer.batch_size=16", "trainer.eval_batch_size=64", "trainer.progress=false", "logger=none",
+    "engine.batch_size=16", "engine.eval_batch_size=64", "engine.progress=false", "logger=none",
 ]
 
 
@@ -38,7 +38,7 @@ def run_train(compose_cfg, tmp_path, *overrides):
 
 def test_fmnistlt_run_writes_record_profile_and_selects_best_validation(compose_cfg, tmp_path, fmnist_root):
     summary, run_dir = run_train(compose_cfg, tmp_path, *TINY_FMNIST, f"dataset.root={fmnist_root}",
-                                 "trainer.epochs=3", "loss=stk", f"result_file={tmp_path}/result.json")
+                                 "engine.epochs=3", "loss=stk", f"result_file={tmp_path}/result.json")
     assert summary["data"]["class_counts"] == exponential_profile(40, 10, 10)
     history = [row for row in (run_dir / "epochs.csv").read_text().splitlines()[1:]]
     assert len(history) == 3
@@ -63,23 +63,23 @@ def test_long_tailed_draw_is_fixed_across_training_seeds(compose_cfg, tmp_path, 
     records = []
     for seed in (0, 1):
         _, run_dir = run_train(compose_cfg, tmp_path / str(seed), *TINY_FMNIST, f"dataset.root={fmnist_root}",
-                               "trainer.epochs=1", "trainer.max_steps=1", f"seed={seed}")
+                               "engine.epochs=1", "engine.max_steps=1", f"seed={seed}")
         records.append(json.loads((run_dir / "indices.json").read_text()))
     assert records[0] == records[1]
     _, run_dir = run_train(compose_cfg, tmp_path / "lt1", *TINY_FMNIST, f"dataset.root={fmnist_root}",
-                           "trainer.epochs=1", "trainer.max_steps=1", "dataset.lt_seed=1")
+                           "engine.epochs=1", "engine.max_steps=1", "dataset.lt_seed=1")
     assert json.loads((run_dir / "indices.json").read_text())["longtail"] != records[0]["longtail"]
 
 
-def test_profile_trainer_saves_a_trace(compose_cfg, tmp_path, fmnist_root):
-    _, run_dir = run_train(compose_cfg, tmp_path, *TINY_FMNIST, f"dataset.root={fmnist_root}", "trainer=profile",
-                           "trainer.batch_size=16", "trainer.progress=false")
+def test_profile_engine_saves_a_trace(compose_cfg, tmp_path, fmnist_root):
+    _, run_dir = run_train(compose_cfg, tmp_path, *TINY_FMNIST, f"dataset.root={fmnist_root}", "engine=profile",
+                           "engine.batch_size=16", "engine.progress=false")
     trace = json.loads((run_dir / "profile" / "trace.json").read_text())
     assert any("conv" in event.get("name", "") for event in trace["traceEvents"])
 
 
 def test_rerunning_a_finished_run_reports_it_without_training_more(compose_cfg, tmp_path, fmnist_root):
-    overrides = [*TINY_FMNIST, f"dataset.root={fmnist_root}", "trainer.epochs=5", "trainer.max_steps=3", "loss=stk"]
+    overrides = [*TINY_FMNIST, f"dataset.root={fmnist_root}", "engine.epochs=5", "engine.max_steps=3", "loss=stk"]
     first, _ = run_train(compose_cfg, tmp_path, *overrides)
     again, run_dir = run_train(compose_cfg, tmp_path, *overrides)
     assert (first["steps"], first["epochs"]) == (again["steps"], again["epochs"]) == (3, 1)
@@ -88,8 +88,8 @@ def test_rerunning_a_finished_run_reports_it_without_training_more(compose_cfg, 
 
 
 def train_command(tmp_path, fmnist_root, *extra):
-    return [sys.executable, str(ROOT / "train.py"), *TINY_FMNIST, f"dataset.root={fmnist_root}", "trainer.epochs=4",
-            "trainer.checkpoint_every=1", f"paths.log_dir={tmp_path}/logs", "loss=stk", *extra]
+    return [sys.executable, str(ROOT / "train.py"), *TINY_FMNIST, f"dataset.root={fmnist_root}", "engine.epochs=4",
+            "engine.checkpoint_every=1", f"paths.log_dir={tmp_path}/logs", "loss=stk", *extra]
 
 
 def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnist_root):
@@ -122,15 +122,14 @@ def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnis
 
 
 def experiment_rows():
-    rows = sorted((ROOT / "experiments" / "vision").glob("*/*.yaml"))
-    return [f"{p.parent.name}/{p.stem}" for p in rows if not p.stem.startswith("_")]
+    return [row for row in config_groups(ROOT / "configs")["experiment"] if not row.startswith("stk/table")]
 
 
 def test_every_table_row_has_an_experiment():
     rows = experiment_rows()
-    assert len([r for r in rows if r.startswith("petersen_cifar100/")]) == 10
+    assert len([r for r in rows if r.startswith("petersen/cifar100/")]) == 10
     assert {r for r in rows if r.startswith("fmnistlt/")} == {f"fmnistlt/{r}" for r in ("ce", "la", "la_atk", "la_stk", "topk_ce")}
-    assert {r for r in rows if r.startswith("stk_cifar100lt/")} >= {f"stk_cifar100lt/{r}" for r in ("la_average", "la_atk", "la_stk")}
+    assert {r for r in rows if r.startswith("stk/cifar100lt/")} >= {f"stk/cifar100lt/{r}" for r in ("la_average", "la_atk", "la_stk")}
 
 
 @pytest.mark.parametrize("row", experiment_rows())
@@ -138,18 +137,18 @@ def test_experiment_row_composes_and_smoke_runs(compose_cfg, tmp_path, row, fmni
     data = [f"dataset.root={fmnist_root}", "dataset.n_max=40", "dataset.imbalance_ratio=10", "dataset.val_per_class=5"] \
         if row.startswith("fmnistlt") else \
         [f"dataset.root={cifar_root}", "dataset.val_fraction=0.34"]
-    if row.startswith("stk_cifar100lt"):
+    if row.startswith("stk/cifar100lt"):
         data += ["dataset.n_max=3", "dataset.imbalance_ratio=1.5"]
-    cfg = compose_cfg(f"vision={row}", *data, "trainer.epochs=1", "trainer.max_steps=1", "trainer.batch_size=8",
-                      "trainer.progress=false", f"result_file={tmp_path}/result.json", f"paths.log_dir={tmp_path}")
-    assert OmegaConf.select(cfg, "trainer._target_").endswith("ClassificationTrainer")
+    cfg = compose_cfg(f"experiment={row}", *data, "engine.epochs=1", "engine.max_steps=1", "engine.batch_size=8",
+                      "engine.progress=false", f"result_file={tmp_path}/result.json", f"paths.log_dir={tmp_path}")
+    assert cfg.recipe == "multiclass" and cfg.task._target_.endswith("ClassificationTask")
     summary = train(cfg, tmp_path / "run")
     assert summary["steps"] == 1 and (tmp_path / "result.json").exists()
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["loss=topk_ce", "individual.p_k=[0.5,0.4]"], "sums to 0.9"),
-    (["loss=topk_ce", "individual.method=quicksort"], "choose one of"),
+    (["individual=topk_ce", "individual.p_k=[0.5,0.4]"], "sums to 0.9"),
+    (["individual=topk_ce", "individual.method=quicksort"], "choose one of"),
     (["model=mlp"], "does not fit this dataset"),
     (["dataset.imbalance_ratio=1000"], "without images"),
     (["loss=atk", "loss.k=16"], "smallest batch=15"),
@@ -177,8 +176,8 @@ def test_missing_cifar_says_where_to_put_it(tmp_path):
 
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
 def test_autocast_runs_and_keeps_the_loss_in_float32(compose_cfg, tmp_path, fmnist_root, amp):
-    summary, run_dir = run_train(compose_cfg, tmp_path, *TINY_FMNIST, f"dataset.root={fmnist_root}", "trainer.epochs=1",
-                                 "trainer.max_steps=2", f"trainer.amp={amp}", "loss=stk")
+    summary, run_dir = run_train(compose_cfg, tmp_path, *TINY_FMNIST, f"dataset.root={fmnist_root}", "engine.epochs=1",
+                                 "engine.max_steps=2", f"engine.amp={amp}", "loss=stk")
     assert summary["amp"] == amp and summary["steps"] == 2
     header, row = (run_dir / "epochs.csv").read_text().splitlines()[:2]
     assert float(row.split(",")[header.split(",").index("train_loss")]) > 0

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from topklab.data.tensor_loader import TensorLoader
 from topklab.utils.errors import TopklabError
 
 TASKS = ("binary", "regression")
@@ -29,11 +30,21 @@ class TabularSplits:
     def n_features(self) -> int:
         return self.x_train.shape[1]
 
-    def model_context(self) -> dict:
-        return {"in_features": self.n_features}
+    def provides(self) -> dict:
+        """What models, losses and the task may ask of the data (by constructor argument name)."""
+        return {"in_features": self.n_features, "target": self.task}
 
-    def loss_context(self) -> dict:
-        return {}
+    def targets(self, split: str) -> torch.Tensor:
+        return getattr(self, f"y_{split}")
+
+    def train_loader(self, batch_size: int, drop_last: bool, seed: int, device, channels_last: bool = False):
+        """Shuffled mini-batches; epoch e is the (e+1)-th permutation of a generator seeded with ``seed``."""
+        return TensorLoader(self.x_train, self.y_train, batch_size, shuffle=True, drop_last=drop_last, seed=seed,
+                            device=device)
+
+    def eval_loader(self, split: str, batch_size: int | None, device, channels_last: bool = False):
+        """The whole split in its stored order (one batch when ``batch_size`` is None)."""
+        return TensorLoader(getattr(self, f"x_{split}"), self.targets(split), batch_size, shuffle=False, device=device)
 
 
 class TabularDataset:

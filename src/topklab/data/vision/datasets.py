@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from topklab.data.vision.files import ensure_cifar100, find_fashion_mnist, read_cifar100_split, read_fashion_mnist_split
+from topklab.data.vision.loaders import LOADERS
 from topklab.data.vision.longtail import exponential_profile, longtail_indices
 from topklab.data.vision.splits import VisionSplits, as_tensors, balanced_from_unused, holdout
 from topklab.utils.errors import TopklabError
@@ -31,6 +32,10 @@ class ImageDataset:
         balanced_unused: ``val_per_class`` images per class from training images the long-tailed
         subset did not use (a balanced validation set, like the balanced test set).
     split_seed : int, seed of the validation draw
+    loader : device | torchvision, how batches are made (the uint8 set on the device and augmented
+        there, or a DataLoader with per-image transforms and ``num_workers`` processes)
+    pad : int >= 0, zero padding of the random crop (0: no crop); flip : bool, random horizontal flip
+    task : multiclass (what the labels are; recipes key on it)
     """
 
     name = "images"
@@ -38,7 +43,14 @@ class ImageDataset:
 
     def __init__(self, root: str, mean, std, imbalance_ratio: float | None = None, n_max: int | None = None,
                  lt_seed: int = 0, validation: str = "holdout", val_fraction: float = 0.05,
-                 val_per_class: int = 50, split_seed: int = 0, download: bool = False):
+                 val_per_class: int = 50, split_seed: int = 0, download: bool = False, loader: str = "device",
+                 num_workers: int = 0, pad: int = 4, flip: bool = True, task: str = "multiclass"):
+        if task != "multiclass":
+            raise ValueError(f"task={task!r}: image datasets are multiclass")
+        if loader not in LOADERS:
+            raise ValueError(f"loader={loader!r}; choose one of {', '.join(LOADERS)}")
+        if num_workers < 0 or pad < 0:
+            raise ValueError(f"num_workers={num_workers} and pad={pad} must be >= 0")
         if validation not in VALIDATION_MODES:
             raise ValueError(f"validation={validation!r}; choose one of {', '.join(VALIDATION_MODES)}")
         if imbalance_ratio is not None and not float(imbalance_ratio) >= 1:
@@ -57,7 +69,8 @@ class ImageDataset:
         self.val_per_class = val_per_class
         self.split_seed = split_seed
         self.download = download
-        self.task = "multiclass"
+        self.task = task
+        self.loading = {"loader": loader, "num_workers": num_workers, "pad": pad, "flip": flip}
 
     def read(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         raise NotImplementedError
@@ -89,7 +102,8 @@ class ImageDataset:
         x_va, y_va = as_tensors(x_train[val_idx], y_train[val_idx])
         x_te, y_te = as_tensors(x_test, y_test)
         splits = VisionSplits(self.name, self.num_classes, x_tr, y_tr, x_va, y_va, x_te, y_te, self.mean, self.std, info, indices,
-                              source_counts=np.bincount(y_train[kept], minlength=self.num_classes).tolist())
+                              source_counts=np.bincount(y_train[kept], minlength=self.num_classes).tolist(),
+                              **self.loading)
         info["sizes"] = splits.sizes()
         info["class_counts"] = splits.class_counts
         info["shot_counts"] = splits.shot_counts

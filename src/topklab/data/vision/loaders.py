@@ -139,7 +139,7 @@ class TorchvisionLoader:
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         seed = epoch_seed(self.seed, epoch)
-        if self.num_workers == 0:
+        if self.num_workers == 0 and self.train:
             torch.manual_seed(seed + 1)
         loader = torch.utils.data.DataLoader(
             self.dataset, batch_size=self.batch_size, shuffle=self.train, num_workers=self.num_workers,
@@ -155,10 +155,10 @@ class TorchvisionLoader:
 
 def build_loader(kind: str, images, labels, batch_size: int, mean, std, train: bool, device, *, pad: int,
                  flip: bool, drop_last: bool, channels_last: bool, seed: int, num_workers: int = 0):
-    """``kind`` = device | torchvision (the config field ``trainer.loader``)."""
+    """``kind`` = device | torchvision (the config field ``dataset.loader``)."""
     common = dict(device=device, pad=pad, flip=flip, drop_last=drop_last, channels_last=channels_last, seed=seed)
     if kind == "device":
         return DeviceLoader(images, labels, batch_size, mean, std, train, **common)
     if kind == "torchvision":
         return TorchvisionLoader(images, labels, batch_size, mean, std, train, num_workers=num_workers, **common)
-    raise ValueError(f"trainer.loader={kind!r}; choose one of {', '.join(LOADERS)}")
+    raise ValueError(f"dataset.loader={kind!r}; choose one of {', '.join(LOADERS)}")

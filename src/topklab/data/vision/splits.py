@@ -7,12 +7,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from topklab.data.vision.loaders import build_loader
+
 
 @dataclass
 class VisionSplits:
     """Train / validation / test images (uint8, N × C × H × W) and int64 labels.
 
     ``mean``/``std`` are per-channel, on the [0, 1] scale, for normalisation after augmentation.
+    ``loader`` (device | torchvision), ``num_workers``, ``pad`` and ``flip`` say how batches are
+    made and augmented (see :mod:`topklab.data.vision.loaders`).
     ``info`` (seeds, sizes, class counts) goes into the run's summary; ``indices`` (the long-tailed
     subset's and the validation split's source indices) into its ``indices.json``.
     """
@@ -31,6 +35,10 @@ class VisionSplits:
     indices: dict = field(default_factory=dict)
     source_counts: list[int] | None = None
     task: str = "multiclass"
+    loader: str = "device"
+    num_workers: int = 0
+    pad: int = 4
+    flip: bool = True
 
     @property
     def in_channels(self) -> int:
@@ -47,11 +55,28 @@ class VisionSplits:
         set before the validation hold-out, so a hold-out cannot move a class across a threshold."""
         return self.source_counts if self.source_counts is not None else self.class_counts
 
-    def model_context(self) -> dict:
-        return {"in_channels": self.in_channels, "num_classes": self.num_classes}
+    def provides(self) -> dict:
+        """What models, losses and the task may ask of the data (by constructor argument name)."""
+        return {"in_channels": self.in_channels, "num_classes": self.num_classes, "class_counts": self.class_counts,
+                "shot_counts": self.shot_counts}
 
-    def loss_context(self) -> dict:
-        return {"num_classes": self.num_classes, "class_counts": self.class_counts}
+    def targets(self, split: str) -> torch.Tensor:
+        return getattr(self, f"y_{split}")
+
+    def _loader(self, images, labels, batch_size, train, device, drop_last, seed, channels_last):
+        return build_loader(self.loader, images, labels, batch_size, self.mean, self.std, train, device,
+                            pad=self.pad, flip=self.flip, drop_last=drop_last, channels_last=channels_last, seed=seed,
+                            num_workers=self.num_workers)
+
+    def train_loader(self, batch_size: int, drop_last: bool, seed: int, device, channels_last: bool = False):
+        """Augmented, shuffled batches; an epoch's randomness comes from (seed, epoch) alone."""
+        return self._loader(self.x_train, self.y_train, batch_size, True, device, drop_last, seed, channels_last)
+
+    def eval_loader(self, split: str, batch_size: int | None, device, channels_last: bool = False):
+        """The split in its stored order, without augmentation."""
+        labels = self.targets(split)
+        return self._loader(getattr(self, f"x_{split}"), labels, batch_size or len(labels), False, device, False, 0,
+                            channels_last)
 
     def sizes(self) -> dict:
         return {"train": len(self.y_train), "val": len(self.y_val), "test": len(self.y_test)}

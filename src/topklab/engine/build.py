@@ -1,0 +1,77 @@
+"""From a composed config to objects: ``instantiate`` with one-line errors, the data-dependent
+constructor arguments a target asks for, and the recipe a dataset's task implies."""
+from __future__ import annotations
+
+import inspect
+
+from hydra import compose
+from hydra.errors import HydraException, InstantiationException
+from hydra.utils import get_object, instantiate
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from topklab.utils.errors import TopklabError
+
+DATA_CONTEXT_KEYS = ("in_features", "in_channels", "num_classes", "class_counts", "shot_counts", "target")
+
+
+def build(node: DictConfig, group: str, **kwargs):
+    """``instantiate`` that turns a constructor's ValueError/TypeError into a one-line
+    :class:`TopklabError` naming the config group."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as err:
+        cause = err.__cause__
+        if isinstance(cause, TopklabError):
+            raise cause
+        if isinstance(cause, (ValueError, TypeError)):
+            raise TopklabError(f"{group}: {cause}") from None
+        raise
+
+
+def data_context(node: DictConfig, context: dict) -> dict:
+    """The entries of ``context`` (what the data provides: in_features, num_classes, class_counts ...)
+    that the node's ``_target_`` accepts and the config does not set itself."""
+    try:
+        parameters = inspect.signature(get_object(node._target_)).parameters
+    except (ImportError, ValueError, TypeError, AttributeError):
+        return {}
+    return {k: v for k, v in context.items() if k in parameters and k not in node}
+
+
+def build_for_data(node: DictConfig, group: str, context: dict):
+    """:func:`build` with the data-dependent arguments the target asks for; a target that needs
+    one the dataset cannot give (an MLP on images) gets a one-line error naming both."""
+    try:
+        return build(node, group, **data_context(node, context))
+    except TopklabError as err:
+        if "missing" in str(err) and "required" in str(err):
+            raise TopklabError(f"{group} {node._target_.rsplit('.', 1)[-1]} does not fit this dataset "
+                               f"(it provides {', '.join(context) or 'nothing'}): {err}") from None
+        raise
+
+
+def recipe_for(cfg: DictConfig) -> str | None:
+    """The recipe ``recipe=auto`` stands for: the dataset's ``task`` (binary | regression |
+    multiclass); None when the config already names one."""
+    if cfg.get("recipe") != "auto":
+        return None
+    task = OmegaConf.select(cfg, "dataset.task")
+    if task is None:
+        raise TopklabError(f"dataset {cfg.dataset.get('_target_')} has no task field; pass recipe=<name>")
+    return str(task)
+
+
+def compose_run(overrides: list[str], config_name: str = "train") -> DictConfig:
+    """Compose ``config_name`` with ``overrides`` (Hydra must be initialised: inside a
+    ``@hydra.main`` app or ``initialize_config_dir``), resolving ``recipe=auto`` from the dataset.
+    Command-line choices of model, optim, individual, engine and task win over the recipe's."""
+    try:
+        cfg = compose(config_name, overrides=overrides)
+        recipe = recipe_for(cfg)
+        if recipe is not None:
+            chosen = [o for o in overrides if not o.lstrip("+~").startswith("recipe=")]
+            cfg = compose(config_name, overrides=[*chosen, f"recipe={recipe}"])
+    except (HydraException, OmegaConfBaseException) as err:
+        raise TopklabError(" ".join(str(err).split())) from None
+    return cfg

@@ -1,0 +1,299 @@
+"""The one training loop of every per-model run: tabular, image classification, and whatever Task
+plugs in next.
+
+Per step: a batch from the Data's loader, the model (under autocast when asked), the Objective,
+backward, optimizer, scheduler. Validation runs every ``eval_every_steps`` steps or at the end of
+each epoch; each selection metric keeps its best-validation state, and the first one's patience
+stops training. Per epoch: a summary row (metrics and cost figures) and a checkpoint. A restarted
+run with the same config continues from its last checkpoint and, on CPU, ends with exactly the
+metrics of an uninterrupted run: an epoch's randomness derives from (seed, epoch), and every
+piece of state (model, λ, optimizer, scheduler, scaler, RNG, running sums, trackers, best states,
+logger id) is in the checkpoint. Reported metrics come from the best-validation state.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tqdm import tqdm
+
+from topklab.engine.checkpoint import CheckpointStore
+from topklab.engine.objective import TrainingModule
+from topklab.engine.profiling import StepProfile, peak_memory_bytes, torch_profiler
+from topklab.engine.schedules import LRFactor
+from topklab.engine.stopping import EarlyStopping
+from topklab.utils.errors import NonFiniteLossError, TopklabError
+from topklab.utils.seed import rng_state, set_rng_state
+
+AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+SPLITS = ("train", "val", "test")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise TopklabError(f"engine.device={name} but no CUDA device is visible; use engine.device=cpu or auto")
+    return torch.device(name)
+
+
+def _positive_int(name: str, value, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"engine.{name}={value!r} must be an int >= 1{' or null' if allow_none else ''}")
+
+
+class Engine:
+    """Trains one model on ``objective(model(x), y)`` with a Data, a Task and an optimizer.
+
+    Parameters
+    ----------
+    epochs : int >= 1, epochs at most (and the length of the schedule)
+    batch_size : int >= 1; eval_batch_size : int >= 1 or None (None: a split in one batch)
+    drop_last : bool, drop an incomplete last training batch
+    eval_every_steps : int >= 1 or None, validate every this many steps (the STk paper's tabular
+        protocol: 1); None validates at the end of each epoch
+    validate_at_start : bool, score the initial state as a candidate best (step 0), so training
+        can roll back to it
+    patience : int >= 1 or None, stop once the first selection metric has not improved for this
+        many steps (STk paper: 50); None trains all epochs
+    min_delta : float >= 0, the smallest change of a selection metric that counts as improving
+    select_metrics : list of metric names or None (the task's primary metric); each keeps its own
+        best-validation state, whose test metrics it reports; ties keep the earlier state
+    final_splits : splits scored with each selected state (train, val, test)
+    device : auto | cpu | cuda[:i]
+    amp : none | bf16 | fp16, autocast dtype of the model (fp16 adds a GradScaler); the objective
+        runs in float32
+    channels_last : auto | true | false (auto: on CUDA only)
+    schedule : dict of :class:`~topklab.engine.schedules.LRFactor` fields (name constant | cosine |
+        step, warmup_epochs, milestones, gamma, min_lr_ratio); stepped every batch
+    checkpoint : bool, keep a resumable checkpoint under the run key (written each epoch end)
+    checkpoint_every : int >= 0, also checkpoint every this many steps (0: at epoch ends only)
+    resume : bool, continue from the run key's checkpoint when one exists
+    max_steps : int >= 1 or None, stop after this many steps (smoke runs, profiling)
+    profiler : dict(enabled, wait, warmup, active), torch.profiler over the first steps; the Chrome
+        trace goes to ``<run dir>/profile/trace.json``
+    progress : bool, a tqdm bar per epoch
+    """
+
+    def __init__(self, epochs: int = 200, batch_size: int = 128, eval_batch_size: int | None = None,
+                 drop_last: bool = False, eval_every_steps: int | None = None, validate_at_start: bool = False,
+                 patience: int | None = None, min_delta: float = 0.0, select_metrics=None,
+                 final_splits=("val", "test"), device: str = "auto", amp: str = "none", channels_last="auto",
+                 schedule: dict | None = None, checkpoint: bool = True, checkpoint_every: int = 0, resume: bool = True,
+                 max_steps: int | None = None, profiler: dict | None = None, progress: bool = True):
+        _positive_int("epochs", epochs)
+        _positive_int("batch_size", batch_size)
+        for name, value in (("eval_batch_size", eval_batch_size), ("eval_every_steps", eval_every_steps),
+                            ("patience", patience), ("max_steps", max_steps)):
+            _positive_int(name, value, allow_none=True)
+        if amp not in AMP_DTYPES:
+            raise ValueError(f"engine.amp={amp!r}; choose one of {', '.join(AMP_DTYPES)}")
+        if channels_last not in ("auto", True, False):
+            raise ValueError(f"engine.channels_last={channels_last!r}; choose auto, true or false")
+        if not min_delta >= 0 or checkpoint_every < 0:
+            raise ValueError("engine.min_delta and engine.checkpoint_every must be >= 0")
+        if select_metrics is not None and not list(select_metrics):
+            raise ValueError("engine.select_metrics is empty; give metric names or null for the task's primary metric")
+        unknown = set(final_splits) - set(SPLITS)
+        if unknown or "val" not in final_splits:
+            raise ValueError(f"engine.final_splits={list(final_splits)} must include val and name only {', '.join(SPLITS)}")
+        self.epochs, self.batch_size, self.eval_batch_size, self.drop_last = epochs, batch_size, eval_batch_size, drop_last
+        self.eval_every_steps, self.validate_at_start = eval_every_steps, validate_at_start
+        self.patience, self.min_delta = patience, min_delta
+        self.select_metrics = None if select_metrics is None else list(select_metrics)
+        self.final_splits = list(final_splits)
+        self.device_name, self.amp, self.channels_last = device, amp, channels_last
+        self.schedule = dict(schedule or {"name": "constant"})
+        LRFactor(steps_per_epoch=1, epochs=epochs, **self.schedule)  # validates the fields now
+        self.checkpoint, self.checkpoint_every, self.resume, self.max_steps = checkpoint, checkpoint_every, resume, max_steps
+        self.profiler = {"enabled": False, "wait": 1, "warmup": 1, "active": 3, **(profiler or {})}
+        self.progress = progress
+
+    def fit(self, module: TrainingModule, optimizer: torch.optim.Optimizer, data, task, seed: int,
+            on_epoch_end: Callable[[dict], None] = lambda row: None, on_eval: Callable[[dict], None] = lambda row: None,
+            workdir: str | Path | None = None, run_dir: str | Path | None = None, logger_id: str | None = None) -> dict:
+        """Train, select, and score the selected states; returns the run's summary fields."""
+        device = resolve_device(self.device_name)
+        channels_last = device.type == "cuda" if self.channels_last == "auto" else bool(self.channels_last)
+        amp_dtype = AMP_DTYPES[self.amp]
+        select = self.select_metrics or [task.primary]
+        signs = {metric: 1.0 if task.higher_is_better(metric) else -1.0 for metric in select}
+        module.model.to(device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
+        module.objective.to(device)
+        train_loader = data.train_loader(self.batch_size, self.drop_last, seed, device, channels_last)
+        steps_per_epoch = len(train_loader)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, LRFactor(steps_per_epoch=steps_per_epoch,
+                                                                          epochs=self.epochs, **self.schedule))
+        scaler = torch.amp.GradScaler(device.type, enabled=self.amp == "fp16")
+        loaders = {}
+
+        def autocast():
+            return contextlib.nullcontext() if amp_dtype is None else torch.autocast(device.type, dtype=amp_dtype)
+
+        def evaluate(split: str) -> dict:
+            if split not in loaders:
+                loaders[split] = data.eval_loader(split, self.eval_batch_size, device, channels_last)
+            module.eval()
+            with torch.no_grad(), autocast():
+                outputs = torch.cat([module.model(x).float() for x, _ in loaders[split].batches()])
+            module.train()
+            return task.metrics(outputs, data.targets(split))
+
+        def snapshot() -> dict:
+            return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+        state = {"epoch": 0, "batch": 0, "step": 0, "loss_sum": 0.0, "history": [], "best": {}, "trackers": None,
+                 "train_seconds": 0.0, "logger_id": logger_id, "finished": False, "early_stopped": False}
+        trackers = {m: EarlyStopping(torch.tensor([-float("inf")]), self.patience if i == 0 else None, self.min_delta)
+                    for i, m in enumerate(select)}
+        store = CheckpointStore(workdir) if workdir is not None and self.checkpoint else None
+        if store is not None and self.resume and store.exists():
+            saved = store.load()
+            module.load_state_dict(saved["module"])
+            optimizer.load_state_dict(saved["optimizer"])
+            scheduler.load_state_dict(saved["scheduler"])
+            scaler.load_state_dict(saved["scaler"])
+            set_rng_state(saved["rng"])
+            state = saved["progress"]
+            state["logger_id"] = logger_id or state.get("logger_id")
+            for metric, tracker in trackers.items():
+                tracker.load_state_dict(state["trackers"][metric])
+            for row in state["history"]:
+                on_epoch_end(row)
+
+        def record_validation(val: dict, epoch: int) -> bool:
+            """Update every metric's best state; True when the first metric's patience ran out."""
+            stop, best_state = False, None
+            for i, metric in enumerate(select):
+                improved, out_of_patience = trackers[metric].update(state["step"], torch.tensor([signs[metric] * val[metric]]))
+                if bool(improved):
+                    best_state = best_state or snapshot()
+                    state["best"][metric] = {"value": val[metric], "epoch": epoch, "step": state["step"], "val": val,
+                                             "state": best_state}
+                stop = stop or (i == 0 and bool(out_of_patience))
+            on_eval({"step": state["step"], "epoch": epoch, **{f"val_{k}": v for k, v in task.scalar_metrics(val).items()},
+                     "lambda": module.objective.threshold})
+            return stop
+
+        check_each_step = device.type != "cuda"  # on a GPU a per-step check would synchronise every step
+        running = torch.tensor(state["loss_sum"], dtype=torch.float64, device=device)
+
+        def check_finite(where: str) -> None:
+            if not torch.isfinite(running):
+                raise NonFiniteLossError(
+                    f"non-finite loss {where}; lower optim.lr or set engine.amp=none "
+                    f"(resume from the last finite checkpoint with engine.resume=true)", last_good_state=snapshot())
+
+        def save_checkpoint() -> None:
+            if store is None:
+                return
+            check_finite(f"before the checkpoint at step {state['step']}")
+            state["loss_sum"] = float(running)
+            state["trackers"] = {m: t.state_dict() for m, t in trackers.items()}
+            store.save({"module": module.state_dict(), "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
+                        "progress": state},
+                       {"epoch": state["epoch"], "batch": state["batch"], "step": state["step"],
+                        "logger_id": state["logger_id"], "finished": state["finished"]})
+
+        if self.validate_at_start and state["step"] == 0 and not state["best"]:
+            record_validation(evaluate("val"), 0)
+        profile = StepProfile(device)
+        profiler = torch_profiler(self.profiler, run_dir)
+        module.train()
+        with profiler:
+            for epoch in range(state["epoch"], self.epochs if not state["finished"] else state["epoch"]):
+                profile.reset()
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                epoch_start = time.perf_counter()
+                bar = tqdm(total=steps_per_epoch, initial=state["batch"], desc=f"epoch {epoch + 1}/{self.epochs}",
+                           disable=not self.progress, leave=False)
+                val, validated_step = None, None
+                fetch_start = time.perf_counter()
+                for x, y in train_loader.batches(epoch, start=state["batch"]):
+                    waited = time.perf_counter() - fetch_start
+                    compute_start = profile.now()
+                    objective, _ = module(x, y, autocast, profile.now)
+                    loss_end = profile.now()
+                    if check_each_step and not torch.isfinite(objective):
+                        raise NonFiniteLossError(
+                            f"non-finite loss ({float(objective.detach())}) at epoch {epoch + 1}, step {state['step'] + 1}; "
+                            f"lower optim.lr, check the data, or set engine.amp=none", last_good_state=snapshot())
+                    optimizer.zero_grad(set_to_none=True)
+                    scaler.scale(objective).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+                    scheduler.step()
+                    profile.step(waited, module.loss_start, loss_end, compute_start, profile.now(), len(y))
+                    profiler.step()
+                    state["step"] += 1
+                    state["batch"] += 1
+                    running += objective.detach().double()
+                    bar.update(1)
+                    if self.eval_every_steps and state["step"] % self.eval_every_steps == 0:
+                        val, validated_step = evaluate("val"), state["step"]
+                        if record_validation(val, epoch + 1):
+                            state["early_stopped"] = state["finished"] = True
+                            break
+                    if self.checkpoint_every and state["step"] % self.checkpoint_every == 0:
+                        state["train_seconds"] += time.perf_counter() - epoch_start
+                        epoch_start = time.perf_counter()
+                        save_checkpoint()
+                    if self.max_steps is not None and state["step"] >= self.max_steps:
+                        state["finished"] = True
+                        break
+                    fetch_start = time.perf_counter()
+                bar.close()
+                cost = profile.summary()
+                peak_mb = peak_memory_bytes(device) / 2**20
+                check_finite(f"in epoch {epoch + 1}")
+                if validated_step != state["step"]:
+                    val = evaluate("val")
+                    if not self.eval_every_steps and record_validation(val, epoch + 1):
+                        state["early_stopped"] = state["finished"] = True
+                state["train_seconds"] += time.perf_counter() - epoch_start
+                row = {"epoch": epoch + 1, "step": state["step"], "lr": scheduler.get_last_lr()[0],
+                       "train_loss": float(running) / max(state["batch"], 1),
+                       **{f"val_{k}": v for k, v in task.scalar_metrics(val).items()},
+                       "lambda": module.objective.threshold, "best_step": state["best"].get(select[0], {}).get("step"), **cost,
+                       "peak_memory_mb": peak_mb, "elapsed_s": state["train_seconds"]}
+                state["history"].append(row)
+                state.update(epoch=epoch + 1, batch=0, finished=state["finished"] or epoch + 1 == self.epochs)
+                running.zero_()
+                save_checkpoint()
+                on_epoch_end(row)
+                if state["finished"]:
+                    break
+        if select[0] not in state["best"]:  # validation every N steps never came round
+            record_validation(evaluate("val"), state["epoch"])
+        return self._score_selected(module, state, select, evaluate, device, channels_last)
+
+    def _score_selected(self, module, state, select, evaluate, device, channels_last) -> dict:
+        """Test (and train) metrics of each selection metric's best state; the module ends in the
+        first metric's best state."""
+        results, scored = {}, {}
+        for metric in select:
+            best = state["best"][metric]
+            if best["step"] not in scored:  # metrics that selected the same state share one pass
+                module.load_state_dict(best["state"])
+                scored[best["step"]] = {split: evaluate(split) for split in self.final_splits if split != "val"}
+            results[metric] = {"epoch": best["epoch"], "step": best["step"], "val": best["val"], **scored[best["step"]]}
+        module.load_state_dict(state["best"][select[0]]["state"])
+        primary = results[select[0]]
+        last = state["history"][-1]
+        return {
+            "metrics": {split: primary[split] for split in SPLITS if split in self.final_splits},
+            "selection": {m: {"epoch": r["epoch"], "step": r["step"], **{s: r[s][m] for s in self.final_splits}}
+                          for m, r in results.items()},
+            "best_step": primary["step"], "best_epoch": primary["epoch"], "steps": state["step"], "epochs": state["epoch"],
+            "early_stopped": state["early_stopped"], "lambda": module.objective.threshold,
+            "train_seconds": state["train_seconds"], "device": str(device), "amp": self.amp,
+            "channels_last": channels_last,
+            "cost": {k: last[k] for k in ("step_time_s", "images_per_s", "data_wait_share", "loss_share", "peak_memory_mb")},
+        }

@@ -1,0 +1,142 @@
+"""One training job from a composed config: build the seams, train with the engine, record.
+
+config → instantiate → Data / Task / Objective / Model → :class:`~topklab.engine.Engine` →
+run record (``outputs/``) → portable result (``results/``) → report.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from topklab.engine.build import build, build_for_data
+from topklab.engine.checkpoint import CheckpointStore, run_key
+from topklab.engine.objective import Objective, TrainingModule
+from topklab.engine.record import RunRecord
+from topklab.losses.k import resolve_k
+from topklab.utils.errors import NonFiniteLossError, TopklabError
+from topklab.utils.io import atomic_write_json
+from topklab.utils.provenance import portable_config
+from topklab.utils.seed import seed_everything
+
+
+def check_k_fits(aggregate, batch_size: int, n_train: int, drop_last: bool = True) -> None:
+    """A count k must fit every batch: the full one and, unless it is dropped, the last partial one."""
+    k = getattr(aggregate, "k", None)
+    if k is None:
+        return
+    smallest = min(batch_size, n_train)
+    if not drop_last and n_train > batch_size and n_train % batch_size:
+        smallest = n_train % batch_size
+    try:
+        resolve_k(k, smallest)
+    except ValueError as err:
+        raise TopklabError(
+            f"loss.k: {err} (engine.batch_size={batch_size}, training rows={n_train}, smallest batch={smallest}); "
+            f"use a fraction of the batch or engine.drop_last=true") from None
+
+
+def project_root() -> Path:
+    return Path(os.environ.get("TOPKLAB_ROOT", ".")).resolve()
+
+
+def build_run(cfg: DictConfig):
+    """The seams of one run, in the order that fixes the model's initialisation (seed first):
+    ``(data, model, objective, task, engine)``."""
+    seed_everything(cfg.seed)
+    data = build(cfg.dataset, "dataset").splits()
+    provided = data.provides()
+    model = build_for_data(cfg.model, "model", provided)
+    individual = build_for_data(cfg.individual, "individual", provided)
+    aggregate = build(cfg.loss, "loss")
+    engine = build(cfg.engine, "engine")
+    task = build_for_data(cfg.task, "task", provided)
+    try:
+        objective = Objective(individual, aggregate, **OmegaConf.to_container(cfg.objective, resolve=True))
+    except (TypeError, ValueError) as err:
+        raise TopklabError(f"objective: {err}") from None
+    check_k_fits(aggregate, engine.batch_size, len(data.targets("train")), engine.drop_last)
+    return data, model, objective, task, engine
+
+
+def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None) -> dict:
+    """Train one model as configured; write the run record to ``run_dir``; return the summary.
+
+    Raises :class:`TopklabError` (after removing the partial record) on bad input.
+    """
+    record = RunRecord(run_dir, job_name)
+    logger = None
+    try:
+        data, model, objective, task, engine = build_run(cfg)
+        module = TrainingModule(model, objective)
+        optimizer = build(cfg.optim, "optim")(module.parameter_groups())
+        logger = build(cfg.logger, "logger")
+        seeds = {"seed": cfg.seed, "split_seed": data.info["split_seed"], **_data_seeds(cfg)}
+        record.write_start(cfg, seeds, project_root())
+        record.write_indices(getattr(data, "indices", {}))
+        workdir = Path(cfg.paths.checkpoint_dir) / run_key(cfg)
+        logger.start(record.run_dir, OmegaConf.to_container(cfg, resolve=True),
+                     resume_id=CheckpointStore(workdir).info().get("logger_id"))
+        result = engine.fit(module, optimizer, data, task, cfg.seed, on_epoch_end=record.add_epoch, on_eval=logger.log,
+                            workdir=workdir, run_dir=record.run_dir, logger_id=logger.id)
+    except NonFiniteLossError as err:
+        record.discard(keep=("last_good.pt",))
+        path = record.save_state("last_good.pt", err.last_good_state)
+        raise NonFiniteLossError(f"{err} (state before that step saved to {path})") from None
+    except TopklabError:
+        record.discard()
+        raise
+    finally:
+        if logger is not None:
+            logger.close()
+    summary = {
+        "dataset": data.name, "task": data.task, "data": data.info, "recipe": cfg.get("recipe"),
+        "model": cfg.model._target_, "loss": cfg.loss._target_, "individual": cfg.individual._target_,
+        "seeds": seeds, "logger_id": logger.id, **result,
+    }
+    record.write_summary(summary)
+    if cfg.get("result_file"):
+        write_result(cfg, summary, record)
+    return summary
+
+
+def optimized_value(cfg: DictConfig, summary: dict) -> float:
+    """The validation metric a sweeper optimises: ``optimized_metric`` or the first selection metric."""
+    name = cfg.get("optimized_metric") or next(iter(summary["selection"]))
+    val = summary["metrics"]["val"]
+    if name not in val or not isinstance(val[name], (int, float)):
+        choices = ", ".join(k for k, v in val.items() if isinstance(v, (int, float)))
+        raise TopklabError(f"optimized_metric={name!r} is not a validation metric of this run; choose one of: {choices}")
+    return float(val[name])
+
+
+def write_result(cfg: DictConfig, summary: dict, record: RunRecord) -> Path:
+    """The run's compact, portable result (summary, config without machine paths, provenance and
+    the command) at ``cfg.result_file``, written atomically; what results tables are made from."""
+    portable_summary = {k: v for k, v in summary.items() if k != "logger_id"}  # a CSV logger's id is a path
+    return atomic_write_json(cfg.result_file, {
+        "command": "python " + " ".join(Path(a).name if i == 0 else a for i, a in enumerate(sys.argv)),
+        "config": portable_config(cfg), "summary": portable_summary, "provenance": record.provenance(),
+    })
+
+
+def _data_seeds(cfg: DictConfig) -> dict:
+    source_seed = OmegaConf.select(cfg, "dataset.source.seed")
+    return {} if source_seed is None else {"data_generation_seed": source_seed}
+
+
+def format_summary(summary: dict) -> str:
+    metrics = summary["metrics"]
+    name = next(iter(summary["selection"]))
+    lam = summary["lambda"]
+    splits = " | ".join(f"{split} {name} {metrics[split][name]:.4f}" for split in ("test", "val", "train") if split in metrics)
+    return (
+        f"{summary['dataset']} | {summary['loss'].rsplit('.', 1)[-1]} + {summary['individual'].rsplit('.', 1)[-1]}"
+        f" | {splits}"
+        f" | lambda {'n/a' if lam is None else f'{lam:.4f}'}"
+        f" | best step {summary['best_step']} of {summary['steps']} ({summary['epochs']} epochs,"
+        f" {summary['train_seconds']:.1f}s)"
+    )
+
