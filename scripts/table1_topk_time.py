@@ -1,7 +1,7 @@
 """STk paper Table 1: time to find the sum of the k = 5 largest of n = 10,000 standard-normal
 samples, each algorithm run on the same 50 fresh samples (mean ± std seconds).
 
-    python scripts/table1_topk_time.py [--runs 50] [--n 10000] [--k 5] [--out results/synthetic/table1.json]
+    python scripts/table1_topk_time.py [--runs 50] [--n 10000] [--k 5] [--out results/bench/table1.json]
 
 BubbleSort and HeapSort are pure-Python full sorts; ATk and STk iterate on λ (Adam on Eq. 1 / Eq. 3,
 vectorised torch, until the top-k sum read out at λ is within 1e-2 of the truth); "sort (torch)" is
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--delta", type=float, default=0.01, help="SReLU δ of STk")
     parser.add_argument("--tol", type=float, default=1e-2, help="stop when |answer − true sum| < tol")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
-    parser.add_argument("--out", default=str(ROOT / "results" / "synthetic" / "table1.json"))
+    parser.add_argument("--out", default=str(ROOT / "results" / "bench" / "table1.json"))
     args = parser.parse_args()
     names = args.algorithms.split(",")
     unknown = [a for a in names if a not in ALGORITHMS]

@@ -1,5 +1,4 @@
-"""scripts/make_tables.py on a small fake results tree."""
-import json
+"""scripts/make_tables.py (topklab.report) on small fake results trees, and on the committed one."""
 import shutil
 import sys
 
@@ -8,21 +7,27 @@ import pytest
 from scipy.stats import wilcoxon
 
 from conftest import ROOT
-from topklab.protocol.tables import paired_p_value
+from topklab.report import make_result, write_result
+from topklab.report.cli import render_tables
+from topklab.report.tabular import paired_p_value
 from topklab.utils.errors import TopklabError
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_tables  # noqa: E402
 
+GRID = {"k": [1, 0.5], "C": [100.0, 10.0], "lr": [0.01, 0.1], "delta": [0.001, 0.1]}
 
-def fake_cell(results, table, dataset, individual, aggregate, test, selected):
-    record = {"cell": {"table": table, "dataset": dataset, "individual": individual, "aggregate": aggregate},
-              "test_mean": float(np.mean(test)), "test_std": float(np.std(test)),
-              "per_split": {"test": list(test)}, "selected": {"index": 0, **selected},
-              "command": "python scripts/reproduce_tabular.py preset=fake", "provenance": {"git": {"sha": "abc1234"}}}
+
+def fake_cell(results, table, dataset, individual, aggregate, test, selected, searched=("C", "lr", "k", "delta")):
+    combos = {axis: values if axis in searched else values[:1] * 2 for axis, values in GRID.items()}
+    payload = {"cell": {"table": table, "dataset": dataset, "individual": individual, "aggregate": aggregate},
+               "metric": "error_pct", "test_mean": float(np.mean(test)), "test_std": float(np.std(test)),
+               "per_split": {"test": list(test)}, "selected": {"index": 0, **selected}, "combos": combos,
+               "preset": "fake"}
     path = results / "tabular" / "fake" / table / dataset / f"{individual}-{aggregate}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record))
+    write_result(path, make_result("tabular", f"{table}/{dataset}/{individual}/{aggregate}", payload,
+                                   "python scripts/reproduce_tabular.py preset=fake", {},
+                                   {"git": {"sha": "abc1234"}}), indent=None)
 
 
 @pytest.fixture
@@ -32,8 +37,9 @@ def results(tmp_path):
     hyper = {"k": 0.5, "C": 100.0, "lr": 0.01, "delta": 0.001}
     stk = [13.0, 13.5, 12.0, 14.0, 13.2, 12.8]
     fake_cell(tmp_path, "table3", "australian", "logistic", "stk", stk, hyper)
-    fake_cell(tmp_path, "table3", "australian", "logistic", "atk", [16.0, 17.5, 15.0, 14.5, 16.5, 17.0], hyper)
-    fake_cell(tmp_path, "table3", "australian", "logistic", "average", stk, hyper)
+    fake_cell(tmp_path, "table3", "australian", "logistic", "atk", [16.0, 17.5, 15.0, 14.5, 16.5, 17.0], hyper,
+              searched=("C", "lr", "k"))
+    fake_cell(tmp_path, "table3", "australian", "logistic", "average", stk, hyper, searched=("C", "lr"))
     fake_cell(tmp_path, "table6", "sinc", "square", "stk", [0.15, 0.14, 0.16, 0.15, 0.14, 0.16], hyper)
     return tmp_path
 
@@ -50,6 +56,9 @@ def test_tables_show_paper_ours_difference_mark_and_paired_tests(results):
     assert cells[7] == "C=100, η=0.01, k=0.5, δ=0.001"
     atk = next(line for line in md.splitlines() if line.startswith("| australian | logistic | ATk |"))
     assert atk.split("|")[6].strip() == "1.655" and atk.split("|")[7].strip() == ""  # 16.083 vs 14.428 ± 1.056
+    assert atk.split("|")[8].strip() == "C=100, η=0.01, k=0.5"  # only the axes the cell searched
+    average = next(line for line in md.splitlines() if line.startswith("| australian | logistic | Average |"))
+    assert average.split("|")[8].strip() == "C=100, η=0.01"
     p = wilcoxon(stk, [16.0, 17.5, 15.0, 14.5, 16.5, 17.0]).pvalue
     test_row = next(line for line in md.splitlines() if line.startswith("| australian | logistic | ATk | 6 |"))
     assert test_row.split("|")[7].strip() == f"{p:.3g}" and test_row.split("|")[6].strip() == "6/0/0"
@@ -69,35 +78,88 @@ def test_no_results_is_a_one_line_error_and_writes_nothing(results, capsys):
     assert not (results / "tables").exists()
 
 
+def test_an_old_format_cell_is_a_one_line_error_naming_the_converter(results, capsys):
+    path = results / "tabular" / "fake" / "table3" / "australian" / "logistic-stk.json"
+    path.write_text('{"cell": {"table": "table3"}, "test_mean": 1.0}')
+    assert make_tables.main(["--results", str(results), "--preset", "fake"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "logistic-stk.json" in err[0] and "scripts/convert_results.py" in err[0]
+    assert not (results / "tables").exists()
+
+
 def test_paired_p_value_needs_paired_samples():
     assert paired_p_value([1.0, 2.0], [1.0, 2.0]) == 1.0
     with pytest.raises(TopklabError, match="table3/x/logistic: stk vs atk needs the same splits"):
         paired_p_value([1.0, 2.0], [1.0, 2.0, 3.0], "table3/x/logistic: stk vs atk")
 
 
-def fake_vision_run(results, table, row, seed, top1, top5, per_class):
+def fake_vision_run(results, table, row, label, seed, top1, top5, per_class):
     test = {"top1": top1, "top5": top5, "many": per_class[0], "medium": per_class[1], "few": per_class[2],
             "per_class": per_class, "score": top1}
-    result = {"command": f"python train.py vision={table}/{row} seed={seed}", "provenance": {"git": {"sha": "def5678"}},
-              "config": {"trainer": {"epochs": 3, "batch_size": 8, "select_metrics": ["top1", "top5"]}},
-              "summary": {"metrics": {"test": test}, "class_counts": [150, 50, 5],
-                          "selection": {"top1": {"test": top1}, "top5": {"test": top5 + 1.0}}}}
-    path = results / "vision" / table / row / f"seed{seed}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result))
+    summary = {"metrics": {"test": test}, "class_counts": [150, 50, 5],
+               "selection": {"top1": {"test": top1}, "top5": {"test": top5 + 1.0}}}
+    config = {"trainer": {"epochs": 3, "batch_size": 8, "select_metrics": ["top1", "top5"]}}
+    result = make_result("vision", f"{table}/{row}", {"table": table, "row": row, "label": label, "summary": summary},
+                         f"python train.py vision={table}/{row} seed={seed}", config, {"git": {"sha": "def5678"}})
+    return write_result(results / "vision" / table / row / f"seed{seed}.json", result)
 
 
-def test_vision_table_shows_mean_std_over_seeds_paper_values_and_per_class(results, tmp_path):
+def test_vision_table_shows_mean_std_over_seeds_paper_values_order_and_per_class(results):
     shutil.copy(ROOT / "results" / "paper" / "petersen_icml2022.yaml", results / "paper")
-    experiments = tmp_path / "experiments"
-    (experiments / "petersen_cifar100").mkdir(parents=True)
-    (experiments / "petersen_cifar100" / "softmax_ce.yaml").write_text('row: "Softmax CE"\n')
-    fake_vision_run(results, "petersen_cifar100", "softmax_ce", 0, 60.0, 84.0, [90.0, 50.0, 10.0])
-    fake_vision_run(results, "petersen_cifar100", "softmax_ce", 1, 62.0, 86.0, [80.0, 70.0, 30.0])
-    assert make_tables.main(["--preset", "fake", "--results", str(results), "--experiments", str(experiments)]) == 0
+    fake_vision_run(results, "petersen_cifar100", "softmax_ce", "Softmax CE", 0, 60.0, 84.0, [90.0, 50.0, 10.0])
+    fake_vision_run(results, "petersen_cifar100", "softmax_ce", "Softmax CE", 1, 62.0, 86.0, [80.0, 70.0, 30.0])
+    fake_vision_run(results, "petersen_cifar100", "neuralsort_top5", "NeuralSort", 0, 20.0, 80.0, [30.0, 20.0, 10.0])
+    fake_vision_run(results, "petersen_cifar100", "extra", "not in the paper", 0, 1.0, 5.0, [1.0, 1.0, 1.0])
+    assert make_tables.main(["--preset", "fake", "--results", str(results)]) == 0
     text = (results / "tables" / "petersen_cifar100.md").read_text()
     # top-1 from its own selection, top-5 from the top-5 selection (+1 in the fake), population std
     assert "| Softmax CE | 2 | 61.00 ± 1.00 | 86.00 ± 1.00 | 85.00 ± 5.00 | 60.00 ± 10.00 | 20.00 ± 10.00 | 61.27 | 85.31 |" in text
     assert "| Softmax CE | 85.0 | 60.0 | 20.0 |" in text
-    (results / "vision" / "petersen_cifar100" / "softmax_ce" / "seed1.json").write_text("{broken")
-    assert make_tables.main(["--preset", "fake", "--results", str(results), "--experiments", str(experiments)]) == 2
+    assert "| not in the paper | 1 | 1.00 ± 0.00 | 6.00 ± 0.00 | 1.00 ± 0.00 | 1.00 ± 0.00 | 1.00 ± 0.00 | — | — |" in text
+    rows = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ") and "±" in line]
+    assert rows == ["Softmax CE", "NeuralSort", "not in the paper"]  # the paper's order, then the rest by id
+
+
+def test_a_corrupt_vision_result_is_a_one_line_error(results, capsys):
+    path = fake_vision_run(results, "fmnistlt", "ce", "CE", 0, 60.0, 84.0, [90.0, 50.0, 10.0])
+    path.write_text("{broken")
+    assert make_tables.main(["--preset", "fake", "--results", str(results)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "seed0.json is corrupt" in err[0]
+
+
+def test_committed_tables_are_rendered_unchanged_from_the_committed_results():
+    """Every file in results/tables/ is exactly what the renderers make of results/ (preset fraction,
+    as `make tables`); fails if a renderer or a result drifts."""
+    rendered = render_tables(ROOT / "results", "fraction")
+    committed = {p.name: p.read_text() for p in (ROOT / "results" / "tables").iterdir()}
+    assert sorted(rendered) == sorted(committed)
+    for name, text in committed.items():
+        assert rendered[name] == text, f"results/tables/{name} differs from its rendering; run `make tables`"
+
+
+def test_tables_1_and_2_beside_the_paper():
+    import yaml
+
+    from topklab.report.synthetic import render_table1, render_table2
+
+    paper = yaml.safe_load((ROOT / "results/paper/stk_neurips2024.yaml").read_text())
+    algorithms = {"HeapSort": {"level": "pure Python loops", "seconds": [0.1, 0.3], "mean": 0.2, "std": 0.1,
+                               "iterations": []},
+                  "STk": {"level": "torch", "seconds": [0.01], "mean": 0.0254, "std": 0.0, "iterations": [10, 30]}}
+    table1 = make_result("bench", "table1", {"algorithms": algorithms, "order": ["HeapSort", "STk"]}, "python x",
+                         {"n": 10000, "k": 5, "runs": 2, "threads": 1}, {"git": {"sha": "0123456789abc"}})
+    text = render_table1(table1, paper)
+    assert "| HeapSort | pure Python loops | 0.1243 ± 0.045 | 0.2 ± 0.1 | 1.61 | — |" in text
+    assert "| STk | torch | 0.0127 ± 0.002 | 0.0254 ± 0 | 2 | 20 (max 30) |" in text
+    assert "n = 10000, k = 5, 2 runs" in text and "code 0123456789." in text
+    columns = {name: {"test_acc": [70.0, 80.0], "paraf1": [0.5, 0.5], "seconds_single": [1.0], "k": 0.5}
+               for name in ("Average", "STk (SReLU)")}
+    config = {"task": {"covariance": "printed"}, "trainer": {"l1": 0.01, "lam_init": "auto"}, "k_grid": [0.5],
+              "support_tol": 0.01, "time_repeats": 1}
+    table2 = make_result("synthetic", "table2", {"columns": columns, "order": ["Average", "STk (SReLU)"],
+                                                 "bayes_accuracy_balanced_test": 96.4}, "python y", config, {})
+    text = render_table2(table2, paper)
+    assert "| Accuracy (%), paper | 72.86 | 76.10 |" in text
+    assert "| Accuracy (%), ours | 75.00 ± 5.00 | 75.00 ± 5.00 |" in text
+    assert "| ParaF1, paper | 0.190 | 0.345 |" in text and "2 repeats, covariance `printed`" in text

@@ -1,20 +1,46 @@
-"""Cells on disk: one JSON file per cell, written atomically, so a killed run loses at most the
-cell in progress and a rerun skips every cell already stored with the same fingerprint."""
+"""Cells on disk: one result file per cell (the envelope of :mod:`topklab.report.schema`, family
+"tabular"), written atomically, so a killed run loses at most the cell in progress and a rerun skips
+every cell already stored with the same fingerprint.
+
+In memory a cell is the flat record of :func:`topklab.protocol.cell.run_cell` plus ``command``,
+``provenance`` and ``preset``; on disk its ``fingerprint`` is the envelope's ``config`` and the rest
+of the record its ``result``."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 from topklab.protocol.cell import Cell
+from topklab.report.schema import make_result, read_result, write_result
 from topklab.utils.errors import TopklabError
-from topklab.utils.io import atomic_write_text
+
+ENVELOPE_KEYS = ("fingerprint", "command", "provenance")  # the record's keys that the envelope holds
 
 
-def read_cell(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise TopklabError(f"{path} is corrupt ({err}); delete it and rerun to recompute that cell") from err
+def to_result(record: dict) -> dict:
+    """The envelope of a cell record.
+
+    Examples
+    --------
+    >>> record = {"cell": {"table": "table3", "dataset": "d", "individual": "logistic", "aggregate": "stk"},
+    ...           "fingerprint": {"protocol": {}}, "command": "python x", "provenance": {}, "metric": "error_pct",
+    ...           "selected": {}, "test_mean": 1.0, "test_std": 0.0, "per_split": {}, "combos": {}, "preset": "p"}
+    >>> result = to_result(record)
+    >>> result["experiment"], result["config"], from_result(result) == record
+    ('table3/d/logistic/stk', {'protocol': {}}, True)
+    """
+    missing = [k for k in ("cell", *ENVELOPE_KEYS) if k not in record]
+    if missing:
+        raise TopklabError(f"a cell record needs {missing} before it is stored; set them as protocol.reproduce does")
+    payload = {k: v for k, v in record.items() if k not in ENVELOPE_KEYS}
+    return make_result("tabular", Cell(**record["cell"]).key, payload, command=record["command"],
+                       config=record["fingerprint"], provenance=record["provenance"])
+
+
+def from_result(result: dict) -> dict:
+    """The cell record of an envelope (inverse of :func:`to_result`)."""
+    return {**result["result"], "fingerprint": result["config"], "command": result["command"],
+            "provenance": result["provenance"]}
 
 
 def canonical(obj) -> str:
@@ -38,7 +64,7 @@ class CellStore:
 
     def load(self, cell: Cell) -> dict | None:
         path = self.path(cell)
-        return read_cell(path) if path.exists() else None
+        return from_result(read_result(path, "tabular")) if path.exists() else None
 
     def is_done(self, cell: Cell, fingerprint: dict) -> bool:
         """True if ``cell`` is stored with this fingerprint; an error if it is stored with another."""
@@ -54,9 +80,5 @@ class CellStore:
         return True
 
     def save(self, record: dict) -> Path:
-        cell = Cell(**record["cell"])
-        return atomic_write_text(self.path(cell), json.dumps(record, separators=(",", ":"), sort_keys=True) + "\n")
-
-    def records(self) -> list[dict]:
-        """Every stored cell under the root (for the table builder)."""
-        return [read_cell(path) for path in sorted(self.root.glob("*/*/*.json"))]
+        """Store a cell record (with ``command``, ``provenance`` and ``fingerprint``) as one compact line."""
+        return write_result(self.path(Cell(**record["cell"])), to_result(record), indent=None)

@@ -1,23 +1,40 @@
-"""Markdown for STk Tables 1 and 2 from ``results/synthetic/table{1,2}.json`` beside the paper."""
+"""STk Tables 1 and 2 beside the paper: Table 1 from the timing benchmark
+``results/bench/table1.json``, Table 2 from ``results/synthetic/table2.json``."""
 from __future__ import annotations
 
 import statistics
 
+from topklab.report.stats import mean_std
+
 
 def _git(result: dict) -> str:
-    return str((result.get("provenance") or {}).get("git", {}).get("sha", "?"))[:10]
+    return str(result["provenance"].get("git", {}).get("sha", "?"))[:10]
 
 
 def render_table1(result: dict, paper: dict) -> str:
+    """Markdown of Table 1 (seconds to sum the top k of n samples) from its bench result.
+
+    Parameters
+    ----------
+    result : the envelope of ``scripts/table1_topk_time.py`` (config: n, k, runs, threads; payload:
+        ``order`` and ``algorithms[name] = {level, mean, std, iterations}``)
+    paper : ``results/paper/stk_neurips2024.yaml`` loaded
+
+    Examples
+    --------
+    >>> render_table1(read_result("results/bench/table1.json"), paper).splitlines()[0]  # doctest: +SKIP
+    '# Table 1: Time to compute the top-5 sum of 10,000 standard-normal samples (s)'
+    """
     rows = paper["table1"]["rows"]
+    config, payload = result["config"], result["result"]
     lines = [f"# Table 1: {paper['table1']['caption']}", "",
-             f"Ours: n = {result['n']}, k = {result['k']}, {result['runs']} runs on the same samples for every "
-             f"algorithm, {result['threads']} torch thread; code {_git(result)}.",
+             f"Ours: n = {config['n']}, k = {config['k']}, {config['runs']} runs on the same samples for every "
+             f"algorithm, {config['threads']} torch thread; code {_git(result)}.",
              f"Produced by: `{result['command']}`, then `python scripts/make_tables.py`.", "",
              "| Algorithm | how it runs here | paper (s) | ours (s) | ours / paper | λ iterations |",
              "|---|---|---|---|---|---|"]
-    for name in result["order"]:
-        row = result["algorithms"][name]
+    for name in payload["order"]:
+        row = payload["algorithms"][name]
         published = rows.get(name)
         paper_cell = f"{published[0]:.4g} ± {published[1]:.2g}" if published else "—"
         ratio = f"{row['mean'] / published[0]:.3g}" if published else "—"
@@ -28,23 +45,31 @@ def render_table1(result: dict, paper: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def mean_std(values) -> tuple[float, float]:
-    """Mean and population std (0 for a single value)."""
-    values = [float(v) for v in values]
-    return statistics.fmean(values), (statistics.pstdev(values) if len(values) > 1 else 0.0)
-
-
 def render_table2(result: dict, paper: dict) -> str:
+    """Markdown of Table 2 (accuracy, ParaF1, time on the Gaussian task) from its synthetic result.
+
+    Parameters
+    ----------
+    result : the envelope of ``experiment=table2`` of ``scripts/reproduce_synthetic.py`` (payload:
+        ``order``, ``columns[name] = {test_acc, paraf1, seconds_single, k}``,
+        ``bayes_accuracy_balanced_test``)
+    paper : ``results/paper/stk_neurips2024.yaml`` loaded
+
+    Examples
+    --------
+    >>> render_table2(read_result("results/synthetic/table2.json"), paper).splitlines()[0]  # doctest: +SKIP
+    '# Table 2: Accuracy, ParaF1 and time on the synthetic Gaussian data (train 8:2)'
+    """
     published = paper["table2"]["rows"]
-    config = result["config"]
-    columns = result["columns"]
-    names = result["order"]
+    config, payload = result["config"], result["result"]
+    columns = payload["columns"]
+    names = payload["order"]
     repeats = len(next(iter(columns.values()))["test_acc"])
     lines = [f"# Table 2: {paper['table2']['caption']}", "",
              f"Ours: {repeats} repeats, covariance `{config['task']['covariance']}`, l1 = {config['trainer']['l1']}, "
              f"k from {config['k_grid']} by validation accuracy, λ init `{config['trainer']['lam_init']}`, "
              f"support tolerance {config['support_tol']}; Bayes accuracy on the balanced test set "
-             f"{result['bayes_accuracy_balanced_test']:.1f}%; code {_git(result)}.",
+             f"{payload['bayes_accuracy_balanced_test']:.1f}%; code {_git(result)}.",
              f"Produced by: `{result['command']}`, then `python scripts/make_tables.py`.",
              "Time: seconds per model of the plain single-model loop (mean over "
              f"{config['time_repeats']} repeats at the selected k); the paper's hardware is not given.", "",

@@ -1,0 +1,173 @@
+"""Write every table and figure from ``results/`` only (never trains).
+
+    python -m topklab.report tables [--preset quick] [--results results] [--out results/tables]
+    python -m topklab.report figures [--results results] [--out results/figures]
+
+``tables``: Tables 3, 4, 6 (.md, .tex) from the tabular cells of one preset, Table 1 from
+``bench/table1.json``, Table 2 from ``synthetic/table2.json``, and ``<table>.md`` for every vision
+table under ``vision/``; paper values from ``paper/*.yaml``. ``figures``: Figures 2-4 (Figures 3
+and 4 from ``synthetic/figure{3,4}.json``). A missing optional source is skipped with a note; a
+corrupt or old-format result is a one-line error and nothing is written.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from topklab.report.schema import read_result, read_results
+from topklab.report.synthetic import render_table1, render_table2
+from topklab.report.tabular import render_tabular
+from topklab.report.vision import render_vision
+from topklab.utils.errors import TopklabError
+from topklab.utils.io import atomic_write_text
+
+PAPER = "stk_neurips2024.yaml"
+
+
+@dataclass(frozen=True)
+class Source:
+    """One optional result file under ``results/`` and the command that writes it."""
+
+    path: str
+    family: str
+    producer: str
+
+
+SINGLE_TABLES: dict[str, tuple[Source, Callable[[dict, dict], str]]] = {
+    "table1.md": (Source("bench/table1.json", "bench", "scripts/table1_topk_time.py"), render_table1),
+    "table2.md": (Source("synthetic/table2.json", "synthetic", "scripts/reproduce_synthetic.py"), render_table2),
+}
+FIGURE_SOURCES = {name: Source(f"synthetic/{name}.json", "synthetic", "scripts/reproduce_synthetic.py")
+                  for name in ("figure3", "figure4")}
+
+
+def _paper(results: Path) -> dict:
+    path = results / "paper" / PAPER
+    if not path.exists():
+        raise TopklabError(f"{path} is missing; restore it from git")
+    return yaml.safe_load(path.read_text())
+
+
+def _optional(results: Path, source: Source, what: str) -> dict | None:
+    path = results / source.path
+    if not path.exists():
+        print(f"note: {path} not found; {what} not written (run {source.producer})")
+        return None
+    return read_result(path, source.family)
+
+
+def render_tables(results: Path, preset: str) -> dict[str, str]:
+    """``{file name: text}`` of every table that ``results`` has the data for.
+
+    Parameters
+    ----------
+    results : the results directory (reads only there)
+    preset : which ``tabular/<preset>/`` cells make Tables 3, 4 and 6 (they must exist)
+
+    Examples
+    --------
+    >>> sorted(render_tables(Path("results"), "fraction"))[:3]  # doctest: +SKIP
+    ['fmnistlt.md', 'table1.md', 'table2.md']
+    """
+    paper = _paper(results)
+    cells = read_results(results / "tabular" / preset, "tabular")
+    if not cells:
+        raise TopklabError(f"no cells under {results / 'tabular' / preset}; run `python scripts/reproduce_tabular.py "
+                           f"preset={preset}` first (or pick another --preset)")
+    rendered = render_tabular(preset, paper, cells)
+    for name, (source, render) in SINGLE_TABLES.items():
+        result = _optional(results, source, name)
+        if result is not None:
+            rendered[name] = render(result, paper)
+    papers = [yaml.safe_load(p.read_text()) for p in sorted((results / "paper").glob("*.yaml"))]
+    rendered.update(render_vision(read_results(results / "vision", "vision"), papers))
+    return rendered
+
+
+def render_figures(results: Path, out: Path) -> list[str]:
+    """Draw Figures 2-4 into ``out``; return the names written (a figure without its result is skipped).
+
+    Examples
+    --------
+    >>> render_figures(Path("results"), Path("/tmp/figures"))  # doctest: +SKIP
+    ['figure2.png', 'figure3.png', 'figure4.png']
+    """
+    from topklab.report.figures import figure2, figure3, figure4  # matplotlib and torch only here
+
+    paper = _paper(results)
+    sources = {name: _optional(results, source, f"{name}.png") for name, source in FIGURE_SOURCES.items()}
+    skipped = {name for name, result in sources.items() if result is None}
+    draw = {"figure2": figure2,
+            "figure3": lambda path: figure3(sources["figure3"], path),
+            "figure4": lambda path: figure4(sources["figure4"], paper, path)}
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in (n for n in draw if n not in skipped):
+        tmp = out / f".{name}.tmp.png"
+        draw[name](tmp)
+        tmp.replace(out / f"{name}.png")
+        written.append(f"{name}.png")
+    return written
+
+
+def _results_dir() -> Path:
+    return Path(os.environ.get("TOPKLAB_ROOT", ".")) / "results"
+
+
+def tables(argv: list[str] | None = None) -> int:
+    """``python -m topklab.report tables``: write results/tables/; 0, or 2 after a one-line error."""
+    parser = argparse.ArgumentParser(prog="python -m topklab.report tables", description=tables.__doc__)
+    parser.add_argument("--preset", default="quick", help="results/tabular/<preset>/ to read")
+    parser.add_argument("--results", type=Path, default=_results_dir())
+    parser.add_argument("--out", type=Path, default=None, help="default: <results>/tables")
+    args = parser.parse_args(argv)
+    out = args.out or args.results / "tables"
+    try:
+        rendered = render_tables(args.results, args.preset)
+    except TopklabError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for name, text in rendered.items():
+        atomic_write_text(out / name, text)
+    print(f"wrote {', '.join(sorted(rendered))} to {out} (tabular cells of preset {args.preset})")
+    return 0
+
+
+def figures(argv: list[str] | None = None) -> int:
+    """``python -m topklab.report figures``: write results/figures/; 0, or 2 after a one-line error."""
+    parser = argparse.ArgumentParser(prog="python -m topklab.report figures", description=figures.__doc__)
+    parser.add_argument("--results", type=Path, default=_results_dir())
+    parser.add_argument("--out", type=Path, default=None, help="default: <results>/figures")
+    args = parser.parse_args(argv)
+    out = args.out or args.results / "figures"
+    try:
+        written = render_figures(args.results, out)
+    except TopklabError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {', '.join(written)} to {out}")
+    return 0
+
+
+COMMANDS = {"tables": tables, "figures": figures}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m topklab.report {tables,figures} [options]``.
+
+    Examples
+    --------
+    >>> main(["tables", "--preset", "fraction"])  # doctest: +SKIP
+    0
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        print(f"error: give a command first: {' or '.join(COMMANDS)} (then --help for its options)", file=sys.stderr)
+        return 2
+    return COMMANDS[argv[0]](argv[1:])

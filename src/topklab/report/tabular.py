@@ -1,0 +1,239 @@
+"""STk Tables 3, 4 and 6 from the tabular cells (``results/tabular/<preset>/``): the paper's value
+beside ours, the difference, whether ours lies within the paper's std, and a paired Wilcoxon
+signed-rank test of STk against its baselines over the same splits (beyond the paper)."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import wilcoxon
+
+from topklab.utils.errors import TopklabError
+
+TABLES = ("table3", "table4", "table6")
+AGGREGATE_NAMES = {"average": "Average", "maximum": "Maximum", "atk": "ATk", "matk": "MATk", "stk": "STk"}
+METRIC_NAMES = {"error_pct": "test misclassification (%)", "rmse": "test RMSE"}
+PAIRED_BASELINES = ("atk", "matk", "average")  # STk is tested against those of these a row has
+HYPER_NAMES = {"C": "C", "lr": "η", "k": "k", "delta": "δ"}  # grid axes, in the order printed
+
+
+@dataclass
+class Line:
+    """One (dataset, loss, aggregate) line of a table: the paper's and our (mean, std), the
+    hyperparameters selected for ours and the grid axes that were searched."""
+
+    dataset: str
+    individual: str
+    aggregate: str
+    paper: tuple[float, float] | None
+    ours: tuple[float, float] | None
+    selected: dict | None
+    searched: tuple[str, ...] = ()
+
+    @property
+    def difference(self) -> float | None:
+        return None if self.paper is None or self.ours is None else self.ours[0] - self.paper[0]
+
+    @property
+    def within_paper_std(self) -> bool | None:
+        return None if self.difference is None else abs(self.difference) <= self.paper[1]
+
+
+def searched_axes(combos: dict) -> tuple[str, ...]:
+    """Grid axes on which a cell's combinations differ (compared as JSON, so k=1 and k=1.0 differ).
+
+    Examples
+    --------
+    >>> searched_axes({"C": [1.0, 10.0], "lr": [0.1, 0.1], "k": [1, 1.0], "delta": [0.1, 0.1]})
+    ('C', 'k')
+    """
+    return tuple(axis for axis in HYPER_NAMES if len({json.dumps(v) for v in combos[axis]}) > 1)
+
+
+def paired_p_value(ours: list[float], baseline: list[float], what: str = "") -> float:
+    """Two-sided Wilcoxon signed-rank p-value of paired per-split metrics (1.0 if all equal).
+
+    Examples
+    --------
+    >>> round(paired_p_value([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [2.0, 3.0, 4.0, 5.0, 6.0, 7.5]), 4)
+    0.0312
+    """
+    a, b = np.asarray(ours, dtype=float), np.asarray(baseline, dtype=float)
+    if a.shape != b.shape:
+        raise TopklabError(f"paired test {what} needs the same splits on both sides, got {a.size} and {b.size} "
+                           f"values; recompute the cells with one preset")
+    if np.all(a == b):
+        return 1.0
+    return float(wilcoxon(a, b, zero_method="wilcox", alternative="two-sided").pvalue)
+
+
+def _cells(table: str, results: list[dict]) -> dict[tuple, dict]:
+    """``{(dataset, individual, aggregate): payload}`` of one table's cells."""
+    return {(p["cell"]["dataset"], p["cell"]["individual"], p["cell"]["aggregate"]): p
+            for p in (r["result"] for r in results) if p["cell"]["table"] == table}
+
+
+def build_lines(table: str, paper: dict, results: list[dict]) -> list[Line]:
+    """One line per (dataset, individual, aggregate) of the paper's table, in the paper's order."""
+    stored = _cells(table, results)
+    lines = []
+    for dataset, values in paper[table]["rows"].items():
+        for column, value in values.items():
+            individual, aggregate = column.split("/")
+            cell = stored.get((dataset, individual, aggregate))
+            lines.append(Line(
+                dataset, individual, aggregate, tuple(value),
+                None if cell is None else (cell["test_mean"], cell["test_std"]),
+                None if cell is None else cell["selected"],
+                () if cell is None else searched_axes(cell["combos"]),
+            ))
+    return lines
+
+
+def paired_tests(table: str, results: list[dict]) -> list[dict]:
+    """STk against each baseline of the row, per (dataset, individual): mean difference and p."""
+    by_row: dict[tuple, dict] = {}
+    for (dataset, individual, aggregate), cell in _cells(table, results).items():
+        by_row.setdefault((dataset, individual), {})[aggregate] = cell["per_split"]
+    tests = []
+    for (dataset, individual), cells in by_row.items():
+        if "stk" not in cells:
+            continue
+        stk = cells["stk"]["test"]
+        for baseline in (b for b in PAIRED_BASELINES if b in cells):
+            other = cells[baseline]["test"]
+            what = f"{table}/{dataset}/{individual}: stk vs {baseline}"
+            if cells[baseline].get("split_seed") != cells["stk"].get("split_seed"):
+                raise TopklabError(f"paired test {what}: the cells used different splits; recompute with one preset")
+            tests.append({"dataset": dataset, "individual": individual, "baseline": baseline,
+                          "n": len(stk), "mean_difference": float(np.mean(stk) - np.mean(other)),
+                          "stk_better": int(np.sum(np.asarray(stk) < np.asarray(other))),
+                          "stk_worse": int(np.sum(np.asarray(stk) > np.asarray(other))),
+                          "p": paired_p_value(stk, other, what)})
+    return tests
+
+
+def header(preset: str, table: str, results: list[dict], lines: list[Line]) -> list[str]:
+    """The lines above a table: preset, splits, code, commands, agreement with the paper, missing cells."""
+    mine = [r for r in results if r["result"]["cell"]["table"] == table]
+    if not mine:
+        return [f"Preset `{preset}`: no cells of this table yet."]
+    commands = sorted({r["command"] for r in mine})
+    shas = sorted({str(r["provenance"].get("git", {}).get("sha", "?"))[:10] for r in mine})
+    splits = sorted({len(r["result"]["per_split"]["test"]) for r in mine})
+    missing = [f"{x.dataset}/{x.individual}/{x.aggregate}" for x in lines if x.ours is None]
+    within = [x.within_paper_std for x in lines if x.within_paper_std is not None]
+    out = [f"Preset `{preset}`: {', '.join(map(str, splits))} splits per cell; code {', '.join(shas)}.",
+           f"Produced by: {'; '.join(f'`{c}`' for c in commands)}, then `python scripts/make_tables.py --preset {preset}`.",
+           f"Ours within the paper's std: {sum(within)} of {len(within)} cells."]
+    if missing:
+        out.append(f"Missing cells ({len(missing)}): {', '.join(missing)}.")
+    return out
+
+
+def _num(value: float | None, digits: int, sign: str = "") -> str:
+    if value is None or math.isnan(value):
+        return "—"
+    value = 0.0 if abs(value) < 0.5 * 10.0 ** -digits else value  # no "-0.000"
+    return f"{value:{sign}.{digits}f}"
+
+
+def _wtl(test: dict) -> str:
+    ties = test["n"] - test["stk_better"] - test["stk_worse"]
+    return f"{test['stk_better']}/{ties}/{test['stk_worse']}"
+
+
+def _pm(pair, digits: int) -> str:
+    return "—" if pair is None else f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f}"
+
+
+def _hyper(line: Line) -> str:
+    if line.selected is None:
+        return "—"
+    return ", ".join(f"{HYPER_NAMES[k]}={line.selected[k] if k == 'k' else format(line.selected[k], 'g')}"
+                     for k in line.searched)
+
+
+def render_markdown(table: str, paper: dict, lines: list[Line], tests: list[dict], head: list[str]) -> str:
+    """The table as Markdown: one row per line, then the paired tests."""
+    spec = paper[table]
+    digits = 3 if spec["metric"] == "error_pct" else 4
+    out = [f"# {table.replace('table', 'Table ')}: {spec['caption']}", ""]
+    out += [f"{h}  " for h in head] + [""]
+    out += [f"Metric: {METRIC_NAMES[spec['metric']]}, mean ± std over splits. Δ = ours − paper; "
+            "✓ = ours within the paper's std.", ""]
+    out += ["| Dataset | Loss | Aggregate | Paper | Ours | Δ | ✓ | Selected |", "|---|---|---|---|---|---|---|---|"]
+    for line in lines:
+        mark = {True: "✓", False: "", None: "—"}[line.within_paper_std]
+        out.append(f"| {line.dataset} | {line.individual} | {AGGREGATE_NAMES[line.aggregate]} | "
+                   f"{_pm(line.paper, digits)} | {_pm(line.ours, digits)} | {_num(line.difference, digits)} | "
+                   f"{mark} | {_hyper(line)} |")
+    if tests:
+        out += ["", "Paired Wilcoxon signed-rank test (two-sided) of STk against a baseline over the same splits "
+                "(beyond the paper). Δ = mean(STk) − mean(baseline); W/T/L = splits where STk is better/tied/worse.", "",
+                "| Dataset | Loss | STk vs | n | Δ | W/T/L | p |", "|---|---|---|---|---|---|---|"]
+        for t in tests:
+            out.append(f"| {t['dataset']} | {t['individual']} | {AGGREGATE_NAMES[t['baseline']]} | {t['n']} | "
+                       f"{_num(t['mean_difference'], digits, '+')} | {_wtl(t)} | {t['p']:.3g} |")
+    return "\n".join(out) + "\n"
+
+
+def _tex(text: str) -> str:
+    return text.replace("_", r"\_").replace("%", r"\%")
+
+
+def _tex_pm(pair, digits: int) -> str:
+    return "--" if pair is None else f"${pair[0]:.{digits}f} \\pm {pair[1]:.{digits}f}$"
+
+
+def render_latex(table: str, paper: dict, lines: list[Line], tests: list[dict], head: list[str]) -> str:
+    """The table as a LaTeX ``table`` float (booktabs), the header as comments."""
+    spec = paper[table]
+    digits = 3 if spec["metric"] == "error_pct" else 4
+    out = [f"% {h}" for h in head]
+    out += [r"\begin{table}[t]", r"\centering", r"\small",
+            rf"\caption{{{_tex(spec['caption'])}: paper vs.\ ours (mean $\pm$ std), $\Delta$ = ours $-$ paper, "
+            r"\checkmark{} = within the paper's std.}",
+            rf"\label{{tab:{table}}}", r"\begin{tabular}{lllllrc}", r"\toprule",
+            r"Dataset & Loss & Aggregate & Paper & Ours & $\Delta$ & \\", r"\midrule"]
+    for line in lines:
+        mark = r"\checkmark" if line.within_paper_std else ""
+        out.append(f"{_tex(line.dataset)} & {_tex(line.individual)} & {AGGREGATE_NAMES[line.aggregate]} & "
+                   f"{_tex_pm(line.paper, digits)} & {_tex_pm(line.ours, digits)} & {_num(line.difference, digits)} & "
+                   f"{mark} \\\\")
+    out += [r"\bottomrule", r"\end{tabular}"]
+    if tests:
+        out += [r"\par\medskip", r"\begin{tabular}{lllrrrr}", r"\toprule",
+                r"Dataset & Loss & STk vs & $n$ & $\Delta$ & W/T/L & Wilcoxon $p$ \\", r"\midrule"]
+        for t in tests:
+            out.append(f"{_tex(t['dataset'])} & {_tex(t['individual'])} & {AGGREGATE_NAMES[t['baseline']]} & {t['n']} & "
+                       f"{_num(t['mean_difference'], digits, '+')} & {_wtl(t)} & {t['p']:.3g} \\\\")
+        out += [r"\bottomrule", r"\end{tabular}"]
+    out.append(r"\end{table}")
+    return "\n".join(out) + "\n"
+
+
+def render_tabular(preset: str, paper: dict, results: list[dict]) -> dict[str, str]:
+    """``{"table3.md": text, "table3.tex": text, ...}`` for Tables 3, 4 and 6 from one preset's cells.
+
+    Parameters
+    ----------
+    preset : name of the preset the cells come from (printed in the header)
+    paper : ``results/paper/stk_neurips2024.yaml`` loaded
+    results : the preset's tabular results (``read_results(results/"tabular"/preset, "tabular")``)
+
+    Examples
+    --------
+    >>> render_tabular("fraction", paper, cells)["table3.md"].splitlines()[0]  # doctest: +SKIP
+    '# Table 3: Misclassification rate (%) with the logistic individual loss'
+    """
+    rendered = {}
+    for table in TABLES:
+        lines = build_lines(table, paper, results)
+        tests = paired_tests(table, results)
+        head = header(preset, table, results, lines)
+        rendered[f"{table}.md"] = render_markdown(table, paper, lines, tests, head)
+        rendered[f"{table}.tex"] = render_latex(table, paper, lines, tests, head)
+    return rendered

@@ -1,0 +1,121 @@
+"""Markdown tables of the vision experiments from their results (``results/vision/``, one file per
+run with payload ``{table, row, label, summary}``): mean ± std over seeds of top-1, top-5 and the
+many / medium / few-shot accuracies, the paper's value beside ours where it has one, and the
+per-class accuracy. A paper table is matched to a vision table by its ``vision_table`` field in
+``results/paper/*.yaml``; its row order is the table's order, other rows follow by id."""
+from __future__ import annotations
+
+from topklab.report.stats import mean_std
+from topklab.utils.errors import TopklabError
+
+METRICS = ("top1", "top5", "many", "medium", "few")
+METRIC_NAMES = {"top1": "top-1", "top5": "top-5", "many": "many", "medium": "medium", "few": "few"}
+
+
+def by_table(results: list[dict]) -> dict[str, dict[str, list[dict]]]:
+    """``{table: {row: [result, ...]}}`` in the order the results come (one result per seed).
+
+    Examples
+    --------
+    >>> by_table([{"result": {"table": "t", "row": "a"}}])
+    {'t': {'a': [{'result': {'table': 't', 'row': 'a'}}]}}
+    """
+    tables: dict[str, dict[str, list[dict]]] = {}
+    for result in results:
+        tables.setdefault(result["result"]["table"], {}).setdefault(result["result"]["row"], []).append(result)
+    return tables
+
+
+def cell(values) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "—"
+    mean, std = mean_std(values)
+    return f"{mean:.2f} ± {std:.2f}"
+
+
+def selected_test(summary: dict, metric: str):
+    """The test value of ``metric`` at the epoch selected for it (per-metric selection, as
+    difftopk reports), else at the run's primary selection."""
+    selection = summary.get("selection", {})
+    if metric in selection:
+        return selection[metric]["test"]
+    return summary["metrics"]["test"].get(metric)
+
+
+def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | None = None) -> str:
+    """Markdown for one vision table.
+
+    Parameters
+    ----------
+    name : the table id (payload ``table``)
+    rows : ``{row: [result, ...]}`` of that table (:func:`by_table`)
+    paper : ``{"caption", "note", "rows": {row: {metric: value}}}`` from results/paper, or None
+
+    Examples
+    --------
+    >>> text = render_vision_table("fmnistlt", by_table(read_results("results/vision"))["fmnistlt"])  # doctest: +SKIP
+    """
+    published = (paper or {}).get("rows", {})
+    present = [r for r in published if r in rows] + sorted(set(rows) - set(published))
+    if not present:
+        raise TopklabError(f"no results for the {name} table; run its rows first (README, vision)")
+    runs = [r for row in present for r in rows[row]]
+    first = runs[0]
+    labels = {row: rows[row][0]["result"]["label"] for row in present}
+    commands = sorted({r["command"] for r in runs})
+    shas = sorted({str(r["provenance"].get("git", {}).get("sha", "?"))[:10] for r in runs})
+    trainer = first["config"]["trainer"]
+    lines = [f"# {name}: test accuracy (%), mean ± std over seeds", ""]
+    if paper:
+        lines += [f"Paper: {paper['caption']}." + (f" {paper['note']}" if paper.get("note") else ""), ""]
+    lines += [
+        f"Each row: `python train.py vision={name}/<row> seed=<k>` ({trainer['epochs']} epochs, batch "
+        f"{trainer['batch_size']}, test numbers from the best-validation epoch of "
+        f"{', '.join(trainer['select_metrics'])}); code {', '.join(shas)}. Then `python scripts/make_tables.py`.  ",
+        f"Commands: {'; '.join(f'`{c}`' for c in commands[:3])}{' …' if len(commands) > 3 else ''}.  ",
+        "Many / medium / few: classes with more than 100, 20–100, fewer than 20 training images "
+        "(mean of their per-class accuracies).", "",
+    ]
+    has_paper = any(published.get(r) for r in present)
+    head = ["row", "seeds"] + [METRIC_NAMES[m] for m in METRICS] + (["paper top-1", "paper top-5"] if has_paper else [])
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in present:
+        summaries = [r["result"]["summary"] for r in rows[row]]
+        cells = [labels[row], str(len(summaries))] + [cell(selected_test(s, m) for s in summaries) for m in METRICS]
+        if has_paper:
+            values = published.get(row, {})
+            cells += [f"{values[m]:.2f}" if m in values else "—" for m in ("top1", "top5")]
+        lines.append("| " + " | ".join(cells) + " |")
+    counts = first["result"]["summary"].get("class_counts")
+    if counts and len(counts) <= 20:
+        lines += ["", "Per-class test accuracy (%), mean over seeds; training images per class in the header.", "",
+                  "| row | " + " | ".join(f"{c} ({n})" for c, n in enumerate(counts)) + " |",
+                  "|---|" + "---|" * len(counts)]
+        for row in present:
+            per_class = [[r["result"]["summary"]["metrics"]["test"]["per_class"][c] for r in rows[row]]
+                         for c in range(len(counts))]
+            lines.append(f"| {labels[row]} | " + " | ".join(
+                f"{mean_std([v for v in values if v is not None])[0]:.1f}" if any(v is not None for v in values) else "—"
+                for values in per_class) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_vision(results: list[dict], papers: list[dict]) -> dict[str, str]:
+    """``{"<table>.md": text}`` for every vision table with results.
+
+    Parameters
+    ----------
+    results : every vision result (``read_results(results/"vision", "vision")``)
+    papers : the loaded ``results/paper/*.yaml`` files; a top-level entry with ``vision_table: <table>``
+        gives that table's caption, note, row order and published values
+
+    Examples
+    --------
+    >>> sorted(render_vision(read_results("results/vision", "vision"), []))  # doctest: +SKIP
+    ['fmnistlt.md']
+    """
+    specs = {spec["vision_table"]: spec for paper in papers for spec in paper.values()
+             if isinstance(spec, dict) and "vision_table" in spec}
+    return {f"{name.replace('/', '_')}.md": render_vision_table(name, rows, specs.get(name))
+            for name, rows in sorted(by_table(results).items())}
