@@ -53,7 +53,8 @@ def main() -> None:
 
     import topklab  # noqa: F401  (torchvision shim)
     from topklab.data.vision import DeviceLoader, TorchvisionLoader
-    from topklab.utils.io import atomic_write_json, atomic_write_text
+    from topklab.report import make_result, write_result
+    from topklab.utils.io import atomic_write_text
     from topklab.utils.provenance import collect, hardware
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -85,9 +86,9 @@ def main() -> None:
     kind = "cuda" if device.type == "cuda" else "cpu"
     command = " ".join(["python", "scripts/bench_loader.py", *sys.argv[1:]])
     out_dir = Path(args.out_dir)
-    atomic_write_json(out_dir / f"loader_{kind}.json", {"results": rows, "ratio": ratio, "images": args.images,
-                                                         "batch_size": args.batch_size, "epochs": args.epochs,
-                                                         "command": command, "provenance": collect(ROOT)})
+    write_result(out_dir / f"loader_{kind}.json", make_result(
+        "bench", f"loader_{kind}", {"results": rows, "ratio": ratio}, command=command,
+        config={"images": args.images, "batch_size": args.batch_size, "epochs": args.epochs}, provenance=collect(ROOT)))
     lines = [f"# Vision data paths: images/s ({kind}: {where})", "", f"Produced by: `{command}`.  ",
              f"{args.images:,} CIFAR-sized uint8 images, batch {args.batch_size}, random crop 32/4 + flip + normalise, "
              f"delivered on `{device}`; {args.epochs} timed epoch(s) after one warm-up epoch.", "",

@@ -174,7 +174,8 @@ def main() -> None:
     if not 1 <= args.min_exp <= args.max_exp <= 9:
         print(f"error: need 1 <= --min-exp <= --max-exp <= 9, got {args.min_exp}, {args.max_exp}", file=sys.stderr)
         raise SystemExit(2)
-    from topklab.utils.io import atomic_write_json, atomic_write_text
+    from topklab.report import make_result, write_result
+    from topklab.utils.io import atomic_write_text
     from topklab.utils.provenance import collect, hardware
 
     results = []
@@ -198,8 +199,11 @@ def main() -> None:
     device = "cuda" if args.device.startswith("cuda") else "cpu"
     machine = hardware()
     label = ", ".join(machine["gpus"]) if device == "cuda" else (machine.get("processor") or machine["machine"])
-    atomic_write_json(out_dir / f"topk_{device}.json", {
-        "results": results, "command": " ".join(["python", *sys.argv]), "provenance": collect(ROOT)})
+    settings = {"device": args.device, "min_exp": args.min_exp, "max_exp": args.max_exp, "min_time": args.min_time,
+                "threads": args.threads}
+    write_result(out_dir / f"topk_{device}.json", make_result(
+        "bench", f"topk_{device}", {"results": results}, command=" ".join(["python", *sys.argv]), config=settings,
+        provenance=collect(ROOT)))
     atomic_write_text(out_dir / f"topk_{device}.md", render(results, device, f"{label}, {machine['cpu_count']} cores, {args.threads or machine['torch_threads']} torch threads"))
     plot(results, out_dir / f"topk_{device}.png", device)
     ns = sorted({r["n"] for r in results})

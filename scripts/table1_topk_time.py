@@ -24,7 +24,7 @@ import yaml  # noqa: E402
 
 from topklab.bench.topk_sum import (bubble_sort_topk_sum, heap_sort_topk_sum, lambda_iteration,  # noqa: E402
                                     sort_topk_sum)
-from topklab.utils.io import atomic_write_json  # noqa: E402
+from topklab.report import make_result, write_result  # noqa: E402
 from topklab.utils.provenance import collect  # noqa: E402
 
 ALGORITHMS = {
@@ -85,10 +85,11 @@ def main() -> None:
         published = f"paper {paper[name][0]:.4f} ± {paper[name][1]:.4f} s" if name in paper else "paper: not reported"
         print(f"{name:>14}: ours {rows[name]['mean']:.4f} ± {rows[name]['std']:.4f} s, {published} "
               f"({rows[name]['level']})")
-    result = {"n": args.n, "k": args.k, "runs": args.runs, "seed": args.seed, "lr": args.lr, "delta": args.delta,
-              "tol": args.tol, "threads": 1, "algorithms": rows, "order": names, "command": " ".join(["python", *sys.argv]),
-              "provenance": collect(ROOT)}
-    print(f"wrote {atomic_write_json(args.out, result)}")
+    settings = {"n": args.n, "k": args.k, "runs": args.runs, "seed": args.seed, "lr": args.lr, "delta": args.delta,
+                "tol": args.tol, "threads": 1}
+    result = make_result("bench", "table1", {"algorithms": rows, "order": names}, command=" ".join(["python", *sys.argv]),
+                         config=settings, provenance=collect(ROOT))
+    print(f"wrote {write_result(args.out, result)}")
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def test_fmnistlt_run_writes_record_profile_and_selects_best_validation(compose_
     indices = json.loads((run_dir / "indices.json").read_text())
     assert len(indices["longtail"]) == sum(summary["data"]["class_counts"]) and len(indices["val"]) == 50
     result = json.loads((tmp_path / "result.json").read_text())
-    assert result["summary"]["metrics"]["test"]["top1"] == test["top1"]
+    assert result["family"] == "vision" and result["result"]["summary"]["metrics"]["test"]["top1"] == test["top1"]
     assert "paths" not in result["config"] and result["provenance"]["seeds"]["seed"] == 0
 
 
@@ -115,8 +115,8 @@ def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnis
     assert not interrupted.exists()
     resumed = subprocess.run(command, env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
-    a = json.loads(reference.read_text())["summary"]
-    b = json.loads(interrupted.read_text())["summary"]
+    a = json.loads(reference.read_text())["result"]["summary"]
+    b = json.loads(interrupted.read_text())["result"]["summary"]
     assert b["metrics"] == a["metrics"]
     assert (b["best_epoch"], b["steps"], b["lambda"]) == (a["best_epoch"], a["steps"], a["lambda"])
 

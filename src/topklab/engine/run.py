@@ -16,8 +16,9 @@ from topklab.engine.checkpoint import CheckpointStore, run_key
 from topklab.engine.objective import Objective, TrainingModule
 from topklab.engine.record import RunRecord
 from topklab.losses.k import resolve_k
+from topklab.report import make_result
+from topklab.report import write_result as write_envelope
 from topklab.utils.errors import NonFiniteLossError, TopklabError
-from topklab.utils.io import atomic_write_json
 from topklab.utils.provenance import portable_config
 from topklab.utils.seed import seed_everything
 
@@ -113,13 +114,16 @@ def optimized_value(cfg: DictConfig, summary: dict) -> float:
 
 
 def write_result(cfg: DictConfig, summary: dict, record: RunRecord) -> Path:
-    """The run's compact, portable result (summary, config without machine paths, provenance and
-    the command) at ``cfg.result_file``, written atomically; what results tables are made from."""
+    """The run's compact, portable result at ``cfg.result_file`` (``results/vision/<table>/<row>/
+    seed<k>.json`` for an experiment row): the summary, the config without machine paths, the
+    provenance and the command, in :mod:`topklab.report.schema`'s envelope, written atomically."""
+    path = Path(cfg.result_file)
+    table, row = path.parent.parent.name, path.parent.name
     portable_summary = {k: v for k, v in summary.items() if k != "logger_id"}  # a CSV logger's id is a path
-    return atomic_write_json(cfg.result_file, {
-        "command": "python " + " ".join(Path(a).name if i == 0 else a for i, a in enumerate(sys.argv)),
-        "config": portable_config(cfg), "summary": portable_summary, "provenance": record.provenance(),
-    })
+    payload = {"table": table, "row": row, "label": cfg.get("row") or row, "summary": portable_summary}
+    command = "python " + " ".join(Path(a).name if i == 0 else a for i, a in enumerate(sys.argv))
+    return write_envelope(path, make_result("vision", f"{table}/{row}", payload, command=command,
+                                            config=portable_config(cfg), provenance=record.provenance()))
 
 
 def _data_seeds(cfg: DictConfig) -> dict:
