@@ -67,7 +67,7 @@ test-all: setup
 # JOBS>1 runs rows in parallel through Hydra's joblib launcher (one torch thread each).
 PRESET ?= quick
 JOBS   ?= 1
-ROWS   := $(shell ls experiments/stk/*/*.yaml 2>/dev/null | sed 's|experiments/stk/||; s|\.yaml$$||' | paste -sd, -)
+ROWS   := $(shell ls configs/experiment/stk/table*/*.yaml 2>/dev/null | sed 's|configs/experiment/||; s|\.yaml$$||' | paste -sd, -)
 reproduce-tabular: setup
 ifeq ($(JOBS),1)
 	$(PY) scripts/reproduce_tabular.py preset=$(PRESET)
@@ -93,7 +93,7 @@ reproduce-synthetic: setup
 # a rerun resumes from the checkpoints.
 FMNISTLT_ROWS := fmnistlt/ce,fmnistlt/la,fmnistlt/la_atk,fmnistlt/la_stk,fmnistlt/topk_ce
 reproduce-fmnistlt: setup data
-	OMP_NUM_THREADS=1 $(PY) train.py -m vision=$(FMNISTLT_ROWS) seed=0,1,2 hydra/launcher=joblib hydra.launcher.n_jobs=2
+	OMP_NUM_THREADS=1 $(PY) train.py -m experiment=$(FMNISTLT_ROWS) seed=0,1,2 hydra/launcher=joblib hydra.launcher.n_jobs=2
 
 # STk Table 1 (top-5 of 10,000, 50 runs) into results/synthetic/table1.json (a few minutes).
 table1: setup

@@ -1,9 +1,9 @@
 """Reproduce the STk paper's tabular Tables 3, 4 and 6 by its protocol (one row per file under
-experiments/stk/), storing one JSON per cell under results/tabular/<preset>/.
+configs/experiment/stk/table*/), storing one JSON per cell under results/tabular/<preset>/.
 
     python scripts/reproduce_tabular.py                          # quick preset, every row
-    python scripts/reproduce_tabular.py preset=full row=table3/australian
-    python scripts/reproduce_tabular.py -m preset=full row=table3/german,table3/phoneme \\
+    python scripts/reproduce_tabular.py preset=full row=stk/table3/australian
+    python scripts/reproduce_tabular.py -m preset=full row=stk/table3/german,stk/table3/phoneme \\
         hydra/launcher=joblib hydra.launcher.n_jobs=2 threads=1   # rows in parallel
 
 Rerunning skips stored cells; a killed run loses at most the cell in progress.
@@ -19,7 +19,7 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from topklab.cli import check_group_choices, config_groups, fail  # noqa: E402
-from topklab.protocol.reproduce import load_rows, reproduce  # noqa: E402
+from topklab.protocol.reproduce import reproduce, select_rows  # noqa: E402
 from topklab.utils.errors import TopklabError  # noqa: E402
 
 
@@ -40,9 +40,9 @@ def preflight(argv: list[str]) -> None:
         key, _, value = arg.lstrip("+~").partition("=")
         if key in train_groups:
             raise TopklabError(f"{key}= is a train.py option; rows choose datasets and losses here "
-                               f"(row=table3/<dataset>, aggregates=[...])")
+                               f"(row=stk/table3/<dataset>, aggregates=[...])")
         if key == "row" and value != "all":
-            load_rows(ROOT / "experiments" / "stk", [v.strip() for v in value.strip("[]").split(",")])
+            select_rows(ROOT / "configs", [v.strip() for v in value.strip("[]").split(",")])
     check_group_choices(args, ROOT / "configs", exclude=("hydra",))
 
 

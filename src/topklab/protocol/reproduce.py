@@ -1,5 +1,9 @@
-"""Run the cells of the STk paper's tabular tables (``scripts/reproduce_tabular.py``): each row
-file under ``experiments/stk/`` names a table, a dataset, its individual losses and aggregates."""
+"""Run the cells of the STk paper's tabular tables (``scripts/reproduce_tabular.py``): rows ×
+columns × grid × splits → population executor → selection → cell store. Each row is an
+``experiment=stk/table<N>/<dataset>`` config whose ``cells`` name the table and its columns
+(individual losses × aggregates); every cell's config is composed by Hydra from the row and the
+column, so the dataset, individual loss and aggregate are exactly what ``train.py`` would build.
+Needs an initialised Hydra (the script's ``@hydra.main``, or ``initialize_config_dir`` in tests)."""
 from __future__ import annotations
 
 import sys
@@ -12,12 +16,10 @@ from tqdm import tqdm
 from topklab.protocol.cell import Cell, Protocol, run_cell
 from topklab.protocol.grid import Grid
 from topklab.protocol.store import CellStore
-from topklab.train.run import build
+from topklab.cli import config_groups
+from topklab.engine.build import build, compose_run
 from topklab.utils.errors import TopklabError
 from topklab.utils.provenance import collect
-
-ROW_FIELDS = {"table", "dataset", "individual", "aggregates"}
-
 
 def describe(selected: dict) -> str:
     """``k=0.5, C=100, lr=0.1, delta=0.01``; k prints as given, so 1 (one sample) and 1.0 (all) differ."""
@@ -25,23 +27,20 @@ def describe(selected: dict) -> str:
                      for name, value in selected.items() if name != "index")
 
 
-def load_rows(experiments_dir: Path, rows) -> list[DictConfig]:
-    """The row configs named by ``rows`` ("all" or a list of ``table3/australian``-style names)."""
-    available = {p.relative_to(experiments_dir).with_suffix("").as_posix(): p
-                 for p in sorted(experiments_dir.glob("*/*.yaml"))}
-    if not available:
-        raise TopklabError(f"no row configs under {experiments_dir}; run from the repository root")
-    names = list(available) if rows == "all" else [rows] if isinstance(rows, str) else list(rows)
-    out = []
+def tabular_rows(config_dir: Path) -> list[str]:
+    """The tabular paper rows: ``experiment`` options under ``stk/table*`` that list cells."""
+    return [row for row in config_groups(config_dir)["experiment"]
+            if row.startswith("stk/table") and not row.rsplit("/", 1)[-1].startswith("_")]
+
+
+def select_rows(config_dir: Path, rows) -> list[str]:
+    """The rows named by ``rows`` ("all", one ``stk/table3/australian`` id, or a list of them)."""
+    available = tabular_rows(config_dir)
+    names = available if rows == "all" else [rows] if isinstance(rows, str) else list(rows)
     for name in names:
         if name not in available:
             raise TopklabError(f"unknown row {name!r}; choose from: {', '.join(available)} (or all)")
-        row = OmegaConf.load(available[name])
-        missing = ROW_FIELDS - set(row)
-        if missing:
-            raise TopklabError(f"{available[name]}: missing field(s) {', '.join(sorted(missing))}")
-        out.append(row)
-    return out
+    return names
 
 
 def protocol_from(preset: DictConfig) -> Protocol:
@@ -62,38 +61,26 @@ def as_list(value) -> list | None:
     return [value] if isinstance(value, str) else list(value)
 
 
-def group_config(config_dir: Path, group: str, option: str, paths: DictConfig) -> DictConfig:
-    path = config_dir / group / f"{option}.yaml"
-    if not path.exists():
-        choices = ", ".join(sorted(p.stem for p in (config_dir / group).glob("*.yaml")))
-        raise TopklabError(f"unknown {group} {option!r}; choose one of: {choices}")
-    node = OmegaConf.load(path)
-    node.pop("defaults", None)
-    return OmegaConf.merge({"paths": paths}, {group: node})[group]
-
-
 def reproduce(cfg: DictConfig) -> list[dict]:
     """Train every cell of the selected rows that the results directory lacks; return all records
     of the selected rows (stored or new)."""
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
-    config_dir = Path(cfg.config_dir)
     protocol = protocol_from(cfg.preset)
     store = CellStore(cfg.results_dir)
-    plan = []  # (cell, dataset config, individual config, fingerprint extras)
-    for row in load_rows(Path(cfg.experiments_dir), cfg.row):
-        dataset_cfg = group_config(config_dir, "dataset", row.dataset, cfg.paths)
-        wanted = as_list(cfg.aggregates)
-        aggregates = [a for a in row.aggregates if wanted is None or a in wanted]
-        for individual in row.individual:
-            individual_cfg = group_config(config_dir, "individual", individual, cfg.paths)
-            for aggregate in aggregates:
-                cell = Cell(row.table, row.dataset, individual, aggregate)
+    wanted = as_list(cfg.aggregates)
+    plan = []  # (cell, composed config of the cell, fingerprint extras)
+    for row in select_rows(Path(cfg.config_dir), cfg.row):
+        cells = compose_run([f"experiment={row}"]).cells
+        for individual in cells.individual:
+            for aggregate in (a for a in cells.loss if wanted is None or a in wanted):
+                cell_cfg = compose_run([f"experiment={row}", f"individual={individual}", f"loss={aggregate}"])
+                cell = Cell(cells.table, cell_cfg.row, individual, aggregate)
                 protocol.grid.combos(aggregate)  # unknown aggregate names fail before any training
                 # unresolved, so that machine-specific paths do not enter the fingerprint
-                settings = {"dataset": OmegaConf.to_container(dataset_cfg, resolve=False),
-                            "individual": OmegaConf.to_container(individual_cfg, resolve=False)}
-                plan.append((cell, dataset_cfg, individual_cfg, settings))
+                settings = {"dataset": OmegaConf.to_container(cell_cfg.dataset, resolve=False),
+                            "individual": OmegaConf.to_container(cell_cfg.individual, resolve=False)}
+                plan.append((cell, cell_cfg, settings))
 
     unused = set(as_list(cfg.aggregates) or []) - {c.aggregate for c, *_ in plan}
     if unused:
@@ -103,17 +90,17 @@ def reproduce(cfg: DictConfig) -> list[dict]:
     def fingerprint(cell, settings):
         return {"protocol": protocol.fingerprint(cell.aggregate), **settings}
 
-    todo = [p for p in plan if not store.is_done(p[0], fingerprint(p[0], p[3]))]
+    todo = [p for p in plan if not store.is_done(p[0], fingerprint(p[0], p[2]))]
     trainings = sum(len(protocol.grid.combos(c.aggregate)) * protocol.n_splits for c, *_ in todo)
     print(f"{len(plan) - len(todo)} of {len(plan)} cells already in {store.root}; "
           f"{len(todo)} to train ({trainings} trainings)")
     provenance = collect(cfg.paths.root_dir) if todo else None
     command = " ".join(["python", *sys.argv])
     with tqdm(total=trainings, unit="training", disable=not cfg.progress, smoothing=0.05) as bar:
-        for cell, dataset_cfg, individual_cfg, settings in todo:
+        for cell, cell_cfg, settings in todo:
             bar.set_description(cell.key)
-            dataset = build(dataset_cfg, "dataset")
-            individual = build(individual_cfg, "individual")
+            dataset = build(cell_cfg.dataset, "dataset")
+            individual = build(cell_cfg.individual, "individual")
             record = run_cell(cell, dataset, individual, protocol, settings=settings, on_retire=bar.update)
             record["preset"] = cfg.preset.name
             record["command"] = command
