@@ -5,9 +5,11 @@
     python train.py loss=stk dataset=cifar100lt      # image recipe: ResNet-32, logit-adjusted CE, SGD
     python train.py -m loss=average,atk,matk,stk     # sweep
     python train.py experiment=fmnistlt/la_stk       # a row of a results table
+    torchrun --nproc_per_node 2 train.py ...         # DistributedDataParallel, one process per GPU
 """
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -38,7 +40,18 @@ def main(cfg: DictConfig) -> float:
     return value
 
 
+def quiet_rank_overrides() -> list[str]:
+    """Under torchrun, ranks other than 0 keep Hydra's run directory and logs out of outputs/:
+    the main rank writes the run's one record."""
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        return []
+    return ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled",
+            f"hydra.run.dir={tempfile.gettempdir()}/topklab-rank{rank}"]
+
+
 if __name__ == "__main__":
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # CUDA checks must not start CUDA before a sweep job is pinned to its GPU
     preflight(sys.argv[1:], ROOT / "configs")
+    sys.argv += quiet_rank_overrides()
     main()

@@ -1,12 +1,15 @@
-"""Model-steps per second of the population trainer against the plain per-model loop, same work.
+"""Model-steps per second of the population executor against the per-model engine, same work.
 
-    .venv/bin/python scripts/bench_population.py [--dataset australian] [--preset full] [--members 1320]
+    .venv/bin/python scripts/bench_population.py [--dataset australian] [--preset full] [--members 5280]
 
-Both train the same kind of member (2-layer MLP, AdaGrad, STk; batch size and validation interval
-from configs/preset/<preset>.yaml) for the same number of epochs with early stopping disabled, so
-every member does the same steps. The loop times ``--loop-members`` members one by one; the
-population trains ``--members`` at once (the STk grid spread over ``--splits`` splits).
-Prints both rates, peak RSS after each phase, and last the ratio as ``speedup: N``.
+Both train the same kind of member (2-layer MLP, AdaGrad, STk, logistic loss; batch size and
+validation interval from configs/preset/<preset>.yaml) for the same number of epochs with early
+stopping disabled, so every member does the same steps. The per-model engine
+(:class:`topklab.engine.Engine`) trains ``--loop-members`` members one by one; the population
+executor trains ``--members`` at once (the STk grid spread over ``--splits`` splits), in both
+layouts: ``gathered`` (each member gathers its own batch; what the tabular tables use) and
+``grouped`` (members of a split share its batch). Prints the rates, peak RSS after each phase,
+and last the gathered population's ratio to the engine as ``speedup: N``.
 """
 from __future__ import annotations
 
@@ -26,10 +29,15 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from topklab.losses import Logistic, STk  # noqa: E402
+from topklab.engine import Engine  # noqa: E402
+from topklab.engine.functional_optim import Adagrad  # noqa: E402
+from topklab.engine.objective import Objective, TrainingModule  # noqa: E402
+from topklab.engine.population import Gathered, Grouped, Members, Metric, PopulationExecutor  # noqa: E402
+from topklab.engine.stacked import StackedMLP  # noqa: E402
+from topklab.losses import Logistic, STk, build_aggregate  # noqa: E402
 from topklab.models import MLP  # noqa: E402
-from topklab.population import Members, PopulationTrainer  # noqa: E402
-from topklab.train.tabular import TabularTrainer, trainable_parameters  # noqa: E402
+from topklab.tasks import TabularTask  # noqa: E402
+from topklab.tasks.metrics import TASK_METRIC  # noqa: E402
 
 
 def peak_rss_mb() -> float:
@@ -61,34 +69,44 @@ def main() -> None:
     preset = OmegaConf.load(ROOT / "configs" / "preset" / f"{args.preset}.yaml")
     splits = [dataset.splits(s) for s in range(args.splits)]
     members = grid_members(args.members, args.splits)
-    no_stop = dict(max_epochs=args.epochs, batch_size=preset.batch_size, eval_every=preset.eval_every,
-                   patience=10**9, min_delta=preset.min_delta)
+    task = splits[0].task
 
     start = time.perf_counter()
     loop_steps = 0
+    engine = Engine(epochs=args.epochs, batch_size=preset.batch_size, drop_last=True,
+                    eval_every_steps=preset.eval_every, validate_at_start=True, patience=None,
+                    min_delta=preset.min_delta, final_splits=("train", "val", "test"), device="cpu", checkpoint=False,
+                    resume=False, progress=False)
     for m in range(args.loop_members):
         torch.manual_seed(members.seed[m])
         model, loss = MLP(splits[0].n_features), STk(members.k[m], delta=members.delta[m])
-        optimizer = torch.optim.Adagrad(trainable_parameters(model, loss), lr=members.lr[m])
-        trainer = TabularTrainer(l2_C=members.l2_C[m], **no_stop)
-        result = trainer.fit(model, Logistic(), loss, optimizer, splits[members.split[m]],
-                             torch.Generator().manual_seed(members.seed[m]))
-        loop_steps += result["steps"]
+        module = TrainingModule(model, Objective(Logistic(), loss, l2_C=members.l2_C[m]))
+        optimizer = torch.optim.Adagrad(module.parameters(), lr=members.lr[m])
+        summary = engine.fit(module, optimizer, splits[members.split[m]], TabularTask(task), members.seed[m])
+        loop_steps += summary["steps"]
     loop_rate = loop_steps / (time.perf_counter() - start)
     loop_rss = peak_rss_mb()
 
-    start = time.perf_counter()
-    result = PopulationTrainer("stk", Logistic(), **no_stop).fit(splits, members)
-    pop_seconds = time.perf_counter() - start
-    pop_rate = int(result["steps"].sum()) / pop_seconds
+    rates = {}
+    for layout in (Gathered, Grouped):
+        executor = PopulationExecutor(build_aggregate("stk"), Logistic(), StackedMLP(splits[0].n_features), Adagrad(),
+                                      Metric(*TASK_METRIC[task], higher_is_better=False), max_epochs=args.epochs,
+                                      batch_size=preset.batch_size, eval_every=preset.eval_every, patience=None,
+                                      min_delta=preset.min_delta, layout=layout)
+        start = time.perf_counter()
+        result = executor.fit(splits, members)
+        seconds = time.perf_counter() - start
+        rates[layout.__name__] = (int(result["steps"].sum()) / seconds, peak_rss_mb(), seconds)
 
     print(f"dataset {args.dataset}: {len(splits[0].y_train)} training rows, {args.epochs} epochs, batch "
           f"{preset.batch_size}, validation every {preset.eval_every} steps (preset {args.preset}), "
           f"{torch.get_num_threads()} threads")
-    print(f"per-model loop : {args.loop_members:6d} members {loop_rate:12.0f} model-steps/s  peak RSS {loop_rss:8.0f} MB")
-    print(f"population     : {args.members:6d} members {pop_rate:12.0f} model-steps/s  peak RSS {peak_rss_mb():8.0f} MB"
-          f"  ({pop_seconds:.1f} s)")
-    print(f"speedup: {pop_rate / loop_rate:.1f}")
+    print(f"per-model engine      : {args.loop_members:6d} members {loop_rate:12.0f} model-steps/s  "
+          f"peak RSS {loop_rss:8.0f} MB")
+    for name, (rate, rss, seconds) in rates.items():
+        print(f"population ({name.lower():8s}): {args.members:6d} members {rate:12.0f} model-steps/s  "
+              f"peak RSS {rss:8.0f} MB  ({seconds:.1f} s)")
+    print(f"speedup: {rates['Gathered'][0] / loop_rate:.1f}")
 
 
 if __name__ == "__main__":

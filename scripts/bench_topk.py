@@ -23,16 +23,39 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TOPKLAB_ROOT", str(ROOT))
 
-LOSSES = ["Average", "Maximum", "ATk (sort)", "ATk (topk)", "MATk", "STk"]
-USES_K = {"ATk (sort)", "ATk (topk)", "MATk", "STk"}
+BENCHED = ("average", "maximum", "atk:method=sort", "atk:method=topk", "matk", "stk")  # then any other aggregate
 
 
-def make_loss(name: str, k: int):
-    from topklab.losses import ATk, Average, MATk, Maximum, STk
+def spec_of(entry: str) -> tuple[str, dict]:
+    """``atk:method=sort`` -> ("atk", {"method": "sort"}): a loss config name and field overrides."""
+    name, _, fields = entry.partition(":")
+    return name, dict(field.split("=", 1) for field in fields.split(",") if field)
 
-    return {"Average": lambda: Average(), "Maximum": lambda: Maximum(),
-            "ATk (sort)": lambda: ATk(k, method="sort"), "ATk (topk)": lambda: ATk(k, method="topk"),
-            "MATk": lambda: MATk(k), "STk": lambda: STk(k, delta=0.01)}[name]()
+
+def benched_losses() -> dict[str, tuple[str, bool]]:
+    """Display label -> (spec, whether it takes k) for every aggregate in configs/loss/, the
+    BENCHED ones first ("ATk (sort)" for atk:method=sort)."""
+    from topklab.losses import aggregate_class, aggregate_names
+
+    named = {e.split(":")[0] for e in BENCHED}
+    labels = {}
+    for entry in (*BENCHED, *(name for name in aggregate_names() if name not in named)):
+        name, fields = spec_of(entry)
+        cls = aggregate_class(name)
+        suffix = f" ({', '.join(fields.values())})" if fields else ""
+        labels[cls.__name__ + suffix] = (entry, "k" in cls.hyperparameters)
+    return labels
+
+
+LOSSES = benched_losses()
+USES_K = {label for label, (_, uses_k) in LOSSES.items() if uses_k}
+
+
+def make_loss(label: str, k: int):
+    from topklab.losses import build_aggregate
+
+    name, fields = spec_of(LOSSES[label][0])
+    return build_aggregate(name, **({"k": k} if label in USES_K else {}), **fields)
 
 
 def current_rss_bytes() -> int:

@@ -14,17 +14,12 @@ os.environ.setdefault("TOPKLAB_ROOT", str(ROOT))
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from topklab.cli import fail  # noqa: E402
 from topklab.synthetic.experiment import run  # noqa: E402
-from topklab.utils.errors import TopklabError  # noqa: E402
 
 
 @hydra.main(config_path="../configs", config_name="reproduce_synthetic", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    try:
-        run(cfg)
-    except TopklabError as err:
-        fail(err)
+    run(cfg)  # a TopklabError is printed as one line (exit 2) by Hydra's job callback (topklab.launch)
 
 
 if __name__ == "__main__":

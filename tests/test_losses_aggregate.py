@@ -6,7 +6,10 @@ import torch
 
 import topklab.losses.aggregate.atk
 import topklab.losses.aggregate.average
+import topklab.losses.aggregate.base
 import topklab.losses.aggregate.maximum
+import topklab.losses.aggregate.registry
+import topklab.losses.aggregate.srelu_mean
 import topklab.losses.aggregate.thresholded
 import topklab.losses.smoothing
 from topklab.losses import ATk, Average, MATk, Maximum, STk
@@ -261,7 +264,8 @@ def test_fraction_rounding():
 
 @pytest.mark.parametrize("module", [
     topklab.losses.aggregate.atk, topklab.losses.aggregate.average, topklab.losses.aggregate.maximum,
-    topklab.losses.aggregate.thresholded, topklab.losses.smoothing,
+    topklab.losses.aggregate.thresholded, topklab.losses.smoothing, topklab.losses.aggregate.base,
+    topklab.losses.aggregate.registry, topklab.losses.aggregate.srelu_mean,
 ])
 def test_docstring_examples(module):
     result = doctest.testmod(module, extraglobs={"torch": torch})
@@ -290,27 +294,90 @@ def test_p_k_validation(p_k, error, match):
 
 # ---------- the fused SReLU mean inside STk ----------
 
-@pytest.mark.parametrize("delta", [1e-4, 0.01, 0.5])
-def test_srelu_mean_matches_elementwise_formula(delta):
+def test_srelu_mean_matches_elementwise_formula_row_by_row():
     from topklab.losses.aggregate.srelu_mean import srelu_mean
 
-    losses = (torch.randn(301, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) * 3).requires_grad_()
-    lam = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    g = torch.Generator().manual_seed(3)
+    losses = (torch.randn(3, 301, dtype=torch.float64, generator=g) * 3).requires_grad_()
+    lam = torch.tensor([0.7, -0.2, 1.5], dtype=torch.float64, requires_grad=True)
+    delta = torch.tensor([1e-4, 0.01, 0.5], dtype=torch.float64)
     fused = srelu_mean(losses, lam, delta)
-    reference = srelu(losses - lam, delta).mean()
-    assert fused.item() == pytest.approx(reference.item(), rel=1e-12, abs=1e-14)
-    fused_grads = torch.autograd.grad(fused, (losses, lam))
-    reference_grads = torch.autograd.grad(reference, (losses, lam))
+    reference = torch.stack([srelu(losses[p] - lam[p], float(delta[p])).mean() for p in range(3)])
+    torch.testing.assert_close(fused, reference, rtol=1e-12, atol=1e-14)
+    weights = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)  # distinct upstream gradients per row
+    fused_grads = torch.autograd.grad((fused * weights).sum(), (losses, lam))
+    reference_grads = torch.autograd.grad((reference * weights).sum(), (losses, lam))
     for got, want in zip(fused_grads, reference_grads):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-14)
+
+
+def test_gradcheck_srelu_mean_batched():
+    from topklab.losses.aggregate.srelu_mean import srelu_mean
+
+    losses = (torch.randn(4, 37, dtype=torch.float64, generator=torch.Generator().manual_seed(5)) * 2).requires_grad_()
+    lam = torch.tensor([0.3, -0.4, 1.1, 0.0], dtype=torch.float64, requires_grad=True)
+    delta = torch.tensor([1e-3, 0.01, 0.1, 0.5], dtype=torch.float64)
     assert torch.autograd.gradcheck(lambda l, t: srelu_mean(l, t, delta), (losses, lam))
 
 
 def test_srelu_mean_refuses_double_backward():
     from topklab.losses.aggregate.srelu_mean import srelu_mean
 
-    losses = torch.rand(5, dtype=torch.float64, requires_grad=True)
-    (grad,) = torch.autograd.grad(srelu_mean(losses, torch.tensor(0.5, dtype=torch.float64), 0.01), losses,
-                                  create_graph=True)
+    losses = torch.rand(1, 5, dtype=torch.float64, requires_grad=True)
+    one = torch.tensor([0.5], dtype=torch.float64)
+    (grad,) = torch.autograd.grad(srelu_mean(losses, one, one / 50).sum(), losses, create_graph=True)
     with pytest.raises(RuntimeError):
         grad.sum().backward()
+
+
+# ---------- one kernel per aggregate: batched rows vs the 1-D module ----------
+
+def _module(name, k, delta, **settings):
+    return {"average": lambda: Average(), "maximum": lambda: Maximum(), "atk": lambda: ATk(k, **settings),
+            "matk": lambda: MATk(k, **settings), "stk": lambda: STk(k, delta=delta, **settings)}[name]()
+
+
+@pytest.mark.parametrize("name,settings", [
+    ("average", {}), ("maximum", {}), ("atk", {}), ("atk", {"method": "sort"}), ("matk", {}),
+    ("matk", {"scale": "atk"}), ("stk", {}), ("stk", {"smoothing": "elu"}), ("stk", {"scale": "atk"}),
+])
+def test_batched_kernel_matches_the_module_row_by_row(name, settings):
+    g = torch.Generator().manual_seed(7)
+    losses = (torch.rand(5, 12, dtype=torch.float64, generator=g) * 3).requires_grad_()
+    k = torch.tensor([1, 3, 6, 12, 7], dtype=torch.float64)
+    lam = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.5], dtype=torch.float64)
+    delta = torch.tensor([0.1, 0.01, 0.05, 0.2, 0.001], dtype=torch.float64)
+    kernel = _module(name, 1, 0.01, **settings).double()
+    batched = kernel.batched(losses, k, lam, delta)
+    (grad_batched,) = torch.autograd.grad(batched.sum(), losses)
+    for row in range(5):
+        module = _module(name, int(k[row]), float(delta[row]), **settings).double()
+        if module.has_threshold:
+            with torch.no_grad():
+                module.lam.fill_(lam[row])
+        value = module(losses[row])
+        assert batched[row].item() == pytest.approx(value.item(), rel=1e-12)
+        (grad_row,) = torch.autograd.grad(value, losses)
+        torch.testing.assert_close(grad_batched[row], grad_row[row], rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("name,axes,threshold", [
+    ("average", (), False), ("maximum", (), False), ("atk", ("k",), False), ("matk", ("k",), True),
+    ("stk", ("k", "delta"), True),
+])
+def test_registry_resolves_loss_configs(name, axes, threshold):
+    from topklab.losses import aggregate_class, build_aggregate
+
+    cls = aggregate_class(name)
+    assert cls.hyperparameters == axes and cls.has_threshold is threshold
+    assert type(build_aggregate(name)) is cls
+
+
+def test_registry_errors_list_the_choices():
+    from topklab.losses import aggregate_class, build_aggregate
+    from topklab.utils.errors import TopklabError
+
+    with pytest.raises(TopklabError, match="unknown aggregate 'atk2'; choose one of: atk, average, matk, maximum, stk"):
+        aggregate_class("atk2")
+    with pytest.raises(TopklabError, match="aggregate 'average' has no field\\(s\\) scale; its fields: none"):
+        build_aggregate("average", scale="atk")

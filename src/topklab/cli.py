@@ -1,95 +1,167 @@
 """Command-line checks run before Hydra starts, so bad input fails fast with one line and
-before any job of a sweep has written anything."""
+before any job of a sweep has written anything.
+
+Overrides are read by Hydra's own parser, so every form Hydra accepts is checked the way Hydra will
+read it: ``key=a,b``, ``range()``, ``glob()``, ``choice()``, ``interval()``, ``+key=``, ``~key``,
+``group@pkg=``. Every value of every swept key is composed once before any job runs."""
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, ValueType
+from hydra.errors import OverrideParseException
+
+import topklab.launch  # noqa: F401  (Hydra's resolver for configs/hydra/launcher/joblib.yaml)
 from topklab.utils.errors import TopklabError
 
-GROUP_OVERRIDE = re.compile(r"^[+~]?([A-Za-z_][\w]*)=(.*)$")
-
-
 TRAIN_EXCLUDED = ("hydra", "local", "preset")  # groups train.yaml does not select from
+GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+CHECKED_FLAGS = {"-m", "--multirun"}  # with any other flag (--help, --cfg, -cn ...) Hydra has the command line
 
 
 def config_groups(config_dir: Path, exclude=TRAIN_EXCLUDED) -> dict[str, list[str]]:
+    """Each config group under ``config_dir`` with its options; an option in a subfolder is named
+    by its path (``stk/table3/australian``). Files starting with ``_`` are parts shared by the
+    rows of a folder, not options."""
     return {
-        group.name: sorted(p.stem for p in group.glob("*.yaml"))
+        group.name: sorted(p.relative_to(group).with_suffix("").as_posix() for p in group.rglob("*.yaml")
+                           if not p.name.startswith("_"))
         for group in sorted(config_dir.iterdir())
         if group.is_dir() and group.name not in exclude
     }
 
 
-def sweep_values(value: str) -> list[str]:
-    """The options of a plain comma sweep (``a,b``); Hydra's function syntax is left to Hydra."""
-    if any(c in value for c in "()[]{}"):
-        return [value]
-    return [v.strip() for v in value.split(",")]
+def parse_overrides(args: list[str]) -> list[Override]:
+    """The command line's overrides as Hydra reads them; one that Hydra cannot read is a one-line
+    :class:`TopklabError`."""
+    parser = OverridesParser.create()
+    return [_parse(parser, arg) for arg in args]
+
+
+def _parse(parser: OverridesParser, arg: str) -> Override:
+    """One override, or a one-line error that names it."""
+    try:
+        return parser.parse_overrides([arg])[0]
+    except OverrideParseException as err:
+        reason = "; ".join(line for line in str(err).splitlines()
+                           if line.strip() != "^" and not line.startswith(("Error parsing", "See ")))
+        raise TopklabError(f"cannot read the override {arg!r} ({reason}); write key=value, see {GRAMMAR}") from None
+
+
+def _element(override: Override, groups: dict) -> list[str]:
+    """``key=value``: the value, as written."""
+    return [override.get_value_element_as_str()]
+
+
+def _sweep(override: Override, groups: dict) -> list[str]:
+    """``a,b``, ``choice()``, ``range()``, ``shuffle()``: every value, as Hydra's sweeper lists them."""
+    return list(override.sweep_string_iterator())
+
+
+def _glob(override: Override, groups: dict) -> list[str]:
+    """``group=glob(...)``: the group's options it matches."""
+    if override.key_or_group not in groups:
+        raise TopklabError(f"{override.input_line}: glob() selects options of a config group; "
+                           f"{override.key_or_group} is none of: {', '.join(groups)}")
+    return override.value().filter(groups[override.key_or_group])
+
+
+def _interval(override: Override, groups: dict) -> list[str]:
+    """``interval(a,b)``: both ends (a sampling sweeper draws between them)."""
+    return [str(override.value().start), str(override.value().end)]
+
+
+VALUES = {  # how each kind of override value lists the values it gives its key
+    ValueType.ELEMENT: _element,
+    ValueType.SIMPLE_CHOICE_SWEEP: _sweep,
+    ValueType.CHOICE_SWEEP: _sweep,
+    ValueType.RANGE_SWEEP: _sweep,
+    ValueType.GLOB_CHOICE_SWEEP: _glob,
+    ValueType.INTERVAL_SWEEP: _interval,
+}
+
+
+def override_values(override: Override, groups: dict[str, list[str]]) -> list[str]:
+    """The values an override gives its key: every value of a sweep (a ``glob()`` matched against the
+    group's options), both ends of an ``interval()``, the one value otherwise, none for ``~key``."""
+    if override.value_type is None:
+        return []
+    values = VALUES[override.value_type](override, groups)
+    if not values:
+        raise TopklabError(f"{override.input_line} gives no values; widen the sweep")
+    return values
 
 
 def check_group_choices(overrides: list[str], config_dir: Path, exclude=TRAIN_EXCLUDED) -> None:
+    """Every option an override chooses for a config group (each value of a sweep) exists."""
     groups = config_groups(config_dir, exclude)
-    for override in overrides:
-        match = GROUP_OVERRIDE.match(override)
-        if not match or match.group(1) not in groups:
+    for override in parse_overrides(overrides):
+        options = groups.get(override.key_or_group)
+        if options is None or override.is_delete():
             continue
-        group, value = match.groups()
-        for option in sweep_values(value):
-            if option not in groups[group]:
+        for option in override_values(override, groups):
+            if option not in options:
                 raise TopklabError(
-                    f"unknown {group} {option!r}; choose one of: {', '.join(groups[group])}"
-                )
+                    f"unknown {override.key_or_group} {option!r}; choose one of: {', '.join(options)}")
 
 
-def sweep_points(overrides: list[str]) -> list[list[str]]:
-    """One override list per value of every swept key (others at their first value): each value
-    is checked once without composing the whole grid."""
-    plain = [o for o in overrides if not o.startswith("hydra")]
-    split = [(o.split("=", 1)[0], sweep_values(o.split("=", 1)[1])) if "=" in o else (o, None) for o in plain]
-    base = [f"{k}={vals[0]}" if vals else k for k, vals in split]
-    points = [base]
-    for i, (key, vals) in enumerate(split):
-        for value in (vals or [])[1:]:
-            points.append(base[:i] + [f"{key}={value}"] + base[i + 1 :])
-    return points
+def sweep_points(overrides: list[Override], groups: dict[str, list[str]]) -> list[list[str]]:
+    """One override list per value of every swept key (the others at their first value): each
+    value is checked once without composing the whole grid."""
+    choices = [[f"{o.get_key_element()}={v}" for v in override_values(o, groups)] or [o.input_line]
+               for o in overrides]
+    base = [values[0] for values in choices]
+    return [base] + [base[:i] + [value] + base[i + 1:] for i, values in enumerate(choices) for value in values[1:]]
 
 
 def check_configs(overrides: list[str], config_dir: Path, multirun: bool) -> None:
-    """Compose the config for each sweep value and construct the cheap objects (loss, trainer,
-    dataset, model, logger) so that wrong types or ranges fail before any job runs."""
+    """Compose the config for each sweep value and construct the cheap objects (loss, engine,
+    dataset, model, logger ...) so that wrong types or ranges fail before any job runs."""
     from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
-    from topklab.train.run import DATA_CONTEXT_KEYS, build, data_context
+    from topklab.engine.build import DATA_CONTEXT_KEYS, build, compose_run, data_context
 
-    points = sweep_points(overrides) if multirun else [[o for o in overrides if not o.startswith("hydra")]]
+    parsed = parse_overrides(overrides)
+    sweeps = [o for o in parsed if o.is_sweep_override() and not o.is_hydra_override()]
+    if sweeps and not multirun:
+        raise TopklabError(f"{sweeps[0].input_line} is a sweep; add -m to run one job per value")
+    settings = [o.input_line for o in parsed if o.is_hydra_override() and not o.is_sweep_override()]
+    task = [o for o in parsed if not o.is_hydra_override()]
+    points = sweep_points(task, config_groups(config_dir))
+    intervals = [o.input_line for o in task if o.is_interval_sweep()]
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         for point in points:
             try:
-                cfg = compose("train", overrides=point)
-            except (HydraException, OmegaConfBaseException) as err:
-                raise TopklabError(" ".join(str(err).split())) from None
-            for group in ("loss", "trainer", "dataset", "logger", "individual", "model"):
-                if not data_context(cfg[group], dict.fromkeys(DATA_CONTEXT_KEYS)):  # the rest is checked once data is read
-                    build(cfg[group], group)
+                cfg = compose_run([*point, *settings])
+            except TopklabError as err:  # Hydra lists its whole search path after a missing config
+                raise TopklabError(str(err).split(" Config search path:")[0]) from None
+            for group in ("loss", "engine", "dataset", "logger", "individual", "model", "task"):
+                node = cfg.get(group)  # None: removed with ~group; data-dependent ones are checked once data is read
+                if node is not None and not data_context(node, dict.fromkeys(DATA_CONTEXT_KEYS)):
+                    build(node, group)
+        sweeper = intervals and compose("train", [*points[0], *settings], return_hydra_config=True).hydra.sweeper
+        if sweeper and sweeper._target_ == BASIC_SWEEPER:
+            raise TopklabError(f"{intervals[0]}: interval() needs a sweeper that samples (e.g. hydra/sweeper=optuna); "
+                               "Hydra's basic sweeper takes a,b, range(), choice() and glob()")
 
 
 def preflight(argv: list[str], config_dir: Path) -> None:
     """Exit with a one-line error (code 2) when the command line asks for something invalid."""
+    flags = {a for a in argv if a.startswith("-")}
+    if flags - CHECKED_FLAGS:
+        return  # --help, --cfg, --info, -cn ... are Hydra's own
     args = [a for a in argv if not a.startswith("-")]
-    multirun = any(a in ("-m", "--multirun") for a in argv)
-    if any(a.startswith("--") and a not in ("--multirun",) for a in argv) or "-h" in argv:
-        return  # --help, --cfg, --info ... are Hydra's own
     try:
         check_group_choices(args, config_dir)
-        check_configs(args, config_dir, multirun)
+        check_configs(args, config_dir, multirun=bool(flags))
     except TopklabError as err:
         fail(err)
 
 
-def fail(err: Exception) -> None:
+def fail(err: Exception | str) -> None:
+    """Print ``error: <err>`` on stderr and exit with code 2."""
     print(f"error: {err}", file=sys.stderr)
     raise SystemExit(2)

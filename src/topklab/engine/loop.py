@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from topklab.engine.checkpoint import CheckpointStore
+from topklab.engine.distributed import Distributed, gather_concat, shard_slice
 from topklab.engine.objective import TrainingModule
 from topklab.engine.profiling import StepProfile, peak_memory_bytes, torch_profiler
 from topklab.engine.schedules import LRFactor
@@ -116,15 +117,26 @@ class Engine:
 
     def fit(self, module: TrainingModule, optimizer: torch.optim.Optimizer, data, task, seed: int,
             on_epoch_end: Callable[[dict], None] = lambda row: None, on_eval: Callable[[dict], None] = lambda row: None,
-            workdir: str | Path | None = None, run_dir: str | Path | None = None, logger_id: str | None = None) -> dict:
-        """Train, select, and score the selected states; returns the run's summary fields."""
+            workdir: str | Path | None = None, run_dir: str | Path | None = None, logger_id: str | None = None,
+            dist: Distributed | None = None) -> dict:
+        """Train, select, and score the selected states; returns the run's summary fields.
+
+        Under ``torchrun`` (``dist`` from :meth:`Distributed.from_env`), every rank draws the same
+        global batch and trains on its contiguous slice with DistributedDataParallel; evaluation
+        outputs are gathered, so every rank computes the same metrics; only the main rank writes
+        checkpoints (see :mod:`topklab.engine.distributed` for what k means under DDP).
+        """
+        dist = dist or Distributed()
         device = resolve_device(self.device_name)
+        if dist.is_distributed and device.type == "cuda":
+            device = dist.device
         channels_last = device.type == "cuda" if self.channels_last == "auto" else bool(self.channels_last)
         amp_dtype = AMP_DTYPES[self.amp]
         select = self.select_metrics or [task.primary]
         signs = {metric: 1.0 if task.higher_is_better(metric) else -1.0 for metric in select}
         module.model.to(device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
         module.objective.to(device)
+        wrapped = dist.wrap(module)
         train_loader = data.train_loader(self.batch_size, self.drop_last, seed, device, channels_last)
         steps_per_epoch = len(train_loader)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, LRFactor(steps_per_epoch=steps_per_epoch,
@@ -140,7 +152,7 @@ class Engine:
                 loaders[split] = data.eval_loader(split, self.eval_batch_size, device, channels_last)
             module.eval()
             with torch.no_grad(), autocast():
-                outputs = torch.cat([module.model(x).float() for x, _ in loaders[split].batches()])
+                outputs = torch.cat([gather_concat(module.model(local(x)).float()) for x, _ in loaders[split].batches()])
             module.train()
             return task.metrics(outputs, data.targets(split))
 
@@ -152,6 +164,10 @@ class Engine:
         trackers = {m: EarlyStopping(torch.tensor([-float("inf")]), self.patience if i == 0 else None, self.min_delta)
                     for i, m in enumerate(select)}
         store = CheckpointStore(workdir) if workdir is not None and self.checkpoint else None
+
+        def local(batch: torch.Tensor) -> torch.Tensor:
+            """This rank's contiguous slice of a global batch (the whole batch in one process)."""
+            return batch[shard_slice(len(batch), dist.rank, dist.world_size)] if dist.is_distributed else batch
         if store is not None and self.resume and store.exists():
             saved = store.load()
             module.load_state_dict(saved["module"])
@@ -180,19 +196,22 @@ class Engine:
                      "lambda": module.objective.threshold})
             return stop
 
-        check_each_step = device.type != "cuda"  # on a GPU a per-step check would synchronise every step
+        check_each_step = device.type != "cuda" and not dist.is_distributed  # no per-step sync on a GPU or across ranks
         running = torch.tensor(state["loss_sum"], dtype=torch.float64, device=device)
 
-        def check_finite(where: str) -> None:
-            if not torch.isfinite(running):
+        def epoch_loss_sum() -> torch.Tensor:
+            return gather_concat(running.view(1)).sum() / dist.world_size if dist.is_distributed else running
+
+        def check_finite(where: str, loss_sum: torch.Tensor) -> None:
+            if not torch.isfinite(loss_sum):
                 raise NonFiniteLossError(
                     f"non-finite loss {where}; lower optim.lr or set engine.amp=none "
                     f"(resume from the last finite checkpoint with engine.resume=true)", last_good_state=snapshot())
 
         def save_checkpoint() -> None:
-            if store is None:
+            if store is None or not dist.is_main:
                 return
-            check_finite(f"before the checkpoint at step {state['step']}")
+            check_finite(f"before the checkpoint at step {state['step']}", running)
             state["loss_sum"] = float(running)
             state["trackers"] = {m: t.state_dict() for m, t in trackers.items()}
             store.save({"module": module.state_dict(), "optimizer": optimizer.state_dict(),
@@ -219,7 +238,7 @@ class Engine:
                 for x, y in train_loader.batches(epoch, start=state["batch"]):
                     waited = time.perf_counter() - fetch_start
                     compute_start = profile.now()
-                    objective, _ = module(x, y, autocast, profile.now)
+                    objective, _ = wrapped(local(x), local(y), autocast, profile.now)
                     loss_end = profile.now()
                     if check_each_step and not torch.isfinite(objective):
                         raise NonFiniteLossError(
@@ -252,14 +271,15 @@ class Engine:
                 bar.close()
                 cost = profile.summary()
                 peak_mb = peak_memory_bytes(device) / 2**20
-                check_finite(f"in epoch {epoch + 1}")
+                loss_sum = epoch_loss_sum()
+                check_finite(f"in epoch {epoch + 1}", loss_sum)
                 if validated_step != state["step"]:
                     val = evaluate("val")
                     if not self.eval_every_steps and record_validation(val, epoch + 1):
                         state["early_stopped"] = state["finished"] = True
                 state["train_seconds"] += time.perf_counter() - epoch_start
                 row = {"epoch": epoch + 1, "step": state["step"], "lr": scheduler.get_last_lr()[0],
-                       "train_loss": float(running) / max(state["batch"], 1),
+                       "train_loss": float(loss_sum) / max(state["batch"], 1),
                        **{f"val_{k}": v for k, v in task.scalar_metrics(val).items()},
                        "lambda": module.objective.threshold, "best_step": state["best"].get(select[0], {}).get("step"), **cost,
                        "peak_memory_mb": peak_mb, "elapsed_s": state["train_seconds"]}

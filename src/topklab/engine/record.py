@@ -65,3 +65,30 @@ class RunRecord:
                 path.unlink()
         if self.run_dir.exists() and not any(self.run_dir.iterdir()):
             self.run_dir.rmdir()
+
+
+class SilentRecord(RunRecord):
+    """What a non-main DDP rank keeps: nothing. The main rank writes the run's one record."""
+
+    def __init__(self, run_dir: str | Path, job_name: str | None = None):
+        self.run_dir = Path(run_dir)
+        self.job_name = job_name
+        self.epoch_rows = []
+
+    def write_start(self, cfg: DictConfig, seeds: dict, project_root: str | Path) -> None:
+        self._provenance = {"seeds": seeds}
+
+    def write_indices(self, indices: dict) -> None:
+        pass
+
+    def add_epoch(self, row: dict) -> None:
+        pass
+
+    def write_summary(self, summary: dict) -> None:
+        pass
+
+    def save_state(self, name: str, state: dict) -> None:
+        pass
+
+    def discard(self, keep: tuple[str, ...] = ()) -> None:
+        pass

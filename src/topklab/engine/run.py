@@ -14,7 +14,9 @@ from omegaconf import DictConfig, OmegaConf
 from topklab.engine.build import build, build_for_data
 from topklab.engine.checkpoint import CheckpointStore, run_key
 from topklab.engine.objective import Objective, TrainingModule
-from topklab.engine.record import RunRecord
+from topklab.engine.distributed import Distributed
+from topklab.engine.record import RunRecord, SilentRecord
+from topklab.loggers import NullLogger
 from topklab.losses.k import resolve_k
 from topklab.report import make_result
 from topklab.report import write_result as write_envelope
@@ -65,15 +67,17 @@ def build_run(cfg: DictConfig):
 def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None) -> dict:
     """Train one model as configured; write the run record to ``run_dir``; return the summary.
 
-    Raises :class:`TopklabError` (after removing the partial record) on bad input.
+    Raises :class:`TopklabError` (after removing the partial record) on bad input. Under
+    ``torchrun`` every rank trains; only the main rank writes the record, logs and the result.
     """
-    record = RunRecord(run_dir, job_name)
+    dist = Distributed.from_env().init()
+    record = RunRecord(run_dir, job_name) if dist.is_main else SilentRecord(run_dir, job_name)
     logger = None
     try:
         data, model, objective, task, engine = build_run(cfg)
         module = TrainingModule(model, objective)
         optimizer = build(cfg.optim, "optim")(module.parameter_groups())
-        logger = build(cfg.logger, "logger")
+        logger = build(cfg.logger, "logger") if dist.is_main else NullLogger()
         seeds = {"seed": cfg.seed, "split_seed": data.info["split_seed"], **_data_seeds(cfg)}
         record.write_start(cfg, seeds, project_root())
         record.write_indices(getattr(data, "indices", {}))
@@ -81,7 +85,7 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None) -> 
         logger.start(record.run_dir, OmegaConf.to_container(cfg, resolve=True),
                      resume_id=CheckpointStore(workdir).info().get("logger_id"))
         result = engine.fit(module, optimizer, data, task, cfg.seed, on_epoch_end=record.add_epoch, on_eval=logger.log,
-                            workdir=workdir, run_dir=record.run_dir, logger_id=logger.id)
+                            workdir=workdir, run_dir=record.run_dir, logger_id=logger.id, dist=dist)
     except NonFiniteLossError as err:
         record.discard(keep=("last_good.pt",))
         path = record.save_state("last_good.pt", err.last_good_state)
@@ -92,13 +96,14 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None) -> 
     finally:
         if logger is not None:
             logger.close()
+        dist.close()
     summary = {
         "dataset": data.name, "task": data.task, "data": data.info, "recipe": cfg.get("recipe"),
         "model": cfg.model._target_, "loss": cfg.loss._target_, "individual": cfg.individual._target_,
         "seeds": seeds, "logger_id": logger.id, **result,
     }
     record.write_summary(summary)
-    if cfg.get("result_file"):
+    if cfg.get("result_file") and dist.is_main:
         write_result(cfg, summary, record)
     return summary
 

@@ -6,13 +6,16 @@
 >>> STk(k=0.9)(per_sample).shape
 torch.Size([])
 """
-from topklab.losses.aggregate import ATk, Average, MATk, Maximum, STk, ThresholdedTopK
+from topklab.losses.aggregate import (
+    ATk, Aggregate, Average, MATk, Maximum, STk, ThresholdedTopK, aggregate_class, aggregate_names, build_aggregate,
+)
 from topklab.losses.individual import (
     Absolute, CrossEntropy, Hinge, Logistic, LogitAdjusted, SmoothTopKSVM, Square, TopKCrossEntropy,
 )
 from topklab.losses.smoothing import srelu
 
 __all__ = [
-    "ATk", "Absolute", "Average", "CrossEntropy", "Hinge", "Logistic", "LogitAdjusted", "MATk", "Maximum",
-    "STk", "SmoothTopKSVM", "Square", "ThresholdedTopK", "TopKCrossEntropy", "srelu",
+    "ATk", "Absolute", "Aggregate", "Average", "CrossEntropy", "Hinge", "Logistic", "LogitAdjusted", "MATk", "Maximum",
+    "STk", "SmoothTopKSVM", "Square", "ThresholdedTopK", "TopKCrossEntropy", "aggregate_class",
+    "aggregate_names", "build_aggregate", "srelu",
 ]

@@ -10,9 +10,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from topklab.population import Members, PopulationTrainer
+from topklab.engine.functional_optim import Adagrad
+from topklab.engine.population import Gathered, Members, Metric, PopulationExecutor
+from topklab.engine.stacked import StackedMLP
+from topklab.losses.aggregate import Aggregate, build_aggregate
 from topklab.protocol.grid import Grid
-from topklab.train.metrics import TASK_METRIC
+from topklab.tasks.metrics import TASK_METRIC
 from topklab.utils.errors import TopklabError
 
 
@@ -43,9 +46,9 @@ class Protocol:
     seed : int >= 0, offset of the training seeds (model init and batch order)
     max_epochs : int >= 1, cap on epochs for members that never stop early (the paper: "train to
         convergence"; our choice)
-    batch_size, patience, eval_every, min_delta : early stopping as in
-        :class:`topklab.train.tabular.TabularTrainer`; the paper: batch 16, stop when validation
-        improved by less than 1e-6 after 50 steps
+    batch_size, patience, eval_every, min_delta : mini-batches and early stopping as in
+        :class:`topklab.engine.population.PopulationExecutor`; the paper: batch 16, stop when
+        validation improved by less than 1e-6 after 50 steps
     hidden : int, hidden units of the 2-layer MLP (paper: 10)
     lam_init : float, initial λ of MATk/STk (the paper is silent; our choice)
     max_members : int, largest population trained at once (bounds memory)
@@ -100,21 +103,30 @@ def select_combo(val: np.ndarray) -> int:
 
 
 def run_cell(cell: Cell, dataset, individual: nn.Module, protocol: Protocol, settings: dict | None = None,
-             on_retire: Callable[[int], None] | None = None) -> dict:
+             on_retire: Callable[[int], None] | None = None, aggregate: Aggregate | None = None) -> dict:
     """Train ``cell`` by ``protocol`` on ``dataset`` (a TabularDataset); return its JSON record.
     ``settings`` (e.g. the dataset and loss configs) joins the protocol in the record's
-    ``fingerprint``, which decides whether a stored cell may be reused."""
+    ``fingerprint``, which decides whether a stored cell may be reused.
+
+    ``aggregate`` is the aggregate module whose fixed settings (scale, smoothing, λ constraint)
+    every member uses, k/C/η/δ coming from the grid; default ``configs/loss/<cell.aggregate>.yaml``
+    (the paper's scale, SReLU, no λ constraint). Every member is the 2-layer MLP with AdaGrad;
+    members stop and retire independently (:class:`~topklab.engine.population_layout.Gathered`)."""
     start = time.perf_counter()
     combos = protocol.grid.combos(cell.aggregate)
     splits = [dataset.splits(split_seed=i) for i in range(protocol.n_splits)]
+    metric = TASK_METRIC[dataset.task][0]
+    reported = ("train", "val", "test")
     columns: dict[str, list] = {}
     member_steps = 0
     rows = [(c, s) for c in range(len(combos)) for s in range(protocol.n_splits)]
     per_population = max(protocol.n_splits, protocol.max_members // protocol.n_splits * protocol.n_splits)
-    trainer = PopulationTrainer(
-        cell.aggregate, individual, hidden=protocol.hidden, max_epochs=protocol.max_epochs,
+    aggregate = build_aggregate(cell.aggregate) if aggregate is None else aggregate
+    executor = PopulationExecutor(
+        aggregate, individual, StackedMLP(splits[0].n_features, protocol.hidden), Adagrad(),
+        Metric(metric, TASK_METRIC[dataset.task][1], higher_is_better=False), max_epochs=protocol.max_epochs,
         batch_size=protocol.batch_size, eval_every=protocol.eval_every, patience=protocol.patience,
-        min_delta=protocol.min_delta, lam_init=protocol.lam_init,
+        min_delta=protocol.min_delta, layout=Gathered,
     )
     for first in range(0, len(rows), per_population):
         chunk = rows[first:first + per_population]
@@ -122,14 +134,14 @@ def run_cell(cell: Cell, dataset, individual: nn.Module, protocol: Protocol, set
             split=[s for _, s in chunk], seed=[protocol.seed + s for _, s in chunk],
             k=[combos[c]["k"] for c, _ in chunk], lr=[combos[c]["lr"] for c, _ in chunk],
             l2_C=[combos[c]["C"] for c, _ in chunk], delta=[combos[c]["delta"] for c, _ in chunk],
+            lam_init=protocol.lam_init,
         )
-        result = trainer.fit(splits, members, on_retire=on_retire)
+        result = executor.fit(splits, members, report=reported, on_stop=on_retire)
         member_steps += int(result["steps"].sum())
-        for name, values in result.items():
-            columns.setdefault(name, []).append(values)
+        for name in ("best_step", "steps", "lambda", "diverged", *(f"{part}_{metric}" for part in reported)):
+            columns.setdefault(name, []).append(result[name])
     table = {name: torch.cat(parts).double().numpy().reshape(len(combos), protocol.n_splits)
              for name, parts in columns.items()}
-    metric = TASK_METRIC[dataset.task][0]
     val, test = table[f"val_{metric}"], table[f"test_{metric}"]
     best = select_combo(val)
     return {

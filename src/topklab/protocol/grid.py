@@ -4,15 +4,15 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from topklab.losses.aggregate import aggregate_class
 from topklab.losses.k import validate_k
-from topklab.population.aggregates import BATCHED_AGGREGATES, USES_DELTA, USES_K
 from topklab.utils.errors import TopklabError
 
 
 @dataclass(frozen=True)
 class Grid:
-    """Values searched for each hyperparameter. An aggregate only spans the axes it uses:
-    Average and Maximum span C × η; ATk and MATk add k; STk adds δ.
+    """Values searched for each hyperparameter. An aggregate only spans the axes it uses (its
+    class's ``hyperparameters``): Average and Maximum span C × η; ATk and MATk add k; STk adds δ.
 
     Parameters
     ----------
@@ -52,8 +52,7 @@ class Grid:
     def combos(self, aggregate: str) -> list[dict]:
         """Every combination the aggregate uses, in a fixed order (k, C, η, δ; last varies fastest).
         Axes the aggregate ignores are pinned (k = 1, δ = the first value) and not searched."""
-        if aggregate not in BATCHED_AGGREGATES:
-            raise TopklabError(f"unknown aggregate {aggregate!r}; choose one of: {', '.join(sorted(BATCHED_AGGREGATES))}")
-        ks = self.k if aggregate in USES_K else (1,)
-        deltas = self.delta if aggregate in USES_DELTA else self.delta[:1]
+        axes = aggregate_class(aggregate).hyperparameters
+        ks = self.k if "k" in axes else (1,)
+        deltas = self.delta if "delta" in axes else self.delta[:1]
         return [{"k": k, "C": c, "lr": lr, "delta": d} for k, c, lr, d in itertools.product(ks, self.C, self.lr, deltas)]

@@ -101,7 +101,8 @@ def reproduce(cfg: DictConfig) -> list[dict]:
             bar.set_description(cell.key)
             dataset = build(cell_cfg.dataset, "dataset")
             individual = build(cell_cfg.individual, "individual")
-            record = run_cell(cell, dataset, individual, protocol, settings=settings, on_retire=bar.update)
+            record = run_cell(cell, dataset, individual, protocol, settings=settings, on_retire=bar.update,
+                              aggregate=build(cell_cfg.loss, "loss"))
             record["preset"] = cfg.preset.name
             record["command"] = command
             record["provenance"] = provenance

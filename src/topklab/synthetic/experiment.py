@@ -14,13 +14,12 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from topklab.report import make_result, mean_std, write_result
 from topklab.synthetic.gaussian import GaussianTask
 from topklab.synthetic.lda import lda_boundary
 from topklab.synthetic.paraf1 import para_f1
-from topklab.synthetic.tables import mean_std
-from topklab.synthetic.train import Column, LogisticPopulation, SyntheticTrainer, accuracy, fit_single
+from topklab.synthetic.train import Column, SyntheticTrainer, accuracy, train_logistic
 from topklab.utils.errors import TopklabError
-from topklab.utils.io import atomic_write_json
 from topklab.utils.provenance import collect, portable_config
 
 EXPERIMENTS = ("table2", "figure3", "figure4")
@@ -39,7 +38,9 @@ def make_repeats(task: GaussianTask, sizes, positive_fraction: float, repeats: i
 
 
 def column_of(spec) -> Column:
-    return Column(aggregate=spec.aggregate, smoothing=spec.get("smoothing", "srelu"))
+    """A column spec ``{aggregate: stk, smoothing: elu}``: the loss config and overrides of its fields."""
+    fields = OmegaConf.to_container(spec, resolve=True)
+    return Column(aggregate=fields.pop("aggregate"), overrides=fields)
 
 
 def evaluate_column(column: Column, k_grid, data, seeds, settings: SyntheticTrainer, scale: str,
@@ -49,7 +50,7 @@ def evaluate_column(column: Column, k_grid, data, seeds, settings: SyntheticTrai
     train, val, test = data
     grid = list(k_grid) if column.uses_k else [1]
     start = time.perf_counter()
-    fit = LogisticPopulation(column, settings, scale).fit(train, val, seeds, grid)
+    fit = train_logistic(column, settings, train, val, seeds, grid, scale)
     seconds = time.perf_counter() - start
     mean_val = fit["val_acc"].mean(0)
     pick = int(torch.argmax(mean_val))  # first maximum
@@ -87,12 +88,18 @@ def table2(cfg: DictConfig, log=print) -> dict:
     seeds = [cfg.seed + r for r in range(cfg.repeats)]
     w_star = task.mean_pos - task.mean_neg  # the paper's w*: its first n_signal entries (papers.md §1.10)
     columns = {}
-    fit_single(Column("average"), 1, data[0][0], data[1][0], seeds[0], settings, cfg.scale)  # warm-up, not timed
+
+    def single_model_seconds(column: Column, k, r: int) -> float:
+        """Table 2 "Time": one model (the executor with one member) trained on repeat r."""
+        start = time.perf_counter()
+        train_logistic(column, settings, [data[0][r]], [data[1][r]], [seeds[r]], [k], cfg.scale)
+        return time.perf_counter() - start
+
+    single_model_seconds(Column("average"), 1, 0)  # warm-up, not timed
     for name, spec in cfg.table2.columns.items():
         column = column_of(spec)
         out = evaluate_column(column, cfg.k_grid, data, seeds, settings, cfg.scale, w_star, cfg.support_tol)
-        times = [fit_single(column, out["k"] or 1, data[0][r], data[1][r], seeds[r], settings, cfg.scale)["seconds"]
-                 for r in range(min(cfg.time_repeats, cfg.repeats))]
+        times = [single_model_seconds(column, out["k"] or 1, r) for r in range(min(cfg.time_repeats, cfg.repeats))]
         out["seconds_single"] = times
         out.pop("w")
         columns[name] = out
@@ -157,10 +164,10 @@ def run(cfg: DictConfig, log=print) -> list[Path]:
     written = []
     for name in cfg.experiments:
         start = time.perf_counter()
-        result = RUNNERS[name](cfg, log)
-        result.update({"experiment": name, "seconds": time.perf_counter() - start,
-                       "command": " ".join(["python", *sys.argv]),
-                       "config": portable_config(cfg), "provenance": provenance})
-        written.append(atomic_write_json(Path(cfg.results_dir) / f"{name}.json", result))
-        log(f"wrote {written[-1]} ({result['seconds']:.0f} s)")
+        payload = RUNNERS[name](cfg, log)
+        payload["seconds"] = time.perf_counter() - start
+        result = make_result("synthetic", name, payload, command=" ".join(["python", *sys.argv]),
+                             config=portable_config(cfg), provenance=provenance)
+        written.append(write_result(Path(cfg.results_dir) / f"{name}.json", result))
+        log(f"wrote {written[-1]} ({payload['seconds']:.0f} s)")
     return written

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from topklab.train.classification_metrics import classification_metrics
+from topklab.tasks.classification_metrics import classification_metrics
 
 SCALARS = ("top1", "top5", "many", "medium", "few")
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from topklab.train.metrics import TASK_METRIC
+from topklab.tasks.metrics import TASK_METRIC
 
 
 class TabularTask:

@@ -1,15 +1,14 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from topklab.losses.aggregate.base import check_losses
-from topklab.losses.k import resolve_k, validate_k
+from topklab.losses.aggregate.base import Aggregate
+from topklab.losses.k import validate_k
 
 ATK_METHODS = ("topk", "sort")
 
 
-class ATk(nn.Module):
+class ATk(Aggregate):
     """Average-top-k aggregate loss, exact: ``L_at-k = (1/k)·Σ_{i<=k} ℓ_[i]`` (STk paper Eq. 4;
     Fan et al. 2017), where ℓ_[1] >= ℓ_[2] >= … are the sorted per-sample losses.
 
@@ -28,7 +27,11 @@ class ATk(nn.Module):
     tensor(4.)
     >>> ATk(k=0.5, method="sort")(torch.tensor([1.0, 5.0, 3.0, 0.0]))
     tensor(4.)
+    >>> ATk(k=1).batched(torch.tensor([[1.0, 5.0, 3.0], [2.0, 2.0, 8.0]]), torch.tensor([2.0, 3.0]), None, None)
+    tensor([4., 4.])
     """
+
+    hyperparameters = ("k",)
 
     def __init__(self, k: int | float, method: str = "topk"):
         super().__init__()
@@ -37,14 +40,15 @@ class ATk(nn.Module):
             raise ValueError(f"unknown ATk method {method!r}; choose one of: {', '.join(ATK_METHODS)}")
         self.method = method
 
-    def forward(self, losses: torch.Tensor) -> torch.Tensor:
-        losses = check_losses(losses)
-        k = resolve_k(self.k, losses.numel())
+    def batched(self, losses, k, lam, delta):
+        """Each row's largest ``k[p]`` losses, ranked (``topk`` up to the largest k, or a full
+        ``sort``), masked beyond its own k and averaged; the gradient is 1/k on each of them."""
         if self.method == "sort":
-            largest = torch.sort(losses, descending=True).values[:k]
+            ranked = torch.sort(losses, dim=1, descending=True).values
         else:
-            largest = torch.topk(losses, k, sorted=False).values
-        return largest.mean()
+            ranked = torch.topk(losses, int(k.max()), dim=1).values
+        keep = torch.arange(ranked.shape[1], device=losses.device)[None, :] < k[:, None]
+        return (ranked * keep).sum(1) / k
 
     def extra_repr(self) -> str:
         return f"k={self.k}, method={self.method!r}"

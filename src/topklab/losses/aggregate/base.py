@@ -1,7 +1,11 @@
-"""Shared input check for aggregate losses."""
+"""The aggregate-loss contract: one batch-native kernel per aggregate, which the 1-D module forward
+and the population executor (:mod:`topklab.engine.population`) both call."""
 from __future__ import annotations
 
 import torch
+from torch import nn
+
+from topklab.losses.k import resolve_k
 
 
 def check_losses(losses: torch.Tensor) -> torch.Tensor:
@@ -15,3 +19,52 @@ def check_losses(losses: torch.Tensor) -> torch.Tensor:
     if losses.numel() == 0:
         raise ValueError("cannot aggregate an empty batch of losses (n=0)")
     return losses
+
+
+class Aggregate(nn.Module):
+    """An aggregate loss: n per-sample losses -> one number (STk paper §3-4).
+
+    Subclasses implement :meth:`batched` on a (P, n) block of P independent rows (members) and
+    declare what a hyperparameter grid may vary:
+
+    - ``hyperparameters``: the grid axes the aggregate uses, a subset of ``("k", "delta")``;
+    - ``has_threshold``: whether it owns a trainable threshold λ (MATk, STk).
+
+    ``forward(losses)`` on 1-D losses is ``batched`` on one row with the module's own k (resolved
+    to a count for this batch), λ and δ, so a single model and a population run the same kernel.
+
+    Examples
+    --------
+    >>> from topklab.losses import ATk
+    >>> ATk.hyperparameters, ATk.has_threshold
+    (('k',), False)
+    >>> ATk(k=2).batched(torch.tensor([[1.0, 5.0, 3.0], [2.0, 2.0, 8.0]]), torch.tensor([2.0, 1.0]), None, None)
+    tensor([4., 8.])
+    """
+
+    hyperparameters: tuple[str, ...] = ()
+    has_threshold: bool = False
+    k: int | float | None = None        # the module's own k (None: the aggregate has no k)
+    delta: float | None = None          # the module's own δ (None: the aggregate has no δ)
+
+    def batched(self, losses: torch.Tensor, k: torch.Tensor, lam: torch.Tensor | None,
+                delta: torch.Tensor | None) -> torch.Tensor:
+        """The aggregate of each row of ``losses`` (P, n) -> (P,).
+
+        Parameters
+        ----------
+        losses : Tensor (P, n), per-sample losses, one row per member
+        k : Tensor (P,), per-row k as a count in [1, n] (resolve fractions with
+            :func:`topklab.losses.k.resolve_k` first); ignored without ``"k"`` in ``hyperparameters``
+        lam : Tensor (P,) or None, per-row effective threshold λ; used only when ``has_threshold``
+        delta : Tensor (P,) or None, per-row smoothing width δ > 0; used only with ``"delta"``
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement batched(losses, k, lam, delta)")
+
+    def forward(self, losses: torch.Tensor) -> torch.Tensor:
+        losses = check_losses(losses)
+        n = losses.numel()
+        k = losses.new_tensor([n if self.k is None else resolve_k(self.k, n)])
+        lam = self.threshold.to(losses.dtype)[None] if self.has_threshold else None
+        delta = None if self.delta is None else losses.new_tensor([self.delta])
+        return self.batched(losses[None], k, lam, delta)[0]

@@ -1,19 +1,21 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from topklab.losses.aggregate.base import check_losses
+from topklab.losses.aggregate.base import Aggregate
 
 
-class Maximum(nn.Module):
-    """Maximum aggregate loss ``L_max = max_i ℓ_i`` (STk paper §4, "Maximum").
+class Maximum(Aggregate):
+    """Maximum aggregate loss ``L_max = max_i ℓ_i`` (STk paper §4, "Maximum"). Among tied maxima
+    the gradient goes to the one ``torch.max`` returns.
 
     Examples
     --------
     >>> Maximum()(torch.tensor([1.0, 2.0, 6.0]))
     tensor(6.)
+    >>> Maximum().batched(torch.tensor([[1.0, 2.0, 6.0], [0.0, 4.0, 3.0]]), None, None, None)
+    tensor([6., 4.])
     """
 
-    def forward(self, losses: torch.Tensor) -> torch.Tensor:
-        return check_losses(losses).max()
+    def batched(self, losses, k, lam, delta):
+        return losses.max(1).values

@@ -3,16 +3,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from topklab.losses.aggregate.base import check_losses
+from topklab.losses.aggregate.base import Aggregate
 from topklab.losses.aggregate.srelu_mean import srelu_mean
-from topklab.losses.k import resolve_k, validate_k
+from topklab.losses.k import validate_k
 from topklab.losses.smoothing import get_smoothing
 from topklab.losses.threshold import get_constraint
 
 SCALES = ("paper", "atk")
 
 
-class ThresholdedTopK(nn.Module):
+class ThresholdedTopK(Aggregate):
     """``(1/n)·Σ φ(ℓ_i − λ) + (k/n)·λ`` with a trainable threshold λ; the common form of MATk
     (φ = ReLU) and STk (φ smooth). Use :class:`MATk` or :class:`STk`.
 
@@ -20,27 +20,32 @@ class ThresholdedTopK(nn.Module):
     ``scale="atk"`` multiplies by n/k so that the minimum over λ equals ATk (Fan et al.'s MATk form).
     """
 
+    hyperparameters = ("k",)
+    has_threshold = True
+
     def __init__(
         self,
         k: int | float,
         smoothing: str,
-        delta: float = 0.01,
+        delta: float | None = 0.01,
         lam_init: float = 0.0,
         lam_constraint: str = "none",
         scale: str = "paper",
     ):
         super().__init__()
         self.k = validate_k(k)
-        if not (isinstance(delta, (int, float)) and not isinstance(delta, bool) and delta > 0):
+        if delta is not None and not (isinstance(delta, (int, float)) and not isinstance(delta, bool) and delta > 0):
             raise ValueError(f"delta={delta!r} must be a positive number (the paper uses 0.01)")
         if scale not in SCALES:
             raise ValueError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
+        if smoothing == "srelu" and delta is None:
+            raise ValueError("smoothing='srelu' needs its width delta > 0 (the paper uses 0.01)")
         self.smoothing = smoothing
         self._phi = get_smoothing(smoothing)
-        self.delta = float(delta)
+        self.delta = None if delta is None else float(delta)
         self.scale = scale
         self._constraint = get_constraint(lam_constraint)
-        self.lam = nn.Parameter(torch.tensor(float(self._constraint.raw_from_value(float(lam_init)))))
+        self.lam = nn.Parameter(torch.tensor(float(self.lam_of(lam_init))))
 
     @property
     def lam_constraint(self) -> str:
@@ -49,18 +54,25 @@ class ThresholdedTopK(nn.Module):
     @property
     def threshold(self) -> torch.Tensor:
         """The effective λ (after the constraint), which approaches the k-th largest loss."""
-        return self._constraint.value(self.lam)
+        return self.threshold_of(self.lam)
 
-    def forward(self, losses: torch.Tensor) -> torch.Tensor:
-        losses = check_losses(losses)
-        n = losses.numel()
-        k = resolve_k(self.k, n)
-        lam = self.threshold.to(losses.dtype)
+    def threshold_of(self, lam: torch.Tensor) -> torch.Tensor:
+        """The effective λ of stored values ``lam`` (any shape; e.g. one per population member)."""
+        return self._constraint.value(lam)
+
+    def lam_of(self, threshold: float) -> float:
+        """The stored value whose effective λ is ``threshold`` (the inverse of :meth:`threshold_of`)."""
+        return self._constraint.raw_from_value(float(threshold))
+
+    def batched(self, losses, k, lam, delta):
+        """Per row p: ``(1/n)·Σ_i φ_δp(ℓ_pi − λ_p) + (k_p/n)·λ_p`` (times n/k_p under ``scale="atk"``);
+        SReLU runs through the fused :func:`~topklab.losses.aggregate.srelu_mean.srelu_mean`."""
+        n = losses.shape[1]
         if self.smoothing == "srelu":
-            hinge = srelu_mean(losses, lam, self.delta)
+            hinge = srelu_mean(losses, lam, delta)
         else:
-            hinge = self._phi(losses - lam, self.delta).mean()
-        value = hinge + (k / n) * lam
+            hinge = self._phi(losses - lam[:, None], None if delta is None else delta[:, None]).mean(1)
+        value = hinge + k / n * lam
         if self.scale == "atk":
             value = value * (n / k)
         return value
@@ -95,11 +107,14 @@ class MATk(ThresholdedTopK):
     --------
     >>> loss = MATk(k=2, lam_init=3.0)
     >>> loss(torch.tensor([1.0, 5.0, 3.0, 0.0]))  # λ = ℓ_[2] = 3 is optimal: (2/4)·ATk = 2
-    tensor(2., grad_fn=<AddBackward0>)
+    tensor(2., grad_fn=<SelectBackward0>)
+    >>> losses = torch.tensor([[1.0, 5.0, 3.0, 0.0], [1.0, 5.0, 3.0, 0.0]])
+    >>> loss.batched(losses, k=torch.tensor([2.0, 1.0]), lam=torch.tensor([3.0, 5.0]), delta=None)  # row by row
+    tensor([2.0000, 1.2500])
     """
 
     def __init__(self, k: int | float, lam_init: float = 0.0, lam_constraint: str = "none", scale: str = "paper"):
-        super().__init__(k, smoothing="relu", delta=1.0, lam_init=lam_init, lam_constraint=lam_constraint, scale=scale)
+        super().__init__(k, smoothing="relu", delta=None, lam_init=lam_init, lam_constraint=lam_constraint, scale=scale)
 
     def extra_repr(self) -> str:
         return f"k={self.k}, lam_constraint={self.lam_constraint!r}, scale={self.scale!r}"
@@ -131,7 +146,13 @@ class STk(ThresholdedTopK):
     >>> loss = STk(k=0.5, delta=0.01, lam_init=3.0)
     >>> round(loss(torch.tensor([1.0, 5.0, 3.0, 0.0])).item(), 4)  # MATk gives 2; STk is within δ/2 below
     1.9963
+    >>> per_member = loss.batched(torch.tensor([[1.0, 5.0, 3.0, 0.0]] * 2), torch.tensor([2.0, 2.0]),
+    ...                           torch.tensor([3.0, 3.0]), delta=torch.tensor([0.01, 1.0]))
+    >>> [round(v, 4) for v in per_member.tolist()]  # a wider δ lies further below MATk
+    [1.9963, 1.7043]
     """
+
+    hyperparameters = ("k", "delta")
 
     def __init__(
         self,

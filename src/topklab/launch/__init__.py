@@ -1,0 +1,19 @@
+"""Running jobs: the Hydra callback that records failed sweep jobs and pins each job to one GPU
+(:mod:`topklab.launch.callback`), the failure record (:mod:`~topklab.launch.failures`) and the GPU
+choice (:mod:`~topklab.launch.gpu`).
+
+Importing this package (``topklab.cli`` does) prepares Hydra for ``configs/hydra/launcher/``: it
+registers the ``topklab.parallel_jobs`` resolver that ``joblib.yaml`` uses for ``n_jobs``, and
+silences Hydra's notice that those files share their names with the launchers' own schemas (they
+are checked against them, which is what we want).
+"""
+import warnings
+
+from omegaconf import OmegaConf
+
+from topklab.launch.gpu import parallel_jobs, pinned_gpu
+
+OmegaConf.register_new_resolver("topklab.parallel_jobs", parallel_jobs, replace=True)
+warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/\w+' is validated against ConfigStore schema")
+
+__all__ = ["parallel_jobs", "pinned_gpu"]

@@ -1,0 +1,66 @@
+"""Aggregates by their loss-config name: ``configs/loss/<name>.yaml`` names the class in ``_target_``,
+so a new aggregate is one class and one yaml, and every consumer (the grid, the population
+executor, the tables) finds it here."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from topklab.losses.aggregate.base import Aggregate
+from topklab.utils.errors import TopklabError
+
+
+def loss_config_dir() -> Path:
+    """``$TOPKLAB_ROOT/configs/loss``; without TOPKLAB_ROOT, the checkout this package lies in."""
+    root = os.environ.get("TOPKLAB_ROOT") or Path(__file__).resolve().parents[4]
+    return Path(root) / "configs" / "loss"
+
+
+def aggregate_names() -> list[str]:
+    """The loss-config names, sorted (``atk``, ``average``, …)."""
+    return sorted(p.stem for p in loss_config_dir().glob("*.yaml"))
+
+
+def aggregate_config(name: str) -> DictConfig:
+    """The loss config ``configs/loss/<name>.yaml`` (unresolved)."""
+    path = loss_config_dir() / f"{name}.yaml"
+    if not path.is_file():
+        raise TopklabError(f"unknown aggregate {name!r}; choose one of: {', '.join(aggregate_names())}")
+    config = OmegaConf.load(path)
+    config.pop("defaults", None)
+    return config
+
+
+def aggregate_class(name: str) -> type[Aggregate]:
+    """The :class:`Aggregate` subclass that loss config ``name`` instantiates.
+
+    Examples
+    --------
+    >>> aggregate_class("stk").hyperparameters, aggregate_class("average").has_threshold
+    (('k', 'delta'), False)
+    """
+    cls = get_class(aggregate_config(name)._target_)
+    if not (isinstance(cls, type) and issubclass(cls, Aggregate)):
+        raise TopklabError(f"loss config {name!r} targets {cls!r}, which is not an Aggregate; "
+                           f"choose one of: {', '.join(aggregate_names())}")
+    return cls
+
+
+def build_aggregate(name: str, **overrides) -> Aggregate:
+    """Instantiate loss config ``name`` with ``overrides`` of its fields.
+
+    Examples
+    --------
+    >>> build_aggregate("stk", smoothing="elu")
+    STk(k=0.9, smoothing='elu', delta=0.01, lam_constraint='none', scale='paper')
+    """
+    config = aggregate_config(name)
+    unknown = sorted(set(overrides) - set(config) - {"_target_"})
+    if unknown:
+        raise TopklabError(f"aggregate {name!r} has no field(s) {', '.join(unknown)}; its fields: "
+                           f"{', '.join(k for k in config if k != '_target_') or 'none'}")
+    aggregate_class(name)
+    return instantiate(OmegaConf.merge(config, overrides))

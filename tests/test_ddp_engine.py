@@ -1,0 +1,44 @@
+"""`torchrun --nproc_per_node 2 train.py ...` (gloo on CPU) trains the same model as one process:
+the engine shards each global batch by rank, DDP averages the gradients of the model and λ, and
+evaluation outputs are gathered. ATk needs objective.gather_losses=true for the global top-k."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+TINY = ["dataset=wisconsin", "engine.epochs=2", "logger=none"]
+
+
+def run(tmp_path, name, *args, ranks=1):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)] \
+        if ranks > 1 else [sys.executable]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([*launcher, str(ROOT / "train.py"), *TINY, *args, f"hydra.run.dir={tmp_path / name}",
+                           f"paths.log_dir={tmp_path / 'logs'}"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads((tmp_path / name / "summary.json").read_text())
+
+
+def same_training(a: dict, b: dict) -> bool:
+    return (a["metrics"] == b["metrics"] and a["best_step"] == b["best_step"] and a["steps"] == b["steps"]
+            and (a["lambda"] is None or abs(a["lambda"] - b["lambda"]) < 1e-5))
+
+
+@pytest.mark.parametrize("loss", ["loss=stk", "loss=matk"])
+def test_two_ranks_train_like_one_process_for_sums_over_samples(tmp_path, loss):
+    one = run(tmp_path, "one", loss, "loss.k=0.5")
+    two = run(tmp_path, "two", loss, "loss.k=0.5", ranks=2)
+    assert same_training(one, two)
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
+
+
+def test_atk_needs_the_gathered_losses_under_ddp(tmp_path):
+    one = run(tmp_path, "one", "loss=atk", "loss.k=0.25")
+    gathered = run(tmp_path, "gathered", "loss=atk", "loss.k=0.25", "objective.gather_losses=true", ranks=2)
+    local = run(tmp_path, "local", "loss=atk", "loss.k=0.25", ranks=2)
+    assert same_training(one, gathered)
+    assert not same_training(one, local)
