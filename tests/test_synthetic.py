@@ -299,3 +299,11 @@ def test_bench_topk_script_last_line(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1].startswith("worst STk/Average ratio over n: ")
     assert (tmp_path / "topk_cpu.png").exists() and (tmp_path / "topk_cpu.md").exists()
+
+
+def test_synthetic_columns_are_experiment_rows_and_unknown_ones_fail_in_one_line(tmp_path):
+    out = run_script("reproduce_synthetic.py", "experiments=[table2]", "table2.columns=[stk/table2/nope]",
+                     f"results_dir={tmp_path}/r", f"hydra.run.dir={tmp_path}/h")
+    assert out.returncode == 2 and not (tmp_path / "r").exists()
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: synthetic column 'stk/table2/nope'"), out.stderr

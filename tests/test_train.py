@@ -12,7 +12,7 @@ from topklab.cli import preflight
 from topklab.losses import STk
 from topklab.models import MLP
 from topklab.engine import Objective, TrainingModule
-from topklab.engine.run import train
+from topklab.engine.run import optimized_value, train
 from topklab.losses import Logistic
 from topklab.utils.errors import NonFiniteLossError, TopklabError
 
@@ -143,3 +143,12 @@ def test_multirun_2x2(tmp_path):
     assert len(summaries) == 4
     combos = {(json.loads(p.read_text())["dataset"], json.loads(p.read_text())["loss"].rsplit(".", 1)[1]) for p in summaries}
     assert combos == {(d, l) for d in ("appendicitis", "wisconsin") for l in ("Average", "STk")}
+
+
+def test_train_returns_the_optimized_metric_for_sweepers(compose_cfg, tmp_path):
+    cfg = compose_cfg("dataset=sinc", "engine.epochs=1", "logger=none")
+    summary = train(cfg, tmp_path / "run")
+    assert optimized_value(cfg, summary) == summary["metrics"]["val"]["rmse"]
+    cfg.optimized_metric = "top1"
+    with pytest.raises(TopklabError, match="optimized_metric='top1' is not a validation metric of this run; choose one of: rmse"):
+        optimized_value(cfg, summary)

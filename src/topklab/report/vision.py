@@ -65,12 +65,12 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
     labels = {row: rows[row][0]["result"]["label"] for row in present}
     commands = sorted({r["command"] for r in runs})
     shas = sorted({str(r["provenance"].get("git", {}).get("sha", "?"))[:10] for r in runs})
-    trainer = first["config"]["trainer"]
+    trainer = first["config"].get("engine") or first["config"]["trainer"]  # results before the engine: trainer
     lines = [f"# {name}: test accuracy (%), mean ± std over seeds", ""]
     if paper:
         lines += [f"Paper: {paper['caption']}." + (f" {paper['note']}" if paper.get("note") else ""), ""]
     lines += [
-        f"Each row: `python train.py vision={name}/<row> seed=<k>` ({trainer['epochs']} epochs, batch "
+        f"Each row: `python train.py experiment=<row> seed=<k>` (experiments/README.md; {trainer['epochs']} epochs, batch "
         f"{trainer['batch_size']}, test numbers from the best-validation epoch of "
         f"{', '.join(trainer['select_metrics'])}); code {', '.join(shas)}. Then `python scripts/make_tables.py`.  ",
         f"Commands: {'; '.join(f'`{c}`' for c in commands[:3])}{' …' if len(commands) > 3 else ''}.  ",

@@ -12,7 +12,10 @@ import time
 from pathlib import Path
 
 import torch
+from hydra import compose
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from topklab.report import make_result, mean_std, write_result
 from topklab.synthetic.gaussian import GaussianTask
@@ -37,10 +40,23 @@ def make_repeats(task: GaussianTask, sizes, positive_fraction: float, repeats: i
     return train, val, test
 
 
-def column_of(spec) -> Column:
-    """A column spec ``{aggregate: stk, smoothing: elu}``: the loss config and overrides of its fields."""
-    fields = OmegaConf.to_container(spec, resolve=True)
-    return Column(aggregate=fields.pop("aggregate"), overrides=fields)
+def columns_of(rows) -> dict[str, Column]:
+    """Label -> :class:`Column` for experiment rows (``stk/table2/stk_elu`` ...), in the given order:
+    each row is composed by Hydra, and its column is the loss it chooses with all of that loss's
+    fields (e.g. ``smoothing: elu``). Needs an initialised Hydra (the script's ``@hydra.main``)."""
+    columns = {}
+    for row in rows:
+        try:
+            cfg = compose("train", overrides=[f"experiment={row}"], return_hydra_config=True)
+        except (HydraException, OmegaConfBaseException) as err:
+            raise TopklabError(f"synthetic column {row!r}: {' '.join(str(err).split())}") from None
+        if cfg.get("row") is None:  # the experiment group is optional: an unknown row composes to nothing
+            raise TopklabError(f"synthetic column {row!r} is not an experiment row with a label; "
+                               f"choose from configs/experiment/stk/{{table2,figure3,figure4}}/")
+        fields = OmegaConf.to_container(cfg.loss, resolve=True)
+        fields.pop("_target_")
+        columns[cfg.row] = Column(aggregate=cfg.hydra.runtime.choices.loss, overrides=fields)
+    return columns
 
 
 def evaluate_column(column: Column, k_grid, data, seeds, settings: SyntheticTrainer, scale: str,
@@ -81,7 +97,7 @@ def task_of(cfg: DictConfig) -> GaussianTask:
     return GaussianTask(**OmegaConf.to_container(cfg, resolve=True))
 
 
-def table2(cfg: DictConfig, log=print) -> dict:
+def table2(cfg: DictConfig, columns_by_label: dict[str, Column], log=print) -> dict:
     task = task_of(cfg.task)
     settings = settings_of(cfg)
     data = make_repeats(task, cfg.sizes, cfg.positive_fraction, cfg.repeats, cfg.data_seed)
@@ -96,8 +112,7 @@ def table2(cfg: DictConfig, log=print) -> dict:
         return time.perf_counter() - start
 
     single_model_seconds(Column("average"), 1, 0)  # warm-up, not timed
-    for name, spec in cfg.table2.columns.items():
-        column = column_of(spec)
+    for name, column in columns_by_label.items():
         out = evaluate_column(column, cfg.k_grid, data, seeds, settings, cfg.scale, w_star, cfg.support_tol)
         times = [single_model_seconds(column, out["k"] or 1, r) for r in range(min(cfg.time_repeats, cfg.repeats))]
         out["seconds_single"] = times
@@ -110,15 +125,15 @@ def table2(cfg: DictConfig, log=print) -> dict:
             "lda_support": int((lda_w.abs() > 1e-9).sum())}
 
 
-def figure3(cfg: DictConfig, log=print) -> dict:
+def figure3(cfg: DictConfig, columns_by_label: dict[str, Column], log=print) -> dict:
     spec = cfg.figure3
     task = GaussianTask(d=2, n_signal=2, shift=spec.shift, rho=spec.rho)
     settings = settings_of(cfg, spec.get("trainer"))
     data = make_repeats(task, spec.sizes, spec.positive_fraction, 1, cfg.data_seed)
     lda_w, lda_b = lda_boundary(task.mean_neg, task.mean_pos, task.cov, spec.positive_fraction)
     boundaries = {}
-    for name, col in spec.columns.items():
-        out = evaluate_column(column_of(col), cfg.k_grid, data, [cfg.seed], settings, cfg.scale,
+    for name, column in columns_by_label.items():
+        out = evaluate_column(column, cfg.k_grid, data, [cfg.seed], settings, cfg.scale,
                               lda_w, cfg.support_tol)
         boundaries[name] = {"w": out["w"][0], "b": out["b"][0], "k": out["k"], "test_acc": out["test_acc"][0]}
         log(f"figure3 {name}: w={[round(v, 3) for v in out['w'][0]]} b={out['b'][0]:.3f} k={out['k']}")
@@ -127,7 +142,7 @@ def figure3(cfg: DictConfig, log=print) -> dict:
             "points": {"x": shown.x[: spec.points].tolist(), "y": shown.y[: spec.points].tolist()}}
 
 
-def figure4(cfg: DictConfig, log=print) -> dict:
+def figure4(cfg: DictConfig, columns_by_label: dict[str, Column], log=print) -> dict:
     task = task_of(cfg.task)
     settings = settings_of(cfg)
     w_star = task.mean_pos - task.mean_neg
@@ -138,15 +153,15 @@ def figure4(cfg: DictConfig, log=print) -> dict:
             raise TopklabError(f"figure4 negative ratio {ratio} must lie in (0, 1)")
         data = make_repeats(task, cfg.sizes, 1.0 - ratio, cfg.repeats, cfg.data_seed)
         row = {}
-        for name, spec in cfg.figure4.columns.items():
-            out = evaluate_column(column_of(spec), cfg.k_grid, data, seeds, settings, cfg.scale, w_star,
+        for name, column in columns_by_label.items():
+            out = evaluate_column(column, cfg.k_grid, data, seeds, settings, cfg.scale, w_star,
                                   cfg.support_tol)
             row[name] = {"k": out["k"], "test_acc": out["test_acc"], "paraf1": out["paraf1"]}
             log(f"figure4 ratio {ratio} {name}: acc {mean_std(out['test_acc'])[0]:.2f}%  "
                 f"ParaF1 {mean_std(out['paraf1'])[0]:.3f}")
         by_ratio[str(ratio)] = row
     return {"negative_ratios": list(cfg.figure4.negative_ratios), "by_ratio": by_ratio,
-            "order": list(cfg.figure4.columns)}
+            "order": list(columns_by_label)}
 
 
 RUNNERS = {"table2": table2, "figure3": figure3, "figure4": figure4}
@@ -159,12 +174,13 @@ def run(cfg: DictConfig, log=print) -> list[Path]:
         raise TopklabError(f"unknown synthetic experiment(s) {unknown}; choose from: {', '.join(EXPERIMENTS)}")
     if not isinstance(cfg.repeats, int) or cfg.repeats < 1:
         raise TopklabError(f"repeats={cfg.repeats!r} must be an int >= 1")
+    columns = {name: columns_of(cfg[name].columns) for name in cfg.experiments}  # every row checked first
     torch.set_num_threads(cfg.threads or torch.get_num_threads())
     provenance = collect(cfg.paths.root_dir)
     written = []
     for name in cfg.experiments:
         start = time.perf_counter()
-        payload = RUNNERS[name](cfg, log)
+        payload = RUNNERS[name](cfg, columns[name], log)
         payload["seconds"] = time.perf_counter() - start
         result = make_result("synthetic", name, payload, command=" ".join(["python", *sys.argv]),
                              config=portable_config(cfg), provenance=provenance)

@@ -43,7 +43,7 @@ class Column:
 
     def module(self, scale: str) -> Aggregate:
         """The column's aggregate; ``scale`` (paper | atk) applies to those with a threshold λ."""
-        return build_aggregate(self.aggregate, **({"scale": scale} if self.uses_lambda else {}), **self.overrides)
+        return build_aggregate(self.aggregate, **{**self.overrides, **({"scale": scale} if self.uses_lambda else {})})
 
 
 @dataclass
