@@ -19,9 +19,10 @@ import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from topklab.cli import preflight  # noqa: E402
-from topklab.engine.build import compose_run, recipe_for  # noqa: E402
+from topklab.cli import fail, preflight  # noqa: E402
+from topklab.engine.build import recipe_arguments  # noqa: E402
 from topklab.engine.run import format_summary, optimized_value, train  # noqa: E402
+from topklab.utils.errors import TopklabError  # noqa: E402
 
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
@@ -29,10 +30,6 @@ def main(cfg: DictConfig) -> float:
     hydra_cfg = HydraConfig.get()
     # A TopklabError is not caught here: hydra.callbacks.jobs (topklab.launch.callback) turns it into
     # `error: ...` + exit 2 for a single run, and into a recorded failure for a sweep job.
-    recipe = recipe_for(cfg)
-    if recipe is not None:
-        cfg = compose_run(list(hydra_cfg.overrides.task))
-        print(f"recipe: {recipe} (from the dataset's task; choose another with recipe=<name>)")
     summary = train(cfg, hydra_cfg.runtime.output_dir, job_name=hydra_cfg.job.name)
     value = optimized_value(cfg, summary)
     print(format_summary(summary))
@@ -53,5 +50,12 @@ def quiet_rank_overrides() -> list[str]:
 if __name__ == "__main__":
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # CUDA checks must not start CUDA before a sweep job is pinned to its GPU
     preflight(sys.argv[1:], ROOT / "configs")
-    sys.argv += quiet_rank_overrides()
+    try:
+        recipe = recipe_arguments(sys.argv[1:], ROOT / "configs", multirun=bool({"-m", "--multirun"} & set(sys.argv)))
+    except TopklabError as err:
+        fail(err)
+    if recipe and os.environ.get("RANK", "0") == "0":
+        print(f"{recipe[0].replace('=', ': ')} (from the dataset's task; choose another with recipe=<name>)")
+    at = next((i for i, arg in enumerate(sys.argv) if arg.startswith("--") and i > 0), len(sys.argv))
+    sys.argv[at:at] = recipe + quiet_rank_overrides()  # overrides go before Hydra's --cfg/--resolve flags
     main()

@@ -62,3 +62,8 @@ def test_a_group_option_describes_only_itself():
     for group in ("dataset", "model", "loss", "individual", "optim", "engine", "task", "logger"):
         for path in (CONFIG_DIR / group).glob("*.yaml"):
             assert "override /" not in path.read_text(), f"{group}/{path.name} sets another group"
+
+
+def test_fields_of_recipe_chosen_groups_can_be_overridden(compose_cfg):
+    cfg = compose_cfg("dataset=cifar100lt", "optim.momentum=0.8", "engine.schedule.warmup_epochs=5", "individual.tau=2")
+    assert cfg.optim.momentum == 0.8 and cfg.engine.schedule.warmup_epochs == 5 and cfg.individual.tau == 2

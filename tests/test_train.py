@@ -152,3 +152,14 @@ def test_train_returns_the_optimized_metric_for_sweepers(compose_cfg, tmp_path):
     cfg.optimized_metric = "top1"
     with pytest.raises(TopklabError, match="optimized_metric='top1' is not a validation metric of this run; choose one of: rmse"):
         optimized_value(cfg, summary)
+
+
+def test_cli_resolves_the_recipe_before_hydra_composes(tmp_path):
+    result = run_cli("dataset=cifar100lt", "optim.momentum=0.8", "--cfg", "job")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("recipe: multiclass") and "momentum: 0.8" in result.stdout
+    mixed = run_cli("-m", "dataset=australian,cifar100lt", f"paths.log_dir={tmp_path}")
+    assert mixed.returncode == 2 and not any(tmp_path.iterdir())
+    assert mixed.stderr.strip().splitlines() == [
+        "error: this sweep mixes datasets that need different recipes (binary, multiclass); pass recipe=<name> "
+        "or run one sweep per kind of dataset"]

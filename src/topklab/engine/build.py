@@ -3,6 +3,7 @@ constructor arguments a target asks for, and the recipe a dataset's task implies
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 from hydra import compose
 from hydra.errors import HydraException, InstantiationException
@@ -62,16 +63,45 @@ def recipe_for(cfg: DictConfig) -> str | None:
     return str(task)
 
 
+def chooses_groups(override: str) -> bool:
+    """Whether an override can change the dataset's task: a group choice (``dataset=``,
+    ``experiment=``) or a dataset field; field overrides of other groups wait for the recipe."""
+    key = override.lstrip("+~").split("=", 1)[0]
+    return not key.startswith("hydra") and ("." not in key or key.startswith("dataset."))
+
+
 def compose_run(overrides: list[str], config_name: str = "train") -> DictConfig:
     """Compose ``config_name`` with ``overrides`` (Hydra must be initialised: inside a
-    ``@hydra.main`` app or ``initialize_config_dir``), resolving ``recipe=auto`` from the dataset.
+    ``@hydra.main`` app or ``initialize_config_dir``), resolving ``recipe=auto`` from the dataset:
+    a first composition with the group choices finds the dataset's task, the second adds
+    ``recipe=<task>``, so field overrides of the recipe's groups (``optim.momentum=``) apply.
     Command-line choices of model, optim, individual, engine and task win over the recipe's."""
     try:
-        cfg = compose(config_name, overrides=overrides)
-        recipe = recipe_for(cfg)
+        recipe = recipe_for(compose(config_name, overrides=[o for o in overrides if chooses_groups(o)]))
         if recipe is not None:
-            chosen = [o for o in overrides if not o.lstrip("+~").startswith("recipe=")]
-            cfg = compose(config_name, overrides=[*chosen, f"recipe={recipe}"])
+            overrides = [*(o for o in overrides if not o.lstrip("+~").startswith("recipe=")), f"recipe={recipe}"]
+        cfg = compose(config_name, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
         raise TopklabError(" ".join(str(err).split())) from None
     return cfg
+
+
+def recipe_arguments(args: list[str], config_dir, multirun: bool) -> list[str]:
+    """``["recipe=<task>"]`` for a command line that leaves ``recipe=auto``, so that Hydra composes
+    train.py's config once with the right groups; every point of a ``-m`` sweep must agree."""
+    from hydra import initialize_config_dir
+
+    from topklab.cli import config_groups, parse_overrides, sweep_points
+
+    overrides = [o for o in parse_overrides([a for a in args if "=" in a or a.startswith("~")])
+                 if not o.is_hydra_override()]
+    if any(o.key_or_group == "recipe" for o in overrides):
+        return []
+    points = sweep_points(overrides, config_groups(Path(config_dir))) if multirun else [[o.input_line for o in overrides]]
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        recipes = {recipe_for(compose("train", overrides=[o for o in point if chooses_groups(o)])) for point in points}
+    if len(recipes) > 1:
+        raise TopklabError(f"this sweep mixes datasets that need different recipes ({', '.join(sorted(map(str, recipes)))}); "
+                           f"pass recipe=<name> or run one sweep per kind of dataset")
+    recipe = recipes.pop()
+    return [] if recipe is None else [f"recipe={recipe}"]

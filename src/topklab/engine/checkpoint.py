@@ -17,8 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from topklab.utils.io import atomic_torch_save, atomic_write_json
 from topklab.utils.errors import TopklabError
 
-NOT_IN_KEY = ("paths", "logger", "result_file", "row")
-TRAINER_NOT_IN_KEY = ("progress", "resume", "checkpoint_every")
+NOT_IN_KEY = ("paths", "logger", "result_file", "row", "optimized_metric")
+ENGINE_NOT_IN_KEY = ("progress", "resume", "checkpoint", "checkpoint_every")
 DATASET_NOT_IN_KEY = ("root", "download")  # where the files are, not what they are
 
 
@@ -27,8 +27,8 @@ def run_key(cfg: DictConfig) -> str:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     for key in NOT_IN_KEY:
         resolved.pop(key, None)
-    for key in TRAINER_NOT_IN_KEY:
-        resolved.get("trainer", {}).pop(key, None)
+    for key in ENGINE_NOT_IN_KEY:
+        resolved.get("engine", {}).pop(key, None)
     for key in DATASET_NOT_IN_KEY:
         resolved.get("dataset", {}).pop(key, None)
     text = json.dumps(resolved, sort_keys=True, default=str)
@@ -60,5 +60,5 @@ class CheckpointStore:
         except Exception as err:  # a torn or foreign file: say which and how to start over
             raise TopklabError(
                 f"checkpoint {self.path} cannot be read ({type(err).__name__}: {err}); delete that folder "
-                f"to start the run over, or pass trainer.resume=false"
+                f"to start the run over, or pass engine.resume=false"
             ) from None

@@ -148,6 +148,9 @@ class Engine:
             return contextlib.nullcontext() if amp_dtype is None else torch.autocast(device.type, dtype=amp_dtype)
 
         def evaluate(split: str) -> dict:
+            if dist.is_distributed:  # DDP syncs buffers (BatchNorm statistics) only at training forwards
+                for buffer in module.buffers():
+                    torch.distributed.broadcast(buffer, src=0)
             if split not in loaders:
                 loaders[split] = data.eval_loader(split, self.eval_batch_size, device, channels_last)
             module.eval()
@@ -161,7 +164,7 @@ class Engine:
 
         state = {"epoch": 0, "batch": 0, "step": 0, "loss_sum": 0.0, "history": [], "best": {}, "trackers": None,
                  "train_seconds": 0.0, "logger_id": logger_id, "finished": False, "early_stopped": False}
-        trackers = {m: EarlyStopping(torch.tensor([-float("inf")]), self.patience if i == 0 else None, self.min_delta)
+        trackers = {m: EarlyStopping(torch.tensor([-float("inf")], dtype=torch.float64), self.patience if i == 0 else None, self.min_delta)
                     for i, m in enumerate(select)}
         store = CheckpointStore(workdir) if workdir is not None and self.checkpoint else None
 
@@ -186,14 +189,15 @@ class Engine:
             """Update every metric's best state; True when the first metric's patience ran out."""
             stop, best_state = False, None
             for i, metric in enumerate(select):
-                improved, out_of_patience = trackers[metric].update(state["step"], torch.tensor([signs[metric] * val[metric]]))
+                improved, out_of_patience = trackers[metric].update(state["step"], torch.tensor([signs[metric] * val[metric]], dtype=torch.float64))
                 if bool(improved):
                     best_state = best_state or snapshot()
                     state["best"][metric] = {"value": val[metric], "epoch": epoch, "step": state["step"], "val": val,
                                              "state": best_state}
                 stop = stop or (i == 0 and bool(out_of_patience))
-            on_eval({"step": state["step"], "epoch": epoch, **{f"val_{k}": v for k, v in task.scalar_metrics(val).items()},
-                     "lambda": module.objective.threshold})
+            if self.eval_every_steps:  # epoch-level validation logs the whole epoch row instead
+                on_eval({"step": state["step"], "epoch": epoch,
+                         **{f"val_{k}": v for k, v in task.scalar_metrics(val).items()}, "lambda": module.objective.threshold})
             return stop
 
         check_each_step = device.type != "cuda" and not dist.is_distributed  # no per-step sync on a GPU or across ranks
@@ -209,10 +213,13 @@ class Engine:
                     f"(resume from the last finite checkpoint with engine.resume=true)", last_good_state=snapshot())
 
         def save_checkpoint() -> None:
-            if store is None or not dist.is_main:
+            if store is None:
                 return
-            check_finite(f"before the checkpoint at step {state['step']}", running)
-            state["loss_sum"] = float(running)
+            loss_sum = epoch_loss_sum()  # every rank: a collective under DDP
+            check_finite(f"before the checkpoint at step {state['step']}", loss_sum)
+            if not dist.is_main:
+                return
+            state["loss_sum"] = float(loss_sum)
             state["trackers"] = {m: t.state_dict() for m, t in trackers.items()}
             store.save({"module": module.state_dict(), "optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
@@ -236,6 +243,8 @@ class Engine:
                 val, validated_step = None, None
                 fetch_start = time.perf_counter()
                 for x, y in train_loader.batches(epoch, start=state["batch"]):
+                    if len(y) < dist.world_size:  # a last batch too small to give every rank a sample
+                        break
                     waited = time.perf_counter() - fetch_start
                     compute_start = profile.now()
                     objective, _ = wrapped(local(x), local(y), autocast, profile.now)
@@ -288,6 +297,8 @@ class Engine:
                 running.zero_()
                 save_checkpoint()
                 on_epoch_end(row)
+                if not self.eval_every_steps:
+                    on_eval(row)
                 if state["finished"]:
                     break
         if select[0] not in state["best"]:  # validation every N steps never came round

@@ -61,6 +61,11 @@ def build_run(cfg: DictConfig):
     except (TypeError, ValueError) as err:
         raise TopklabError(f"objective: {err}") from None
     check_k_fits(aggregate, engine.batch_size, len(data.targets("train")), engine.drop_last)
+    for metric in engine.select_metrics or []:
+        try:
+            task.higher_is_better(metric)
+        except ValueError as err:
+            raise TopklabError(f"engine.select_metrics: {err}") from None
     return data, model, objective, task, engine
 
 
@@ -70,7 +75,7 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None) -> 
     Raises :class:`TopklabError` (after removing the partial record) on bad input. Under
     ``torchrun`` every rank trains; only the main rank writes the record, logs and the result.
     """
-    dist = Distributed.from_env().init()
+    dist = Distributed.from_env(backend="gloo" if cfg.engine.device == "cpu" else None).init()
     record = RunRecord(run_dir, job_name) if dist.is_main else SilentRecord(run_dir, job_name)
     logger = None
     try:
@@ -100,7 +105,8 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None) -> 
     summary = {
         "dataset": data.name, "task": data.task, "data": data.info, "recipe": cfg.get("recipe"),
         "model": cfg.model._target_, "loss": cfg.loss._target_, "individual": cfg.individual._target_,
-        "seeds": seeds, "logger_id": logger.id, **result,
+        "seeds": seeds, "logger_id": logger.id, "class_counts": data.info.get("class_counts"),
+        "loader": getattr(data, "loader", None), **result,
     }
     record.write_summary(summary)
     if cfg.get("result_file") and dist.is_main:

@@ -71,12 +71,13 @@ def reproduce(cfg: DictConfig) -> list[dict]:
     protocol = protocol_from(cfg.preset)
     store = CellStore(cfg.results_dir)
     wanted = as_list(cfg.aggregates)
+    paths = [f"paths.{k}={v}" for k, v in OmegaConf.to_container(cfg.paths, resolve=True).items()]
     plan = []  # (cell, composed config of the cell, fingerprint extras)
     for row in select_rows(Path(cfg.config_dir), cfg.row):
-        cells = compose_run([f"experiment={row}"]).cells
+        cells = compose_run([f"experiment={row}", *paths]).cells
         for individual in cells.individual:
             for aggregate in (a for a in cells.loss if wanted is None or a in wanted):
-                cell_cfg = compose_run([f"experiment={row}", f"individual={individual}", f"loss={aggregate}"])
+                cell_cfg = compose_run([f"experiment={row}", f"individual={individual}", f"loss={aggregate}", *paths])
                 cell = Cell(cells.table, cell_cfg.row, individual, aggregate)
                 protocol.grid.combos(aggregate)  # unknown aggregate names fail before any training
                 # unresolved, so that machine-specific paths do not enter the fingerprint
