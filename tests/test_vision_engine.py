@@ -92,28 +92,33 @@ def train_command(tmp_path, fmnist_root, *extra):
             "engine.checkpoint_every=1", f"paths.log_dir={tmp_path}/logs", "loss=stk", *extra]
 
 
-def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnist_root):
+@pytest.mark.parametrize("ranks", [1, 2], ids=["one process", "ddp 2 ranks"])
+def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnist_root, ranks):
+    """SIGKILL mid-epoch, rerun the same command: the metrics of an uninterrupted run, also under
+    torchrun (gloo), where rank 0 writes the checkpoint and every rank resumes from it."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] if ranks > 1 else []
+
+    def command(name, result):
+        line = train_command(tmp_path / name, fmnist_root, f"result_file={result}")
+        return [*launcher, *line[1:]] if launcher else line
+
     reference = tmp_path / "reference.json"
-    subprocess.run(train_command(tmp_path / "a", fmnist_root, f"result_file={reference}"), env=env, check=True,
-                   capture_output=True)
+    subprocess.run(command("a", reference), env=env, check=True, capture_output=True)
     interrupted = tmp_path / "interrupted.json"
-    command = train_command(tmp_path / "b", fmnist_root, f"result_file={interrupted}")
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    info = None
+    process = subprocess.Popen(command("b", interrupted), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
     deadline = time.time() + 300
     while time.time() < deadline and process.poll() is None:
         found = list((tmp_path / "b" / "logs" / "checkpoints").glob("*/run.json"))
-        if found:
-            info = json.loads(found[0].read_text())
-            if info["step"] >= 7:  # mid-way through epoch 2 (5 steps per epoch)
-                process.send_signal(signal.SIGKILL)
-                break
+        if found and json.loads(found[0].read_text())["step"] >= 7:  # mid-way through epoch 2 (5 steps per epoch)
+            os.killpg(process.pid, signal.SIGKILL)  # torchrun and its ranks
+            break
         time.sleep(0.005)
     process.wait()
     assert process.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     assert not interrupted.exists()
-    resumed = subprocess.run(command, env=env, capture_output=True, text=True)
+    resumed = subprocess.run(command("b", interrupted), env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     a = json.loads(reference.read_text())["result"]["summary"]
     b = json.loads(interrupted.read_text())["result"]["summary"]
