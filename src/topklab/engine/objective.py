@@ -12,6 +12,8 @@ import contextlib
 import torch
 from torch import nn
 
+from topklab.engine.distributed import all_gather_losses
+
 
 class Objective(nn.Module):
     """``L = aggregate(individual(output, target)) + 1/(2C)·Σ‖θ‖² + l1·Σ|W|``.
@@ -32,7 +34,7 @@ class Objective(nn.Module):
     >>> objective = Objective(Square(), Average(), l2_C=0.5)
     >>> model = nn.Linear(1, 1, bias=False)
     >>> _ = model.weight.data.fill_(2.0)
-    >>> float(objective(model(torch.ones(2, 1)), torch.zeros(2), model))  # 4 + 4 / (2·0.5)
+    >>> float(objective(model(torch.ones(2, 1)), torch.zeros(2), model).detach())  # 4 + 4 / (2·0.5)
     8.0
     """
 
@@ -53,8 +55,6 @@ class Objective(nn.Module):
         """The 1-D per-sample losses the aggregate sees (every rank's under ``gather_losses``)."""
         losses = self.individual(output, target).reshape(-1)
         if self.gather_losses:
-            from topklab.engine.distributed import all_gather_losses
-
             losses = all_gather_losses(losses)
         return losses
 
