@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.setup-done
 KERNLAB_RDA := .data/kernlab/usr/lib/R/site-library/kernlab/data/spam.rda
 
 .PHONY: setup data sparse demo test test-slow test-all reproduce-tabular tables bench-population \
-        reproduce-synthetic reproduce-fmnistlt table1 bench-topk figures clean
+        reproduce-synthetic reproduce-fmnistlt table1 bench-topk bench-step-share figures clean
 
 setup: $(STAMP) data
 
@@ -105,6 +105,11 @@ BENCH_DEVICE  ?= cpu
 BENCH_MAX_EXP ?= 7
 bench-topk: setup
 	$(PY) scripts/bench_topk.py --device $(BENCH_DEVICE) --max-exp $(BENCH_MAX_EXP)
+
+# The aggregate loss's share of real training steps (tabular MLP, ResNet-32 on fmnistlt; Average, ATk, STk),
+# from the engine's cost columns: results/bench/step_share_cpu.{json,md} (a few minutes at 1 thread).
+bench-step-share: setup data
+	$(PY) scripts/bench_step_share.py
 
 # results/figures/figure{2,3,4}.png from results/synthetic/ (reads only results/).
 figures: setup

@@ -1,14 +1,18 @@
 """Forward + backward time and peak memory of the aggregate losses on n per-sample losses.
 
-    python scripts/bench_topk.py [--device cpu|cuda] [--max-exp 7] [--out-dir results/bench]
+    python scripts/bench_topk.py [--quick] [--device cpu|cuda] [--max-exp 7] [--out-dir results/bench]
 
-Losses: Average, Maximum, ATk (sort), ATk (torch.topk), MATk and STk from topklab.losses, on a
-float32 leaf of n losses (``requires_grad``; the backward fills its ``.grad``); n = 1e3 … 10^max-exp,
-k ∈ {5, 0.1n, 0.9n} (Average and Maximum have no k). Each (loss, n, k) runs in its own process so
-that its peak memory is its own: on CPU the rise of the peak RSS over the RSS after the input was
-made, on CUDA ``max_memory_allocated`` over the input's bytes. Times are medians over repeats after
-one warm-up call (CUDA: events). Writes ``topk_<device>.json``, ``.md`` and a log-log ``.png``; the
-last line printed is the worst ratio STk/Average over n (for each n, the worst over k).
+Losses: Average, Maximum, ATk (sort), ATk (torch.topk), and MATk and STk through both paths of
+their fused kernel (eager and ``torch.compile``-d; see topklab.losses.aggregate.kernels), on a
+float32 leaf of n losses (``requires_grad``; the backward fills its ``.grad``); n = 1e3 …
+10^max-exp, k ∈ {5, 0.1n, 0.9n} (Average and Maximum have no k). Each (loss, n, k) runs in its own
+process so that its peak memory is its own: on CPU the process's peak RSS (reset after the warm-up
+call, which compiles) over its RSS after the input was made, on CUDA ``max_memory_allocated`` over
+the input's bytes. Times are medians over repeats after warm-up calls (CUDA: events), so
+compilation is not timed. ``--quick`` runs n ∈ {1e5, 1e6} for Average, ATk (topk) and STk, one
+process per loss and no memory column, in about a minute. Writes ``topk_<device>[_quick].json``,
+``.md`` and (full runs) a log-log ``.png``; the last line printed is the worst ratio of compiled
+STk to Average over n >= 1e5 and every k.
 """
 from __future__ import annotations
 
@@ -23,7 +27,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TOPKLAB_ROOT", str(ROOT))
 
-BENCHED = ("average", "maximum", "atk:method=sort", "atk:method=topk", "matk", "stk")  # then any other aggregate
+BENCHED = ("average", "maximum", "atk:method=sort", "atk:method=topk", "matk:kernel=eager", "matk:kernel=compiled",
+           "stk:kernel=eager", "stk:kernel=compiled")  # then any other aggregate
+QUICK = ("average", "atk:method=topk", "stk:kernel=eager", "stk:kernel=compiled")
+HEADLINE = "STk (compiled)"
+HEADLINE_MIN_N = 10 ** 5
 
 
 def spec_of(entry: str) -> tuple[str, dict]:
@@ -49,6 +57,7 @@ def benched_losses() -> dict[str, tuple[str, bool]]:
 
 LOSSES = benched_losses()
 USES_K = {label for label, (_, uses_k) in LOSSES.items() if uses_k}
+QUICK_LOSSES = [label for label, (entry, _) in LOSSES.items() if entry in QUICK]
 
 
 def make_loss(label: str, k: int):
@@ -63,95 +72,136 @@ def current_rss_bytes() -> int:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def worker(name: str, n: int, k: int, device: str, min_time: float, threads: int) -> dict:
-    """Time and measure one (loss, n, k) in this process; returns a JSON-ready dict."""
-    import resource
+def reset_peak_rss() -> None:
+    """Reset the kernel's high-water mark of this process's RSS (Linux >= 4.0)."""
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
 
+
+def peak_rss_bytes() -> int:
+    with open("/proc/self/status") as handle:
+        line = next(line for line in handle if line.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
+
+
+def worker(name: str, points: list[tuple[int, int]], device: str, min_time: float, threads: int,
+           measure_memory: bool = True) -> list[dict]:
+    """Time (and measure) ``name`` at each (n, k) of ``points`` in this process; JSON-ready rows."""
     import torch
 
     if threads:
         torch.set_num_threads(threads)
-    loss = make_loss(name, k).to(device)
     cuda = device.startswith("cuda")
+    rows = []
+    for n, k in points:
+        loss = make_loss(name, k).to(device)
 
-    def step(values):
-        values.grad = None
-        for p in loss.parameters():
-            p.grad = None
-        loss(values).backward()
+        def step(values):
+            values.grad = None
+            for p in loss.parameters():
+                p.grad = None
+            loss(values).backward()
 
-    # start autograd's engine and the thread pools on a tiny input, so that they are not counted
-    step(torch.rand(max(k, 16)).to(device).requires_grad_(True))
-    generator = torch.Generator().manual_seed(0)
-    losses = torch.rand(n, generator=generator).to(device).requires_grad_(True)
-    baseline = current_rss_bytes()
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base_alloc = torch.cuda.memory_allocated()
-    step(losses)  # warm-up, and the call whose peak memory is reported
-    if cuda:
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base_alloc
-    else:
-        peak = max(0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline)
-    times = []
-    total = 0.0
-    while total < min_time or len(times) < 3:
+        generator = torch.Generator().manual_seed(0)
+        # warm up (and compile) on a smaller input of the same kind: autograd's engine, thread pools, kernels
+        step(torch.rand(max(k, n // 10), generator=generator).to(device).requires_grad_(True))
+        losses = torch.rand(n, generator=generator).to(device).requires_grad_(True)
         if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step(losses)
-            end.record()
             torch.cuda.synchronize()
-            seconds = start.elapsed_time(end) / 1000
+            torch.cuda.reset_peak_memory_stats()
+            base_alloc = torch.cuda.memory_allocated()
+        elif measure_memory:
+            baseline = current_rss_bytes()
+            reset_peak_rss()
+        step(losses)  # the first call at this size: the one whose peak memory is reported
+        if cuda:
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - base_alloc
         else:
-            begin = time.perf_counter()
-            step(losses)
-            seconds = time.perf_counter() - begin
-        times.append(seconds)
-        total += seconds
-    times.sort()
-    return {"loss": name, "n": n, "k": k, "seconds": times[len(times) // 2], "repeats": len(times),
-            "peak_bytes": int(peak)}
+            peak = max(0, peak_rss_bytes() - baseline) if measure_memory else None
+        times = []
+        total = 0.0
+        while total < min_time or len(times) < 3:
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                step(losses)
+                end.record()
+                torch.cuda.synchronize()
+                seconds = start.elapsed_time(end) / 1000
+            else:
+                begin = time.perf_counter()
+                step(losses)
+                seconds = time.perf_counter() - begin
+            times.append(seconds)
+            total += seconds
+        times.sort()
+        rows.append({"loss": name, "n": n, "k": k, "seconds": times[len(times) // 2], "repeats": len(times),
+                     "peak_bytes": None if peak is None else int(peak)})
+    return rows
 
 
 def k_values(n: int) -> dict[str, int]:
     return {"5": 5, "0.1n": max(1, round(0.1 * n)), "0.9n": max(1, round(0.9 * n))}
 
 
-def render(results: list[dict], device: str, hardware: str) -> str:
-    lines = [f"# Aggregate losses: forward + backward on n float32 losses ({device}; {hardware})", "",
-             "Median seconds (peak extra memory). Produced by `python scripts/bench_topk.py "
-             f"--device {device}`.", ""]
-    ns = sorted({r["n"] for r in results})
-    header = "| loss | k | " + " | ".join(f"n=1e{len(str(n)) - 1}" for n in ns) + " |"
-    lines += [header, "|" + "---|" * (len(ns) + 2)]
-    for name in LOSSES:
-        for label in (k_values(10)) if name in USES_K else ["-"]:
-            cells = []
-            for n in ns:
-                match = [r for r in results if r["loss"] == name and r["n"] == n and r["k_label"] == label]
-                cells.append(f"{match[0]['seconds'] * 1e3:.3g} ms ({match[0]['peak_bytes'] / 2**20:.3g} MiB)"
-                             if match else "–")
-            lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
-    lines += ["", "STk / Average time ratio (worst over k) and STk vs ATk (sort):", "",
-              "| n | STk/Average | ATk(sort)/STk |", "|---|---|---|"]
-    for n in ns:
-        lines.append(f"| {n:.0e} | {stk_ratio(results, n):.2f} | {sort_over_stk(results, n):.2f} |")
-    return "\n".join(lines) + "\n"
-
-
-def seconds_of(results, name, n, label=None):
+def seconds_of(results, name, n, label=None) -> list[float]:
     return [r["seconds"] for r in results if r["loss"] == name and r["n"] == n and (label is None or r["k_label"] == label)]
 
 
-def stk_ratio(results, n) -> float:
-    return max(seconds_of(results, "STk", n)) / seconds_of(results, "Average", n)[0]
+def ratio_over(results, name, n) -> float:
+    """The worst (largest) time of ``name`` over k at n, divided by Average's time at n."""
+    return max(seconds_of(results, name, n)) / seconds_of(results, "Average", n)[0]
 
 
-def sort_over_stk(results, n) -> float:
-    return min(s / t for s, t in zip(seconds_of(results, "ATk (sort)", n), seconds_of(results, "STk", n)))
+def headline(results) -> float:
+    """Worst compiled-STk/Average ratio over n >= 1e5 and every k."""
+    return max(ratio_over(results, HEADLINE, n) for n in sorted({r["n"] for r in results}) if n >= HEADLINE_MIN_N)
+
+
+def cell(match: list[dict]) -> str:
+    if not match:
+        return "–"
+    memory = "" if match[0]["peak_bytes"] is None else f" ({match[0]['peak_bytes'] / 2**20:.3g} MiB)"
+    return f"{match[0]['seconds'] * 1e3:.3g} ms{memory}"
+
+
+def winners(results, ns) -> list[str]:
+    """Plain sentences: where ATk via torch.topk is faster than compiled STk, and where not."""
+    wins = {"ATk (topk)": [], HEADLINE: []}
+    for n in ns:
+        for label in k_values(10):
+            topk, stk = seconds_of(results, "ATk (topk)", n, label), seconds_of(results, HEADLINE, n, label)
+            if topk and stk:
+                wins["ATk (topk)" if topk[0] < stk[0] else HEADLINE].append(f"(n=1e{len(str(n)) - 1}, k={label})")
+    return [f"- {name} is faster at: {'; '.join(points) if points else 'none of the points'}."
+            for name, points in wins.items()]
+
+
+def render(results: list[dict], device: str, hardware: str, command: str) -> str:
+    lines = [f"# Aggregate losses: forward + backward on n float32 losses ({device}; {hardware})", "",
+             f"Median time (peak extra memory). Produced by `{command}`.", ""]
+    ns = sorted({r["n"] for r in results})
+    names = [name for name in LOSSES if any(r["loss"] == name for r in results)]
+    header = "| loss | k | " + " | ".join(f"n=1e{len(str(n)) - 1}" for n in ns) + " |"
+    lines += [header, "|" + "---|" * (len(ns) + 2)]
+    for name in names:
+        for label in (k_values(10)) if name in USES_K else ["-"]:
+            cells = [cell([r for r in results if r["loss"] == name and r["n"] == n and r["k_label"] == label])
+                     for n in ns]
+            lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
+    stk_rows = [name for name in names if name.startswith("STk")]
+    lines += ["", "Time ratios (STk: the worst over k; ATk (topk)/STk per k, > 1 where STk is faster):", "",
+              "| n | " + " | ".join(f"{name}/Average" for name in stk_rows)
+              + " | ATk (topk)/STk (compiled) at k = 5, 0.1n, 0.9n |", "|---|" + "---|" * (len(stk_rows) + 1)]
+    for n in ns:
+        versus = [f"{t / s:.2f}" for t, s in zip(seconds_of(results, "ATk (topk)", n), seconds_of(results, HEADLINE, n))]
+        lines.append(f"| {n:.0e} | " + " | ".join(f"{ratio_over(results, name, n):.2f}" for name in stk_rows)
+                     + f" | {', '.join(versus) or '–'} |")
+    lines += ["", *winners(results, ns)]
+    if any(n >= HEADLINE_MIN_N for n in ns) and HEADLINE in names:
+        lines += ["", f"worst STk/Average ratio (n >= 1e5): {headline(results):.2f} (compiled STk, every k)"]
+    return "\n".join(lines) + "\n"
 
 
 def plot(results: list[dict], path: Path, device: str) -> None:
@@ -164,6 +214,8 @@ def plot(results: list[dict], path: Path, device: str) -> None:
     for name in LOSSES:
         label = "0.1n" if name in USES_K else "-"
         rows = sorted((r for r in results if r["loss"] == name and r["k_label"] == label), key=lambda r: r["n"])
+        if not rows:
+            continue
         text = name + (" (k=0.1n)" if name in USES_K else "")
         axes[0].loglog([r["n"] for r in rows], [r["seconds"] for r in rows], marker="o", label=text)
         axes[1].loglog([r["n"] for r in rows], [max(r["peak_bytes"], 1) / 2**20 for r in rows], marker="o", label=text)
@@ -174,19 +226,33 @@ def plot(results: list[dict], path: Path, device: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def run_worker(name: str, points: list[tuple[int, int]], args, measure_memory: bool) -> list[dict]:
+    command = [sys.executable, __file__, "--worker", name, ",".join(f"{n}:{k}" for n, k in points),
+               "--device", args.device, "--min-time", str(args.min_time), "--threads", str(args.threads)]
+    out = subprocess.run(command + ([] if measure_memory else ["--no-memory"]), capture_output=True, text=True)
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        print(f"error: {name} at {points} failed: {last}", file=sys.stderr)
+        raise SystemExit(1)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quick", action="store_true", help="n = 1e5, 1e6; Average, ATk (topk), STk; no memory")
     parser.add_argument("--min-exp", type=int, default=3)
     parser.add_argument("--max-exp", type=int, default=7, help="largest n = 10^max-exp (8 on a GPU)")
     parser.add_argument("--min-time", type=float, default=0.3, help="seconds of repeats per point")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's default)")
     parser.add_argument("--out-dir", default=str(ROOT / "results" / "bench"))
-    parser.add_argument("--worker", nargs=3, metavar=("LOSS", "N", "K"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=2, metavar=("LOSS", "POINTS"), help=argparse.SUPPRESS)
+    parser.add_argument("--no-memory", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        name, n, k = args.worker
-        print(json.dumps(worker(name, int(n), int(k), args.device, args.min_time, args.threads)))
+        name, points = args.worker
+        pairs = [tuple(int(v) for v in point.split(":")) for point in points.split(",")]
+        print(json.dumps(worker(name, pairs, args.device, args.min_time, args.threads, not args.no_memory)))
         return
     if args.device.startswith("cuda"):
         import torch
@@ -194,6 +260,8 @@ def main() -> None:
         if not torch.cuda.is_available():
             print("error: --device cuda but no CUDA device is available here; use --device cpu", file=sys.stderr)
             raise SystemExit(2)
+    if args.quick:
+        args.min_exp, args.max_exp = 5, 6
     if not 1 <= args.min_exp <= args.max_exp <= 9:
         print(f"error: need 1 <= --min-exp <= --max-exp <= 9, got {args.min_exp}, {args.max_exp}", file=sys.stderr)
         raise SystemExit(2)
@@ -201,37 +269,38 @@ def main() -> None:
     from topklab.utils.io import atomic_write_text
     from topklab.utils.provenance import collect, hardware
 
+    ns = [10 ** exponent for exponent in range(args.min_exp, args.max_exp + 1)]
     results = []
-    for exponent in range(args.min_exp, args.max_exp + 1):
-        n = 10 ** exponent
-        for name in LOSSES:
-            for label, k in (k_values(n).items() if name in USES_K else [("-", 1)]):
-                out = subprocess.run([sys.executable, __file__, "--worker", name, str(n), str(k),
-                                      "--device", args.device, "--min-time", str(args.min_time),
-                                      "--threads", str(args.threads)], capture_output=True, text=True)
-                if out.returncode != 0:
-                    last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-                    print(f"error: {name} at n={n}, k={k} failed: {last}", file=sys.stderr)
-                    raise SystemExit(1)
-                row = json.loads(out.stdout.strip().splitlines()[-1])
+    for name in (QUICK_LOSSES if args.quick else LOSSES):
+        points = [(n, label, k) for n in ns for label, k in (k_values(n).items() if name in USES_K else [("-", 1)])]
+        batches = [points] if args.quick else [[point] for point in points]
+        for batch in batches:
+            rows = run_worker(name, [(n, k) for n, _, k in batch], args, measure_memory=not args.quick)
+            for (n, label, _), row in zip(batch, rows):
                 row["k_label"] = label
                 results.append(row)
-                print(f"{name:>11} n={n:.0e} k={label:>4}: {row['seconds'] * 1e3:9.3f} ms  "
-                      f"peak {row['peak_bytes'] / 2**20:8.2f} MiB", flush=True)
+                memory = "" if row["peak_bytes"] is None else f"  peak {row['peak_bytes'] / 2**20:8.2f} MiB"
+                print(f"{name:>15} n={n:.0e} k={label:>4}: {row['seconds'] * 1e3:9.3f} ms{memory}", flush=True)
     out_dir = Path(args.out_dir)
     device = "cuda" if args.device.startswith("cuda") else "cpu"
+    stem = f"topk_{device}" + ("_quick" if args.quick else "")
     machine = hardware()
     label = ", ".join(machine["gpus"]) if device == "cuda" else (machine.get("processor") or machine["machine"])
-    settings = {"device": args.device, "min_exp": args.min_exp, "max_exp": args.max_exp, "min_time": args.min_time,
-                "threads": args.threads}
-    write_result(out_dir / f"topk_{device}.json", make_result(
-        "bench", f"topk_{device}", {"results": results}, command=" ".join(["python", *sys.argv]), config=settings,
-        provenance=collect(ROOT)))
-    atomic_write_text(out_dir / f"topk_{device}.md", render(results, device, f"{label}, {machine['cpu_count']} cores, {args.threads or machine['torch_threads']} torch threads"))
-    plot(results, out_dir / f"topk_{device}.png", device)
-    ns = sorted({r["n"] for r in results})
-    print(f"wrote {out_dir}/topk_{device}.{{json,md,png}}")
-    print(f"worst STk/Average ratio over n: {max(stk_ratio(results, n) for n in ns):.2f}")
+    settings = {"device": args.device, "quick": args.quick, "min_exp": args.min_exp, "max_exp": args.max_exp,
+                "min_time": args.min_time, "threads": args.threads}
+    command = " ".join(["python", "scripts/bench_topk.py", *sys.argv[1:]])
+    write_result(out_dir / f"{stem}.json", make_result("bench", stem, {"results": results}, command=command,
+                                                       config=settings, provenance=collect(ROOT)))
+    threads = args.threads or machine["torch_threads"]
+    atomic_write_text(out_dir / f"{stem}.md", render(results, device, f"{label}, {machine['cpu_count']} cores, "
+                                                                      f"{threads} torch threads", command))
+    written = "json,md"
+    if not args.quick:
+        plot(results, out_dir / f"{stem}.png", device)
+        written += ",png"
+    print(f"wrote {out_dir}/{stem}.{{{written}}}")
+    if HEADLINE in {r["loss"] for r in results} and any(n >= HEADLINE_MIN_N for n in ns):
+        print(f"worst STk/Average ratio (n >= 1e5): {headline(results):.2f}")
 
 
 if __name__ == "__main__":

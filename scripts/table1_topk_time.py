@@ -3,9 +3,13 @@ samples, each algorithm run on the same 50 fresh samples (mean ± std seconds).
 
     python scripts/table1_topk_time.py [--runs 50] [--n 10000] [--k 5] [--out results/bench/table1.json]
 
-BubbleSort and HeapSort are pure-Python full sorts; ATk and STk iterate on λ (Adam on Eq. 1 / Eq. 3,
-vectorised torch, until the top-k sum read out at λ is within 1e-2 of the truth); "sort (torch)" is
-torch.sort for reference. See topklab.bench.topk_sum. `make tables` renders results/tables/table1.md.
+The paper's algorithms, as we read them: BubbleSort and HeapSort are pure-Python full sorts; ATk and
+STk iterate on λ (Adam on Eq. 1 / Eq. 3, vectorised torch, until the top-k sum read out at λ is within
+1e-2 of the truth). Ours, not in the paper, with the same read-out and stopping rule, in torch and in
+numpy (arrays made from the same float64 samples outside the timer): STk by safeguarded Newton on
+Eq. 3, ATk by bisection on λ and by one selection of the k-th largest. "sort (torch)" is torch.sort,
+for reference. Each row records its "origin" (paper / ours / reference) and its λ iterations. See
+topklab.bench.topk_sum. `make tables` renders results/tables/table1.md.
 """
 from __future__ import annotations
 
@@ -14,28 +18,70 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TOPKLAB_ROOT", str(ROOT))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-from topklab.bench.topk_sum import (bubble_sort_topk_sum, heap_sort_topk_sum, lambda_iteration,  # noqa: E402
-                                    sort_topk_sum)
+from topklab.bench.topk_sum import (atk_bisection, atk_selection, bubble_sort_topk_sum,  # noqa: E402
+                                    heap_sort_topk_sum, lambda_iteration, sort_topk_sum, stk_newton)
 from topklab.report import make_result, write_result  # noqa: E402
 from topklab.utils.provenance import collect  # noqa: E402
 
+
+class Sample(NamedTuple):
+    """One draw of n values in the three forms the algorithms take (made before any timer starts)."""
+
+    as_list: list[float]
+    tensor: torch.Tensor  # float64
+    array: np.ndarray  # float64, the same values
+
+    @classmethod
+    def of(cls, values: torch.Tensor) -> "Sample":
+        return cls(values.tolist(), values, values.numpy())
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One Table 1 row: how it runs, whose algorithm it is, and ``run(sample, k, target, args) -> (top-k sum,
+    λ iterations or None)``."""
+
+    level: str
+    origin: str  # "paper" (the paper's algorithm as we read it), "ours" (not in the paper) or "reference"
+    run: Callable[[Sample, int, float, argparse.Namespace], tuple[float, int | None]]
+
+
+NEWTON = "Python loop over safeguarded Newton / bisection λ steps"
 ALGORITHMS = {
-    # name: (language level, callable(values_list, values_tensor, k, target) -> (answer, iterations))
-    "BubbleSort": ("pure Python loops", lambda lst, t, k, target, a: (bubble_sort_topk_sum(lst, k), None)),
-    "HeapSort": ("pure Python loops", lambda lst, t, k, target, a: (heap_sort_topk_sum(lst, k), None)),
-    "ATk": ("torch vectorised, Python loop over λ steps",
-            lambda lst, t, k, target, a: lambda_iteration(t, k, target, "atk", lr=a.lr, tol=a.tol)),
-    "STk": ("torch vectorised, Python loop over λ steps",
-            lambda lst, t, k, target, a: lambda_iteration(t, k, target, "stk", delta=a.delta, lr=a.lr, tol=a.tol)),
-    "sort (torch)": ("torch.sort, compiled C++", lambda lst, t, k, target, a: (sort_topk_sum(t, k), None)),
+    "BubbleSort": Algorithm("pure Python loops", "paper",
+                            lambda s, k, target, a: (bubble_sort_topk_sum(s.as_list, k), None)),
+    "HeapSort": Algorithm("pure Python loops", "paper",
+                          lambda s, k, target, a: (heap_sort_topk_sum(s.as_list, k), None)),
+    "ATk": Algorithm("torch vectorised, Python loop over λ steps", "paper",
+                     lambda s, k, target, a: lambda_iteration(s.tensor, k, target, "atk", lr=a.lr, tol=a.tol)),
+    "STk": Algorithm("torch vectorised, Python loop over λ steps", "paper",
+                     lambda s, k, target, a: lambda_iteration(s.tensor, k, target, "stk", delta=a.delta, lr=a.lr,
+                                                              tol=a.tol)),
+    "STk Newton (torch)": Algorithm(f"torch vectorised, {NEWTON}", "ours",
+                                    lambda s, k, target, a: stk_newton(s.tensor, k, target, delta=a.delta, tol=a.tol)),
+    "STk Newton (numpy)": Algorithm(f"numpy vectorised, {NEWTON}", "ours",
+                                    lambda s, k, target, a: stk_newton(s.array, k, target, delta=a.delta, tol=a.tol)),
+    "ATk bisection (torch)": Algorithm("torch vectorised, Python loop over bisection λ steps", "ours",
+                                       lambda s, k, target, a: atk_bisection(s.tensor, k, target, tol=a.tol)),
+    "ATk bisection (numpy)": Algorithm("numpy vectorised, Python loop over bisection λ steps", "ours",
+                                       lambda s, k, target, a: atk_bisection(s.array, k, target, tol=a.tol)),
+    "ATk selection (torch)": Algorithm("λ = k-th largest by torch.kthvalue (compiled C++), then Eq. 1", "ours",
+                                       lambda s, k, target, a: atk_selection(s.tensor, k)),
+    "ATk selection (numpy)": Algorithm("λ = k-th largest by np.partition (compiled C), then Eq. 1", "ours",
+                                       lambda s, k, target, a: atk_selection(s.array, k)),
+    "sort (torch)": Algorithm("torch.sort, compiled C++", "reference",
+                              lambda s, k, target, a: (sort_topk_sum(s.tensor, k), None)),
 }
 
 
@@ -60,17 +106,18 @@ def main() -> None:
     torch.set_num_threads(1)  # one core for every algorithm, like the single-threaded sorts
     generator = torch.Generator().manual_seed(args.seed)
     samples = [torch.randn(args.n, generator=generator, dtype=torch.float64) for _ in range(args.runs)]
-    rows = {name: {"level": ALGORITHMS[name][0], "seconds": [], "iterations": [], "abs_error": []} for name in names}
+    rows = {name: {"level": ALGORITHMS[name].level, "origin": ALGORITHMS[name].origin, "seconds": [],
+                   "iterations": [], "abs_error": []} for name in names}
     warm = torch.randn(100, generator=torch.Generator().manual_seed(args.seed + 1), dtype=torch.float64)
     warm_target = float(torch.topk(warm, min(args.k, 100)).values.sum())
     for name in names:  # first calls pay one-off costs (lazy imports, allocator), not timed
-        ALGORITHMS[name][1](warm.tolist(), warm, min(args.k, 100), warm_target, args)
+        ALGORITHMS[name].run(Sample.of(warm), min(args.k, 100), warm_target, args)
     for run, values in enumerate(samples):
         target = float(torch.topk(values, args.k).values.sum())
-        as_list = values.tolist()
+        sample = Sample.of(values)
         for name in names:
             start = time.perf_counter()
-            answer, iterations = ALGORITHMS[name][1](as_list, values, args.k, target, args)
+            answer, iterations = ALGORITHMS[name].run(sample, args.k, target, args)
             rows[name]["seconds"].append(time.perf_counter() - start)
             rows[name]["abs_error"].append(abs(answer - target))
             if iterations is not None:
@@ -83,8 +130,10 @@ def main() -> None:
         rows[name]["mean"] = statistics.fmean(seconds)
         rows[name]["std"] = statistics.pstdev(seconds)
         published = f"paper {paper[name][0]:.4f} ± {paper[name][1]:.4f} s" if name in paper else "paper: not reported"
-        print(f"{name:>14}: ours {rows[name]['mean']:.4f} ± {rows[name]['std']:.4f} s, {published} "
-              f"({rows[name]['level']})")
+        iterations = (f", {statistics.fmean(rows[name]['iterations']):.1f} λ iterations (max "
+                      f"{max(rows[name]['iterations'])})" if rows[name]["iterations"] else "")
+        print(f"{name:>21}: ours {rows[name]['mean']:.4f} ± {rows[name]['std']:.4f} s{iterations}, {published} "
+              f"({rows[name]['origin']}: {rows[name]['level']})")
     settings = {"n": args.n, "k": args.k, "runs": args.runs, "seed": args.seed, "lr": args.lr, "delta": args.delta,
                 "tol": args.tol, "threads": 1}
     result = make_result("bench", "table1", {"algorithms": rows, "order": names}, command=" ".join(["python", *sys.argv]),

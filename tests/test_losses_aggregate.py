@@ -7,9 +7,9 @@ import torch
 import topklab.losses.aggregate.atk
 import topklab.losses.aggregate.average
 import topklab.losses.aggregate.base
+import topklab.losses.aggregate.kernels
 import topklab.losses.aggregate.maximum
 import topklab.losses.aggregate.registry
-import topklab.losses.aggregate.srelu_mean
 import topklab.losses.aggregate.thresholded
 import topklab.losses.smoothing
 from topklab.losses import ATk, Average, MATk, Maximum, STk
@@ -265,7 +265,7 @@ def test_fraction_rounding():
 @pytest.mark.parametrize("module", [
     topklab.losses.aggregate.atk, topklab.losses.aggregate.average, topklab.losses.aggregate.maximum,
     topklab.losses.aggregate.thresholded, topklab.losses.smoothing, topklab.losses.aggregate.base,
-    topklab.losses.aggregate.registry, topklab.losses.aggregate.srelu_mean,
+    topklab.losses.aggregate.registry, topklab.losses.aggregate.kernels,
 ])
 def test_docstring_examples(module):
     result = doctest.testmod(module, extraglobs={"torch": torch})
@@ -290,44 +290,6 @@ def test_p_k_validation(p_k, error, match):
     else:
         with pytest.raises(error, match=match):
             validate_p_k(p_k)
-
-
-# ---------- the fused SReLU mean inside STk ----------
-
-def test_srelu_mean_matches_elementwise_formula_row_by_row():
-    from topklab.losses.aggregate.srelu_mean import srelu_mean
-
-    g = torch.Generator().manual_seed(3)
-    losses = (torch.randn(3, 301, dtype=torch.float64, generator=g) * 3).requires_grad_()
-    lam = torch.tensor([0.7, -0.2, 1.5], dtype=torch.float64, requires_grad=True)
-    delta = torch.tensor([1e-4, 0.01, 0.5], dtype=torch.float64)
-    fused = srelu_mean(losses, lam, delta)
-    reference = torch.stack([srelu(losses[p] - lam[p], float(delta[p])).mean() for p in range(3)])
-    torch.testing.assert_close(fused, reference, rtol=1e-12, atol=1e-14)
-    weights = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)  # distinct upstream gradients per row
-    fused_grads = torch.autograd.grad((fused * weights).sum(), (losses, lam))
-    reference_grads = torch.autograd.grad((reference * weights).sum(), (losses, lam))
-    for got, want in zip(fused_grads, reference_grads):
-        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-14)
-
-
-def test_gradcheck_srelu_mean_batched():
-    from topklab.losses.aggregate.srelu_mean import srelu_mean
-
-    losses = (torch.randn(4, 37, dtype=torch.float64, generator=torch.Generator().manual_seed(5)) * 2).requires_grad_()
-    lam = torch.tensor([0.3, -0.4, 1.1, 0.0], dtype=torch.float64, requires_grad=True)
-    delta = torch.tensor([1e-3, 0.01, 0.1, 0.5], dtype=torch.float64)
-    assert torch.autograd.gradcheck(lambda l, t: srelu_mean(l, t, delta), (losses, lam))
-
-
-def test_srelu_mean_refuses_double_backward():
-    from topklab.losses.aggregate.srelu_mean import srelu_mean
-
-    losses = torch.rand(1, 5, dtype=torch.float64, requires_grad=True)
-    one = torch.tensor([0.5], dtype=torch.float64)
-    (grad,) = torch.autograd.grad(srelu_mean(losses, one, one / 50).sum(), losses, create_graph=True)
-    with pytest.raises(RuntimeError):
-        grad.sum().backward()
 
 
 # ---------- one kernel per aggregate: batched rows vs the 1-D module ----------

@@ -276,31 +276,6 @@ def test_reproduce_synthetic_rejects_unknown_experiment(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_bench_topk_worker_measures_one_point():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import bench_topk
-    finally:
-        sys.path.pop(0)
-    row = bench_topk.worker("STk", 1000, 100, "cpu", min_time=0.01, threads=1)
-    assert row["seconds"] > 0 and row["repeats"] >= 3 and row["peak_bytes"] >= 0
-    rows = []
-    for name in bench_topk.LOSSES:
-        for label in (bench_topk.k_values(1000) if name in bench_topk.USES_K else ["-"]):
-            rows.append({"loss": name, "n": 1000, "k_label": label, "seconds": 2.0 if name == "STk" else 1.0,
-                         "peak_bytes": 0})
-    assert bench_topk.stk_ratio(rows, 1000) == 2.0
-    assert "| STk | 0.9n | 2e+03 ms (0 MiB) |" in bench_topk.render(rows, "cpu", "test machine")
-
-
-@pytest.mark.slow
-def test_bench_topk_script_last_line(tmp_path):
-    out = run_script("bench_topk.py", "--max-exp", "3", "--min-time", "0.01", "--out-dir", str(tmp_path))
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1].startswith("worst STk/Average ratio over n: ")
-    assert (tmp_path / "topk_cpu.png").exists() and (tmp_path / "topk_cpu.md").exists()
-
-
 def test_synthetic_columns_are_experiment_rows_and_unknown_ones_fail_in_one_line(tmp_path):
     out = run_script("reproduce_synthetic.py", "experiments=[table2]", "table2.columns=[stk/table2/nope]",
                      f"results_dir={tmp_path}/r", f"hydra.run.dir={tmp_path}/h")

@@ -67,4 +67,4 @@ class Aggregate(nn.Module):
         k = losses.new_tensor([n if self.k is None else resolve_k(self.k, n)])
         lam = self.threshold.to(losses.dtype)[None] if self.has_threshold else None
         delta = None if self.delta is None else losses.new_tensor([self.delta])
-        return self.batched(losses[None], k, lam, delta)[0]
+        return self.batched(losses[None], k, lam, delta).squeeze(0)

@@ -55,7 +55,7 @@ def build_aggregate(name: str, **overrides) -> Aggregate:
     Examples
     --------
     >>> build_aggregate("stk", smoothing="elu")
-    STk(k=0.9, smoothing='elu', delta=0.01, lam_constraint='none', scale='paper')
+    STk(k=0.9, smoothing='elu', delta=0.01, lam_constraint='none', scale='paper', kernel='auto', compile_min_n=16384)
     """
     config = aggregate_config(name)
     unknown = sorted(set(overrides) - set(config) - {"_target_"})

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from topklab.losses.aggregate.base import Aggregate
-from topklab.losses.aggregate.srelu_mean import srelu_mean
+from topklab.losses.aggregate.kernels import KERNELS, thresholded
 from topklab.losses.k import validate_k
 from topklab.losses.smoothing import get_smoothing
 from topklab.losses.threshold import get_constraint
@@ -18,6 +18,10 @@ class ThresholdedTopK(Aggregate):
 
     ``scale="paper"`` returns the equation as printed (factor k/n relative to ATk at the optimum);
     ``scale="atk"`` multiplies by n/k so that the minimum over λ equals ATk (Fan et al.'s MATk form).
+
+    Value and gradients come from the fused kernels of :mod:`topklab.losses.aggregate.kernels`:
+    ``kernel="auto"`` runs the ``torch.compile``-d one on rows of at least ``compile_min_n`` losses
+    (where a compiler works) and the eager one below that; ``"compiled"`` and ``"eager"`` force one.
     """
 
     hyperparameters = ("k",)
@@ -31,9 +35,16 @@ class ThresholdedTopK(Aggregate):
         lam_init: float = 0.0,
         lam_constraint: str = "none",
         scale: str = "paper",
+        kernel: str = "auto",
+        compile_min_n: int = 16384,
     ):
         super().__init__()
         self.k = validate_k(k)
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown kernel {kernel!r}; choose one of: {', '.join(KERNELS)}")
+        if isinstance(compile_min_n, bool) or not isinstance(compile_min_n, int) or compile_min_n < 1:
+            raise ValueError(f"compile_min_n={compile_min_n!r} must be an integer >= 1 (rows at least this long "
+                             f"use the compiled kernel under kernel=auto)")
         if delta is not None and not (isinstance(delta, (int, float)) and not isinstance(delta, bool) and delta > 0):
             raise ValueError(f"delta={delta!r} must be a positive number (the paper uses 0.01)")
         if scale not in SCALES:
@@ -44,6 +55,8 @@ class ThresholdedTopK(Aggregate):
         self._phi = get_smoothing(smoothing)
         self.delta = None if delta is None else float(delta)
         self.scale = scale
+        self.kernel = kernel
+        self.compile_min_n = compile_min_n
         self._constraint = get_constraint(lam_constraint)
         self.lam = nn.Parameter(torch.tensor(float(self.lam_of(lam_init))))
 
@@ -65,23 +78,23 @@ class ThresholdedTopK(Aggregate):
         return self._constraint.raw_from_value(float(threshold))
 
     def batched(self, losses, k, lam, delta):
-        """Per row p: ``(1/n)·Σ_i φ_δp(ℓ_pi − λ_p) + (k_p/n)·λ_p`` (times n/k_p under ``scale="atk"``);
-        SReLU runs through the fused :func:`~topklab.losses.aggregate.srelu_mean.srelu_mean`."""
+        """Per row p: ``(1/n)·Σ_i φ_δp(ℓ_pi − λ_p) + (k_p/n)·λ_p`` (times n/k_p under ``scale="atk"``),
+        through the fused kernel (:func:`~topklab.losses.aggregate.kernels.thresholded`)."""
         n = losses.shape[1]
-        if self.smoothing == "srelu":
-            hinge = srelu_mean(losses, lam, delta)
-        else:
-            hinge = self._phi(losses - lam[:, None], None if delta is None else delta[:, None]).mean(1)
-        value = hinge + k / n * lam
-        if self.scale == "atk":
-            value = value * (n / k)
-        return value
+        scale = n / k if self.scale == "atk" else torch.ones_like(k)
+        delta = torch.zeros_like(k) if delta is None else delta
+        use_compiled = self.kernel == "compiled" or (self.kernel == "auto" and n >= self.compile_min_n)
+        return thresholded(losses, lam, delta, k, scale, self._phi, use_compiled and not torch.compiler.is_compiling(),
+                           required=self.kernel == "compiled")
 
     def extra_repr(self) -> str:
         return (
             f"k={self.k}, smoothing={self.smoothing!r}, delta={self.delta}, "
-            f"lam_constraint={self.lam_constraint!r}, scale={self.scale!r}"
+            f"lam_constraint={self.lam_constraint!r}, scale={self.scale!r}{self._kernel_repr()}"
         )
+
+    def _kernel_repr(self) -> str:
+        return f", kernel={self.kernel!r}" + (f", compile_min_n={self.compile_min_n}" if self.kernel == "auto" else "")
 
 
 class MATk(ThresholdedTopK):
@@ -102,22 +115,29 @@ class MATk(ThresholdedTopK):
         How λ >= 0 is kept (not given by the paper); see :mod:`topklab.losses.threshold`.
     scale : {"paper", "atk"}
         ``paper`` = Eq. 5 as printed; ``atk`` multiplies by n/k.
+    kernel : {"auto", "compiled", "eager"}
+        ``auto`` = the ``torch.compile``-d fused kernel on rows of >= ``compile_min_n`` losses
+        where a compiler works, the eager one (same numbers to float32 rounding) otherwise.
+    compile_min_n : int >= 1
+        The shortest row that ``auto`` compiles for (shorter rows gain nothing from it). Default 16384.
 
     Examples
     --------
     >>> loss = MATk(k=2, lam_init=3.0)
     >>> loss(torch.tensor([1.0, 5.0, 3.0, 0.0]))  # λ = ℓ_[2] = 3 is optimal: (2/4)·ATk = 2
-    tensor(2., grad_fn=<SelectBackward0>)
+    tensor(2., grad_fn=<SqueezeBackward1>)
     >>> losses = torch.tensor([[1.0, 5.0, 3.0, 0.0], [1.0, 5.0, 3.0, 0.0]])
     >>> loss.batched(losses, k=torch.tensor([2.0, 1.0]), lam=torch.tensor([3.0, 5.0]), delta=None)  # row by row
     tensor([2.0000, 1.2500])
     """
 
-    def __init__(self, k: int | float, lam_init: float = 0.0, lam_constraint: str = "none", scale: str = "paper"):
-        super().__init__(k, smoothing="relu", delta=None, lam_init=lam_init, lam_constraint=lam_constraint, scale=scale)
+    def __init__(self, k: int | float, lam_init: float = 0.0, lam_constraint: str = "none", scale: str = "paper",
+                 kernel: str = "auto", compile_min_n: int = 16384):
+        super().__init__(k, smoothing="relu", delta=None, lam_init=lam_init, lam_constraint=lam_constraint, scale=scale,
+                         kernel=kernel, compile_min_n=compile_min_n)
 
     def extra_repr(self) -> str:
-        return f"k={self.k}, lam_constraint={self.lam_constraint!r}, scale={self.scale!r}"
+        return f"k={self.k}, lam_constraint={self.lam_constraint!r}, scale={self.scale!r}{self._kernel_repr()}"
 
 
 class STk(ThresholdedTopK):
@@ -138,7 +158,7 @@ class STk(ThresholdedTopK):
         other smoothings.
     smoothing : {"srelu", "elu", "softplus", "leaky_relu"}
         φ in place of ReLU; the others are the Table 2 ablation at PyTorch defaults.
-    lam_init, lam_constraint, scale
+    lam_init, lam_constraint, scale, kernel, compile_min_n
         As in :class:`MATk`.
 
     Examples
@@ -162,5 +182,8 @@ class STk(ThresholdedTopK):
         lam_init: float = 0.0,
         lam_constraint: str = "none",
         scale: str = "paper",
+        kernel: str = "auto",
+        compile_min_n: int = 16384,
     ):
-        super().__init__(k, smoothing=smoothing, delta=delta, lam_init=lam_init, lam_constraint=lam_constraint, scale=scale)
+        super().__init__(k, smoothing=smoothing, delta=delta, lam_init=lam_init, lam_constraint=lam_constraint, scale=scale,
+                         kernel=kernel, compile_min_n=compile_min_n)

@@ -1,0 +1,152 @@
+"""Fused kernels of the thresholded aggregates (MATk, STk): the value **and** its gradients in one
+pass over the losses, so the backward only scales (STk paper Eqs. 5 and 6, batched over rows).
+
+Per row p of ``losses`` (P, n), with x = ℓ − λ_p, s_p the row's output scale (1 for the paper's
+scale, n/k_p for ``scale="atk"``):
+
+- value_p = s_p·[(1/n)·Σ_i φ_δ(x_pi) + (k_p/n)·λ_p]
+- ∂value_p/∂ℓ_pi = (s_p/n)·φ'(x_pi)
+- ∂value_p/∂λ_p = −Σ_i ∂value_p/∂ℓ_pi + s_p·(k_p/n)
+
+The gradients are rounded as autograd rounds the graph of the formula (:meth:`Smoothing.slope`),
+so the eager kernel trains exactly as the formula would under autograd. The same Python functions
+run eagerly or through ``torch.compile`` (inductor: C++ on CPU, Triton on CUDA), which fuses them
+into one loop over the losses with float64 accumulators; compiled and eager values agree to
+float32 rounding (``tests/test_kernels.py``). :class:`ThresholdedTopK` picks the path per call
+with its ``kernel`` field.
+"""
+from __future__ import annotations
+
+import warnings
+from functools import lru_cache
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from topklab.losses.smoothing import Smoothing
+from topklab.utils.errors import TopklabError
+
+KERNELS = ("auto", "compiled", "eager")
+
+
+def thresholded_value(losses, lam, delta, k, scale, *, phi: Smoothing, accumulate: torch.dtype = None):
+    """value_p of every row (P,); see the module docstring. ``accumulate``: the dtype of the sums
+    (None: the losses' own; the compiled kernels pass float64)."""
+    n = losses.shape[1]
+    x = losses - lam[:, None]
+    hinge = phi.row_sum(x, delta[:, None], accumulate or losses.dtype) / n
+    return (hinge + k / n * lam) * scale
+
+
+def thresholded_value_and_grads(losses, lam, delta, k, scale, *, phi: Smoothing, accumulate: torch.dtype = None):
+    """(value (P,), ∂value/∂losses (P, n), ∂value/∂λ (P,)) in one pass; see the module docstring."""
+    n = losses.shape[1]
+    x = losses - lam[:, None]
+    accumulate = accumulate or losses.dtype
+    hinge, grad_losses = phi.row_sum_and_slope(x, delta[:, None], (scale / n)[:, None], accumulate)
+    hinge = hinge / n
+    grad_lam = (-grad_losses.to(accumulate).sum(1)).to(losses.dtype) + scale * (k / n)
+    return (hinge + k / n * lam) * scale, grad_losses, grad_lam
+
+
+@lru_cache(maxsize=None)
+def compiled(phi: Smoothing, with_grads: bool):
+    """The ``torch.compile``-d kernel of ``phi`` (dynamic shapes: one compilation serves every n)."""
+    kernel = thresholded_value_and_grads if with_grads else thresholded_value
+
+    def fused(losses, lam, delta, k, scale):
+        return kernel(losses, lam, delta, k, scale, phi=phi, accumulate=torch.float64)
+
+    fused.__code__ = fused.__code__.replace()  # its own code object: dynamo's recompile budget is per code object
+    return torch.compile(fused, dynamic=True)
+
+
+_UNAVAILABLE: dict[str, str] = {}  # device type -> why torch.compile failed there
+
+
+def compiler_error(device: torch.device) -> str | None:
+    """Why compiled kernels failed on this device type in this process (None: not known to fail)."""
+    return _UNAVAILABLE.get(device.type)
+
+
+def _run(phi: Smoothing, with_grads: bool, use_compiled: bool, required: bool, args: tuple):
+    if use_compiled and args[0].device.type not in _UNAVAILABLE:
+        try:
+            return compiled(phi, with_grads)(*args)
+        except Exception as error:  # the compiler or its toolchain (gcc, Triton) failed; not the inputs
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+            if required:
+                raise TopklabError(f"loss.kernel=compiled, but torch.compile failed on {args[0].device.type}: "
+                                   f"{reason}; use loss.kernel=auto or eager") from error
+            _UNAVAILABLE[args[0].device.type] = reason
+            warnings.warn(f"torch.compile failed on {args[0].device.type} ({reason}); the thresholded losses use "
+                          f"their eager kernel (same numbers, slower). Set loss.kernel=eager to skip the attempt",
+                          stacklevel=3)
+    kernel = thresholded_value_and_grads if with_grads else thresholded_value
+    return kernel(*args, phi=phi)
+
+
+def _all_ones(grad: torch.Tensor) -> bool:
+    """Whether a CPU gradient is exactly one everywhere (on a GPU the check would synchronise: False)."""
+    if grad.device.type != "cpu":
+        return False
+    return grad.item() == 1.0 if grad.numel() == 1 else bool((grad == 1).all())
+
+
+class _Thresholded(torch.autograd.Function):
+    """Runs the kernel in the forward and keeps its gradients; the backward scales them by the
+    incoming gradient (skipped on CPU when it is exactly one). A second backward through the same
+    graph (``retain_graph=True``) recomputes them."""
+
+    @staticmethod
+    def forward(ctx, losses, lam, delta, k, scale, phi, use_compiled, required):
+        args = (losses.detach(), lam.detach(), delta, k, scale)  # one compiled graph, whether or not they need grad
+        value, grad_losses, grad_lam = _run(phi, True, use_compiled, required, args)
+        ctx.save_for_backward(*args)
+        ctx.settings = (phi, use_compiled, required)
+        ctx.grads = (grad_losses, grad_lam)
+        return value
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_value):
+        if ctx.grads is None:
+            _, grad_losses, grad_lam = _run(*ctx.settings[:1], True, *ctx.settings[1:], ctx.saved_tensors)
+        else:
+            (grad_losses, grad_lam), ctx.grads = ctx.grads, None
+        if not _all_ones(grad_value):
+            grad_losses = grad_losses.mul_(grad_value[:, None])
+            grad_lam = grad_lam * grad_value
+        return (grad_losses if ctx.needs_input_grad[0] else None, grad_lam if ctx.needs_input_grad[1] else None,
+                None, None, None, None, None, None)
+
+
+def thresholded(losses, lam, delta, k, scale, phi: Smoothing, use_compiled: bool, required: bool = False):
+    """value_p (P,) for every row of ``losses`` (P, n), differentiable in the losses and λ.
+
+    Parameters
+    ----------
+    losses : Tensor (P, n), per-sample losses, one row per member
+    lam : Tensor (P,), the effective threshold λ of each row
+    delta : Tensor (P,), the smoothing width δ > 0 of each row (ignored by all but SReLU)
+    k : Tensor (P,), the count k of each row, in [1, n]
+    scale : Tensor (P,), the output scale s of each row (ones, or n/k for MATk's ATk scale)
+    phi : the smoothing (:data:`topklab.losses.smoothing.SMOOTHINGS`)
+    use_compiled : run the ``torch.compile``-d kernel (falling back to eager, with one warning,
+        where the compiler fails, unless ``required``)
+
+    Examples
+    --------
+    >>> from topklab.losses.smoothing import SMOOTHINGS
+    >>> losses = torch.tensor([[1.0, 5.0, 3.0, 0.0]], requires_grad=True)
+    >>> lam, one = torch.tensor([3.0], requires_grad=True), torch.ones(1)
+    >>> value = thresholded(losses, lam, one, 2 * one, one, SMOOTHINGS["relu"], use_compiled=False)
+    >>> value  # MATk at λ = ℓ_[2]: (1/4)·2 + (2/4)·3
+    tensor([2.], grad_fn=<_ThresholdedBackward>)
+    >>> value.sum().backward(); losses.grad, lam.grad
+    (tensor([[0.0000, 0.2500, 0.0000, 0.0000]]), tensor([0.2500]))
+    """
+    args = (losses, lam, delta, k, scale)
+    if torch.is_grad_enabled() and (losses.requires_grad or lam.requires_grad):
+        return _Thresholded.apply(*args, phi, use_compiled, required)
+    return _run(phi, False, use_compiled, required, args)
