@@ -107,7 +107,8 @@ def summarise(runs: list[dict]) -> dict:
     what the loss shares imply, (1 − share(Average)) / (1 − share(loss)) − 1: the step time the
     loss's forward adds if the rest of the step stays the same. The shares are ratios within one
     run, so that estimate stands when other processes slow the runs unevenly; it leaves out the
-    loss's backward."""
+    loss's backward (MATk/STk compute their loss gradients in the forward, so for them it holds
+    part of the backward too)."""
     table = {}
     for workload in dict.fromkeys(run["workload"] for run in runs):
         of = {loss: [run for run in runs if run["workload"] == workload and run["loss"] == loss] for loss in LOSSES}
@@ -161,7 +162,8 @@ def render(table: dict, command: str, repeats: int, machine: str) -> str:
               "load shows in its range over repeats). Forward added, from the shares: "
               "(1 − share(Average)) / (1 − share(loss)) − 1, what the loss's forward alone adds if the rest "
               "of the step is the same; measured within each run, so it holds up under load, but it leaves "
-              "out the loss's backward.", ""]
+              "out the loss's backward (STk's fused kernel computes its loss gradients in the forward, so "
+              "this column charges STk part of a backward that Average's column leaves out).", ""]
     return "\n".join(lines)
 
 

@@ -63,25 +63,44 @@ def test_upstream_gradient_scales_every_row():
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
 
 
-def test_value_without_gradients_is_the_same_value():
+@pytest.mark.parametrize("smoothing", SMOOTH)
+def test_value_without_gradients_is_the_formulas(smoothing):
     losses, lam, delta, k, scale = rows(seed=3)
-    phi = SMOOTHINGS["srelu"]
+    phi = SMOOTHINGS[smoothing]
     with torch.no_grad():
         plain = thresholded(losses, lam, delta, k, scale, phi, False)
-    assert torch.equal(plain, thresholded(losses, lam, delta, k, scale, phi, False).detach())
+    assert plain.grad_fn is None
+    torch.testing.assert_close(plain, formula(losses, lam, delta, k, scale, phi).detach(), rtol=1e-6, atol=1e-7)
 
 
 def test_retain_graph_backward_twice_recomputes_and_double_backward_is_refused():
     losses, lam, delta, k, scale = rows(seed=4)
-    value = thresholded(losses, lam, delta, k, scale, SMOOTHINGS["srelu"], False).sum()
-    first = torch.autograd.grad(value, (losses, lam), retain_graph=True)
-    second = torch.autograd.grad(value, (losses, lam))
-    for a, b in zip(first, second):
-        assert torch.equal(a, b)
+    weights = torch.tensor([1.0, -2.0, 0.5, 3.0])  # not all ones: the backward scales the stored gradients
+    value = (thresholded(losses, lam, delta, k, scale, SMOOTHINGS["srelu"], False) * weights).sum()
+    value.backward(retain_graph=True)
+    once = losses.grad.clone(), lam.grad.clone()
+    value.backward()
+    for twice, single in zip((losses.grad, lam.grad), once):
+        torch.testing.assert_close(twice, 2 * single, rtol=1e-6, atol=0)
     (grad,) = torch.autograd.grad(thresholded(losses, lam, delta, k, scale, SMOOTHINGS["srelu"], False).sum(), losses,
                                   create_graph=True)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="does not require grad"):  # its gradient is not differentiable
         grad.sum().backward()
+
+
+def test_gradient_only_where_asked_and_constants_must_not_need_one():
+    losses, lam, delta, k, scale = rows(seed=11)
+    fixed = losses.detach()
+    (grad_lam,) = torch.autograd.grad(thresholded(fixed, lam, delta, k, scale, SMOOTHINGS["relu"], False).sum(), lam)
+    (want,) = torch.autograd.grad(formula(fixed, lam, delta, k, scale, SMOOTHINGS["relu"]).sum(), lam)
+    assert torch.equal(grad_lam, want)
+    with pytest.raises(ValueError, match="delta, scale of a thresholded aggregate are constants"):
+        thresholded(losses, lam, delta.requires_grad_(), k, scale.requires_grad_(), SMOOTHINGS["srelu"], False)
+
+
+def test_srelu_without_a_width_is_refused():
+    with pytest.raises(ValueError, match="smoothing='srelu' needs a width delta > 0 for every row; got None"):
+        STk(2).batched(torch.rand(2, 5), torch.tensor([2.0, 2.0]), torch.zeros(2), None)
 
 
 def close_to_float32_rounding(compiled, eager, losses, k, scale):
@@ -95,7 +114,7 @@ def close_to_float32_rounding(compiled, eager, losses, k, scale):
 
 
 def evaluate(phi, use_compiled, args):
-    value = thresholded(*args, phi, use_compiled)
+    value = thresholded(*args, phi, use_compiled, required=use_compiled)  # a compiler failure fails the test
     return value.detach(), torch.autograd.grad(value.sum(), args[:2])
 
 
@@ -106,7 +125,8 @@ def test_compiled_kernel_matches_eager(smoothing, P, n):
     phi = SMOOTHINGS[smoothing]
     close_to_float32_rounding(evaluate(phi, True, args), evaluate(phi, False, args), args[0], args[3], args[4])
     with torch.no_grad():
-        torch.testing.assert_close(thresholded(*args, phi, True), thresholded(*args, phi, False), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(thresholded(*args, phi, True, required=True), thresholded(*args, phi, False),
+                                   rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.slow
@@ -122,23 +142,23 @@ def test_compiled_kernel_matches_eager_other_smoothings(smoothing):
 def test_compiled_gradcheck_float64(smoothing):
     losses, lam, delta, k, scale = rows(P=2, n=11, dtype=torch.float64, seed=7)
     phi = SMOOTHINGS[smoothing]
-    assert torch.autograd.gradcheck(lambda l, t: thresholded(l, t, delta, k, scale, phi, True), (losses, lam))
+    assert torch.autograd.gradcheck(lambda l, t: thresholded(l, t, delta, k, scale, phi, True, required=True),
+                                    (losses, lam))
 
 
 def test_one_compilation_serves_every_batch_size():
     phi = SMOOTHINGS["srelu"]
-    compiled = kernels.compiled(phi, True)
-    evaluate(phi, True, rows(P=2, n=300, seed=8))  # the first call may compile
-    entries = len(torch._dynamo.eval_frame._debug_get_cache_entry_list(compiled._torchdynamo_orig_callable.__code__))
-    for n in (301, 999, 4097):
-        evaluate(phi, True, rows(P=2, n=n, seed=n))
-    assert len(torch._dynamo.eval_frame._debug_get_cache_entry_list(compiled._torchdynamo_orig_callable.__code__)) == entries
+    evaluate(phi, True, rows(P=2, n=300, seed=8))
+    code = kernels.compiled(phi, True, "cpu", torch.float32, False)._torchdynamo_orig_callable.__code__
+    for P, n in ((2, 301), (5, 999), (3, 4097)):
+        evaluate(phi, True, rows(P=P, n=n, seed=n))
+    assert len(torch._dynamo.eval_frame._debug_get_cache_entry_list(code)) == 1
 
 
 def test_compiler_failure_falls_back_once_or_fails_when_required(monkeypatch):
     calls = []
 
-    def broken(phi, with_grads):
+    def broken(phi, with_grads, device_type, dtype, single_row):
         def run(*args):
             calls.append(1)
             raise RuntimeError("CppCompileError: gcc not found\nmore detail")
@@ -147,15 +167,27 @@ def test_compiler_failure_falls_back_once_or_fails_when_required(monkeypatch):
     monkeypatch.setattr(kernels, "compiled", broken)
     monkeypatch.setattr(kernels, "_UNAVAILABLE", {})
     args = rows(P=1, n=40, seed=9)
-    eager = evaluate(SMOOTHINGS["srelu"], False, args)
+    phi = SMOOTHINGS["srelu"]
+    eager = thresholded(*args, phi, False)
     with pytest.warns(UserWarning, match="torch.compile failed on cpu \\(CppCompileError: gcc not found\\)"):
-        fallback = evaluate(SMOOTHINGS["srelu"], True, args)
-    assert torch.equal(fallback[0], eager[0]) and all(torch.equal(a, b) for a, b in zip(fallback[1], eager[1]))
-    evaluate(SMOOTHINGS["srelu"], True, args)  # known to fail: not retried, no second warning
+        fallback = thresholded(*args, phi, True)
+    assert torch.equal(fallback, eager)
+    thresholded(*args, phi, True)  # known to fail: not retried, no second warning
     assert len(calls) == 1 and kernels.compiler_error(torch.device("cpu")).startswith("CppCompileError")
+    with pytest.raises(TopklabError, match="loss.kernel=compiled, but torch.compile failed on cpu: CppCompileError"):
+        STk(0.5, kernel="compiled")(args[0][0].detach())  # a failure known from an auto call
     monkeypatch.setattr(kernels, "_UNAVAILABLE", {})
     with pytest.raises(TopklabError, match="loss.kernel=compiled, but torch.compile failed on cpu"):
         STk(0.5, kernel="compiled")(args[0][0].detach())
+    assert kernels.compiler_error(torch.device("cpu")) is None  # required: raised, not recorded
+
+
+def test_an_error_of_the_inputs_is_not_blamed_on_the_compiler(monkeypatch):
+    monkeypatch.setattr(kernels, "_UNAVAILABLE", {})
+    losses, lam, delta, k, scale = rows(P=3, n=40, seed=12)
+    with pytest.raises(RuntimeError, match="size of tensor"):
+        thresholded(losses, lam[:2], delta, k, scale, SMOOTHINGS["srelu"], True)
+    assert kernels.compiler_error(torch.device("cpu")) is None
 
 
 def test_auto_compiles_long_rows_only(monkeypatch):

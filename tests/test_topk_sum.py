@@ -99,8 +99,8 @@ def test_stk_newton_says_when_eq3s_minimiser_is_not_eq1s():
     (lambda: atk_bisection(draw(10).numpy(), 11, 0.0), r"k must be an integer in \[1, n = 10\], got 11"),
     (lambda: atk_selection(draw(10), 2.0), "k must be an integer"),
     (lambda: stk_newton(draw(10).tolist(), 2, 0.0), "values must be a torch.Tensor or a numpy.ndarray, got list"),
-    (lambda: atk_selection(torch.arange(10), 2), "values must be a non-empty 1-D float torch array"),
-    (lambda: atk_bisection(np.zeros((2, 3)), 2, 0.0), r"non-empty 1-D float numpy array, got shape \(2, 3\)"),
+    (lambda: atk_selection(torch.arange(10), 2), "values must be a non-empty 1-D float64 torch array"),
+    (lambda: atk_bisection(np.zeros((2, 3)), 2, 0.0), r"non-empty 1-D float64 numpy array .*, got shape \(2, 3\)"),
     (lambda: stk_newton(draw(10), 2, 0.0, delta=0.0), "delta and tol must be > 0"),
     (lambda: atk_bisection(draw(10), 2, 0.0, tol=-1.0), "tol must be > 0"),
 ])

@@ -149,9 +149,9 @@ def _ops_for(values: Array, k: int) -> _Ops:
     ops = next((ops for kind, ops in _BACKENDS if isinstance(values, kind)), None)
     if ops is None:
         raise ValueError(f"values must be a torch.Tensor or a numpy.ndarray, got {type(values).__name__}")
-    if values.ndim != 1 or len(values) == 0 or not ops.is_float(values):
-        raise ValueError(f"values must be a non-empty 1-D float {ops.name} array, got shape "
-                         f"{tuple(values.shape)} and dtype {values.dtype}")
+    if values.ndim != 1 or len(values) == 0 or not ops.is_float(values) or values.dtype not in (torch.float64, np.float64):
+        raise ValueError(f"values must be a non-empty 1-D float64 {ops.name} array (λ is a Python float, and float32 "
+                         f"sums cancel near the root), got shape {tuple(values.shape)} and dtype {values.dtype}")
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= len(values):
         raise ValueError(f"k must be an integer in [1, n = {len(values)}], got {k!r}")
     return ops
@@ -327,7 +327,7 @@ def atk_selection(values: Array, k: int) -> tuple[float, int]:
 
     Examples
     --------
-    >>> atk_selection(torch.tensor([3.0, -1.0, 2.0, 0.5, 4.0]), 2)
+    >>> atk_selection(torch.tensor([3.0, -1.0, 2.0, 0.5, 4.0], dtype=torch.float64), 2)
     (7.0, 1)
     """
     ops = _ops_for(values, k)

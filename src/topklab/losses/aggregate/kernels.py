@@ -9,11 +9,16 @@ scale, n/k_p for ``scale="atk"``):
 - ∂value_p/∂λ_p = −Σ_i ∂value_p/∂ℓ_pi + s_p·(k_p/n)
 
 The gradients are rounded as autograd rounds the graph of the formula (:meth:`Smoothing.slope`),
-so the eager kernel trains exactly as the formula would under autograd. The same Python functions
+so for an incoming gradient of one (or any power of two: a sum of rows, AMP's loss scale) the eager
+kernel trains bit for bit as the formula would under autograd; other incoming gradients scale the
+result afterwards, one rounding apart. The same Python functions
 run eagerly or through ``torch.compile`` (inductor: C++ on CPU, Triton on CUDA), which fuses them
 into one loop over the losses with float64 accumulators; compiled and eager values agree to
 float32 rounding (``tests/test_kernels.py``). :class:`ThresholdedTopK` picks the path per call
 with its ``kernel`` field.
+
+Unlike autograd of the formula, the fused node cannot be differentiated twice, nor used under
+``torch.func`` transforms; a user's ``torch.compile`` of a model around it breaks the graph there.
 """
 from __future__ import annotations
 
@@ -50,8 +55,10 @@ def thresholded_value_and_grads(losses, lam, delta, k, scale, *, phi: Smoothing,
 
 
 @lru_cache(maxsize=None)
-def compiled(phi: Smoothing, with_grads: bool):
-    """The ``torch.compile``-d kernel of ``phi`` (dynamic shapes: one compilation serves every n)."""
+def compiled(phi: Smoothing, with_grads: bool, device_type: str, dtype: torch.dtype, single_row: bool):
+    """The ``torch.compile``-d kernel of ``phi`` for one device type, dtype and row count class (one
+    row, as in a module's forward, or several, as in a population): dynamic shapes, so one compilation
+    serves every n >= 2 and every number of rows > 1."""
     kernel = thresholded_value_and_grads if with_grads else thresholded_value
 
     def fused(losses, lam, delta, k, scale):
@@ -69,21 +76,32 @@ def compiler_error(device: torch.device) -> str | None:
     return _UNAVAILABLE.get(device.type)
 
 
+def _compiler_failed(device_type: str, reason: str) -> TopklabError:
+    return TopklabError(f"loss.kernel=compiled, but torch.compile failed on {device_type}: {reason}; "
+                        f"use loss.kernel=auto or eager")
+
+
 def _run(phi: Smoothing, with_grads: bool, use_compiled: bool, required: bool, args: tuple):
-    if use_compiled and args[0].device.type not in _UNAVAILABLE:
-        try:
-            return compiled(phi, with_grads)(*args)
-        except Exception as error:  # the compiler or its toolchain (gcc, Triton) failed; not the inputs
-            reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-            if required:
-                raise TopklabError(f"loss.kernel=compiled, but torch.compile failed on {args[0].device.type}: "
-                                   f"{reason}; use loss.kernel=auto or eager") from error
-            _UNAVAILABLE[args[0].device.type] = reason
-            warnings.warn(f"torch.compile failed on {args[0].device.type} ({reason}); the thresholded losses use "
-                          f"their eager kernel (same numbers, slower). Set loss.kernel=eager to skip the attempt",
-                          stacklevel=3)
     kernel = thresholded_value_and_grads if with_grads else thresholded_value
-    return kernel(*args, phi=phi)
+    if not use_compiled:
+        return kernel(*args, phi=phi)
+    losses = args[0]
+    device_type = losses.device.type
+    if device_type in _UNAVAILABLE:
+        if required:
+            raise _compiler_failed(device_type, _UNAVAILABLE[device_type])
+        return kernel(*args, phi=phi)
+    try:
+        return compiled(phi, with_grads, device_type, losses.dtype, losses.shape[0] == 1)(*args)
+    except Exception as error:
+        result = kernel(*args, phi=phi)  # an error of the inputs raises here, not blamed on the compiler
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        if required:
+            raise _compiler_failed(device_type, reason) from error
+        _UNAVAILABLE[device_type] = reason
+        warnings.warn(f"torch.compile failed on {device_type} ({reason}); the thresholded losses use their eager "
+                      f"kernel (the same values to float32 rounding, slower). Set loss.kernel=eager to skip the attempt")
+        return result
 
 
 def _all_ones(grad: torch.Tensor) -> bool:
@@ -104,7 +122,7 @@ class _Thresholded(torch.autograd.Function):
         value, grad_losses, grad_lam = _run(phi, True, use_compiled, required, args)
         ctx.save_for_backward(*args)
         ctx.settings = (phi, use_compiled, required)
-        ctx.grads = (grad_losses, grad_lam)
+        ctx.grads = (grad_losses if ctx.needs_input_grad[0] else None, grad_lam)
         return value
 
     @staticmethod
@@ -115,7 +133,7 @@ class _Thresholded(torch.autograd.Function):
         else:
             (grad_losses, grad_lam), ctx.grads = ctx.grads, None
         if not _all_ones(grad_value):
-            grad_losses = grad_losses.mul_(grad_value[:, None])
+            grad_losses = None if grad_losses is None else grad_losses.mul_(grad_value[:, None])
             grad_lam = grad_lam * grad_value
         return (grad_losses if ctx.needs_input_grad[0] else None, grad_lam if ctx.needs_input_grad[1] else None,
                 None, None, None, None, None, None)
@@ -134,6 +152,7 @@ def thresholded(losses, lam, delta, k, scale, phi: Smoothing, use_compiled: bool
     phi : the smoothing (:data:`topklab.losses.smoothing.SMOOTHINGS`)
     use_compiled : run the ``torch.compile``-d kernel (falling back to eager, with one warning,
         where the compiler fails, unless ``required``)
+    required : raise a :class:`TopklabError` instead of falling back (``kernel=compiled``)
 
     Examples
     --------
@@ -146,7 +165,10 @@ def thresholded(losses, lam, delta, k, scale, phi: Smoothing, use_compiled: bool
     >>> value.sum().backward(); losses.grad, lam.grad
     (tensor([[0.0000, 0.2500, 0.0000, 0.0000]]), tensor([0.2500]))
     """
-    args = (losses, lam, delta, k, scale)
+    constants = [name for name, t in (("delta", delta), ("k", k), ("scale", scale)) if t.requires_grad]
+    if constants:
+        raise ValueError(f"{', '.join(constants)} of a thresholded aggregate are constants; pass them detached")
+    args = (losses, lam, delta.to(losses.dtype), k.to(losses.dtype), scale.to(losses.dtype))
     if torch.is_grad_enabled() and (losses.requires_grad or lam.requires_grad):
         return _Thresholded.apply(*args, phi, use_compiled, required)
     return _run(phi, False, use_compiled, required, args)

@@ -82,7 +82,10 @@ class ThresholdedTopK(Aggregate):
         through the fused kernel (:func:`~topklab.losses.aggregate.kernels.thresholded`)."""
         n = losses.shape[1]
         scale = n / k if self.scale == "atk" else torch.ones_like(k)
-        delta = torch.zeros_like(k) if delta is None else delta
+        if delta is None:
+            if self._phi.uses_delta:
+                raise ValueError(f"smoothing={self.smoothing!r} needs a width delta > 0 for every row; got None")
+            delta = torch.zeros_like(k)
         use_compiled = self.kernel == "compiled" or (self.kernel == "auto" and n >= self.compile_min_n)
         return thresholded(losses, lam, delta, k, scale, self._phi, use_compiled and not torch.compiler.is_compiling(),
                            required=self.kernel == "compiled")
