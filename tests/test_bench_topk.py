@@ -19,10 +19,11 @@ def bench_topk():
 
 
 def test_losses_cover_both_kernel_paths(bench_topk):
-    assert {"ATk (sort)", "ATk (topk)", "MATk (eager)", "MATk (compiled)", "STk (eager)", "STk (compiled)"} <= set(
-        bench_topk.LOSSES)
-    assert bench_topk.QUICK_LOSSES == ["Average", "ATk (topk)", "STk (eager)", "STk (compiled)"]
-    assert bench_topk.make_loss("STk (compiled)", 7).kernel == "compiled"
+    assert {"ATk (sort)", "ATk (topk)", "MATk (eager)", "MATk (compiled)", "MATk (native)", "STk (eager)",
+            "STk (compiled)", "STk (native)"} <= set(bench_topk.LOSSES)
+    assert bench_topk.QUICK_LOSSES == ["Average", "ATk (topk)", "STk (eager)", "STk (compiled)", "STk (native)"]
+    assert bench_topk.make_loss("STk (native)", 7).kernel == "native"
+    assert [bench_topk.headline_loss(d) for d in ("cpu", "cuda")] == ["STk (native)", "STk (compiled)"]
 
 
 def test_worker_measures_each_point(bench_topk):
@@ -45,17 +46,19 @@ def fake_results(bench_topk, ns, seconds):
 
 def test_headline_is_the_worst_compiled_stk_ratio_from_1e5(bench_topk):
     def seconds(name, n, label):
-        if name == "STk (compiled)":
+        if name == "STk (native)":
             return {"5": 1.2, "0.1n": 1.4, "0.9n": 1.1}[label] * (5 if n < 10**5 else 1)
-        return {"Average": 1.0, "ATk (topk)": 3.0 if label == "0.9n" else 0.5, "STk (eager)": 9.0}[name]
+        return {"Average": 1.0, "ATk (topk)": 3.0 if label == "0.9n" else 0.5, "STk (eager)": 9.0,
+                "STk (compiled)": 2.0}[name]
 
     rows = fake_results(bench_topk, [10**4, 10**5, 10**6], seconds)
-    assert bench_topk.headline(rows) == pytest.approx(1.4)  # n = 1e4's 7.0 does not count
+    assert bench_topk.headline(rows, "STk (native)") == pytest.approx(1.4)  # n = 1e4's 7.0 does not count
     text = bench_topk.render(rows, "cpu", "test machine", "python scripts/bench_topk.py --quick")
-    assert "| STk (compiled) | 0.1n | 7e+03 ms | 1.4e+03 ms | 1.4e+03 ms |" in text
-    assert "| 1e+05 | 9.00 | 1.40 | 0.42, 0.36, 2.73 |" in text
-    assert "- STk (compiled) is faster at: (n=1e5, k=0.9n); (n=1e6, k=0.9n)." in text
-    assert text.rstrip().endswith("worst STk/Average ratio (n >= 1e5): 1.40 (compiled STk, every k)")
+    assert "| STk (native) | 0.1n | 7e+03 ms | 1.4e+03 ms | 1.4e+03 ms |" in text
+    assert "| 1e+05 | 9.00 | 2.00 | 1.40 | 0.42, 0.36, 2.73 |" in text
+    assert "- STk (native) is faster at: (n=1e5, k=0.9n); (n=1e6, k=0.9n)." in text
+    assert text.rstrip().endswith("worst STk/Average ratio (n >= 1e5): 1.40 (STk (native), the path of kernel=auto "
+                                  "here; every k)")
 
 
 def run(*args):

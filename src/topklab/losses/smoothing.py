@@ -40,6 +40,7 @@ class Smoothing:
 
     name: str = ""
     uses_delta: bool = False
+    native_id: int = -1  # its number in thresholded_cpu.cpp
 
     def __call__(self, x: torch.Tensor, delta) -> torch.Tensor:
         raise NotImplementedError
@@ -62,7 +63,7 @@ class Smoothing:
 class SReLU(Smoothing):
     """Eq. 2; slope ``½(1 + x/√(x²+δ²))·step``, summed as autograd sums the graph of the formula."""
 
-    name, uses_delta = "srelu", True
+    name, uses_delta, native_id = "srelu", True, 0
 
     def __call__(self, x, delta):
         return srelu(x, delta)
@@ -92,7 +93,7 @@ class SReLU(Smoothing):
 class ReLU(Smoothing):
     """``[x]_+`` (MATk); slope ``step`` where x > 0, else 0."""
 
-    name = "relu"
+    name, native_id = "relu", 1
 
     def __call__(self, x, delta):
         return F.relu(x)
@@ -105,7 +106,7 @@ class ELU(Smoothing):
     """ELU with alpha = 1; slope ``step`` where x > 0, else ``step·eˣ`` (ATen's own ``elu_backward``,
     whose exponential rounds differently from ``torch.exp``)."""
 
-    name = "elu"
+    name, native_id = "elu", 2
 
     def __call__(self, x, delta):
         return F.elu(x)
@@ -118,7 +119,7 @@ class Softplus(Smoothing):
     """``log(1 + eˣ)`` (beta 1, linear above x = 20); slope ``step·eˣ/(eˣ + 1)`` (ATen's own
     ``softplus_backward``)."""
 
-    name = "softplus"
+    name, native_id = "softplus", 3
 
     def __call__(self, x, delta):
         return F.softplus(x)
@@ -130,7 +131,7 @@ class Softplus(Smoothing):
 class LeakyReLU(Smoothing):
     """Leaky ReLU with slope 0.01; slope ``step`` where x > 0, else ``0.01·step``."""
 
-    name = "leaky_relu"
+    name, native_id = "leaky_relu", 4
 
     def __call__(self, x, delta):
         return F.leaky_relu(x)

@@ -11,19 +11,29 @@ scale, n/k_p for ``scale="atk"``):
 The gradients are rounded as autograd rounds the graph of the formula (:meth:`Smoothing.slope`),
 so for an incoming gradient of one (or any power of two: a sum of rows, AMP's loss scale) the eager
 kernel trains bit for bit as the formula would under autograd; other incoming gradients scale the
-result afterwards, one rounding apart. The same Python functions
-run eagerly or through ``torch.compile`` (inductor: C++ on CPU, Triton on CUDA), which fuses them
-into one loop over the losses with float64 accumulators; compiled and eager values agree to
-float32 rounding (``tests/test_kernels.py``). :class:`ThresholdedTopK` picks the path per call
-with its ``kernel`` field.
+result afterwards, one rounding apart. Three paths compute it:
+
+- ``eager``: the Python functions below, on torch operations;
+- ``compiled``: the same functions through ``torch.compile`` (inductor: C++ on CPU, Triton on
+  CUDA), fused into one loop over the losses with float64 accumulators;
+- ``native`` (CPU): ``thresholded_cpu.cpp``, the same per-element formulas in one C++ loop with
+  float64 accumulators and its autograd node in C++ (no Python in the call or the backward), built
+  on first use by :func:`torch.utils.cpp_extension.load` (needs a C++ compiler and ninja).
+
+All three agree to float32 rounding (``tests/test_kernels.py``). :class:`ThresholdedTopK` picks the
+path per call with its ``kernel`` field; where a path cannot be built, ``auto`` warns once and falls
+back (native → compiled → eager).
 
 Unlike autograd of the formula, the fused node cannot be differentiated twice, nor used under
 ``torch.func`` transforms; a user's ``torch.compile`` of a model around it breaks the graph there.
 """
 from __future__ import annotations
 
+import os
+import shutil
 import warnings
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -31,7 +41,11 @@ from torch.autograd.function import once_differentiable
 from topklab.losses.smoothing import Smoothing
 from topklab.utils.errors import TopklabError
 
-KERNELS = ("auto", "compiled", "eager")
+KERNELS = ("auto", "native", "compiled", "eager")
+NEXT_PATH = {"native": "compiled", "compiled": "eager"}  # where a path that cannot be built falls back to
+NATIVE_SOURCE = Path(__file__).with_name("thresholded_cpu.cpp")
+# compiler flags for the vector units torch itself dispatches to on this CPU (in the extension's name too)
+ARCH_FLAGS = {"AVX2": ["-mavx2", "-mfma"], "AVX512": ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mfma"]}
 
 
 def thresholded_value(losses, lam, delta, k, scale, *, phi: Smoothing, accumulate: torch.dtype = None):
@@ -68,40 +82,35 @@ def compiled(phi: Smoothing, with_grads: bool, device_type: str, dtype: torch.dt
     return torch.compile(fused, dynamic=True)
 
 
-_UNAVAILABLE: dict[str, str] = {}  # device type -> why torch.compile failed there
+@lru_cache(maxsize=None)
+def native_extension():
+    """The C++ kernel (``thresholded_cpu.cpp``), built for this CPU's vector unit on first use and
+    cached on disk by torch (rebuilt when the source changes)."""
+    from torch.utils.cpp_extension import load
+
+    if shutil.which("ninja") is None:  # the ninja package's binary, when its bin/ is not on PATH (an unactivated venv)
+        import ninja
+
+        os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+    capability = torch.backends.cpu.get_cpu_capability()
+    flags = ["-O3", "-fopenmp-simd", "-ffp-contract=off", "-fno-math-errno", *ARCH_FLAGS.get(capability, [])]
+    return load(name=f"topklab_thresholded_{capability.lower()}", sources=[str(NATIVE_SOURCE)], extra_cflags=flags)
 
 
-def compiler_error(device: torch.device) -> str | None:
-    """Why compiled kernels failed on this device type in this process (None: not known to fail)."""
-    return _UNAVAILABLE.get(device.type)
+_UNAVAILABLE: dict[tuple[str, str], str] = {}  # (path, device type) -> why it could not be built there
 
 
-def _compiler_failed(device_type: str, reason: str) -> TopklabError:
-    return TopklabError(f"loss.kernel=compiled, but torch.compile failed on {device_type}: {reason}; "
-                        f"use loss.kernel=auto or eager")
+def compiler_error(path: str, device: torch.device) -> str | None:
+    """Why ``path`` ("native" or "compiled") failed on this device type in this process (None: not known to fail)."""
+    return _UNAVAILABLE.get((path, device.type))
 
 
-def _run(phi: Smoothing, with_grads: bool, use_compiled: bool, required: bool, args: tuple):
+def _kernel(path: str, phi: Smoothing, with_grads: bool, losses: torch.Tensor):
+    """The eager or compiled Python kernel for these losses."""
+    if path == "compiled":
+        return compiled(phi, with_grads, losses.device.type, losses.dtype, losses.shape[0] == 1)
     kernel = thresholded_value_and_grads if with_grads else thresholded_value
-    if not use_compiled:
-        return kernel(*args, phi=phi)
-    losses = args[0]
-    device_type = losses.device.type
-    if device_type in _UNAVAILABLE:
-        if required:
-            raise _compiler_failed(device_type, _UNAVAILABLE[device_type])
-        return kernel(*args, phi=phi)
-    try:
-        return compiled(phi, with_grads, device_type, losses.dtype, losses.shape[0] == 1)(*args)
-    except Exception as error:
-        result = kernel(*args, phi=phi)  # an error of the inputs raises here, not blamed on the compiler
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-        if required:
-            raise _compiler_failed(device_type, reason) from error
-        _UNAVAILABLE[device_type] = reason
-        warnings.warn(f"torch.compile failed on {device_type} ({reason}); the thresholded losses use their eager "
-                      f"kernel (the same values to float32 rounding, slower). Set loss.kernel=eager to skip the attempt")
-        return result
+    return lambda *args: kernel(*args, phi=phi)
 
 
 def _all_ones(grad: torch.Tensor) -> bool:
@@ -112,16 +121,16 @@ def _all_ones(grad: torch.Tensor) -> bool:
 
 
 class _Thresholded(torch.autograd.Function):
-    """Runs the kernel in the forward and keeps its gradients; the backward scales them by the
-    incoming gradient (skipped on CPU when it is exactly one). A second backward through the same
-    graph (``retain_graph=True``) recomputes them."""
+    """Runs the eager or compiled kernel in the forward and keeps its gradients; the backward scales
+    them by the incoming gradient (skipped on CPU when it is exactly one). A second backward through
+    the same graph (``retain_graph=True``) recomputes them."""
 
     @staticmethod
-    def forward(ctx, losses, lam, delta, k, scale, phi, use_compiled, required):
+    def forward(ctx, losses, lam, delta, k, scale, phi, path):
         args = (losses.detach(), lam.detach(), delta, k, scale)  # one compiled graph, whether or not they need grad
-        value, grad_losses, grad_lam = _run(phi, True, use_compiled, required, args)
+        value, grad_losses, grad_lam = _kernel(path, phi, True, losses)(*args)
         ctx.save_for_backward(*args)
-        ctx.settings = (phi, use_compiled, required)
+        ctx.settings = (path, phi)
         ctx.grads = (grad_losses if ctx.needs_input_grad[0] else None, grad_lam)
         return value
 
@@ -129,17 +138,28 @@ class _Thresholded(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_value):
         if ctx.grads is None:
-            _, grad_losses, grad_lam = _run(*ctx.settings[:1], True, *ctx.settings[1:], ctx.saved_tensors)
+            path, phi = ctx.settings
+            _, grad_losses, grad_lam = _kernel(path, phi, True, ctx.saved_tensors[0])(*ctx.saved_tensors)
         else:
             (grad_losses, grad_lam), ctx.grads = ctx.grads, None
         if not _all_ones(grad_value):
             grad_losses = None if grad_losses is None else grad_losses.mul_(grad_value[:, None])
             grad_lam = grad_lam * grad_value
         return (grad_losses if ctx.needs_input_grad[0] else None, grad_lam if ctx.needs_input_grad[1] else None,
-                None, None, None, None, None, None)
+                None, None, None, None, None)
 
 
-def thresholded(losses, lam, delta, k, scale, phi: Smoothing, use_compiled: bool, required: bool = False):
+def _call(path: str, phi: Smoothing, with_grads: bool, args: tuple) -> torch.Tensor:
+    if path == "native":
+        if with_grads:
+            return native_extension().thresholded(*args, phi.native_id)
+        return native_extension().run(*args, phi.native_id, False)[0]
+    if with_grads:
+        return _Thresholded.apply(*args, phi, path)
+    return _kernel(path, phi, False, args[0])(*args)
+
+
+def thresholded(losses, lam, delta, k, scale, phi: Smoothing, path: str = "eager", required: bool = False):
     """value_p (P,) for every row of ``losses`` (P, n), differentiable in the losses and λ.
 
     Parameters
@@ -150,16 +170,17 @@ def thresholded(losses, lam, delta, k, scale, phi: Smoothing, use_compiled: bool
     k : Tensor (P,), the count k of each row, in [1, n]
     scale : Tensor (P,), the output scale s of each row (ones, or n/k for MATk's ATk scale)
     phi : the smoothing (:data:`topklab.losses.smoothing.SMOOTHINGS`)
-    use_compiled : run the ``torch.compile``-d kernel (falling back to eager, with one warning,
-        where the compiler fails, unless ``required``)
-    required : raise a :class:`TopklabError` instead of falling back (``kernel=compiled``)
+    path : {"eager", "compiled", "native"}, the kernel (see the module docstring); a path that
+        cannot be built here falls back (native → compiled → eager) with one warning per process,
+        unless ``required``
+    required : raise a :class:`TopklabError` instead of falling back (``kernel=compiled|native``)
 
     Examples
     --------
     >>> from topklab.losses.smoothing import SMOOTHINGS
     >>> losses = torch.tensor([[1.0, 5.0, 3.0, 0.0]], requires_grad=True)
     >>> lam, one = torch.tensor([3.0], requires_grad=True), torch.ones(1)
-    >>> value = thresholded(losses, lam, one, 2 * one, one, SMOOTHINGS["relu"], use_compiled=False)
+    >>> value = thresholded(losses, lam, one, 2 * one, one, SMOOTHINGS["relu"])
     >>> value  # MATk at λ = ℓ_[2]: (1/4)·2 + (2/4)·3
     tensor([2.], grad_fn=<_ThresholdedBackward>)
     >>> value.sum().backward(); losses.grad, lam.grad
@@ -168,7 +189,28 @@ def thresholded(losses, lam, delta, k, scale, phi: Smoothing, use_compiled: bool
     constants = [name for name, t in (("delta", delta), ("k", k), ("scale", scale)) if t.requires_grad]
     if constants:
         raise ValueError(f"{', '.join(constants)} of a thresholded aggregate are constants; pass them detached")
+    if path not in NEXT_PATH and path != "eager":
+        raise ValueError(f"unknown kernel path {path!r}; choose one of: eager, compiled, native")
     args = (losses, lam, delta.to(losses.dtype), k.to(losses.dtype), scale.to(losses.dtype))
-    if torch.is_grad_enabled() and (losses.requires_grad or lam.requires_grad):
-        return _Thresholded.apply(*args, phi, use_compiled, required)
-    return _run(phi, False, use_compiled, required, args)
+    with_grads = torch.is_grad_enabled() and (losses.requires_grad or lam.requires_grad)
+    device_type = losses.device.type
+    if path == "native" and device_type != "cpu":
+        path = "compiled"  # the C++ kernel is CPU code; on a GPU, Triton through torch.compile
+    while path != "eager":
+        failure = _UNAVAILABLE.get((path, device_type))
+        if failure is None:
+            try:
+                return _call(path, phi, with_grads, args)
+            except Exception as error:
+                _call("eager", phi, False, args)  # an error of the inputs raises here, not blamed on the kernel
+                failure = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+                if not required:
+                    _UNAVAILABLE[(path, device_type)] = failure
+                    warnings.warn(f"the {path} kernel of the thresholded losses failed on {device_type} ({failure}); "
+                                  f"using the {NEXT_PATH[path]} kernel instead (the same values to float32 rounding). "
+                                  f"Set loss.kernel to skip the attempt")
+        if required:
+            raise TopklabError(f"loss.kernel={path}, but that kernel failed on {device_type}: {failure}; "
+                               f"use loss.kernel=auto or eager")
+        path = NEXT_PATH[path]
+    return _call("eager", phi, with_grads, args)

@@ -20,8 +20,9 @@ class ThresholdedTopK(Aggregate):
     ``scale="atk"`` multiplies by n/k so that the minimum over λ equals ATk (Fan et al.'s MATk form).
 
     Value and gradients come from the fused kernels of :mod:`topklab.losses.aggregate.kernels`:
-    ``kernel="auto"`` runs the ``torch.compile``-d one on rows of at least ``compile_min_n`` losses
-    (where a compiler works) and the eager one below that; ``"compiled"`` and ``"eager"`` force one.
+    ``kernel="auto"`` runs the C++ one (CPU) or the ``torch.compile``-d one (GPU) on rows of at
+    least ``compile_min_n`` losses and the eager one below that; ``"native"``, ``"compiled"`` and
+    ``"eager"`` force one (see :meth:`path_for`).
     """
 
     hyperparameters = ("k",)
@@ -86,9 +87,19 @@ class ThresholdedTopK(Aggregate):
             if self._phi.uses_delta:
                 raise ValueError(f"smoothing={self.smoothing!r} needs a width delta > 0 for every row; got None")
             delta = torch.zeros_like(k)
-        use_compiled = self.kernel == "compiled" or (self.kernel == "auto" and n >= self.compile_min_n)
-        return thresholded(losses, lam, delta, k, scale, self._phi, use_compiled and not torch.compiler.is_compiling(),
-                           required=self.kernel == "compiled")
+        return thresholded(losses, lam, delta, k, scale, self._phi, self.path_for(losses), required=self.kernel != "auto")
+
+    def path_for(self, losses: torch.Tensor) -> str:
+        """The kernel path for a (P, n) block: ``kernel`` unless it is ``auto``, which takes the C++
+        kernel on a CPU and the compiled one on a GPU for rows of at least ``compile_min_n`` losses
+        and the eager kernel for shorter rows. Inside a user's ``torch.compile`` always eager."""
+        if torch.compiler.is_compiling():
+            return "eager"
+        if self.kernel != "auto":
+            return self.kernel
+        if losses.shape[1] < self.compile_min_n:
+            return "eager"
+        return "native" if losses.device.type == "cpu" else "compiled"
 
     def extra_repr(self) -> str:
         return (
@@ -118,11 +129,13 @@ class MATk(ThresholdedTopK):
         How λ >= 0 is kept (not given by the paper); see :mod:`topklab.losses.threshold`.
     scale : {"paper", "atk"}
         ``paper`` = Eq. 5 as printed; ``atk`` multiplies by n/k.
-    kernel : {"auto", "compiled", "eager"}
-        ``auto`` = the ``torch.compile``-d fused kernel on rows of >= ``compile_min_n`` losses
-        where a compiler works, the eager one (same numbers to float32 rounding) otherwise.
+    kernel : {"auto", "native", "compiled", "eager"}
+        ``auto`` = on rows of >= ``compile_min_n`` losses the C++ kernel on a CPU and the
+        ``torch.compile``-d one on a GPU, falling back where they cannot be built; below that
+        the eager kernel, whose gradients are autograd's of the formula bit for bit. All agree to
+        float32 rounding.
     compile_min_n : int >= 1
-        The shortest row that ``auto`` compiles for (shorter rows gain nothing from it). Default 16384.
+        The shortest row that ``auto`` sends to the native or compiled kernel. Default 16384.
 
     Examples
     --------

@@ -1,0 +1,143 @@
+// The fused kernel of the thresholded aggregates (MATk, STk) on the CPU, with its autograd node in
+// C++: one pass over each row of losses gives the value, the gradient in the losses and the
+// gradient in λ; the backward only scales them. The formulas and their per-element rounding are
+// those of topklab/losses/aggregate/kernels.py and topklab/losses/smoothing.py (built with
+// -ffp-contract=off, so no multiply-add is fused); the row sums accumulate in double.
+// Built on first use by topklab.losses.aggregate.kernels.native_extension().
+#include <torch/extension.h>
+
+#include <cmath>
+
+namespace {
+
+enum Smoothing : int64_t { kSReLU = 0, kReLU = 1, kELU = 2, kSoftplus = 3, kLeakyReLU = 4 };
+
+// φ(x) (for SReLU: x + √(x²+δ²), the row sum is finished outside) and step·φ'(x).
+template <typename T, int64_t S>
+inline void term(T x, T dd, T step, T half, T& phi, T& slope) {
+  if constexpr (S == kSReLU) {
+    T root = std::sqrt(x * x + dd);
+    T vx = (half / (T(2) * root)) * x;
+    phi = x + root;
+    slope = half + vx + vx;
+  } else if constexpr (S == kReLU) {
+    phi = x > T(0) ? x : T(0);
+    slope = x > T(0) ? step : T(0);
+  } else if constexpr (S == kELU) {
+    phi = x > T(0) ? x : std::expm1(x);
+    slope = x > T(0) ? step : step * std::exp(x);
+  } else if constexpr (S == kSoftplus) {
+    T z = std::exp(x);
+    phi = x > T(20) ? x : std::log1p(z);
+    slope = x > T(20) ? step : step * z / (z + T(1));
+  } else {
+    phi = x > T(0) ? x : x * T(0.01);
+    slope = x > T(0) ? step : step * T(0.01);
+  }
+}
+
+template <typename T, int64_t S, bool kGrads>
+void rows(const T* losses, const T* lam, const T* delta, const T* k, const T* scale, int64_t P, int64_t n,
+          T* value, T* grad, T* grad_lam) {
+  for (int64_t p = 0; p < P; ++p) {
+    const T* row = losses + p * n;
+    T* grad_row = kGrads ? grad + p * n : nullptr;
+    const T lm = lam[p], d = delta[p], s = scale[p], dd = d * d;
+    const T step = s / T(n), half = step * T(0.5);
+    double sum_phi = 0.0, sum_slope = 0.0;
+#pragma omp simd reduction(+ : sum_phi, sum_slope)
+    for (int64_t i = 0; i < n; ++i) {
+      T phi, slope;
+      term<T, S>(row[i] - lm, dd, step, half, phi, slope);
+      sum_phi += double(phi);
+      if constexpr (kGrads) {
+        grad_row[i] = slope;
+        sum_slope += double(slope);
+      }
+    }
+    const T hinge = (S == kSReLU ? T(0.5 * (sum_phi - double(n) * double(d))) : T(sum_phi)) / T(n);
+    value[p] = (hinge + k[p] / T(n) * lm) * s;
+    if constexpr (kGrads) grad_lam[p] = -T(sum_slope) + s * (k[p] / T(n));
+  }
+}
+
+template <typename T, bool kGrads>
+void dispatch(int64_t smoothing, const T* l, const T* lam, const T* d, const T* k, const T* s, int64_t P, int64_t n,
+              T* value, T* grad, T* grad_lam) {
+  switch (smoothing) {
+    case kSReLU: return rows<T, kSReLU, kGrads>(l, lam, d, k, s, P, n, value, grad, grad_lam);
+    case kReLU: return rows<T, kReLU, kGrads>(l, lam, d, k, s, P, n, value, grad, grad_lam);
+    case kELU: return rows<T, kELU, kGrads>(l, lam, d, k, s, P, n, value, grad, grad_lam);
+    case kSoftplus: return rows<T, kSoftplus, kGrads>(l, lam, d, k, s, P, n, value, grad, grad_lam);
+    case kLeakyReLU: return rows<T, kLeakyReLU, kGrads>(l, lam, d, k, s, P, n, value, grad, grad_lam);
+    default: TORCH_CHECK(false, "unknown smoothing id ", smoothing);
+  }
+}
+
+// (value (P,), ∂/∂losses (P, n) or undefined, ∂/∂λ (P,) or undefined)
+std::vector<at::Tensor> run(const at::Tensor& losses_in, const at::Tensor& lam_in, const at::Tensor& delta_in,
+                            const at::Tensor& k_in, const at::Tensor& scale_in, int64_t smoothing, bool grads) {
+  TORCH_CHECK(losses_in.device().is_cpu() && losses_in.dim() == 2, "losses must be a (P, n) CPU tensor");
+  auto losses = losses_in.detach().contiguous();
+  auto prepare = [&](const at::Tensor& t, const char* name) {
+    TORCH_CHECK(t.dim() == 1 && t.size(0) == losses.size(0), name, " must have one entry per row");
+    return t.detach().to(losses.scalar_type()).contiguous();
+  };
+  auto lam = prepare(lam_in, "lam"), delta = prepare(delta_in, "delta"), k = prepare(k_in, "k"),
+       scale = prepare(scale_in, "scale");
+  const int64_t P = losses.size(0), n = losses.size(1);
+  auto value = at::empty({P}, losses.options());
+  at::Tensor grad = grads ? at::empty_like(losses) : at::Tensor();
+  at::Tensor grad_lam = grads ? at::empty({P}, losses.options()) : at::Tensor();
+  AT_DISPATCH_FLOATING_TYPES(losses.scalar_type(), "thresholded_cpu", [&] {
+    auto args = std::make_tuple(losses.data_ptr<scalar_t>(), lam.data_ptr<scalar_t>(), delta.data_ptr<scalar_t>(),
+                                k.data_ptr<scalar_t>(), scale.data_ptr<scalar_t>());
+    if (grads) {
+      dispatch<scalar_t, true>(smoothing, std::get<0>(args), std::get<1>(args), std::get<2>(args), std::get<3>(args),
+                               std::get<4>(args), P, n, value.data_ptr<scalar_t>(), grad.data_ptr<scalar_t>(),
+                               grad_lam.data_ptr<scalar_t>());
+    } else {
+      dispatch<scalar_t, false>(smoothing, std::get<0>(args), std::get<1>(args), std::get<2>(args), std::get<3>(args),
+                                std::get<4>(args), P, n, value.data_ptr<scalar_t>(), nullptr, nullptr);
+    }
+  });
+  return {value, grad, grad_lam};
+}
+
+bool all_ones(const at::Tensor& t) {
+  return t.numel() == 1 ? t.item<double>() == 1.0 : at::all(t == 1).item<bool>();
+}
+
+struct Thresholded : public torch::autograd::Function<Thresholded> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& losses, const at::Tensor& lam,
+                            const at::Tensor& delta, const at::Tensor& k, const at::Tensor& scale, int64_t smoothing) {
+    auto out = run(losses, lam, delta, k, scale, smoothing, true);
+    ctx->save_for_backward({out[1], out[2]});
+    return out[0];
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_value) {
+    auto saved = ctx->get_saved_variables();
+    at::Tensor grad = saved[0], grad_lam = saved[1];
+    const at::Tensor& g = grad_value[0];
+    if (!all_ones(g)) {
+      grad = grad * g.unsqueeze(1);
+      grad_lam = grad_lam * g;
+    }
+    return {ctx->needs_input_grad(0) ? grad : at::Tensor(), ctx->needs_input_grad(1) ? grad_lam : at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor thresholded(const at::Tensor& losses, const at::Tensor& lam, const at::Tensor& delta, const at::Tensor& k,
+                       const at::Tensor& scale, int64_t smoothing) {
+  return Thresholded::apply(losses, lam, delta, k, scale, smoothing);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("thresholded", &thresholded, "value per row, differentiable in the losses and λ");
+  m.def("run", &run, "(value, ∂/∂losses, ∂/∂λ) per row, no autograd");
+}
