@@ -68,12 +68,16 @@ def thresholded_value_and_grads(losses, lam, delta, k, scale, *, phi: Smoothing,
     return (hinge + k / n * lam) * scale, grad_losses, grad_lam
 
 
+def _python_kernel(with_grads: bool):
+    return thresholded_value_and_grads if with_grads else thresholded_value
+
+
 @lru_cache(maxsize=None)
 def compiled(phi: Smoothing, with_grads: bool, device_type: str, dtype: torch.dtype, single_row: bool):
     """The ``torch.compile``-d kernel of ``phi`` for one device type, dtype and row count class (one
     row, as in a module's forward, or several, as in a population): dynamic shapes, so one compilation
     serves every n >= 2 and every number of rows > 1."""
-    kernel = thresholded_value_and_grads if with_grads else thresholded_value
+    kernel = _python_kernel(with_grads)
 
     def fused(losses, lam, delta, k, scale):
         return kernel(losses, lam, delta, k, scale, phi=phi, accumulate=torch.float64)
@@ -109,7 +113,7 @@ def _kernel(path: str, phi: Smoothing, with_grads: bool, losses: torch.Tensor):
     """The eager or compiled Python kernel for these losses."""
     if path == "compiled":
         return compiled(phi, with_grads, losses.device.type, losses.dtype, losses.shape[0] == 1)
-    kernel = thresholded_value_and_grads if with_grads else thresholded_value
+    kernel = _python_kernel(with_grads)
     return lambda *args: kernel(*args, phi=phi)
 
 

@@ -90,16 +90,15 @@ class ThresholdedTopK(Aggregate):
         return thresholded(losses, lam, delta, k, scale, self._phi, self.path_for(losses), required=self.kernel != "auto")
 
     def path_for(self, losses: torch.Tensor) -> str:
-        """The kernel path for a (P, n) block: ``kernel`` unless it is ``auto``, which takes the C++
-        kernel on a CPU and the compiled one on a GPU for rows of at least ``compile_min_n`` losses
-        and the eager kernel for shorter rows. Inside a user's ``torch.compile`` always eager."""
+        """The kernel path for a (P, n) block: ``kernel`` unless it is ``auto``, which takes the fast
+        kernel ("native": the C++ one on a CPU, which :func:`thresholded` turns into the compiled one
+        on a GPU) for rows of at least ``compile_min_n`` losses and the eager kernel for shorter rows.
+        Inside a user's ``torch.compile`` always eager."""
         if torch.compiler.is_compiling():
             return "eager"
         if self.kernel != "auto":
             return self.kernel
-        if losses.shape[1] < self.compile_min_n:
-            return "eager"
-        return "native" if losses.device.type == "cpu" else "compiled"
+        return "eager" if losses.shape[1] < self.compile_min_n else "native"
 
     def extra_repr(self) -> str:
         return (
