@@ -13,7 +13,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from topklab.utils.errors import TopklabError
 
-DATA_CONTEXT_KEYS = ("in_features", "in_channels", "num_classes", "class_counts", "shot_counts", "target")
+DATA_CONTEXT_KEYS = ("in_features", "in_channels", "num_classes", "class_counts", "shot_counts", "target", "vocab_size",
+                     "pad_id", "vocab")
 
 
 def build(node: DictConfig, group: str, **kwargs):

@@ -54,6 +54,18 @@ class CheckpointStore:
         atomic_torch_save(self.path, state)
         atomic_write_json(self.directory / "run.json", info)
 
+    def save_weights(self, epoch: int, state: dict, keep: int) -> None:
+        """The model's weights at the end of ``epoch`` (``epoch<e>.pt``), keeping the last ``keep``."""
+        atomic_torch_save(self.directory / f"epoch{epoch}.pt", state)
+        for old in self.weight_epochs()[:-keep]:
+            (self.directory / f"epoch{old}.pt").unlink(missing_ok=True)
+
+    def weight_epochs(self) -> list[int]:
+        return sorted(int(p.stem[5:]) for p in self.directory.glob("epoch*.pt") if p.stem[5:].isdigit())
+
+    def load_weights(self, epoch: int) -> dict:
+        return torch.load(self.directory / f"epoch{epoch}.pt", map_location="cpu", weights_only=True)
+
     def load(self) -> dict:
         try:
             return torch.load(self.path, map_location="cpu", weights_only=False)

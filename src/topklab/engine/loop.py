@@ -33,6 +33,20 @@ AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 SPLITS = ("train", "val", "test")
 
 
+def concat_outputs(batches: list) -> torch.Tensor | dict:
+    """A split's outputs from its batches' (tensors, or dicts of tensors), every rank's rows
+    gathered in rank order under DDP."""
+    if isinstance(batches[0], dict):
+        return {key: torch.cat([gather_concat(b[key]) for b in batches]) for key in batches[0]}
+    return torch.cat([gather_concat(b) for b in batches])
+
+
+def average_states(states: list[dict]) -> dict:
+    """The element-wise mean of floating-point entries of several state dicts (others: the last's)."""
+    return {key: torch.stack([s[key].double() for s in states]).mean(0).to(value.dtype) if value.is_floating_point() else value
+            for key, value in states[-1].items()}
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -71,7 +85,12 @@ class Engine:
         runs in float32
     channels_last : auto | true | false (auto: on CUDA only)
     schedule : dict of :class:`~topklab.engine.schedules.LRFactor` fields (name constant | cosine |
-        step, warmup_epochs, milestones, gamma, min_lr_ratio); stepped every batch
+        step | inverse_sqrt, warmup_epochs, warmup_steps, milestones, gamma, min_lr_ratio); stepped
+        every batch
+    clip_grad_norm : float >= 0, clip the gradient's global norm (model and λ) to this (0: off)
+    average_last : int >= 0, also score the average of the last N epoch-end weights (fairseq's
+        ``average_checkpoints``) on val and test, reported under ``averaged`` (0: off; needs
+        ``checkpoint``, since the epoch weights are kept beside it)
     checkpoint : bool, keep a resumable checkpoint under the run key (written each epoch end)
     checkpoint_every : int >= 0, also checkpoint every this many steps (0: at epoch ends only)
     resume : bool, continue from the run key's checkpoint when one exists
@@ -85,7 +104,7 @@ class Engine:
                  drop_last: bool = False, eval_every_steps: int | None = None, validate_at_start: bool = False,
                  patience: int | None = None, min_delta: float = 0.0, select_metrics=None,
                  final_splits=("val", "test"), device: str = "auto", amp: str = "none", channels_last="auto",
-                 schedule: dict | None = None, checkpoint: bool = True, checkpoint_every: int = 0, resume: bool = True,
+                 schedule: dict | None = None, clip_grad_norm: float = 0.0, average_last: int = 0, checkpoint: bool = True, checkpoint_every: int = 0, resume: bool = True,
                  max_steps: int | None = None, profiler: dict | None = None, progress: bool = True):
         _positive_int("epochs", epochs)
         _positive_int("batch_size", batch_size)
@@ -96,8 +115,12 @@ class Engine:
             raise ValueError(f"engine.amp={amp!r}; choose one of {', '.join(AMP_DTYPES)}")
         if channels_last not in ("auto", True, False):
             raise ValueError(f"engine.channels_last={channels_last!r}; choose auto, true or false")
-        if not min_delta >= 0 or checkpoint_every < 0:
-            raise ValueError("engine.min_delta and engine.checkpoint_every must be >= 0")
+        if not min_delta >= 0 or checkpoint_every < 0 or not clip_grad_norm >= 0:
+            raise ValueError("engine.min_delta, engine.checkpoint_every and engine.clip_grad_norm must be >= 0")
+        if isinstance(average_last, bool) or not isinstance(average_last, int) or average_last < 0:
+            raise ValueError(f"engine.average_last={average_last!r} must be an int >= 0")
+        if average_last and not checkpoint:
+            raise ValueError("engine.average_last needs engine.checkpoint=true (the epoch weights are kept beside it)")
         if select_metrics is not None and not list(select_metrics):
             raise ValueError("engine.select_metrics is empty; give metric names or null for the task's primary metric")
         unknown = set(final_splits) - set(SPLITS)
@@ -110,6 +133,7 @@ class Engine:
         self.final_splits = list(final_splits)
         self.device_name, self.amp, self.channels_last = device, amp, channels_last
         self.schedule = dict(schedule or {"name": "constant"})
+        self.clip_grad_norm, self.average_last = clip_grad_norm, average_last
         LRFactor(steps_per_epoch=1, epochs=epochs, **self.schedule)  # validates the fields now
         self.checkpoint, self.checkpoint_every, self.resume, self.max_steps = checkpoint, checkpoint_every, resume, max_steps
         self.profiler = {"enabled": False, "wait": 1, "warmup": 1, "active": 3, **(profiler or {})}
@@ -155,7 +179,8 @@ class Engine:
                 loaders[split] = data.eval_loader(split, self.eval_batch_size, device, channels_last)
             module.eval()
             with torch.no_grad(), autocast():
-                outputs = torch.cat([gather_concat(module.model(local(x)).float()) for x, _ in loaders[split].batches()])
+                outputs = concat_outputs([task.outputs(module.model, local(x), local(y), split)
+                                          for x, y in loaders[split].batches()])
             module.train()
             return task.metrics(outputs, data.targets(split))
 
@@ -255,10 +280,14 @@ class Engine:
                             f"lower optim.lr, check the data, or set engine.amp=none", last_good_state=snapshot())
                     optimizer.zero_grad(set_to_none=True)
                     scaler.scale(objective).backward()
+                    if self.clip_grad_norm:
+                        scaler.unscale_(optimizer)
+                        torch.nn.utils.clip_grad_norm_(module.parameters(), self.clip_grad_norm)
                     scaler.step(optimizer)
                     scaler.update()
                     scheduler.step()
-                    profile.step(waited, module.loss_start, loss_end, compute_start, profile.now(), len(y))
+                    profile.step(waited, module.loss_start, loss_end, compute_start, profile.now(), len(y),
+                                 module.objective.last_count)
                     profiler.step()
                     state["step"] += 1
                     state["batch"] += 1
@@ -295,6 +324,8 @@ class Engine:
                 state["history"].append(row)
                 state.update(epoch=epoch + 1, batch=0, finished=state["finished"] or epoch + 1 == self.epochs)
                 running.zero_()
+                if self.average_last and store is not None and dist.is_main:
+                    store.save_weights(epoch + 1, module.state_dict(), keep=self.average_last)
                 save_checkpoint()
                 on_epoch_end(row)
                 if not self.eval_every_steps:
@@ -303,7 +334,19 @@ class Engine:
                     break
         if select[0] not in state["best"]:  # validation every N steps never came round
             record_validation(evaluate("val"), state["epoch"])
-        return self._score_selected(module, state, select, evaluate, device, channels_last)
+        result = self._score_selected(module, state, select, evaluate, device, channels_last)
+        if self.average_last and store is not None:
+            result["averaged"] = self._score_average(module, store, state, evaluate)
+        return result
+
+    def _score_average(self, module, store, state, evaluate) -> dict:
+        """Val and test metrics of the mean of the last ``average_last`` epoch-end weights; the
+        module is left in the first selection metric's best state."""
+        epochs = store.weight_epochs()[-self.average_last:]
+        module.load_state_dict(average_states([store.load_weights(e) for e in epochs]))
+        scores = {"epochs": epochs, **{split: evaluate(split) for split in self.final_splits}}
+        module.load_state_dict(next(iter(state["best"].values()))["state"])
+        return scores
 
     def _score_selected(self, module, state, select, evaluate, device, channels_last) -> dict:
         """Test (and train) metrics of each selection metric's best state; the module ends in the
@@ -326,5 +369,6 @@ class Engine:
             "early_stopped": state["early_stopped"], "lambda": module.objective.threshold,
             "train_seconds": state["train_seconds"], "device": str(device), "amp": self.amp,
             "channels_last": channels_last,
-            "cost": {k: last[k] for k in ("step_time_s", "images_per_s", "data_wait_share", "loss_share", "peak_memory_mb")},
+            "cost": {k: last[k] for k in ("step_time_s", "images_per_s", "losses_per_s", "data_wait_share", "loss_share",
+                                          "peak_memory_mb")},
         }

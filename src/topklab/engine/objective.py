@@ -50,10 +50,12 @@ class Objective(nn.Module):
         self.l2_C = l2_C
         self.l1 = float(l1)
         self.gather_losses = gather_losses
+        self.last_count = None  # losses the aggregate saw at the last call (tokens, in translation)
 
     def losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The 1-D per-sample losses the aggregate sees (every rank's under ``gather_losses``)."""
         losses = self.individual(output, target).reshape(-1)
+        self.last_count = losses.numel()
         if self.gather_losses:
             losses = all_gather_losses(losses)
         return losses

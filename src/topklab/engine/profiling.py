@@ -1,5 +1,6 @@
 """Per-epoch cost figures of a training loop: step time, images/s, the share of time spent
-waiting for data, the share spent in the loss, and peak memory. On CUDA, regions are timed with
+waiting for data, the share spent in the loss, and peak memory. ``images_per_s`` counts samples
+(sentences in translation), ``losses_per_s`` the per-sample losses the aggregate saw (target tokens). On CUDA, regions are timed with
 events and read once per epoch (no synchronisation inside the step)."""
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ class StepProfile:
     def reset(self) -> None:
         self.wait = 0.0
         self.images = 0
+        self.losses = 0
         self.steps = 0
         self._events: list[tuple] = []
         self._cpu_loss = 0.0
@@ -50,9 +52,11 @@ class StepProfile:
             return event
         return time.perf_counter()
 
-    def step(self, fetched_after: float, loss_start, loss_end, compute_start, compute_end, images: int) -> None:
+    def step(self, fetched_after: float, loss_start, loss_end, compute_start, compute_end, images: int,
+             losses: int | None = None) -> None:
         self.wait += fetched_after
         self.images += images
+        self.losses += images if losses is None else losses
         self.steps += 1
         if self.cuda:
             self._events.append((loss_start, loss_end, compute_start, compute_end))
@@ -72,6 +76,7 @@ class StepProfile:
         return {
             "step_time_s": elapsed / steps,
             "images_per_s": self.images / elapsed if elapsed > 0 else 0.0,
+            "losses_per_s": self.losses / elapsed if elapsed > 0 else 0.0,
             "data_wait_share": self.wait / elapsed if elapsed > 0 else 0.0,
             "loss_share": loss / compute if compute > 0 else 0.0,
         }

@@ -25,19 +25,28 @@ from topklab.utils.provenance import portable_config
 from topklab.utils.seed import seed_everything
 
 
-def check_k_fits(aggregate, batch_size: int, n_train: int, drop_last: bool = True) -> None:
-    """A count k must fit every batch: the full one and, unless it is dropped, the last partial one."""
-    k = getattr(aggregate, "k", None)
-    if k is None:
-        return
+def smallest_batch(data, batch_size: int, drop_last: bool) -> int:
+    """Per-sample losses in the smallest training batch: the data's own count when it batches by
+    something else than rows (tokens, in translation), else the full or the last partial batch."""
+    if hasattr(data, "smallest_batch"):
+        return data.smallest_batch(batch_size, drop_last)
+    n_train = len(data.targets("train"))
     smallest = min(batch_size, n_train)
     if not drop_last and n_train > batch_size and n_train % batch_size:
         smallest = n_train % batch_size
+    return smallest
+
+
+def check_k_fits(aggregate, batch_size: int, smallest: int) -> None:
+    """A count k must fit every batch's losses, the smallest batch's included."""
+    k = getattr(aggregate, "k", None)
+    if k is None:
+        return
     try:
         resolve_k(k, smallest)
     except ValueError as err:
         raise TopklabError(
-            f"loss.k: {err} (engine.batch_size={batch_size}, training rows={n_train}, smallest batch={smallest}); "
+            f"loss.k: {err} (engine.batch_size={batch_size}, smallest batch={smallest} losses); "
             f"use a fraction of the batch or engine.drop_last=true") from None
 
 
@@ -60,7 +69,7 @@ def build_run(cfg: DictConfig):
         objective = Objective(individual, aggregate, **OmegaConf.to_container(cfg.objective, resolve=True))
     except (TypeError, ValueError) as err:
         raise TopklabError(f"objective: {err}") from None
-    check_k_fits(aggregate, engine.batch_size, len(data.targets("train")), engine.drop_last)
+    check_k_fits(aggregate, engine.batch_size, smallest_batch(data, engine.batch_size, engine.drop_last))
     for metric in engine.select_metrics or []:
         try:
             task.higher_is_better(metric)
@@ -125,15 +134,17 @@ def optimized_value(cfg: DictConfig, summary: dict) -> float:
 
 
 def write_result(cfg: DictConfig, summary: dict, record: RunRecord) -> Path:
-    """The run's compact, portable result at ``cfg.result_file`` (``results/vision/<table>/<row>/
-    seed<k>.json`` for an experiment row): the summary, the config without machine paths, the
-    provenance and the command, in :mod:`topklab.report.schema`'s envelope, written atomically."""
+    """The run's compact, portable result at ``cfg.result_file`` (``results/<family>/<table>/<row>/
+    seed<k>.json`` for an experiment row, family vision or translation): the summary, the config
+    without machine paths, the provenance and the command, in :mod:`topklab.report.schema`'s
+    envelope, written atomically."""
     path = Path(cfg.result_file)
-    table, row = path.parent.parent.name, path.parent.name
+    family, table, row = path.parent.parent.parent.name, path.parent.parent.name, path.parent.name
+    family = family if family == "translation" else "vision"
     portable_summary = {k: v for k, v in summary.items() if k != "logger_id"}  # a CSV logger's id is a path
     payload = {"table": table, "row": row, "label": cfg.get("row") or row, "summary": portable_summary}
     command = "python " + " ".join(Path(a).name if i == 0 else a for i, a in enumerate(sys.argv))
-    return write_envelope(path, make_result("vision", f"{table}/{row}", payload, command=command,
+    return write_envelope(path, make_result(family, f"{table}/{row}", payload, command=command,
                                             config=portable_config(cfg), provenance=record.provenance()))
 
 

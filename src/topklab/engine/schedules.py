@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import math
 
-SCHEDULES = ("constant", "cosine", "step")
+SCHEDULES = ("constant", "cosine", "step", "inverse_sqrt")
 
 
 class LRFactor:
-    """``factor(step)``: linear warm-up over ``warmup_epochs``, then constant, cosine (to
-    ``min_lr_ratio``) or step decay (× ``gamma`` at each epoch in ``milestones``).
+    """``factor(step)``: linear warm-up over ``warmup_epochs`` (or ``warmup_steps`` when given),
+    then constant, cosine (to ``min_lr_ratio``), step decay (× ``gamma`` at each epoch in
+    ``milestones``) or inverse square root, ``sqrt(warmup / (step + 1))`` (Vaswani et al. 2017;
+    fairseq's ``inverse_sqrt``).
 
     A plain object (not a closure), so ``LambdaLR.state_dict()`` saves it and resume restores it.
 
@@ -19,18 +21,24 @@ class LRFactor:
     [0.1, 1.0, 1.0, 0.5, 0.024]
     >>> LRFactor("step", 10, 200, milestones=[160, 180], gamma=0.01)(1700)
     0.01
+    >>> [LRFactor("inverse_sqrt", 10, 200, warmup_steps=4)(s) for s in (0, 3, 15)]
+    [0.25, 1.0, 0.5]
     """
 
     def __init__(self, name: str, steps_per_epoch: int, epochs: int, warmup_epochs: float = 0.0,
-                 milestones=(), gamma: float = 0.1, min_lr_ratio: float = 0.0):
+                 milestones=(), gamma: float = 0.1, min_lr_ratio: float = 0.0, warmup_steps: int | None = None):
         if name not in SCHEDULES:
             raise ValueError(f"schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
         if warmup_epochs < 0 or not 0 < gamma <= 1 or not 0 <= min_lr_ratio <= 1:
             raise ValueError("schedule needs warmup_epochs >= 0, 0 < gamma <= 1 and 0 <= min_lr_ratio <= 1")
+        if warmup_steps is not None and (isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0):
+            raise ValueError(f"schedule.warmup_steps={warmup_steps!r} must be an int >= 0 or null")
+        if name == "inverse_sqrt" and not (warmup_steps or warmup_epochs):
+            raise ValueError("schedule inverse_sqrt needs warmup_steps (or warmup_epochs) > 0")
         self.name = name
         self.steps_per_epoch = steps_per_epoch
         self.total = steps_per_epoch * epochs
-        self.warmup = int(round(warmup_epochs * steps_per_epoch))
+        self.warmup = warmup_steps if warmup_steps is not None else int(round(warmup_epochs * steps_per_epoch))
         self.milestones = sorted(int(m) * steps_per_epoch for m in milestones)
         self.gamma = gamma
         self.min_lr_ratio = min_lr_ratio
@@ -42,6 +50,8 @@ class LRFactor:
             span = max(self.total - self.warmup, 1)
             progress = min((step - self.warmup) / span, 1.0)
             return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        if self.name == "inverse_sqrt":
+            return (self.warmup / (step + 1)) ** 0.5
         if self.name == "step":
             return self.gamma ** sum(step >= m for m in self.milestones)
         return 1.0

@@ -1,6 +1,9 @@
 """What differs between modalities: how a batch's outputs are scored. ``task=tabular`` (binary
-error % or RMSE) and ``task=classification`` (top-1/top-5, per class, many/medium/few)."""
+error % or RMSE), ``task=classification`` (top-1/top-5, per class, many/medium/few) and
+``task=translation`` (decoding, sacreBLEU, chrF)."""
 from topklab.tasks.classification import ClassificationTask
+from topklab.tasks.search import BeamSearch, GreedySearch
 from topklab.tasks.tabular import TabularTask
+from topklab.tasks.translation import TranslationTask
 
-__all__ = ["ClassificationTask", "TabularTask"]
+__all__ = ["BeamSearch", "ClassificationTask", "GreedySearch", "TabularTask", "TranslationTask"]

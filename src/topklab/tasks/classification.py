@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from topklab.tasks.base import Task
 from topklab.tasks.classification_metrics import classification_metrics
 
 SCALARS = ("top1", "top5", "many", "medium", "few")
 
 
-class ClassificationTask:
+class ClassificationTask(Task):
     """Scores logits (N, C) against labels (N,); accuracies in percent, higher is better.
 
     Parameters

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import torch
 
+from topklab.tasks.base import Task
 from topklab.tasks.metrics import TASK_METRIC
 
 
-class TabularTask:
+class TabularTask(Task):
     """Scores a model's outputs on a tabular split: ``error_pct`` for labels in {−1, +1},
     ``rmse`` for regression targets (both lower is better).
 
