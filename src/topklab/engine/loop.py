@@ -371,4 +371,5 @@ class Engine:
             "channels_last": channels_last,
             "cost": {k: last[k] for k in ("step_time_s", "images_per_s", "losses_per_s", "data_wait_share", "loss_share",
                                           "peak_memory_mb")},
+            "history": state["history"],
         }
