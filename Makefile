@@ -6,7 +6,8 @@ STAMP  := $(VENV)/.setup-done
 KERNLAB_RDA := .data/kernlab/usr/lib/R/site-library/kernlab/data/spam.rda
 
 .PHONY: setup data sparse demo test test-slow test-all reproduce-tabular tables bench-population \
-        reproduce-synthetic reproduce-fmnistlt table1 bench-topk bench-step-share figures clean
+        reproduce-synthetic reproduce-fmnistlt reproduce-multi30k reproduce-translation-table5 \
+        reproduce-translation-table8 table1 bench-topk bench-step-share figures clean
 
 setup: $(STAMP) data
 
@@ -94,6 +95,22 @@ reproduce-synthetic: setup
 FMNISTLT_ROWS := fmnistlt/ce,fmnistlt/la,fmnistlt/la_atk,fmnistlt/la_stk,fmnistlt/topk_ce
 reproduce-fmnistlt: setup data
 	OMP_NUM_THREADS=1 $(PY) train.py -m experiment=$(FMNISTLT_ROWS) seed=0,1,2 hydra/launcher=joblib hydra.launcher.n_jobs=2
+
+# Translation on this CPU: the Multi30k table (Average / ATk / STk, small Transformer, 15 epochs,
+# about 1 h per run on 2 cores), one run at a time; each writes results/translation/multi30k/<row>/
+# seed<k>.json and a rerun resumes from the checkpoints. MULTI30K_SEEDS=0,1,2 for three seeds.
+MULTI30K_SEEDS ?= 0
+reproduce-multi30k: setup
+	$(PY) train.py -m experiment=stk/multi30k/average,stk/multi30k/stk,stk/multi30k/atk seed=$(MULTI30K_SEEDS)
+
+# Translation with a GPU (one job per GPU; see README "Machine translation" for the data):
+# Table 5's IWSLT2014 and WMT2017 columns (Average / ATk / STk) and Table 8's δ rows.
+TRANSLATION_SEEDS ?= 0
+reproduce-translation-table5: setup
+	$(PY) train.py -m experiment=stk/iwslt14/average,stk/iwslt14/atk,stk/iwslt14/stk,stk/wmt17/average,stk/wmt17/atk,stk/wmt17/stk seed=$(TRANSLATION_SEEDS)
+
+reproduce-translation-table8: setup
+	$(PY) train.py -m experiment=stk/iwslt14/delta_0_1,stk/iwslt14/delta_0_05,stk/iwslt14/delta_0_005,stk/wmt17/delta_0_1,stk/wmt17/delta_0_05,stk/wmt17/delta_0_005 seed=$(TRANSLATION_SEEDS)
 
 # STk Table 1 (top-5 of 10,000, 50 runs) into results/synthetic/table1.json (a few minutes).
 table1: setup

@@ -3,7 +3,7 @@
     python scripts/make_tables.py [--preset quick] [--results results] [--out results/tables]
 
 Tables 3, 4, 6 (.md, .tex) from results/tabular/<preset>/, Table 1 from results/bench/table1.json,
-Table 2 from results/synthetic/table2.json, <table>.md for every vision table under results/vision/;
+Table 2 from results/synthetic/table2.json, <table>.md for every vision table under results/vision/ and translation table under results/translation/;
 the paper's values from results/paper/. See topklab.report.cli.
 """
 import os

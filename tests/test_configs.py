@@ -8,7 +8,7 @@ from topklab.cli import config_groups
 from topklab.engine.build import build, build_for_data
 
 FAKE_DATA = {"in_features": 3, "in_channels": 3, "num_classes": 10, "class_counts": [50, 30, 20, 10, 8, 6, 5, 4, 3, 2],
-             "shot_counts": [50, 30, 20, 10, 8, 6, 5, 4, 3, 2], "target": "binary"}
+             "shot_counts": [50, 30, 20, 10, 8, 6, 5, 4, 3, 2], "target": "binary", "vocab_size": 40, "pad_id": 0, "vocab": None}
 
 GROUP_OPTIONS = [(group, option) for group, options in config_groups(CONFIG_DIR).items() for option in options
                  if not option.rsplit("/", 1)[-1].startswith("_")]
@@ -33,7 +33,7 @@ def test_compose_and_instantiate(compose_cfg, group, option):
     build(cfg.logger, "logger")
     optimizer_factory = instantiate(cfg.optim)
     assert callable(optimizer_factory)
-    assert dataset.task in ("binary", "regression", "multiclass")
+    assert dataset.task in ("binary", "regression", "multiclass", "translation")
 
 
 @pytest.mark.parametrize("dataset,recipe,model,individual,engine_select", [
@@ -41,6 +41,8 @@ def test_compose_and_instantiate(compose_cfg, group, option):
     ("cifar100", "multiclass", "resnet32", "LogitAdjusted", ["top1"]),
     ("cifar100lt", "multiclass", "resnet32", "LogitAdjusted", ["top1"]),
     ("fmnistlt", "multiclass", "resnet32", "LogitAdjusted", ["top1"]),
+    ("multi30k", "translation", "Transformer", "LabelSmoothedCrossEntropy", ["bleu"]),
+    ("wmt17", "translation", "Transformer", "LabelSmoothedCrossEntropy", ["bleu"]),
 ])
 def test_recipe_follows_the_dataset_task(compose_cfg, dataset, recipe, model, individual, engine_select):
     cfg = compose_cfg(f"dataset={dataset}")

@@ -5,7 +5,7 @@
 
 ``tables``: Tables 3, 4, 6 (.md, .tex) from the tabular cells of one preset, Table 1 from
 ``bench/table1.json``, Table 2 from ``synthetic/table2.json``, and ``<table>.md`` for every vision
-table under ``vision/``; paper values from ``paper/*.yaml``. ``figures``: Figures 2-4 (Figures 3
+table under ``vision/`` and every translation table under ``translation/``; paper values from ``paper/*.yaml``. ``figures``: Figures 2-4 (Figures 3
 and 4 from ``synthetic/figure{3,4}.json``). A missing optional source is skipped with a note; a
 corrupt or old-format result is a one-line error and nothing is written.
 """
@@ -23,6 +23,7 @@ import yaml
 from topklab.report.schema import read_result, read_results
 from topklab.report.synthetic import render_table1, render_table2
 from topklab.report.tabular import render_tabular
+from topklab.report.translation import render_translation
 from topklab.report.vision import render_vision
 from topklab.utils.errors import TopklabError
 from topklab.utils.io import atomic_write_text
@@ -87,6 +88,7 @@ def render_tables(results: Path, preset: str) -> dict[str, str]:
             rendered[name] = render(result, paper)
     papers = [yaml.safe_load(p.read_text()) for p in sorted((results / "paper").glob("*.yaml"))]
     rendered.update(render_vision(read_results(results / "vision", "vision"), papers))
+    rendered.update(render_translation(read_results(results / "translation", "translation"), papers))
     return rendered
 
 

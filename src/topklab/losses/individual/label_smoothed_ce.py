@@ -33,7 +33,7 @@ class LabelSmoothedCrossEntropy(nn.Module):
     def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         keep = target != self.pad_id
         logits = output[keep]
-        log_probs = F.log_softmax(logits.float(), dim=-1)
+        log_probs = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
         nll = -log_probs.gather(-1, target[keep].long()[:, None])[:, 0]
         if not self.smoothing:
             return nll

@@ -1,0 +1,127 @@
+"""Markdown tables of the translation experiments from their results (``results/translation/``,
+one file per run with payload ``{table, row, label, summary}``): test sacreBLEU (mean ± std and
+every seed), tokenised BLEU, chrF, the averaged-checkpoint BLEU, cost, and the paper's BLEU beside
+ours; then the validation curve and λ's trajectory per epoch. A paper entry is matched to a
+translation table by its ``translation_table`` field in ``results/paper/*.yaml``."""
+from __future__ import annotations
+
+from topklab.report.stats import mean_std
+from topklab.report.vision import by_table
+from topklab.utils.errors import TopklabError
+
+TABLE5_ROWS = ("average", "atk", "stk")  # every translation table compares these (STk paper Table 5)
+
+
+def _cell(values, digits: int = 2) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    mean, std = mean_std(values)
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def _seeds(values) -> str:
+    return ", ".join(f"{v:.2f}" for v in values)
+
+
+def _per_epoch(summaries: list[dict], key: str) -> list[float | None]:
+    """The mean over seeds of ``history[epoch][key]``, for the epochs every seed reached."""
+    length = min(len(s["history"]) for s in summaries)
+    columns = [[s["history"][e][key] for s in summaries] for e in range(length)]
+    return [None if any(v is None for v in column) else sum(column) / len(column) for column in columns]
+
+
+def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict | None = None) -> str:
+    """Markdown for one translation table.
+
+    Parameters
+    ----------
+    name : the table id (payload ``table``: multi30k, iwslt14, wmt17)
+    rows : ``{row: [result, ...]}`` of that table
+    paper : ``{"caption", "note", "rows": {row: {"bleu": value}}}`` from results/paper, or None
+
+    Examples
+    --------
+    >>> from topklab.report.schema import read_results
+    >>> text = render_translation_table("multi30k", by_table(read_results("results/translation"))["multi30k"])  # doctest: +SKIP
+    """
+    published = (paper or {}).get("rows", {})
+    order = list(dict.fromkeys([*published, *TABLE5_ROWS]))
+    present = [r for r in order if r in rows] + sorted(set(rows) - set(order))
+    if not present:
+        raise TopklabError(f"no results for the {name} table; run its rows first (README, translation)")
+    runs = [r for row in present for r in rows[row]]
+    first = runs[0]
+    engine, task = first["config"]["engine"], first["config"]["task"]
+    labels = {row: rows[row][0]["result"]["label"] for row in present}
+    commands = sorted({r["command"] for r in runs})
+    shas = sorted({str(r["provenance"].get("git", {}).get("sha", "?"))[:10] for r in runs})
+    missing = [r for r in order if r not in rows]
+    test = first["result"]["summary"]["metrics"]["test"]
+    lines = [f"# {name}: test BLEU, mean ± std over seeds", ""]
+    if missing:
+        lines += [f"**Still missing:** {', '.join(missing)} (run `python train.py experiment=stk/{name}/<row> seed=<k>`, "
+                  f"then `make tables`).", ""]
+    if paper:
+        lines += [f"Paper: {paper['caption']}." + (f" {paper['note']}" if paper.get("note") else ""), ""]
+    search = task["search"]
+    lines += [
+        f"Each row: `python train.py experiment=stk/{name}/<row> seed=<k>`; {engine['epochs']} epochs of "
+        f"{engine['batch_size']}-token batches, the state with the best validation {', '.join(engine['select_metrics'])} "
+        f"(greedy decoding) is tested with beam {search['beam']} (length penalty {search['length_penalty']}); "
+        f"code {', '.join(shas)}.  ",
+        f"Commands: {'; '.join(f'`{c}`' for c in commands[:3])}{' …' if len(commands) > 3 else ''}.  ",
+        f"sacreBLEU signature: `{test['bleu_signature']}`; BLEU (tok) is BLEU on the corpus's own whitespace tokens "
+        f"(tokenize=none: fairseq-style tokenised BLEU for pre-tokenised corpora). avg-last is the test sacreBLEU of "
+        f"the mean of the last {engine.get('average_last') or 0} epoch weights.", "",
+    ]
+    has_paper = any(published.get(r) for r in present)
+    head = ["row", "seeds", "sacreBLEU", "per seed", "BLEU (tok)", "chrF", "avg-last", "val BLEU", "best epoch",
+            "final λ", "s / epoch", "target tokens / s"] + (["paper BLEU"] if has_paper else [])
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in present:
+        summaries = [r["result"]["summary"] for r in rows[row]]
+        bleu = [s["metrics"]["test"]["bleu"] for s in summaries]
+        averaged = [s["averaged"]["test"]["bleu"] for s in summaries if s.get("averaged")]
+        cells = [labels[row], str(len(summaries)), _cell(bleu), _seeds(bleu),
+                 _cell(s["metrics"]["test"]["bleu_tok"] for s in summaries),
+                 _cell(s["metrics"]["test"]["chrf"] for s in summaries), _cell(averaged),
+                 _cell(s["metrics"]["val"]["bleu"] for s in summaries), _cell((s["best_epoch"] for s in summaries), 0),
+                 _cell((s["lambda"] for s in summaries), 3), _cell((s["train_seconds"] / s["epochs"] for s in summaries), 0),
+                 _cell((sum(h["losses_per_s"] for h in s["history"]) / len(s["history"]) for s in summaries), 0)]
+        if has_paper:
+            cells.append(f"{published[row]['bleu']:.2f}" if row in published else "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    curves = {row: [r["result"]["summary"] for r in rows[row]] for row in present}
+    epochs = max(len(_per_epoch(s, "val_bleu")) for s in curves.values())
+    thresholded = [row for row in present if any(v is not None for v in _per_epoch(curves[row], "lambda"))]
+    lines += ["", "Validation sacreBLEU (greedy) and λ per epoch, mean over seeds.", "",
+              "| epoch | " + " | ".join(f"{labels[r]} val BLEU" for r in present)
+              + "".join(f" | {labels[r]} λ" for r in thresholded) + " |",
+              "|---|" + "---|" * (len(present) + len(thresholded))]
+    for e in range(epochs):
+        values = []
+        for row in present:
+            curve = _per_epoch(curves[row], "val_bleu")
+            values.append(f"{curve[e]:.2f}" if e < len(curve) else "—")
+        for row in thresholded:
+            curve = _per_epoch(curves[row], "lambda")
+            values.append(f"{curve[e]:.4f}" if e < len(curve) and curve[e] is not None else "—")
+        lines.append(f"| {e + 1} | " + " | ".join(values) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_translation(results: list[dict], papers: list[dict]) -> dict[str, str]:
+    """``{"<table>.md": text}`` for every translation table with results (``results/translation``).
+
+    Examples
+    --------
+    >>> render_translation([], [])
+    {}
+    """
+    specs = {spec["translation_table"]: spec for paper in papers for spec in paper.values()
+             if isinstance(spec, dict) and "translation_table" in spec}
+    return {f"{name}.md": render_translation_table(name, rows, specs.get(name))
+            for name, rows in sorted(by_table(results).items())}
