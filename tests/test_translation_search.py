@@ -28,14 +28,14 @@ def sequence_log_prob(model, source: torch.Tensor, hypothesis: list[int]) -> flo
     return float(sum(log_probs[t, token] for t, token in enumerate(hypothesis)).detach())
 
 
-def exhaustive(model, source: torch.Tensor, max_len: int, length_penalty: float) -> list[int]:
-    """The best hypothesis over every sequence of words ending in eos within max_len tokens."""
+def exhaustive(model, source: torch.Tensor, max_words: int, length_penalty: float) -> list[int]:
+    """The best hypothesis over every sequence of 1..max_words words followed by eos."""
     words = [t for t in range(VOCAB) if t not in (PAD, BOS, EOS)]
     best, best_score = None, -float("inf")
-    for length in range(1, max_len + 1):
-        for prefix in itertools.product(words, repeat=length - 1):
+    for length in range(1, max_words + 1):
+        for prefix in itertools.product(words, repeat=length):
             hypothesis = list(prefix) + [EOS]
-            score = sequence_log_prob(model, source, hypothesis) / length ** length_penalty
+            score = sequence_log_prob(model, source, hypothesis) / (length + 1) ** length_penalty
             if score > best_score:
                 best, best_score = hypothesis, score
     return best
@@ -72,10 +72,10 @@ def test_reordered_cache_follows_the_chosen_rows():
 def test_beam_search_equals_exhaustive_search_with_a_beam_that_holds_everything(seed, length_penalty):
     model = tiny_model(seed)
     sources = torch.tensor([[4, 5, 6, 3], [6, 6, 3, PAD], [5, 3, PAD, PAD]])
-    max_len = 4  # 1 + 3 + 9 + 27 = 40 hypotheses: a beam of 40 ranks every candidate among its first `beam`
-    found = BeamSearch(beam=40, length_penalty=length_penalty, max_len_a=0, max_len_b=max_len)(model, sources, width=6)
+    max_words = 3  # 3 + 9 + 27 = 39 hypotheses: a beam of 40 ranks every candidate among its first `beam`
+    found = BeamSearch(beam=40, length_penalty=length_penalty, max_len_a=0, max_len_b=max_words)(model, sources, width=6)
     for row, source in enumerate(sources):
-        expected = exhaustive(model, source[source != PAD], max_len, length_penalty)
+        expected = exhaustive(model, source[source != PAD], max_words, length_penalty)
         assert found[row].tolist() == expected + [PAD] * (6 - len(expected))
 
 
@@ -88,11 +88,29 @@ def test_beam_one_is_greedy_and_beams_differ_from_greedy_somewhere():
     assert not torch.equal(BeamSearch(beam=4, max_len_b=6)(model, sources, width=8), greedy)
 
 
-def test_every_hypothesis_ends_in_eos_within_the_length_limit():
+@pytest.mark.parametrize("min_len", [1, 3])
+def test_every_hypothesis_ends_in_eos_within_the_length_limit(min_len):
     model = tiny_model(5)
     sources = torch.randint(4, VOCAB, (5, 3))
-    for search in (GreedySearch(max_len_a=1.0, max_len_b=1), BeamSearch(beam=3, max_len_a=1.0, max_len_b=1)):
+    for search in (GreedySearch(max_len_a=1.0, max_len_b=1, min_len=min_len),
+                   BeamSearch(beam=3, max_len_a=1.0, max_len_b=1, min_len=min_len)):
         out = search(model, sources, width=10)
         assert out.shape == (5, 10)
-        for row in out.tolist():
-            assert EOS in row[:4] and all(t == PAD for t in row[row.index(EOS) + 1:])
+        lengths = [row.index(EOS) for row in out.tolist()]  # words before eos: at most 1.0 × 3 + 1
+        assert all(min_len <= n <= 4 for n in lengths) and max(lengths) == 4 or min_len == 1
+        for row, n in zip(out.tolist(), lengths):
+            assert all(t == PAD for t in row[n + 1:])
+
+
+def test_the_length_limit_allows_that_many_words_then_eos():
+    model = tiny_model(6)
+    decode = model.decode
+
+    def never_eos(*args, **kwargs):  # so that every hypothesis runs to the limit
+        logits = decode(*args, **kwargs)
+        logits[..., EOS] = -1e4
+        return logits
+    model.decode = never_eos
+    sources = torch.randint(4, VOCAB, (4, 3))
+    for search in (GreedySearch(max_len_b=5), BeamSearch(beam=2, max_len_b=5)):
+        assert [row.index(EOS) for row in search(model, sources, width=8).tolist()] == [5] * 4

@@ -9,8 +9,9 @@ SCHEDULES = ("constant", "cosine", "step", "inverse_sqrt")
 class LRFactor:
     """``factor(step)``: linear warm-up over ``warmup_epochs`` (or ``warmup_steps`` when given),
     then constant, cosine (to ``min_lr_ratio``), step decay (× ``gamma`` at each epoch in
-    ``milestones``) or inverse square root, ``sqrt(warmup / (step + 1))`` (Vaswani et al. 2017;
-    fairseq's ``inverse_sqrt``).
+    ``milestones``) or inverse square root (Vaswani et al. 2017), which counts updates as fairseq's
+    ``inverse_sqrt`` does: ``step / warmup`` during the warm-up (the first update at rate 0), then
+    ``sqrt(warmup / step)``.
 
     A plain object (not a closure), so ``LambdaLR.state_dict()`` saves it and resume restores it.
 
@@ -21,8 +22,8 @@ class LRFactor:
     [0.1, 1.0, 1.0, 0.5, 0.024]
     >>> LRFactor("step", 10, 200, milestones=[160, 180], gamma=0.01)(1700)
     0.01
-    >>> [LRFactor("inverse_sqrt", 10, 200, warmup_steps=4)(s) for s in (0, 3, 15)]
-    [0.25, 1.0, 0.5]
+    >>> [LRFactor("inverse_sqrt", 10, 200, warmup_steps=4)(s) for s in (0, 2, 4, 16)]
+    [0.0, 0.5, 1.0, 0.5]
     """
 
     def __init__(self, name: str, steps_per_epoch: int, epochs: int, warmup_epochs: float = 0.0,
@@ -44,14 +45,14 @@ class LRFactor:
         self.min_lr_ratio = min_lr_ratio
 
     def __call__(self, step: int) -> float:
+        if self.name == "inverse_sqrt":
+            return step / self.warmup if step < self.warmup else (self.warmup / step) ** 0.5
         if step < self.warmup:
             return (step + 1) / self.warmup
         if self.name == "cosine":
             span = max(self.total - self.warmup, 1)
             progress = min((step - self.warmup) / span, 1.0)
             return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-        if self.name == "inverse_sqrt":
-            return (self.warmup / (step + 1)) ** 0.5
         if self.name == "step":
             return self.gamma ** sum(step >= m for m in self.milestones)
         return 1.0

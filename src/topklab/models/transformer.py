@@ -2,8 +2,10 @@
 
 ``transformer_iwslt_de_en`` is ``Transformer(d_model=512, ffn_dim=1024, heads=4, layers=6+6,
 dropout=0.3)`` with shared decoder input/output embeddings; the WMT base shape has ffn_dim=2048
-and heads=8. Positions are sinusoidal, embeddings are scaled by √d_model, and layers are post-norm
-(pre-norm is a field). :meth:`Transformer.decode` runs either on a whole target prefix or one
+and heads=8. Positions are sinusoidal and count from 2 (fairseq's padding_idx + 1), embeddings are
+scaled by √d_model, and layers are post-norm (pre-norm is a field). Initialisation as fairseq's:
+embeddings N(0, d^-½) with a zero pad row, attention projections Xavier-uniform (q/k/v with gain
+1/√2), feed-forward layers PyTorch's default. :meth:`Transformer.decode` runs either on a whole target prefix or one
 step at a time with cached keys and values (incremental decoding, for search).
 """
 from __future__ import annotations
@@ -13,6 +15,9 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+FIRST_POSITION = 2  # fairseq numbers positions from padding_idx + 1 (its pad id is 1)
 
 
 def sinusoidal_positions(length: int, dim: int, offset: int = 0, device=None) -> torch.Tensor:
@@ -63,9 +68,6 @@ class FeedForward(nn.Module):
     def __init__(self, dim: int, hidden: int, activation_dropout: float):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
-        for layer in (self.fc1, self.fc2):
-            nn.init.xavier_uniform_(layer.weight)
-            nn.init.zeros_(layer.bias)
         self.activation_dropout = activation_dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -174,7 +176,7 @@ class Transformer(nn.Module):
 
     def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
         x = embedding(tokens) * math.sqrt(self.d_model)
-        x = x + sinusoidal_positions(tokens.shape[1], self.d_model, offset, tokens.device).to(x.dtype)
+        x = x + sinusoidal_positions(tokens.shape[1], self.d_model, FIRST_POSITION + offset, tokens.device).to(x.dtype)
         return F.dropout(x, self.dropout, self.training)
 
     def encode(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,16 +11,19 @@ from topklab.data.translation.vocab import BOS, EOS, PAD
 
 
 def _max_length(source: torch.Tensor, max_len_a: float, max_len_b: int, width: int) -> int:
-    """Tokens (eos included) a hypothesis may have: a·source length + b, at most ``width``."""
-    return max(1, min(int(max_len_a * source.shape[1] + max_len_b), width))
+    """Tokens before eos a hypothesis may have: a·(padded source length) + b (fairseq's rule), at
+    most ``width`` − 1 so that eos fits."""
+    return max(0, min(int(max_len_a * source.shape[1] + max_len_b), width - 1))
 
 
-def _step_log_probs(model, tokens, memory, mask, cache, step: int, last: bool) -> torch.Tensor:
+def _step_log_probs(model, tokens, memory, mask, cache, step: int, limit: int, min_len: int) -> torch.Tensor:
     logits = model.decode(tokens[:, -1:], memory, mask, cache, position=step)[:, -1]
     log_probs = F.log_softmax(logits.float(), dim=-1)
     log_probs[:, PAD] = log_probs[:, BOS] = -float("inf")
-    if last:  # the length limit forces eos
+    if step == limit:  # the length limit forces eos
         log_probs[:, :EOS] = log_probs[:, EOS + 1:] = -float("inf")
+    elif step < min_len:
+        log_probs[:, EOS] = -float("inf")
     return log_probs
 
 
@@ -29,12 +32,13 @@ class GreedySearch:
 
     Parameters
     ----------
-    max_len_a, max_len_b : a hypothesis has at most a·(source length) + b tokens (fairseq's
-        ``--max-len-a/-b``; defaults 0 and 200)
+    max_len_a, max_len_b : a hypothesis has at most a·(source length) + b tokens before eos, the
+        source length being the batch's padded width (fairseq's ``--max-len-a/-b``; defaults 0, 200)
+    min_len : int >= 0, eos is not allowed before this many tokens (fairseq's default 1: no empty output)
     """
 
-    def __init__(self, max_len_a: float = 0.0, max_len_b: int = 200):
-        self.max_len_a, self.max_len_b = max_len_a, max_len_b
+    def __init__(self, max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1):
+        self.max_len_a, self.max_len_b, self.min_len = max_len_a, max_len_b, min_len
 
     @torch.no_grad()
     def __call__(self, model, source: torch.Tensor, width: int) -> torch.Tensor:
@@ -43,8 +47,8 @@ class GreedySearch:
         tokens = torch.full((len(source), 1), BOS, dtype=torch.int64, device=source.device)
         finished = torch.zeros(len(source), dtype=torch.bool, device=source.device)
         cache = model.new_cache()
-        for step in range(limit):
-            next_token = _step_log_probs(model, tokens, memory, mask, cache, step, step == limit - 1).argmax(-1)
+        for step in range(limit + 1):
+            next_token = _step_log_probs(model, tokens, memory, mask, cache, step, limit, self.min_len).argmax(-1)
             next_token = next_token.masked_fill(finished, PAD)
             tokens = torch.cat([tokens, next_token[:, None]], dim=1)
             finished |= next_token == EOS
@@ -60,6 +64,7 @@ class BeamSearch:
     ``beam`` that end in eos are finished with score ``log p(y) / |y|^length_penalty`` (|y| counts
     eos), the best ``beam`` others go on. A sentence is done once it has ``beam`` finished
     hypotheses (or at the length limit, where eos is forced); its answer is the best finished one.
+    eos is blocked before ``min_len`` tokens.
     Done sentences leave the batch.
 
     Parameters
@@ -67,14 +72,15 @@ class BeamSearch:
     beam : int >= 1, hypotheses kept per sentence (5 in the paper's recipes)
     length_penalty : float, exponent of the length normalisation (> 0 favours longer output,
         0 ranks by total log-probability; fairseq's default 1.0)
-    max_len_a, max_len_b : as :class:`GreedySearch`
+    max_len_a, max_len_b, min_len : as :class:`GreedySearch`
     """
 
-    def __init__(self, beam: int = 5, length_penalty: float = 1.0, max_len_a: float = 0.0, max_len_b: int = 200):
+    def __init__(self, beam: int = 5, length_penalty: float = 1.0, max_len_a: float = 0.0, max_len_b: int = 200,
+                 min_len: int = 1):
         if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
             raise ValueError(f"search.beam={beam!r} must be an int >= 1")
         self.beam, self.length_penalty = beam, length_penalty
-        self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        self.max_len_a, self.max_len_b, self.min_len = max_len_a, max_len_b, min_len
 
     @torch.no_grad()
     def __call__(self, model, source: torch.Tensor, width: int) -> torch.Tensor:
@@ -89,8 +95,8 @@ class BeamSearch:
         scores[:, 0] = 0.0  # one live hypothesis per sentence at the start
         finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
         alive = list(range(batch))  # row i of the working tensors belongs to sentence alive[i]
-        for step in range(limit):
-            log_probs = _step_log_probs(model, tokens, memory, mask, cache, step, step == limit - 1)
+        for step in range(limit + 1):
+            log_probs = _step_log_probs(model, tokens, memory, mask, cache, step, limit, self.min_len)
             vocab = log_probs.shape[-1]
             candidates = (scores.view(-1, 1) + log_probs.double()).view(len(alive), beam * vocab)
             top_scores, top_index = candidates.topk(min(2 * beam, beam * vocab), dim=1)
@@ -103,7 +109,7 @@ class BeamSearch:
                     hypothesis = tokens[row * beam + origin[row, rank], 1:].tolist() + [EOS]
                     finished[sentence].append((float(top_scores[row, rank]) / normaliser, hypothesis))
             keep = [row for row, sentence in enumerate(alive) if len(finished[sentence]) < beam]
-            if not keep or step == limit - 1:
+            if not keep or step == limit:
                 break
             rank = torch.argsort(ends.to(torch.int8), dim=1, stable=True)[:, :beam]  # the best non-ending ones
             keep_rows = torch.tensor(keep, device=device)

@@ -15,10 +15,11 @@ SCALARS = ("bleu", "chrf", "bleu_tok", "loss")
 class TranslationTask(Task):
     """Translations scored by corpus BLEU, chrF and the teacher-forced loss.
 
-    Metrics (per split): ``bleu`` — sacreBLEU on detokenised text (13a tokenisation, the
-    reported metric; its signature is ``bleu_signature``); ``bleu_tok`` — BLEU on the corpus's own
-    whitespace tokens (tokenize=none: fairseq-style "tokenised BLEU" for pre-tokenised corpora such
-    as fairseq's IWSLT14 files, labelled as such); ``chrf``; ``loss`` — the mean negative
+    Metrics (per split): ``bleu`` — sacreBLEU with its 13a tokenisation (the reported metric;
+    its signature is ``bleu_signature``), detokenised BLEU where the references are raw text; over
+    pre-tokenised references (fairseq's IWSLT14 files) it is 13a over tokenised text, not
+    comparable to published sacreBLEU; ``bleu_tok`` — BLEU on the corpus's own whitespace tokens
+    (tokenize=none: fairseq-generate's "tokenised BLEU" for such corpora, labelled as such); ``chrf``; ``loss`` — the mean negative
     log-likelihood per target token (no smoothing; lower is better); ``translations`` — the
     detokenised hypotheses, in the split's order.
 

@@ -1,8 +1,10 @@
 """Sentence pairs as padded id tensors, grouped into token-bucketed batches.
 
-Training batches follow fairseq's ``--max-tokens``: pairs are ordered by length (target, then
-source; ties in a seeded random order) and cut greedily so that a batch's padded size, sentences ×
-its longest side, stays within ``max_tokens``. The batches are fixed for a run (so an epoch always
+Training batches follow fairseq's ``--max-tokens`` (``batch_by_size``): pairs are ordered by source
+length, then target length, ties in a seeded random order, and cut greedily so that a batch's padded
+size, sentences × its longest side, stays within ``max_tokens``; a full batch keeps a multiple of
+``batch_multiple`` sentences and hands the rest on to the next (fairseq's
+``--required-batch-size-multiple``, 8). The batches are fixed for a run (so an epoch always
 has the same number of steps) and visited in a new order each epoch, drawn from (seed, epoch)
 alone, so any epoch can be replayed or resumed at any batch.
 """
@@ -52,7 +54,8 @@ def collate(sources: list[list[int]], targets: list[list[int]]) -> tuple[PairBat
     return PairBatch(pad_rows(sources), decoder_input), target
 
 
-def token_batches(source_lengths: list[int], target_lengths: list[int], max_tokens: int, seed: int) -> list[list[int]]:
+def token_batches(source_lengths: list[int], target_lengths: list[int], max_tokens: int, seed: int,
+                  batch_multiple: int = 1) -> list[list[int]]:
     """Indices of pairs grouped by length so that len(batch) × max(src, tgt length) <= max_tokens."""
     n = len(source_lengths)
     sizes = torch.tensor([max(s, t) for s, t in zip(source_lengths, target_lengths)], dtype=torch.int64)
@@ -61,17 +64,18 @@ def token_batches(source_lengths: list[int], target_lengths: list[int], max_toke
         raise TopklabError(f"max tokens per batch ({max_tokens}) is smaller than the longest sentence pair ({longest} tokens); "
                            f"raise engine.batch_size (the token budget) or lower dataset.max_length")
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    source = torch.tensor(source_lengths)[order]
-    order = order[torch.argsort(source, stable=True)]
     order = order[torch.argsort(torch.tensor(target_lengths)[order], stable=True)]
+    order = order[torch.argsort(torch.tensor(source_lengths)[order], stable=True)]
+    sizes = sizes.tolist()
     batches, current, width = [], [], 0
     for index in order.tolist():
-        size = int(sizes[index])
-        if current and (len(current) + 1) * max(width, size) > max_tokens:
-            batches.append(current)
-            current, width = [], 0
+        if current and (len(current) + 1) * max(width, sizes[index]) > max_tokens:
+            keep = max(batch_multiple * (len(current) // batch_multiple), len(current) % batch_multiple)
+            batches.append(current[:keep])
+            current = current[keep:]
+            width = max((sizes[i] for i in current), default=0)
         current.append(index)
-        width = max(width, size)
+        width = max(width, sizes[index])
     if current:
         batches.append(current)
     return batches
@@ -85,6 +89,7 @@ class TokenBucketLoader:
     sources, targets : id lists per pair (each ending in eos)
     max_tokens : int >= the longest pair, padded tokens per batch
     seed : int, with the epoch number, the only source of randomness
+    batch_multiple : int >= 1, sentences per full batch are a multiple of this
     device : where batches are returned
 
     Examples
@@ -95,12 +100,15 @@ class TokenBucketLoader:
     """
 
     def __init__(self, sources: list[list[int]], targets: list[list[int]], max_tokens: int, seed: int = 0,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", batch_multiple: int = 1):
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise TopklabError(f"max tokens per batch must be an int >= 1, got {max_tokens!r}")
         self.sources, self.targets, self.seed = sources, targets, seed
         self.device = torch.device(device)
-        self.fixed_batches = token_batches([len(s) for s in sources], [len(t) for t in targets], max_tokens, seed)
+        if isinstance(batch_multiple, bool) or not isinstance(batch_multiple, int) or batch_multiple < 1:
+            raise TopklabError(f"dataset.batch_multiple={batch_multiple!r} must be an int >= 1")
+        self.fixed_batches = token_batches([len(s) for s in sources], [len(t) for t in targets], max_tokens, seed,
+                                           batch_multiple)
 
     def __len__(self) -> int:
         return len(self.fixed_batches)

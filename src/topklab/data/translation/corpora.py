@@ -58,20 +58,25 @@ class TranslationCorpus:
         validation and test pairs are always kept
     task : translation (recipes key on it)
     split_seed : int, seed of a validation hold-out from the training pairs (where one is used)
+    batch_multiple : int >= 1, a full training batch holds a multiple of this many sentences
+        (fairseq's ``--required-batch-size-multiple``, 8)
     """
 
     name = "translation"
 
     def __init__(self, pair: str = "de-en", vocab_size: int = 10000, spm_model_type: str = "bpe",
                  character_coverage: float = 1.0, spm_max_sentences: int = 0, vocab_dir: str = ".data/spm",
-                 max_length: int = 256, task: str = "translation", split_seed: int = 0):
+                 max_length: int = 256, task: str = "translation", split_seed: int = 0, batch_multiple: int = 8):
         self.source_lang, self.target_lang = parse_pair(pair)
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
             raise ValueError(f"dataset.max_length={max_length!r} must be an int >= 2")
         self.pair = f"{self.source_lang}-{self.target_lang}"
         self.vocab_options = {"vocab_size": vocab_size, "model_type": spm_model_type,
                               "character_coverage": character_coverage, "max_sentences": spm_max_sentences}
+        if isinstance(batch_multiple, bool) or not isinstance(batch_multiple, int) or batch_multiple < 1:
+            raise ValueError(f"dataset.batch_multiple={batch_multiple!r} must be an int >= 1")
         self.vocab_dir, self.max_length, self.task, self.split_seed = vocab_dir, max_length, task, split_seed
+        self.batch_multiple = batch_multiple
 
     def read(self) -> dict[str, tuple[list[str], list[str]]]:
         """{split: (source lines, target lines)} for train, val and test."""
@@ -91,7 +96,9 @@ class TranslationCorpus:
                 "target_tokens": {split: sum(map(len, encoded[split][1])) for split in SPLITS},
                 "source_tokens": {split: sum(map(len, encoded[split][0])) for split in SPLITS}}
         references = {split: text[split][1] for split in ("val", "test")}
-        return TranslationSplits(self.name, vocab, encoded, references, info, getattr(self, "indices", {}))
+        info["batch_multiple"] = self.batch_multiple
+        return TranslationSplits(self.name, vocab, encoded, references, info, getattr(self, "indices", {}),
+                                 batch_multiple=self.batch_multiple)
 
 
 class ParallelTextFiles(TranslationCorpus):

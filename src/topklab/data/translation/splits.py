@@ -11,8 +11,9 @@ from topklab.data.translation.vocab import PAD, SubwordVocab
 @dataclass
 class TranslationSplits:
     """Encoded ``(sources, targets)`` id lists per split (each sentence ending in eos), the raw
-    target text of val and test (the references), ``info`` for the summary and ``indices`` (a
-    held-out validation split's training indices) for the run's ``indices.json``.
+    target text of val and test (the references), ``info`` for the summary, ``indices`` (a
+    held-out validation split's training indices) for the run's ``indices.json``, and
+    ``batch_multiple``, the sentence multiple of a full training batch.
 
     The engine's ``batch_size`` is a token budget here (fairseq's ``--max-tokens``), and its
     ``eval_batch_size`` a number of sentences.
@@ -25,6 +26,7 @@ class TranslationSplits:
     info: dict = field(default_factory=dict)
     indices: dict = field(default_factory=dict)
     task: str = "translation"
+    batch_multiple: int = 8
 
     def provides(self) -> dict:
         """What models, losses and the task may ask of the data (by constructor argument name)."""
@@ -38,7 +40,7 @@ class TranslationSplits:
         """Token-bucketed, shuffled batches of at most ``batch_size`` padded tokens (drop_last has no
         meaning here: every batch is full up to the budget)."""
         sources, targets = self.encoded["train"]
-        return TokenBucketLoader(sources, targets, batch_size, seed, device)
+        return TokenBucketLoader(sources, targets, batch_size, seed, device, self.batch_multiple)
 
     def eval_loader(self, split: str, batch_size: int | None, device, channels_last: bool = False):
         sources, targets = self.encoded[split]
