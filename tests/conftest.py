@@ -21,6 +21,19 @@ TABULAR_DATASETS = [
 ]
 
 
+def _result_files() -> dict:
+    return {p: p.stat().st_mtime_ns for p in (ROOT / "results").rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def results_tree_untouched():
+    """No test may write into the repository's results/ (experiment rows default to it)."""
+    before = _result_files()
+    yield
+    changed = sorted(str(p.relative_to(ROOT)) for p, mtime in _result_files().items() if before.get(p) != mtime)
+    assert not changed, f"tests wrote into results/: {changed}; pass result_file=null or a tmp path"
+
+
 @pytest.fixture
 def compose_cfg(tmp_path):
     """Compose configs/train.yaml with overrides (``recipe=auto`` resolved as train.py does), logging under tmp_path."""

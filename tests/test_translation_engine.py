@@ -68,7 +68,8 @@ def test_translation_row_composes_and_smoke_runs_offline(compose_cfg, tmp_path, 
 
 
 def test_lambda_trains_and_the_last_epochs_are_averaged(compose_cfg, tmp_path, corpora):
-    cfg = compose_cfg("experiment=stk/multi30k/stk", *tiny(corpora, "multi30k"), "engine.epochs=3", "engine.batch_size=256",
+    cfg = compose_cfg("experiment=stk/multi30k/stk", *tiny(corpora, "multi30k"), "result_file=null", "engine.epochs=3",
+                      "engine.batch_size=256",
                       "engine.average_last=2", "engine.select_metrics=[loss,bleu]")
     summary = train(cfg, tmp_path / "run")
     history = summary["history"]
@@ -82,7 +83,8 @@ def test_lambda_trains_and_the_last_epochs_are_averaged(compose_cfg, tmp_path, c
 
 @pytest.mark.slow
 def test_a_longer_run_learns_the_dictionary_task(compose_cfg, tmp_path, corpora):
-    cfg = compose_cfg("experiment=stk/multi30k/stk", *tiny(corpora, "multi30k"), "engine.epochs=6", "engine.batch_size=256",
+    cfg = compose_cfg("experiment=stk/multi30k/stk", *tiny(corpora, "multi30k"), "result_file=null", "engine.epochs=6",
+                      "engine.batch_size=256",
                       "model.d_model=32", "model.ffn_dim=64", "model.dropout=0.0", "optim.lr=1e-2",
                       "engine.schedule.warmup_steps=10", "task.search.max_len_a=1.2", "task.val_search.max_len_a=1.2")
     history = train(cfg, tmp_path / "run")["history"]
@@ -98,7 +100,8 @@ def test_average_states_is_the_mean_of_float_entries():
 
 @pytest.mark.parametrize("clip", [0.001, 0.0])
 def test_gradient_clipping_bounds_an_sgd_step(compose_cfg, corpora, clip):
-    cfg = compose_cfg("experiment=stk/multi30k/average", *tiny(corpora, "multi30k"), "optim=sgd", "optim.lr=1.0",
+    cfg = compose_cfg("experiment=stk/multi30k/average", *tiny(corpora, "multi30k"), "result_file=null", "optim=sgd",
+                      "optim.lr=1.0",
                       f"engine.clip_grad_norm={clip}", "engine.max_steps=1", "engine.batch_size=128",
                       "engine.schedule.name=constant", "engine.checkpoint=false", "engine.average_last=0")
     data, model, objective, task, engine = build_run(cfg)
