@@ -1,13 +1,17 @@
 """The aggregate loss's share of a real training step: Average, ATk and STk (its default kernel, and
 ``loss.kernel=native``) inside the engine.
 
-    python scripts/bench_step_share.py [--tabular-steps 2000] [--vision-steps 18] [--repeats 3] [--threads 1]
-                                       [--workloads tabular vision] [--quick] [--data-dir .data] [--out-dir results/bench]
+    python scripts/bench_step_share.py [--tabular-steps 2000] [--vision-steps 18] [--translation-steps 20]
+                                       [--repeats 3] [--threads 1] [--workloads tabular vision translation]
+                                       [--quick] [--data-dir .data] [--translation-override KEY=VALUE ...]
+                                       [--out-dir results/bench]
 
 Workloads: ``tabular``, the STk paper's 2-layer MLP on australian (its recipe: logistic loss,
-AdaGrad, batch 16), and ``vision``, ResNet-32 on Fashion-MNIST-LT as the fmnistlt experiment rows
-train it (``experiment=fmnistlt/la``, ``la_atk``, ``la_stk``: logit-adjusted CE, SGD, batch 128).
-The translation Transformer's row stays pending until it exists (issue 13).
+AdaGrad, batch 16); ``vision``, ResNet-32 on Fashion-MNIST-LT as the fmnistlt experiment rows
+train it (``experiment=fmnistlt/la``, ``la_atk``, ``la_stk``: logit-adjusted CE, SGD, batch 128);
+``translation``, the small Transformer on Multi30k as the multi30k rows train it
+(``experiment=stk/multi30k/average``, ``atk``, ``stk``: one loss per target token, 2,048-token
+batches; ``--translation-override dataset.root=DIR`` reads another corpus in Multi30k's layout).
 
 Every (workload, loss) trains in its own process through :class:`topklab.engine.Engine`: a warm-up
 fit of a few steps, then a fresh fit of the fixed number of steps, on the CPU with ``--threads``
@@ -52,21 +56,30 @@ WORKLOADS = {
                            "stk": ["experiment=fmnistlt/la_stk"],
                            "stk_native": ["experiment=fmnistlt/la_stk", "loss.kernel=native"]},
     },
+    "translation": {
+        "label": "small Transformer on Multi30k (token losses, AdamW)", "batch_size": 2048, "warmup_steps": 3,
+        # validation (outside the timed region) decodes one token per sentence, only to save wall time
+        "overrides": ["engine.final_splits=[val]", "engine.average_last=0", "task.val_search.max_len_a=0",
+                      "task.val_search.max_len_b=1", "result_file=null"],
+        "loss_overrides": {"average": ["experiment=stk/multi30k/average"], "atk": ["experiment=stk/multi30k/atk"],
+                           "stk": ["experiment=stk/multi30k/stk"],
+                           "stk_native": ["experiment=stk/multi30k/stk", "loss.kernel=native"]},
+    },
 }
-PENDING = {"translation": {"label": "translation Transformer (batch of tokens)",
-                           "status": "pending: the translation Transformer does not exist yet (issue 13)"}}
-DEFAULTS = {"tabular_steps": 2000, "vision_steps": 18, "repeats": 3}
-QUICK = {"tabular_steps": 50, "vision_steps": 2, "repeats": 1}  # --quick, with QUICK_WARMUP_STEPS
-QUICK_WARMUP_STEPS = {"tabular": 10, "vision": 1}
+DEFAULTS = {"tabular_steps": 2000, "vision_steps": 18, "translation_steps": 20, "repeats": 3}
+QUICK = {"tabular_steps": 50, "vision_steps": 2, "translation_steps": 2, "repeats": 1}  # --quick, with QUICK_WARMUP_STEPS
+QUICK_WARMUP_STEPS = {"tabular": 10, "vision": 1, "translation": 1}
 
 
-def run_overrides(workload: str, loss: str, steps: int, data_dir: str | None) -> list[str]:
+def run_overrides(workload: str, loss: str, steps: int, data_dir: str | None, translation_overrides=()) -> list[str]:
     """Hydra overrides of one timed fit: the workload's settings, the loss, ``steps`` full batches
     on the CPU, no checkpoints, no logger."""
     spec = WORKLOADS[workload]
     overrides = [*spec["loss_overrides"][loss], *spec["overrides"], f"engine.batch_size={spec['batch_size']}",
                  "engine.drop_last=true", f"engine.max_steps={steps}", f"engine.epochs={steps}", "engine.device=cpu",
                  "engine.checkpoint=false", "engine.resume=false", "engine.progress=false", "logger=none"]
+    if workload == "translation":
+        overrides += list(translation_overrides)
     return overrides + ([f"paths.data_dir={data_dir}"] if data_dir else [])
 
 
@@ -82,7 +95,8 @@ def combine_epochs(rows: list[dict]) -> dict:
             "peak_memory_mb": max(row["peak_memory_mb"] for row in rows)}
 
 
-def worker(workload: str, loss: str, steps: int, warmup_steps: int, threads: int, data_dir: str | None) -> dict:
+def worker(workload: str, loss: str, steps: int, warmup_steps: int, threads: int, data_dir: str | None,
+           translation_overrides=()) -> dict:
     """Warm up, then train ``steps`` steps of (workload, loss) in this process; the timed fit's cost."""
     import torch
     from hydra import initialize_config_dir
@@ -94,7 +108,8 @@ def worker(workload: str, loss: str, steps: int, warmup_steps: int, threads: int
 
     torch.set_num_threads(threads)
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        configs = [compose_run(run_overrides(workload, loss, n, data_dir)) for n in (warmup_steps, steps)]
+        configs = [compose_run(run_overrides(workload, loss, n, data_dir, translation_overrides))
+                   for n in (warmup_steps, steps)]
     rows: list[dict] = []
     for cfg in configs:
         rows.clear()
@@ -159,8 +174,6 @@ def render(table: dict, command: str, repeats: int, machine: str) -> str:
                 percent(cell["forward_added_from_shares"])]
             lines.append(f"| {spec['label']} | {spec['batch_size']} | {spec['steps']} | {LOSSES[loss]} | "
                          f"{cell['step_time_s'] * 1e3:.3f} | {cell['loss_share'] * 100:.2f} % | {' | '.join(added)} |")
-    for spec in PENDING.values():
-        lines.append(f"| {spec['label']} | – | – | – | – | – | {spec['status']} | – | – |")
     lines += ["", "Loss share: time in the objective's forward (individual loss, aggregate, penalty) over the "
               "step's compute time; the loss's backward is inside the step time but not in the share. "
               "Added vs Average: median step time over Average's − 1 (forward and backward; other processes' "
@@ -187,11 +200,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), help=f"of {', '.join(WORKLOADS)}")
     parser.add_argument("--tabular-steps", type=int, help=f"timed steps (default {DEFAULTS['tabular_steps']})")
     parser.add_argument("--vision-steps", type=int, help=f"timed steps (default {DEFAULTS['vision_steps']})")
+    parser.add_argument("--translation-steps", type=int, help=f"timed steps (default {DEFAULTS['translation_steps']})")
     parser.add_argument("--repeats", type=int, help=f"round-robin rounds over the losses (default {DEFAULTS['repeats']})")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument("--quick", action="store_true", help="a short smoke run (tests, CI): "
-                        f"{QUICK['tabular_steps']} tabular and {QUICK['vision_steps']} vision steps, 1 repeat")
+                        f"{QUICK['tabular_steps']} tabular, {QUICK['vision_steps']} vision and "
+                        f"{QUICK['translation_steps']} translation steps, 1 repeat")
     parser.add_argument("--data-dir", help="paths.data_dir for the runs (default: the config's .data)")
+    parser.add_argument("--translation-override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Hydra override for the translation runs (repeatable), e.g. dataset.root=DIR")
     parser.add_argument("--out-dir", default=str(ROOT / "results" / "bench"))
     parser.add_argument("--worker", nargs=5, metavar=("WORKLOAD", "LOSS", "STEPS", "WARMUP", "THREADS"),
                         help=argparse.SUPPRESS)
@@ -203,10 +220,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             setattr(args, name, QUICK[name] if args.quick else default)
     unknown = [w for w in args.workloads if w not in WORKLOADS]
     if unknown:
-        pending = [w for w in unknown if w in PENDING]
-        why = f"{pending[0]} is {PENDING[pending[0]]['status']}" if pending else f"unknown workload(s) {', '.join(unknown)}"
-        fail(f"{why}; choose from {', '.join(WORKLOADS)}")
-    for name in ("tabular_steps", "vision_steps", "repeats", "threads"):
+        fail(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+    for name in ("tabular_steps", "vision_steps", "translation_steps", "repeats", "threads"):
         if getattr(args, name) < 1:
             fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     return args
@@ -222,8 +237,9 @@ def run_worker(args: argparse.Namespace, workload: str, loss: str) -> dict:
     steps = getattr(args, f"{workload}_steps")
     warmup = QUICK_WARMUP_STEPS[workload] if args.quick else WORKLOADS[workload]["warmup_steps"]
     command = [sys.executable, __file__, "--worker", workload, loss, str(steps), str(warmup), str(args.threads)]
-    out = subprocess.run(command + (["--data-dir", args.data_dir] if args.data_dir else []),
-                         capture_output=True, text=True)
+    command += ["--data-dir", args.data_dir] if args.data_dir else []
+    command += [f"--translation-override={override}" for override in args.translation_override]
+    out = subprocess.run(command, capture_output=True, text=True)
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1].removeprefix("error: ")
         fail(f"{workload} with {loss} failed: {last}", code=out.returncode)
@@ -238,7 +254,8 @@ def main(argv: list[str] | None = None) -> None:
         from topklab.utils.errors import TopklabError
 
         try:
-            print(json.dumps(worker(workload, loss, int(steps), int(warmup), int(threads), args.data_dir)))
+            print(json.dumps(worker(workload, loss, int(steps), int(warmup), int(threads), args.data_dir,
+                                    args.translation_override)))
         except TopklabError as err:
             fail(str(err))
         return
@@ -261,11 +278,11 @@ def main(argv: list[str] | None = None) -> None:
     table = summarise(runs)
     machine = hardware()
     settings = {"workloads": args.workloads, "tabular_steps": args.tabular_steps, "vision_steps": args.vision_steps,
-                "repeats": args.repeats, "threads": args.threads, "quick": args.quick, "device": "cpu"}
+                "translation_steps": args.translation_steps, "repeats": args.repeats, "threads": args.threads, "quick": args.quick, "device": "cpu"}
     command = " ".join(["python", "scripts/bench_step_share.py", *argv])
     description = (f"cpu: {machine.get('processor') or machine['machine']}, {machine['cpu_count']} cores, "
                    f"{args.threads} torch thread(s)")
-    payload = {"workloads": {**table, **PENDING}, "target": TARGET, "worst_stk": worst_stk(table),
+    payload = {"workloads": table, "target": TARGET, "worst_stk": worst_stk(table),
                "worst_stk_native": worst_stk(table, "stk_native")}
     out_dir = Path(args.out_dir)
     write_result(out_dir / "step_share_cpu.json", make_result(

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conftest import ROOT
+from translation_files import write_text_corpus
 from vision_files import write_fashion_mnist
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -24,12 +25,10 @@ def run_script(*args: str) -> subprocess.CompletedProcess:
 
 
 def check_result(out_dir) -> dict:
-    """The JSON has every measured workload × loss with a positive step time and a share in [0, 1],
-    and the translation row pending."""
+    """The JSON has every measured workload × loss with a positive step time and a share in [0, 1]."""
     result = json.loads((out_dir / "step_share_cpu.json").read_text())
     assert result["family"] == "bench" and result["experiment"] == "step_share_cpu"
     workloads = result["result"]["workloads"]
-    assert workloads["translation"]["status"].startswith("pending:")
     for workload in bench_step_share.WORKLOADS:
         cells = workloads[workload]["losses"]
         assert set(cells) == {"average", "atk", "stk", "stk_native"}
@@ -44,7 +43,7 @@ def check_result(out_dir) -> dict:
     (["--workloads", "tabular", "speech"], "error: unknown workload(s) speech"),
     (["--tabular-steps", "0"], "error: --tabular-steps must be >= 1"),
     (["--vision-steps", "-3"], "error: --vision-steps must be >= 1"),
-    (["--workloads", "translation"], "error: translation is pending"),
+    (["--translation-steps", "0"], "error: --translation-steps must be >= 1"),
 ])
 def test_bad_input_is_one_error_line_and_exit_2(tmp_path, args, message):
     out = run_script(*args, "--out-dir", str(tmp_path))
@@ -74,7 +73,8 @@ def test_tabular_worker_reads_the_engine_cost():
 def test_script_writes_every_workload_and_loss_and_ends_with_the_verdict(tmp_path, monkeypatch, capsys):
     seconds = {("tabular", "average"): 1e-3, ("tabular", "atk"): 1.1e-3, ("tabular", "stk"): 1.2e-3,
                ("tabular", "stk_native"): 1.04e-3, ("vision", "average"): 0.5, ("vision", "atk"): 0.5,
-               ("vision", "stk"): 0.51, ("vision", "stk_native"): 0.5}
+               ("vision", "stk"): 0.51, ("vision", "stk_native"): 0.5, ("translation", "average"): 0.3,
+               ("translation", "atk"): 0.3, ("translation", "stk"): 0.303, ("translation", "stk_native"): 0.3}
     shares = {"average": 0.2, "atk": 0.2, "stk": 0.36, "stk_native": 0.2}
     calls = []
 
@@ -102,7 +102,9 @@ def test_script_writes_every_workload_and_loss_and_ends_with_the_verdict(tmp_pat
 @pytest.mark.slow
 def test_quick_mode_trains_every_workload_and_loss(tmp_path):
     write_fashion_mnist(tmp_path / "data" / "fashion-mnist", per_class_train=550, per_class_test=1)
-    out = run_script("--quick", "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"))
+    corpus = write_text_corpus(tmp_path / "corpus", sizes=(2000, 24, 20))
+    out = run_script("--quick", "--data-dir", str(tmp_path / "data"), f"--translation-override=dataset.root={corpus}",
+                     "--translation-override=dataset.vocab_size=48", "--out-dir", str(tmp_path / "out"))
     assert out.returncode == 0, out.stderr
     result = check_result(tmp_path / "out")
     assert result["config"]["quick"] and result["result"]["workloads"]["vision"]["steps"] == 2

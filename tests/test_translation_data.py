@@ -137,3 +137,16 @@ def test_multi30k_from_the_shared_folder(tmp_path):
     loader = data.train_loader(2048, False, 0, "cpu")
     longest_sides = sum(max(len(s), len(t)) for s, t in zip(*data.encoded["train"]))
     assert len(loader) <= 1.1 * longest_sides / 2048  # length buckets waste little on padding
+
+
+def test_full_batches_hold_a_multiple_of_the_batch_multiple():
+    torch.manual_seed(4)
+    sources = [[5] * int(n) + [EOS] for n in torch.randint(1, 12, (500,))]
+    targets = [[6] * int(n) + [EOS] for n in torch.randint(1, 12, (500,))]
+    loose = TokenBucketLoader(sources, targets, max_tokens=100, seed=0)
+    loader = TokenBucketLoader(sources, targets, max_tokens=100, seed=0, batch_multiple=8)
+    sizes = [len(batch) for batch in loader.fixed_batches]
+    assert all(n % 8 == 0 for n in sizes[:-1]) and sorted(sum(loader.fixed_batches, [])) == list(range(500))
+    assert any(n % 8 for n in (len(batch) for batch in loose.fixed_batches[:-1]))  # the rule changes something
+    for batch in loader.fixed_batches:
+        assert len(batch) * max(max(len(sources[i]), len(targets[i])) for i in batch) <= 100
