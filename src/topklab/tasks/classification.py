@@ -36,6 +36,13 @@ class ClassificationTask(Task):
         self.shot_counts = list(shot_counts)
         self.many_shot, self.few_shot = many_shot, few_shot
 
+    def outputs(self, model, x, y, split: str) -> torch.Tensor:
+        """Logits; a test-time ensemble batch (B, crops, C, H, W) gets the mean of its crops' logits
+        (PEL/LIFT average logits, not probabilities)."""
+        if x.dim() == 5:
+            return model(x.flatten(0, 1)).float().view(x.shape[0], x.shape[1], -1).mean(1)
+        return model(x).float()
+
     def metrics(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict:
         result = classification_metrics(outputs, targets, self.shot_counts, many=self.many_shot, few=self.few_shot)
         result.pop("score")

@@ -1,0 +1,135 @@
+"""ImageNet-LT / Places-LT data: the OLTR lists and classnames on files written in the real layout,
+decoded images (also by worker processes), exact replay and mid-epoch resume, the test-time
+ensemble, and the one-line errors; the real Places-LT / ImageNet-LT lists when ../shared/data is here."""
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT
+from topklab.data.vision import ListedImageDataset
+from topklab.data.vision.lists import read_split_list
+from topklab.tasks import ClassificationTask
+from topklab.utils.errors import DataUnavailableError, TopklabError
+
+LT_SPLITS = ROOT.parent / "shared" / "data" / "lt_splits"
+
+
+def write_tree(base, per_class=(6, 3, 1), size=40):
+    """<base>/images/{train,val}/<class>/<n>.jpg and <base>/lists/Tiny_{train,val,test}.txt + classnames.txt."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    images, lists = base / "images", base / "lists"
+    lists.mkdir(parents=True)
+    rows = {"train": [], "val": [], "test": []}
+    for label, count in enumerate(per_class):
+        for split, n, folder in (("train", count, "train"), ("val", 2, "train"), ("test", 2, "val")):
+            for i in range(n):
+                relative = f"{folder}/class_{label}/{split}{i}.jpg"
+                (images / relative).parent.mkdir(parents=True, exist_ok=True)
+                pixels = rng.integers(0, 255, (size, size + 8, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(images / relative, quality=90)
+                rows[split].append(f"{relative} {label}")
+    for split, lines in rows.items():
+        (lists / f"Tiny_{split}.txt").write_text("\n".join(lines) + "\n")
+    (lists / "classnames.txt").write_text("".join(f"class_{c} class_{c}_name\n" for c in range(len(per_class))))
+    return images, lists
+
+
+def dataset(images, lists, **kwargs):
+    return ListedImageDataset(name="tiny_lt", root=str(images), split_dir=str(lists), num_classes=3,
+                              lists={s: f"Tiny_{s}.txt" for s in ("train", "val", "test")},
+                              **{"resolution": 16, "num_workers": 0, **kwargs})
+
+
+def test_lists_images_and_counts(tmp_path):
+    data = dataset(*write_tree(tmp_path)).splits()
+    assert data.class_counts == [6, 3, 1] and data.info["sizes"] == {"train": 10, "val": 6, "test": 6}
+    assert data.class_names == ["class 0 name", "class 1 name", "class 2 name"]
+    x, y = next(iter(data.eval_loader("test", 4, "cpu").batches()))
+    assert x.shape == (4, 3, 16, 16) and y.tolist() == [0, 0, 1, 1]
+    assert data.provides()["num_classes"] == 3 and data.info["interpolation"] == "bilinear"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_epoch_replays_exactly_and_resumes_mid_epoch(tmp_path, workers):
+    data = dataset(*write_tree(tmp_path), num_workers=workers).splits()
+    loader = data.train_loader(batch_size=3, drop_last=False, seed=7, device="cpu")
+    first = list(loader.batches(epoch=2))
+    again = list(data.train_loader(batch_size=3, drop_last=False, seed=7, device="cpu").batches(epoch=2))
+    resumed = list(loader.batches(epoch=2, start=2))
+    assert len(first) == len(loader) == 4
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, again))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(first[2:], resumed)) and len(resumed) == 2
+    other = list(loader.batches(epoch=3))
+    assert not all(torch.equal(a[0], b[0]) for a, b in zip(first, other))
+
+
+def test_decoding_workers_give_the_images_of_one_process(tmp_path):
+    images, lists = write_tree(tmp_path)
+    one = list(dataset(images, lists).splits().train_loader(4, False, 1, "cpu").batches(epoch=0))
+    two = list(dataset(images, lists, num_workers=2).splits().train_loader(4, False, 1, "cpu").batches(epoch=0))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(one, two))
+
+
+def test_test_time_ensemble_averages_the_crops_logits(tmp_path):
+    data = dataset(*write_tree(tmp_path), tte="fivecrop", tte_expand=4).splits()
+    x, y = next(iter(data.eval_loader("test", 6, "cpu").batches()))
+    assert x.shape == (6, 5, 3, 16, 16)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 3))
+    task = ClassificationTask(shot_counts=[6, 3, 1])
+    per_crop = torch.stack([model(x[:, c]) for c in range(5)], dim=1).mean(1)
+    torch.testing.assert_close(task.outputs(model, x, y, "test"), per_crop)
+
+
+@pytest.mark.parametrize("breakage,message", [
+    ("root", "image root"), ("list", "split list"), ("label", "label 7 is outside 0..2"),
+    ("first image", "first image of the val list"), ("classnames", "must hold 3 lines"),
+])
+def test_bad_listed_input_is_one_line(tmp_path, breakage, message):
+    images, lists = write_tree(tmp_path)
+    kwargs = {}
+    if breakage == "root":
+        kwargs["root"] = str(tmp_path / "nowhere")
+    elif breakage == "list":
+        (lists / "Tiny_train.txt").unlink()
+    elif breakage == "label":
+        (lists / "Tiny_test.txt").write_text("val/class_0/test0.jpg 7\n")
+    elif breakage == "first image":
+        (lists / "Tiny_val.txt").write_text("train/class_9/missing.jpg 0\n")
+    elif breakage == "classnames":
+        (lists / "classnames.txt").write_text("a a\n")
+    arguments = {"name": "tiny_lt", "root": str(images), "split_dir": str(lists), "num_classes": 3,
+                 "lists": {s: f"Tiny_{s}.txt" for s in ("train", "val", "test")}, "num_workers": 0, **kwargs}
+    with pytest.raises(TopklabError, match=message) as raised:
+        ListedImageDataset(**arguments).splits()
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_unreadable_image_is_one_line_naming_it(tmp_path, workers):
+    images, lists = write_tree(tmp_path)
+    broken = images / "train" / "class_1" / "train2.jpg"
+    broken.write_bytes(b"not a jpeg")
+    loader = dataset(images, lists, num_workers=workers).splits().train_loader(20, False, 0, "cpu")
+    with pytest.raises(TopklabError) as raised:
+        list(loader.batches())
+    assert str(raised.value).startswith(f"image {broken} cannot be read") and "\n" not in str(raised.value)
+
+
+def test_missing_imagenet_train_list_says_where_it_comes_from(tmp_path):
+    with pytest.raises(DataUnavailableError, match="ships with LIFT"):
+        read_split_list(tmp_path / "ImageNet_LT_train.txt", 1000, "ImageNet_LT_train.txt ships with LIFT")
+
+
+@pytest.mark.skipif(not LT_SPLITS.is_dir(), reason="../shared/data/lt_splits is not here")
+def test_the_real_oltr_lists():
+    paths, labels = read_split_list(LT_SPLITS / "Places_LT" / "Places_LT_train.txt", 365)
+    counts = np.bincount(labels, minlength=365)
+    assert len(paths) == 62500 and counts.max() == 4980 and counts.min() == 5
+    assert ((counts > 100).sum(), ((counts >= 20) & (counts <= 100)).sum(), (counts < 20).sum()) == (131, 163, 71)
+    for split, size in (("val", 7300), ("test", 36500)):
+        _, labels = read_split_list(LT_SPLITS / "Places_LT" / f"Places_LT_{split}.txt", 365)
+        assert len(labels) == size and len(set(np.bincount(labels).tolist())) == 1  # class-balanced
+    _, labels = read_split_list(LT_SPLITS / "ImageNet_LT" / "ImageNet_LT_test.txt", 1000)
+    assert len(labels) == 50000 and set(np.bincount(labels).tolist()) == {50}
