@@ -1,0 +1,6 @@
+"""Parameter-efficient fine-tuning of a frozen ViT (PEL/LIFT): tuners and the model."""
+from topklab.models.peft.tuners import VPT, AdaptFormer, BiasOnly, FullFineTuning, LinearProbe, LoRA, default_rank
+from topklab.models.peft.vit import CosineClassifier, PeftViT
+
+__all__ = ["AdaptFormer", "BiasOnly", "CosineClassifier", "FullFineTuning", "LinearProbe", "LoRA", "PeftViT", "VPT",
+           "default_rank"]

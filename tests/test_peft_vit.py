@@ -1,0 +1,91 @@
+"""PEL/LIFT's parameter-efficient ViT: each tuner trains only its own parameters (the frozen backbone
+gets no gradient), AdaptFormer and LoRA leave the backbone's output unchanged at step 0, and the
+trainable-parameter counts of ViT-B/16 are those of the methods' definitions."""
+import doctest
+
+import pytest
+import torch
+
+import topklab.models.peft.tuners
+import topklab.models.peft.vit
+from topklab.models.peft import VPT, AdaptFormer, BiasOnly, FullFineTuning, LinearProbe, LoRA, PeftViT, default_rank
+from topklab.utils.errors import DataUnavailableError
+
+VIT_B = "vit_base_patch16_224"
+DIM, LAYERS = 768, 12
+
+
+def vit_b(tuner, num_classes=100, seed=0):
+    torch.manual_seed(seed)
+    return PeftViT(num_classes, backbone=VIT_B, tuner=tuner, img_size=32)
+
+
+def test_doctests():
+    for module in (topklab.models.peft.tuners, topklab.models.peft.vit):
+        assert doctest.testmod(module).failed == 0
+
+
+def test_default_rank_follows_pel():
+    assert [default_rank(c, 12) for c in (100, 365, 1000, 8142)] == [4, 8, 32, 256]
+
+
+@pytest.mark.parametrize("tuner,expected", [
+    (AdaptFormer(rank=4), LAYERS * (2 * DIM + (DIM * 4 + 4) + (4 * DIM + DIM) + 1)),  # PEL: 101,436
+    (LoRA(rank=4), LAYERS * 2 * (DIM * 4 + 4 * DIM)),
+    (VPT(length=10, deep=True), LAYERS * 10 * DIM),
+    (VPT(length=10, deep=False), 10 * DIM),
+    (BiasOnly(), LAYERS * (DIM + 3 * DIM + DIM + DIM + 4 * DIM + DIM)),  # norm1, qkv, proj, norm2, fc1, fc2
+    (LinearProbe(), 0),
+    (FullFineTuning(), LAYERS * (2 * 2 * DIM + DIM * 3 * DIM + 3 * DIM + DIM * DIM + DIM + 2 * DIM * 4 * DIM + 4 * DIM + DIM)),
+], ids=["adaptformer", "lora", "vpt_deep", "vpt_shallow", "bias_only", "linear_probe", "full"])
+def test_trainable_parameter_counts_of_vit_b16(tuner, expected):
+    model = vit_b(tuner)
+    assert model.trainable_parameters == expected + 100 * DIM  # + the cosine head
+    assert sum(p.numel() for group in model.parameter_groups() for p in group["params"]) == model.trainable_parameters
+    assert expected != 101436 or isinstance(tuner, AdaptFormer)
+
+
+@pytest.mark.parametrize("tuner", [AdaptFormer(rank=4), LoRA(rank=4), VPT(length=3), BiasOnly()],
+                         ids=["adaptformer", "lora", "vpt", "bias_only"])
+def test_only_the_branch_and_head_get_gradients(tuner):
+    model = vit_b(tuner, num_classes=5)
+    if isinstance(tuner, (AdaptFormer, LoRA)):  # their zero-initialised factor would block the other's gradient
+        for p in model.trained:
+            p.data.normal_(0, 0.02)
+    model(torch.randn(2, 3, 32, 32)).logsumexp(-1).sum().backward()
+    trained = {id(p) for p in model.trained} | {id(p) for p in model.head.parameters()}
+    for name, p in model.named_parameters():
+        if id(p) in trained:
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+        else:
+            assert p.grad is None and not p.requires_grad, name
+
+
+@pytest.mark.parametrize("tuner", [AdaptFormer(rank=4), LoRA(rank=4)], ids=["adaptformer", "lora"])
+def test_the_branch_leaves_the_backbone_output_unchanged_at_step_0(tuner):
+    tuned, plain = vit_b(tuner, seed=3), vit_b(LinearProbe(), seed=3)
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(tuned.features(x), plain.features(x))
+    with torch.no_grad():
+        for p in tuned.trained:
+            p.add_(0.05)
+    assert not torch.allclose(tuned.features(x), plain.features(x))
+
+
+def test_deep_prompts_change_the_features_and_keep_the_class_token_first():
+    prompted, plain = vit_b(VPT(length=4), seed=1), vit_b(LinearProbe(), seed=1)
+    x = torch.randn(2, 3, 32, 32)
+    assert prompted.features(x).shape == (2, DIM) and not torch.allclose(prompted.features(x), plain.features(x))
+
+
+def test_pretrained_weights_offline_are_one_line_naming_them(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(DataUnavailableError, match="pretrained weights of vit_tiny_patch16_224.augreg_in21k") as raised:
+        PeftViT(10, backbone="vit_tiny_patch16_224.augreg_in21k", pretrained=True, img_size=32)
+    assert str(tmp_path) in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_unknown_backbone_is_refused():
+    with pytest.raises(ValueError, match="not a timm model"):
+        PeftViT(10, backbone="vit_nonexistent_patch99")
