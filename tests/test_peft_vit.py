@@ -89,3 +89,46 @@ def test_pretrained_weights_offline_are_one_line_naming_them(monkeypatch, tmp_pa
 def test_unknown_backbone_is_refused():
     with pytest.raises(ValueError, match="not a timm model"):
         PeftViT(10, backbone="vit_nonexistent_patch99")
+
+
+def test_text_head_is_clip_zero_shot_through_the_visual_projection():
+    import open_clip
+
+    from topklab.models.peft import TextHead
+
+    normalize = torch.nn.functional.normalize
+    names = ["dog", "cat", "red car"]
+    torch.manual_seed(0)
+    weights = TextHead("ViT-B-16", pretrained=None, templates=["a photo of a {}.", "a {}."])(names, out_features=768)
+    torch.manual_seed(0)
+    clip = open_clip.create_model("ViT-B-16", pretrained=None).eval()  # the same random tower
+    tokenizer = open_clip.get_tokenizer("ViT-B-16")
+    with torch.no_grad():  # templates averaged after normalising each, then normalised (slow, per class)
+        text = normalize(torch.stack([normalize(clip.encode_text(tokenizer([f"a photo of a {n}.", f"a {n}."])), dim=-1).mean(0)
+                                      for n in names]), dim=-1)
+        pulled_back = text @ clip.visual.proj.T
+        features = torch.randn(4, 768)
+        torch.testing.assert_close(weights, normalize(pulled_back, dim=-1))
+        # ⟨x, P t_c⟩ = ⟨x P, t_c⟩: the head scores a feature as CLIP's zero-shot classifier does, up to ‖P t_c‖
+        torch.testing.assert_close((features @ weights.T) * pulled_back.norm(dim=1), (features @ clip.visual.proj) @ text.T,
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_the_head_starts_from_the_text_weights_and_needs_class_names():
+    from topklab.models.peft import TextHead
+
+    head = TextHead("ViT-B-16", pretrained=None)
+    torch.manual_seed(0)
+    model = PeftViT(2, backbone="vit_base_patch16_224", img_size=32, head_init=head, class_names=["dog", "cat"])
+    assert model.head.weight.shape == (2, 768)
+    with pytest.raises(ValueError, match="needs the 2 class names"):
+        PeftViT(2, backbone="vit_base_patch16_224", img_size=32, head_init=head)
+
+
+def test_missing_clip_weights_are_one_line(tmp_path, monkeypatch):
+    from topklab.models.peft import TextHead
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DataUnavailableError, match="CLIP weights ViT-B-16/openai") as raised:
+        TextHead("ViT-B-16", pretrained="openai", cache_dir=str(tmp_path))(["dog"], 768)
+    assert "\n" not in str(raised.value)

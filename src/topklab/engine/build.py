@@ -14,7 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 from topklab.utils.errors import TopklabError
 
 DATA_CONTEXT_KEYS = ("in_features", "in_channels", "num_classes", "class_counts", "shot_counts", "target", "vocab_size",
-                     "pad_id", "vocab")
+                     "pad_id", "vocab", "class_names")
 
 
 def build(node: DictConfig, group: str, **kwargs):

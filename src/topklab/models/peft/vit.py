@@ -57,6 +57,9 @@ class PeftViT(nn.Module):
         FullFineTuning); None is a linear (cosine) probe
     scale : float > 0, the cosine classifier's scale (25)
     img_size : int, input side (224; tests use smaller)
+    head_init : :class:`~topklab.models.peft.text_head.TextHead` (the head starts as CLIP's
+        zero-shot classifier of the class names) or None (random unit rows)
+    class_names : the classes' names (given by the data), needed by head_init
 
     Examples
     --------
@@ -67,7 +70,8 @@ class PeftViT(nn.Module):
     """
 
     def __init__(self, num_classes: int, backbone: str = "vit_base_patch16_224.augreg_in21k_ft_in1k",
-                 pretrained: bool = False, tuner=None, scale: float = 25.0, img_size: int = 224):
+                 pretrained: bool = False, tuner=None, scale: float = 25.0, img_size: int = 224, head_init=None,
+                 class_names: list[str] | None = None):
         super().__init__()
         import timm
 
@@ -91,6 +95,12 @@ class PeftViT(nn.Module):
             p.requires_grad_(True)
         self.vit, self.backbone = vit, backbone
         self.head = CosineClassifier(vit.num_features, num_classes, scale)
+        if head_init is not None:
+            if class_names is None or len(class_names) != num_classes:
+                raise ValueError(f"model.head_init needs the {num_classes} class names, and this dataset gives "
+                                 f"{'none' if class_names is None else len(class_names)}; set model.head_init=null")
+            with torch.no_grad():
+                self.head.weight.copy_(head_init(list(class_names), vit.num_features))
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """The class token after the final norm (D = 768 for ViT-B)."""
