@@ -8,7 +8,10 @@ from topklab.cli import config_groups
 from topklab.engine.build import build, build_for_data
 
 FAKE_DATA = {"in_features": 3, "in_channels": 3, "num_classes": 10, "class_counts": [50, 30, 20, 10, 8, 6, 5, 4, 3, 2],
-             "shot_counts": [50, 30, 20, 10, 8, 6, 5, 4, 3, 2], "target": "binary", "vocab_size": 40, "pad_id": 0, "vocab": None}
+             "shot_counts": [50, 30, 20, 10, 8, 6, 5, 4, 3, 2], "target": "binary", "vocab_size": 40, "pad_id": 0, "vocab": None,
+             "class_names": [f"class {c}" for c in range(10)]}
+# offline, the pre-trained backbones are built with random weights at a small input size
+OFFLINE_WEIGHTS = {"model.pretrained": "false", "model.img_size": "32", "model.head_init.pretrained": "null"}
 
 GROUP_OPTIONS = [(group, option) for group, options in config_groups(CONFIG_DIR).items() for option in options
                  if not option.rsplit("/", 1)[-1].startswith("_")]
@@ -23,8 +26,12 @@ def test_there_is_something_to_compose():
 @pytest.mark.parametrize("group,option", GROUP_OPTIONS, ids=[f"{g}={o}" for g, o in GROUP_OPTIONS])
 def test_compose_and_instantiate(compose_cfg, group, option):
     cfg = compose_cfg(f"{group}={option}")
+    if cfg.model.get("pretrained"):
+        offline = [f"{k}={v}" for k, v in OFFLINE_WEIGHTS.items() if k != "model.head_init.pretrained" or cfg.model.head_init]
+        cfg = compose_cfg(f"{group}={option}", *offline)
     assert cfg[group] is not None if group not in ("recipe", "experiment") else cfg.recipe != "auto"
     dataset = build(cfg.dataset, "dataset")
+    build(cfg.tuner, "tuner")
     build_for_data(cfg.model, "model", FAKE_DATA)
     build(cfg.loss, "loss")
     build_for_data(cfg.individual, "individual", FAKE_DATA)

@@ -133,3 +133,20 @@ def test_the_real_oltr_lists():
         assert len(labels) == size and len(set(np.bincount(labels).tolist())) == 1  # class-balanced
     _, labels = read_split_list(LT_SPLITS / "ImageNet_LT" / "ImageNet_LT_test.txt", 1000)
     assert len(labels) == 50000 and set(np.bincount(labels).tolist()) == {50}
+
+
+@pytest.mark.parametrize("tuner,tte", [("adaptformer", "fivecrop"), ("lora", "none"), ("vpt_deep", "none")])
+def test_a_peft_vit_trains_on_listed_images_through_the_engine(compose_cfg, tmp_path, tuner, tte):
+    from topklab.engine.run import train
+
+    images, lists = write_tree(tmp_path)
+    cfg = compose_cfg(
+        "dataset=places_lt", f"dataset.root={images}", f"dataset.split_dir={lists}", "dataset.num_classes=3",
+        "dataset.lists={train: Tiny_train.txt, val: Tiny_val.txt, test: Tiny_test.txt}", "dataset.resolution=32",
+        "dataset.num_workers=0", f"dataset.tte={tte}", "dataset.tte_expand=8", "model=peft_vit_clip_b16",
+        f"tuner={tuner}", "model.pretrained=false", "model.img_size=32", "model.head_init.pretrained=null", "loss=stk",
+        "engine.batch_size=4", "engine.epochs=1", "engine.progress=false", "logger=none", "result_file=null")
+    summary = train(cfg, tmp_path / "run")
+    assert summary["steps"] == 3 and 0 <= summary["metrics"]["test"]["top1"] <= 100
+    assert summary["data"]["tte"] == tte and summary["lambda"] != 0.0
+    assert 0 < summary["parameters"]["trainable"] < summary["parameters"]["total"] / 10  # a frozen backbone

@@ -138,7 +138,7 @@ def check_configs(overrides: list[str], config_dir: Path, multirun: bool) -> Non
                 cfg = compose_run([*point, *settings])
             except TopklabError as err:  # Hydra lists its whole search path after a missing config
                 raise TopklabError(str(err).split(" Config search path:")[0]) from None
-            for group in ("loss", "engine", "dataset", "logger", "individual", "model", "task"):
+            for group in ("loss", "engine", "dataset", "logger", "individual", "model", "task", "tuner"):
                 node = cfg.get(group)  # None: removed with ~group; data-dependent ones are checked once data is read
                 if node is not None and not data_context(node, dict.fromkeys(DATA_CONTEXT_KEYS)):
                     build(node, group)

@@ -114,6 +114,8 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None) -> 
     summary = {
         "dataset": data.name, "task": data.task, "data": data.info, "recipe": cfg.get("recipe"),
         "model": cfg.model._target_, "loss": cfg.loss._target_, "individual": cfg.individual._target_,
+        "parameters": {"total": sum(p.numel() for p in model.parameters()),
+                       "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)},
         "seeds": seeds, "logger_id": logger.id, "class_counts": data.info.get("class_counts"),
         "loader": getattr(data, "loader", None), **result,
     }
