@@ -132,3 +132,14 @@ def test_missing_clip_weights_are_one_line(tmp_path, monkeypatch):
     with pytest.raises(DataUnavailableError, match="CLIP weights ViT-B-16/openai") as raised:
         TextHead("ViT-B-16", pretrained="openai", cache_dir=str(tmp_path))(["dog"], 768)
     assert "\n" not in str(raised.value)
+
+
+def test_the_clip_config_builds_quickgelu_towers_as_openai_trained_them(compose_cfg):
+    from hydra.utils import instantiate
+
+    cfg = compose_cfg("model=peft_vit_clip_b16", "model.pretrained=false", "model.img_size=32", "model.head_init.pretrained=null")
+    head = instantiate(cfg.model.head_init)
+    clip, _ = head._clip()
+    assert "QuickGELU" in type(clip.transformer.resblocks[0].mlp.gelu).__name__
+    model = instantiate(cfg.model, num_classes=2, class_names=["dog", "cat"])
+    assert "QuickGELU" in type(model.vit.blocks[0].block.mlp.act).__name__

@@ -15,7 +15,8 @@ class TextHead:
 
     Parameters
     ----------
-    clip_model : open_clip model name whose text tower (and visual projection) to use, e.g. ViT-B-16
+    clip_model : open_clip model name whose text tower (and visual projection) to use, e.g. ViT-B-16-quickgelu
+        (OpenAI's weights were trained with QuickGELU; plain ViT-B-16 builds GELU)
     pretrained : open_clip weights tag (openai), or null for a random tower (tests)
     templates : prompt templates with one ``{}`` (PEL/LIFT's default: "a photo of a {}.")
     cache_dir : open_clip's download cache (null: its default)
@@ -27,7 +28,7 @@ class TextHead:
     (torch.Size([2, 768]), True)
     """
 
-    def __init__(self, clip_model: str = "ViT-B-16", pretrained: str | None = "openai",
+    def __init__(self, clip_model: str = "ViT-B-16-quickgelu", pretrained: str | None = "openai",
                  templates=("a photo of a {}.",), cache_dir: str | None = None):
         if not templates or any("{}" not in t for t in templates):
             raise ValueError("model.head_init.templates must be a non-empty list of strings with one '{}'")

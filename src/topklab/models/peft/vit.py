@@ -49,7 +49,7 @@ class PeftViT(nn.Module):
     ----------
     num_classes : int (given by the data)
     backbone : timm model name with its pre-training tag, e.g. ``vit_base_patch16_224.augreg_in21k_ft_in1k``
-        (the "IN21K" ViT-B/16 of PEL/LIFT's timm), ``vit_base_patch16_clip_224.openai``,
+        (the "IN21K" ViT-B/16 of PEL/LIFT's timm), ``vit_base_patch16_clip_quickgelu_224.openai``,
         ``vit_base_patch16_224.mae``
     pretrained : bool, load the tag's weights from the Hugging Face cache (offline: a one-line error
         naming the weights and the cache when they are not there)
