@@ -175,3 +175,21 @@ def test_lr_factor_against_the_formula(name):
         assert factor(step) == pytest.approx(expected)
     with pytest.raises(ValueError, match="choose one of"):
         LRFactor("linear", 4, 10)
+
+
+def test_expected_calibration_error_matches_a_slow_loop():
+    from topklab.tasks.classification_metrics import expected_calibration_error
+
+    torch.manual_seed(0)
+    logits, labels = torch.randn(300, 7) * 3, torch.randint(0, 7, (300,))
+    probabilities = torch.softmax(logits.double(), dim=1)
+    total = 0.0
+    for b in range(10):  # bin b holds confidences in (b/10, (b+1)/10]; the first also holds 0
+        low, high = b / 10, (b + 1) / 10
+        members = [i for i in range(300) if low < probabilities[i].max() <= high or (b == 0 and probabilities[i].max() == 0)]
+        if members:
+            accuracy = sum(int(probabilities[i].argmax() == labels[i]) for i in members) / len(members)
+            confidence = sum(float(probabilities[i].max()) for i in members) / len(members)
+            total += len(members) / 300 * abs(accuracy - confidence)
+    assert expected_calibration_error(logits, labels) == pytest.approx(total * 100, rel=1e-9)
+    assert expected_calibration_error(torch.tensor([[50.0, 0.0]] * 4), torch.zeros(4, dtype=torch.long)) < 1e-9

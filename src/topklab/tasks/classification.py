@@ -7,7 +7,7 @@ import torch
 from topklab.tasks.base import Task
 from topklab.tasks.classification_metrics import classification_metrics
 
-SCALARS = ("top1", "top5", "many", "medium", "few")
+SCALARS = ("top1", "top5", "many", "medium", "few", "ece")
 
 
 class ClassificationTask(Task):
