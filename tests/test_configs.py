@@ -27,7 +27,8 @@ def test_there_is_something_to_compose():
 def test_compose_and_instantiate(compose_cfg, group, option):
     cfg = compose_cfg(f"{group}={option}")
     if cfg.model.get("pretrained"):
-        offline = [f"{k}={v}" for k, v in OFFLINE_WEIGHTS.items() if k != "model.head_init.pretrained" or cfg.model.head_init]
+        offline = [f"{k}={v}" for k, v in OFFLINE_WEIGHTS.items()
+                   if k != "model.head_init.pretrained" or "pretrained" in (cfg.model.head_init or {})]
         cfg = compose_cfg(f"{group}={option}", *offline)
     assert cfg[group] is not None if group not in ("recipe", "experiment") else cfg.recipe != "auto"
     dataset = build(cfg.dataset, "dataset")

@@ -135,18 +135,44 @@ def test_the_real_oltr_lists():
     assert len(labels) == 50000 and set(np.bincount(labels).tolist()) == {50}
 
 
-@pytest.mark.parametrize("tuner,tte", [("adaptformer", "fivecrop"), ("lora", "none"), ("vpt_deep", "none")])
-def test_a_peft_vit_trains_on_listed_images_through_the_engine(compose_cfg, tmp_path, tuner, tte):
+@pytest.mark.parametrize("model,tuner,tte", [("peft_vit_clip_b16", "adaptformer", "fivecrop"), ("peft_vit_clip_b16", "lora", "none"),
+                                             ("peft_vit_in21k_b16", "vpt_deep", "none")])
+def test_a_peft_vit_trains_on_listed_images_through_the_engine(compose_cfg, tmp_path, monkeypatch, model, tuner, tte):
     from topklab.engine.run import train
+    from topklab.models.peft import PeftViT
 
+    initialised = []
+    monkeypatch.setattr(PeftViT, "initialise_from_data",
+                        lambda self, data, device, original=PeftViT.initialise_from_data: initialised.append(
+                            self.head_from_data is not None) or original(self, data, device))
     images, lists = write_tree(tmp_path)
+    head = ["model.head_init.pretrained=null"] if model == "peft_vit_clip_b16" else []
     cfg = compose_cfg(
         "dataset=places_lt", f"dataset.root={images}", f"dataset.split_dir={lists}", "dataset.num_classes=3",
         "dataset.lists={train: Tiny_train.txt, val: Tiny_val.txt, test: Tiny_test.txt}", "dataset.resolution=32",
-        "dataset.num_workers=0", f"dataset.tte={tte}", "dataset.tte_expand=8", "model=peft_vit_clip_b16",
-        f"tuner={tuner}", "model.pretrained=false", "model.img_size=32", "model.head_init.pretrained=null", "loss=stk",
+        "dataset.num_workers=0", f"dataset.tte={tte}", "dataset.tte_expand=8", f"model={model}",
+        f"tuner={tuner}", "model.pretrained=false", "model.img_size=32", *head, "loss=stk",
         "engine.batch_size=4", "engine.epochs=1", "engine.progress=false", "logger=none", "result_file=null")
     summary = train(cfg, tmp_path / "run")
     assert summary["steps"] == 3 and 0 <= summary["metrics"]["test"]["top1"] <= 100
     assert summary["data"]["tte"] == tte and summary["lambda"] != 0.0
     assert 0 < summary["parameters"]["trainable"] < summary["parameters"]["total"] / 10  # a frozen backbone
+    assert initialised == [model == "peft_vit_in21k_b16"]  # once, before the first step; class means for IN21K
+
+
+def test_class_mean_head_is_the_normalised_mean_feature_of_each_class(tmp_path):
+    from topklab.models.peft import AdaptFormer, ClassMeanHead, PeftViT
+
+    data = dataset(*write_tree(tmp_path)).splits()
+    torch.manual_seed(0)
+    model = PeftViT(3, backbone="vit_tiny_patch16_224", tuner=AdaptFormer(rank=2), img_size=16,
+                    head_init=ClassMeanHead(batch_size=4)).eval()
+    with torch.no_grad():
+        model.initialise_from_data(data, "cpu")
+        features = {c: [] for c in range(3)}
+        for x, y in data.feature_loader(1, "cpu").batches():  # one image at a time
+            features[int(y)].append(model.features(x)[0])
+        expected = torch.stack([torch.nn.functional.normalize(torch.stack(features[c]).mean(0), dim=0) for c in range(3)])
+    torch.testing.assert_close(model.head.weight, expected, rtol=1e-5, atol=1e-6)
+    x, _ = next(iter(data.feature_loader(10, "cpu").batches()))
+    assert x.shape == (10, 3, 16, 16)  # one plain crop, whatever the evaluation transform

@@ -252,6 +252,11 @@ class Engine:
                        {"epoch": state["epoch"], "batch": state["batch"], "step": state["step"],
                         "logger_id": state["logger_id"], "finished": state["finished"]})
 
+        if state["step"] == 0 and hasattr(module.model, "initialise_from_data"):  # e.g. a head from class means
+            module.eval()
+            with torch.no_grad(), autocast():
+                module.model.initialise_from_data(data, device)
+            module.train()
         if self.validate_at_start and state["step"] == 0 and not state["best"]:
             record_validation(evaluate("val"), 0)
         profile = StepProfile(device)

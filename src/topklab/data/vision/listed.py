@@ -25,9 +25,11 @@ TTE_MODES = ("none", "fivecrop", "tencrop")
 SPLITS = ("train", "val", "test")
 
 
-def image_transforms(train: bool, resolution: int, mean, std, interpolation: str, tte: str = "none", tte_expand: int = 24):
+def image_transforms(train: bool, resolution: int, mean, std, interpolation: str, tte: str = "none", tte_expand: int = 24,
+                     plain: bool = False):
     """torchvision transforms of a PIL image: the training augmentation, the single centre crop,
-    or a (crops, C, H, W) stack for the test-time ensemble."""
+    a (crops, C, H, W) stack for the test-time ensemble, or (``plain``) Resize + CenterCrop at the
+    resolution itself (PEL/LIFT's transform for features that initialise a head)."""
     import topklab.compat  # noqa: F401  (torchvision on a CPU-only torch)
     from torchvision.transforms import v2
 
@@ -35,8 +37,9 @@ def image_transforms(train: bool, resolution: int, mean, std, interpolation: str
     to_tensor = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
     if train:
         return v2.Compose([v2.RandomResizedCrop(resolution, interpolation=mode), v2.RandomHorizontalFlip(), *to_tensor])
-    if tte == "none":
-        return v2.Compose([v2.Resize(resolution * 8 // 7, interpolation=mode), v2.CenterCrop(resolution), *to_tensor])
+    if plain or tte == "none":
+        resize = resolution if plain else resolution * 8 // 7
+        return v2.Compose([v2.Resize(resize, interpolation=mode), v2.CenterCrop(resolution), *to_tensor])
     crops = v2.FiveCrop(resolution) if tte == "fivecrop" else v2.TenCrop(resolution)
     return v2.Compose([v2.Resize(resolution + tte_expand, interpolation=mode), crops, StackViews(v2.Compose(to_tensor))])
 
@@ -147,9 +150,9 @@ class ListedSplits:
     def targets(self, split: str) -> torch.Tensor:
         return torch.as_tensor(self.files[split][1])
 
-    def _loader(self, split, batch_size, train, drop_last, seed, device, channels_last):
+    def _loader(self, split, batch_size, train, drop_last, seed, device, channels_last, transform: str | None = None):
         paths, labels = self.files[split]
-        dataset = ImageFiles(self.root, paths, labels, self.transforms["train" if train else "eval"], None)
+        dataset = ImageFiles(self.root, paths, labels, self.transforms[transform or ("train" if train else "eval")], None)
         return ImageFileLoader(dataset, batch_size, train, drop_last, seed, self.num_workers, device, channels_last)
 
     def train_loader(self, batch_size: int, drop_last: bool, seed: int, device, channels_last: bool = False):
@@ -157,6 +160,10 @@ class ListedSplits:
 
     def eval_loader(self, split: str, batch_size: int | None, device, channels_last: bool = False):
         return self._loader(split, batch_size or len(self.files[split][0]), False, False, 0, device, channels_last)
+
+    def feature_loader(self, batch_size: int, device, channels_last: bool = False):
+        """The training images in stored order through the plain transform (one centre crop)."""
+        return self._loader("train", batch_size, False, False, 0, device, channels_last, transform="plain")
 
 
 class ListedImageDataset:
@@ -210,7 +217,8 @@ class ListedImageDataset:
         class_names = read_classnames(self.split_dir / self.classnames, self.num_classes)
         transforms = {"train": image_transforms(True, self.resolution, self.mean, self.std, self.interpolation),
                       "eval": image_transforms(False, self.resolution, self.mean, self.std, self.interpolation, self.tte,
-                                               self.tte_expand)}
+                                               self.tte_expand),
+                      "plain": image_transforms(False, self.resolution, self.mean, self.std, self.interpolation, plain=True)}
         info = {"split_seed": self.split_seed, "sizes": {s: len(files[s][0]) for s in SPLITS},
                 "interpolation": self.interpolation, "resolution": self.resolution, "tte": self.tte,
                 "class_counts": np.bincount(files["train"][1], minlength=self.num_classes).tolist()}

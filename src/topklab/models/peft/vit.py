@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from topklab.models.peft.tuners import LinearProbe
-from topklab.utils.errors import DataUnavailableError
+from topklab.utils.errors import DataUnavailableError, TopklabError
 
 
 class CosineClassifier(nn.Module):
@@ -38,6 +38,36 @@ class CosineClassifier(nn.Module):
         return self.scale * F.linear(F.normalize(x, dim=-1), F.normalize(self.weight, dim=-1))
 
 
+class ClassMeanHead:
+    """The cosine head's rows start as the L2-normalised mean feature of each class's training images
+    (PEL/LIFT's init for backbones without a text tower: IN21K, MAE). The features are the model's at
+    step 0: the backbone's for AdaptFormer, LoRA, bias-only and linear probes (LIFT takes the backbone
+    alone; with VPT the initial prompts take part here).
+
+    Parameters
+    ----------
+    batch_size : int >= 1, images per feature batch
+    """
+
+    def __init__(self, batch_size: int = 128):
+        if batch_size < 1:
+            raise ValueError(f"model.head_init.batch_size={batch_size} must be >= 1")
+        self.batch_size = batch_size
+
+    @torch.no_grad()
+    def __call__(self, features, loader, num_classes: int) -> torch.Tensor:
+        sums, counts = None, torch.zeros(num_classes, dtype=torch.float64)
+        for x, y in loader.batches():
+            f = features(x).double()
+            sums = torch.zeros(num_classes, f.shape[1], dtype=torch.float64, device=f.device) if sums is None else sums
+            sums.index_add_(0, y.to(f.device), f)
+            counts += torch.bincount(y.cpu(), minlength=num_classes).double()
+        if bool((counts == 0).any()):
+            raise TopklabError(f"model.head_init=class_mean: class(es) {(counts == 0).nonzero().flatten().tolist()[:5]} "
+                               f"have no training image")
+        return F.normalize((sums / counts.to(sums.device)[:, None]).float(), dim=-1)
+
+
 def weights_cache() -> str:
     return os.environ.get("HF_HUB_CACHE") or os.path.join(os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub")
 
@@ -58,7 +88,9 @@ class PeftViT(nn.Module):
     scale : float > 0, the cosine classifier's scale (25)
     img_size : int, input side (224; tests use smaller)
     head_init : :class:`~topklab.models.peft.text_head.TextHead` (the head starts as CLIP's
-        zero-shot classifier of the class names) or None (random unit rows)
+        zero-shot classifier of the class names), :class:`ClassMeanHead` (the normalised mean
+        feature of each class's training images, computed by the engine before the first step) or
+        None (random unit rows)
     class_names : the classes' names (given by the data), needed by head_init
 
     Examples
@@ -95,12 +127,24 @@ class PeftViT(nn.Module):
             p.requires_grad_(True)
         self.vit, self.backbone = vit, backbone
         self.head = CosineClassifier(vit.num_features, num_classes, scale)
-        if head_init is not None:
+        self.head_from_data = head_init if isinstance(head_init, ClassMeanHead) else None
+        if head_init is not None and self.head_from_data is None:
             if class_names is None or len(class_names) != num_classes:
                 raise ValueError(f"model.head_init needs the {num_classes} class names, and this dataset gives "
                                  f"{'none' if class_names is None else len(class_names)}; set model.head_init=null")
             with torch.no_grad():
                 self.head.weight.copy_(head_init(list(class_names), vit.num_features))
+
+    def initialise_from_data(self, data, device) -> None:
+        """Set the head from class means of the training features (a :class:`ClassMeanHead`); the
+        engine calls this once, before the first step of a fresh run."""
+        if self.head_from_data is None:
+            return
+        if not hasattr(data, "feature_loader"):
+            raise TopklabError(f"model.head_init=class_mean needs training images in one plain crop, which dataset "
+                               f"{getattr(data, 'name', '?')} does not give; use head_init=null or a listed dataset")
+        self.head.weight.copy_(self.head_from_data(self.features, data.feature_loader(self.head_from_data.batch_size, device),
+                                                   self.head.weight.shape[0]))
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """The class token after the final norm (D = 768 for ViT-B)."""
