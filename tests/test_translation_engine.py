@@ -62,6 +62,7 @@ def test_translation_row_composes_and_smoke_runs_offline(compose_cfg, tmp_path, 
     assert summary["steps"] == 2
     written = json.loads(result.read_text())
     assert written["family"] == "translation" and written["experiment"] == f"{dataset}/row"
+    assert not {"root", "vocab_dir", "cache_dir"} & set(written["config"]["dataset"])  # no machine paths
     test = written["result"]["summary"]["metrics"]["test"]
     assert len(test["translations"]) == summary["data"]["sizes"]["test"] and "tok:13a" in test["bleu_signature"]
     assert 0 <= test["bleu"] <= 100 and test["loss"] > 0

@@ -41,16 +41,20 @@ def git_info(root: str | os.PathLike) -> dict:
 MACHINE_KEYS = ("paths", "results_dir", "result_file")  # top-level keys that only say where things are
 
 
+DATASET_MACHINE_KEYS = ("root", "split_dir", "vocab_dir", "cache_dir")
+
+
 def portable_config(cfg) -> dict:
-    """The resolved config without machine paths (``paths``, ``results_dir``, ``result_file``,
-    ``dataset.root``), for committed results."""
+    """The resolved config without machine paths (``paths``, ``results_dir``, ``result_file``, and
+    the dataset's ``root``, ``split_dir``, ``vocab_dir`` and ``cache_dir``), for committed results."""
     from omegaconf import OmegaConf
 
     config = OmegaConf.to_container(cfg, resolve=True)
     for key in MACHINE_KEYS:
         config.pop(key, None)
     if isinstance(config.get("dataset"), dict):
-        config["dataset"].pop("root", None)
+        for key in DATASET_MACHINE_KEYS:
+            config["dataset"].pop(key, None)
     return config
 
 
