@@ -1,8 +1,6 @@
 """What every task shares: how the engine gets a batch's outputs to score."""
 from __future__ import annotations
 
-import torch
-
 
 class Task:
     """A task scores a split from the outputs of its batches.

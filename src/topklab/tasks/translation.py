@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import sacrebleu
-import torch
 import torch.nn.functional as F
 
 from topklab.data.translation.vocab import PAD
