@@ -141,8 +141,8 @@ def write_result(cfg: DictConfig, summary: dict, record: RunRecord) -> Path:
     without machine paths, the provenance and the command, in :mod:`topklab.report.schema`'s
     envelope, written atomically."""
     path = Path(cfg.result_file)
-    family, table, row = path.parent.parent.parent.name, path.parent.parent.name, path.parent.name
-    family = family if family == "translation" else "vision"
+    table, row = path.parent.parent.name, path.parent.name
+    family = "translation" if summary["task"] == "translation" else "vision"  # the envelope family of the data
     portable_summary = {k: v for k, v in summary.items() if k != "logger_id"}  # a CSV logger's id is a path
     payload = {"table": table, "row": row, "label": cfg.get("row") or row, "summary": portable_summary}
     command = "python " + " ".join(Path(a).name if i == 0 else a for i, a in enumerate(sys.argv))
