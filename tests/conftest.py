@@ -43,3 +43,15 @@ def compose_cfg(tmp_path):
             return compose_run([f"paths.log_dir={tmp_path}", *overrides])
 
     return _compose
+
+
+def pytest_collection_modifyitems(config, items):
+    """``gpu``-marked tests run where CUDA is visible (``make setup DEVICE=cuda``) and skip elsewhere."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (make setup DEVICE=cuda on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

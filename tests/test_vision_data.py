@@ -52,13 +52,27 @@ def test_holdout_is_stratified_and_keeps_every_class():
     assert len(holdout(balanced, 0.05, seed=0)[1]) == 2500  # difftopk's 5 % of CIFAR-100
 
 
-def test_balanced_validation_comes_from_unused_images():
+def test_balanced_validation_comes_from_unused_images_then_the_subset():
     labels = np.repeat(np.arange(3), 10)
     used = np.array([0, 1, 2, 10, 20])
-    val = balanced_from_unused(labels, used, per_class=4, num_classes=3, seed=0)
-    assert np.bincount(labels[val]).tolist() == [4, 4, 4] and not set(val) & set(used)
-    with pytest.raises(ValueError, match="unused"):
-        balanced_from_unused(labels, used, per_class=8, num_classes=3, seed=0)
+    val, moved = balanced_from_unused(labels, used, per_class=4, num_classes=3, seed=0)
+    assert np.bincount(labels[val]).tolist() == [4, 4, 4] and not set(val) & set(used) and len(moved) == 0
+    used = np.concatenate([np.arange(10), [10, 20]])  # class 0 uses all its images
+    val, moved = balanced_from_unused(labels, used, per_class=4, num_classes=3, seed=0)
+    assert np.bincount(labels[val], minlength=3).tolist() == [4, 4, 4]
+    assert set(moved) == set(val[labels[val] == 0]) and set(moved) <= set(range(10))
+    with pytest.raises(ValueError, match="keeping one for training"):
+        balanced_from_unused(np.array([0, 0, 1, 1, 2]), np.arange(5), per_class=1, num_classes=3, seed=0)
+
+
+def test_cifar100lt_balanced_validation_keeps_the_tail_and_tops_up_class_0(tmp_path):
+    root = write_cifar100(tmp_path, per_class_train=12, per_class_test=1)
+    data = CIFAR100(root=str(root), mean=[0.5] * 3, std=[0.25] * 3, imbalance_ratio=2, n_max=12,
+                    validation="balanced_unused", val_per_class=1).splits()
+    profile = data.info["profile"]
+    assert data.sizes()["val"] == 100 and torch.bincount(data.y_val, minlength=100).tolist() == [1] * 100
+    assert data.info["val_from_subset"][0] == 1 and sum(data.info["val_from_subset"]) == 1  # only class 0 is full
+    assert data.class_counts == [profile[0] - 1] + profile[1:] and data.shot_counts == profile
 
 
 def test_idx_reader_round_trip_and_corrupt_files(tmp_path):
@@ -157,3 +171,27 @@ def test_both_loaders_give_identical_evaluation_batches():
         assert torch.equal(ya, yb) and torch.allclose(xa, xb, atol=1e-6)
     expected = (images[:4].float() / 255 - 0.5) / 0.25
     assert torch.allclose(fast[0][0], expected, atol=1e-6)
+
+
+def test_cifar_at_vit_resolution_goes_through_the_listed_pipeline(tmp_path):
+    root = write_cifar100(tmp_path, per_class_train=3, per_class_test=1)
+    common = dict(root=str(root), mean=[0.5] * 3, std=[0.5] * 3, validation="holdout", val_fraction=0.34,
+                  loader="resized", resolution=16, num_workers=0)
+    data = CIFAR100(**common).splits()
+    assert data.info["resolution"] == 16 and data.info["interpolation"] == "bilinear"
+    train = data.train_loader(8, False, seed=0, device="cpu")
+    first = [x for x, _ in train.batches(epoch=0)]
+    assert first[0].shape == (8, 3, 16, 16) and float(first[0].abs().max()) <= 1.0
+    assert torch.equal(torch.cat(first), torch.cat([x for x, _ in train.batches(epoch=0)]))  # an epoch replays
+    assert not torch.equal(first[0], next(iter(train.batches(epoch=1)))[0])
+    resumed = next(iter(train.batches(epoch=0, start=1)))[0]
+    assert torch.equal(resumed, first[1])
+    x, y = next(iter(data.eval_loader("test", 4, "cpu").batches()))
+    assert x.shape == (4, 3, 16, 16) and torch.equal(y, data.y_test[:4])
+    plain, _ = next(iter(data.feature_loader(4, "cpu").batches()))
+    expected = (F.interpolate(data.x_train[:4].float() / 255, size=16, mode="bilinear", antialias=True) - 0.5) / 0.5
+    assert plain.shape == (4, 3, 16, 16) and torch.allclose(plain, expected, atol=0.02)  # PIL's antialiased resize of 32 to 16
+    tte = CIFAR100(**{**common, "tte": "fivecrop"}).splits()
+    assert next(iter(tte.eval_loader("test", 2, "cpu").batches()))[0].shape == (2, 5, 3, 16, 16)
+    with pytest.raises(ValueError, match="resolution"):
+        CIFAR100(**{**common, "resolution": None})

@@ -144,7 +144,7 @@ def test_experiment_row_composes_and_smoke_runs(compose_cfg, tmp_path, row, fmni
         if row.startswith("fmnistlt") else \
         [f"dataset.root={cifar_root}", "dataset.val_fraction=0.34"]
     if row.startswith("stk/cifar100lt"):
-        data += ["dataset.n_max=3", "dataset.imbalance_ratio=1.5"]
+        data += ["dataset.n_max=3", "dataset.imbalance_ratio=1.5", "dataset.val_per_class=1"]
     cfg = compose_cfg(f"experiment={row}", *data, "engine.epochs=1", "engine.max_steps=1", "engine.batch_size=8",
                       "engine.progress=false", f"result_file={tmp_path}/result.json", f"paths.log_dir={tmp_path}")
     assert cfg.recipe == "multiclass" and cfg.task._target_.endswith("ClassificationTask")

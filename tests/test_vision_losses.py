@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from topklab.losses import LogitAdjusted, SmoothTopKSVM, TopKCrossEntropy
+from topklab.losses import CostSensitiveCE, LogitAdjusted, SmoothTopKSVM, TopKCrossEntropy
 from topklab.models import resnet18_cifar, resnet32
 from topklab.operators import SinkhornSort
 from topklab.tasks.classification_metrics import classification_metrics, shot_groups
@@ -29,6 +29,24 @@ def test_logit_adjusted_is_ce_on_shifted_logits_and_ce_at_tau_zero():
     assert torch.autograd.gradcheck(lambda z: LogitAdjusted(counts).double()(z, labels), (logits,))
     with pytest.raises(ValueError, match="at least one"):
         LogitAdjusted([3, 0])
+
+
+def test_cost_sensitive_ce_weights_each_sample_by_its_inverse_class_frequency():
+    counts = [50, 30, 15, 5]
+    logits, labels = torch.randn(6, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 3, 3, 1])
+    inverse = [1.0 / n for n in counts]
+    weights = [w / (sum(inverse) / len(inverse)) for w in inverse]  # mean 1 over classes
+    expected = torch.stack([weights[int(y)] * -torch.log_softmax(z, 0)[y] for z, y in zip(logits, labels)])
+    loss = CostSensitiveCE(counts).double()
+    assert torch.allclose(loss(logits, labels), expected, atol=1e-6)
+    assert torch.allclose(CostSensitiveCE(counts, power=0.0)(logits.float(), labels),
+                          F.cross_entropy(logits.float(), labels, reduction="none"))
+    logits.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda z: loss(z, labels), (logits,))
+    with pytest.raises(ValueError, match="at least one"):
+        CostSensitiveCE([3, 0])
+    with pytest.raises(ValueError, match="power"):
+        CostSensitiveCE(counts, power=-1.0)
 
 
 DENSE = [("neuralsort", "cauchy"), ("softsort", "cauchy"), ("odd_even", "logistic_phi"), ("bitonic__non_sparse", "logistic")]

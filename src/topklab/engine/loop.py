@@ -31,6 +31,7 @@ from topklab.utils.seed import rng_state, set_rng_state
 
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 SPLITS = ("train", "val", "test")
+REPORT_STATES = ("best", "last")
 
 
 def concat_outputs(batches: list) -> torch.Tensor | dict:
@@ -69,6 +70,12 @@ class Engine:
     ----------
     epochs : int >= 1, epochs at most (and the length of the schedule)
     batch_size : int >= 1; eval_batch_size : int >= 1 or None (None: a split in one batch)
+    micro_batch_size : int >= 1 or None, run each batch as forward/backward passes over chunks of
+        this many samples and step once (gradient accumulation: one optimizer step per batch of
+        ``batch_size``); chunk c's objective is weighted by n_c / n. That is the batch's objective
+        exactly for Average and STk (λ + (1/k)·Σφ(ℓ − λ) with k a fraction of the batch is a sum
+        over samples) and per chunk for ATk/MATk, whose top-k is taken within a chunk (as PEL/LIFT's
+        accumulation takes every batch-level aggregate). None: the whole batch at once
     drop_last : bool, drop an incomplete last training batch
     eval_every_steps : int >= 1 or None, validate every this many steps (the STk paper's tabular
         protocol: 1); None validates at the end of each epoch
@@ -79,14 +86,17 @@ class Engine:
     min_delta : float >= 0, the smallest change of a selection metric that counts as improving
     select_metrics : list of metric names or None (the task's primary metric); each keeps its own
         best-validation state, whose test metrics it reports; ties keep the earlier state
+    report_state : best | last, which state the reported metrics come from: each selection
+        metric's best-validation state, or the final state for every metric (PEL/LIFT report the
+        last epoch); validation still runs and is logged either way
     final_splits : splits scored with each selected state (train, val, test)
     device : auto | cpu | cuda[:i]
     amp : none | bf16 | fp16, autocast dtype of the model (fp16 adds a GradScaler); the objective
         runs in float32
     channels_last : auto | true | false (auto: on CUDA only)
     schedule : dict of :class:`~topklab.engine.schedules.LRFactor` fields (name constant | cosine |
-        step | inverse_sqrt, warmup_epochs, warmup_steps, milestones, gamma, min_lr_ratio); stepped
-        every batch
+        step | inverse_sqrt, warmup_epochs, warmup_steps, milestones, gamma, min_lr_ratio, per_epoch);
+        evaluated every batch
     clip_grad_norm : float >= 0, clip the gradient's global norm (model and λ) to this (0: off)
     average_last : int >= 0, also score the average of the last N epoch-end weights (fairseq's
         ``average_checkpoints``) on val and test, reported under ``averaged`` (0: off; needs
@@ -101,16 +111,19 @@ class Engine:
     """
 
     def __init__(self, epochs: int = 200, batch_size: int = 128, eval_batch_size: int | None = None,
+                 micro_batch_size: int | None = None,
                  drop_last: bool = False, eval_every_steps: int | None = None, validate_at_start: bool = False,
-                 patience: int | None = None, min_delta: float = 0.0, select_metrics=None,
+                 patience: int | None = None, min_delta: float = 0.0, select_metrics=None, report_state: str = "best",
                  final_splits=("val", "test"), device: str = "auto", amp: str = "none", channels_last="auto",
                  schedule: dict | None = None, clip_grad_norm: float = 0.0, average_last: int = 0, checkpoint: bool = True, checkpoint_every: int = 0, resume: bool = True,
                  max_steps: int | None = None, profiler: dict | None = None, progress: bool = True):
         _positive_int("epochs", epochs)
         _positive_int("batch_size", batch_size)
-        for name, value in (("eval_batch_size", eval_batch_size), ("eval_every_steps", eval_every_steps),
-                            ("patience", patience), ("max_steps", max_steps)):
+        for name, value in (("eval_batch_size", eval_batch_size), ("micro_batch_size", micro_batch_size),
+                            ("eval_every_steps", eval_every_steps), ("patience", patience), ("max_steps", max_steps)):
             _positive_int(name, value, allow_none=True)
+        if report_state not in REPORT_STATES:
+            raise ValueError(f"engine.report_state={report_state!r}; choose one of {', '.join(REPORT_STATES)}")
         if amp not in AMP_DTYPES:
             raise ValueError(f"engine.amp={amp!r}; choose one of {', '.join(AMP_DTYPES)}")
         if channels_last not in ("auto", True, False):
@@ -127,6 +140,7 @@ class Engine:
         if unknown or "val" not in final_splits:
             raise ValueError(f"engine.final_splits={list(final_splits)} must include val and name only {', '.join(SPLITS)}")
         self.epochs, self.batch_size, self.eval_batch_size, self.drop_last = epochs, batch_size, eval_batch_size, drop_last
+        self.micro_batch_size, self.report_state = micro_batch_size, report_state
         self.eval_every_steps, self.validate_at_start = eval_every_steps, validate_at_start
         self.patience, self.min_delta = patience, min_delta
         self.select_metrics = None if select_metrics is None else list(select_metrics)
@@ -151,6 +165,9 @@ class Engine:
         checkpoints (see :mod:`topklab.engine.distributed` for what k means under DDP).
         """
         dist = dist or Distributed()
+        if self.micro_batch_size and dist.is_distributed and module.objective.gather_losses:
+            raise ValueError("engine.micro_batch_size with objective.gather_losses under DDP would gather a different "
+                             "number of chunks per rank; use one of the two")
         device = resolve_device(self.device_name)
         if dist.is_distributed and device.type == "cuda":
             device = dist.device
@@ -277,26 +294,35 @@ class Engine:
                         break
                     waited = time.perf_counter() - fetch_start
                     compute_start = profile.now()
-                    objective, _ = wrapped(local(x), local(y), autocast, profile.now)
-                    loss_end = profile.now()
-                    if check_each_step and not torch.isfinite(objective):
-                        raise NonFiniteLossError(
-                            f"non-finite loss ({float(objective.detach())}) at epoch {epoch + 1}, step {state['step'] + 1}; "
-                            f"lower optim.lr, check the data, or set engine.amp=none", last_good_state=snapshot())
                     optimizer.zero_grad(set_to_none=True)
-                    scaler.scale(objective).backward()
+                    x, y = local(x), local(y)
+                    chunks = self._chunks(len(y))
+                    objective, loss_spans, counted = torch.zeros((), dtype=torch.float64, device=device), [], 0
+                    for c, part in enumerate(chunks):
+                        sync = c == len(chunks) - 1 or not dist.is_distributed
+                        with contextlib.nullcontext() if sync else wrapped.no_sync():
+                            chunk_objective, _ = wrapped(x[part], y[part], autocast, profile.now)
+                            loss_spans.append((module.loss_start, profile.now()))
+                            counted += module.objective.last_count
+                            if check_each_step and not torch.isfinite(chunk_objective):
+                                raise NonFiniteLossError(
+                                    f"non-finite loss ({float(chunk_objective.detach())}) at epoch {epoch + 1}, step "
+                                    f"{state['step'] + 1}; lower optim.lr, check the data, or set engine.amp=none",
+                                    last_good_state=snapshot())
+                            weight = (part.stop - part.start) / len(y)
+                            scaler.scale(chunk_objective * weight).backward()
+                        objective += chunk_objective.detach().double() * weight
                     if self.clip_grad_norm:
                         scaler.unscale_(optimizer)
                         torch.nn.utils.clip_grad_norm_(module.parameters(), self.clip_grad_norm)
                     scaler.step(optimizer)
                     scaler.update()
                     scheduler.step()
-                    profile.step(waited, module.loss_start, loss_end, compute_start, profile.now(), len(y),
-                                 module.objective.last_count)
+                    profile.step(waited, loss_spans, compute_start, profile.now(), len(y), counted)
                     profiler.step()
                     state["step"] += 1
                     state["batch"] += 1
-                    running += objective.detach().double()
+                    running += objective
                     bar.update(1)
                     if self.eval_every_steps and state["step"] % self.eval_every_steps == 0:
                         val, validated_step = evaluate("val"), state["step"]
@@ -321,6 +347,7 @@ class Engine:
                     if not self.eval_every_steps and record_validation(val, epoch + 1):
                         state["early_stopped"] = state["finished"] = True
                 state["train_seconds"] += time.perf_counter() - epoch_start
+                state["last_val"] = val
                 row = {"epoch": epoch + 1, "step": state["step"], "lr": scheduler.get_last_lr()[0],
                        "train_loss": float(loss_sum) / max(state["batch"], 1),
                        **{f"val_{k}": v for k, v in task.scalar_metrics(val).items()},
@@ -339,10 +366,19 @@ class Engine:
                     break
         if select[0] not in state["best"]:  # validation every N steps never came round
             record_validation(evaluate("val"), state["epoch"])
+        if self.report_state == "last":
+            final = {"epoch": state["epoch"], "step": state["step"], "val": state.get("last_val") or evaluate("val"),
+                     "state": snapshot()}
+            state["best"] = {metric: {**final, "value": final["val"][metric]} for metric in select}
         result = self._score_selected(module, state, select, evaluate, device, channels_last)
         if self.average_last and store is not None:
             result["averaged"] = self._score_average(module, store, state, evaluate)
         return result
+
+    def _chunks(self, n: int) -> list[slice]:
+        """The micro-batches of a batch of ``n`` samples (one chunk without ``micro_batch_size``)."""
+        size = self.micro_batch_size or n
+        return [slice(start, min(start + size, n)) for start in range(0, n, size)]
 
     def _score_average(self, module, store, state, evaluate) -> dict:
         """Val and test metrics of the mean of the last ``average_last`` epoch-end weights; the

@@ -27,8 +27,8 @@ class StepProfile:
     """Accumulates region times of the steps of one epoch.
 
     Take clock readings with :meth:`now` (CUDA events on a GPU, ``perf_counter`` on CPU) where a
-    step's compute starts, where its loss starts and ends, and after the optimizer step, and hand
-    them with the seconds spent waiting for the batch to :meth:`step`.
+    step's compute starts, where its loss starts and ends (once per micro-batch), and after the
+    optimizer step, and hand them with the seconds spent waiting for the batch to :meth:`step`.
     """
 
     def __init__(self, device: torch.device):
@@ -52,24 +52,24 @@ class StepProfile:
             return event
         return time.perf_counter()
 
-    def step(self, fetched_after: float, loss_start, loss_end, compute_start, compute_end, images: int,
+    def step(self, fetched_after: float, loss_spans: list[tuple], compute_start, compute_end, images: int,
              losses: int | None = None) -> None:
         self.wait += fetched_after
         self.images += images
         self.losses += images if losses is None else losses
         self.steps += 1
         if self.cuda:
-            self._events.append((loss_start, loss_end, compute_start, compute_end))
+            self._events.append((list(loss_spans), compute_start, compute_end))
         else:
-            self._cpu_loss += loss_end - loss_start
+            self._cpu_loss += sum(end - start for start, end in loss_spans)
             self._cpu_compute += compute_end - compute_start
 
     def summary(self) -> dict:
         elapsed = time.perf_counter() - self._start
         if self.cuda:
             torch.cuda.synchronize()
-            loss = sum(a.elapsed_time(b) for a, b, _, _ in self._events) / 1e3
-            compute = sum(c.elapsed_time(d) for _, _, c, d in self._events) / 1e3
+            loss = sum(a.elapsed_time(b) for spans, _, _ in self._events for a, b in spans) / 1e3
+            compute = sum(c.elapsed_time(d) for _, c, d in self._events) / 1e3
         else:
             loss, compute = self._cpu_loss, self._cpu_compute
         steps = max(self.steps, 1)

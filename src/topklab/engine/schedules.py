@@ -24,10 +24,13 @@ class LRFactor:
     0.01
     >>> [LRFactor("inverse_sqrt", 10, 200, warmup_steps=4)(s) for s in (0, 2, 4, 16)]
     [0.0, 0.5, 1.0, 0.5]
+    >>> [round(LRFactor("cosine", 10, 10, per_epoch=True)(s), 5) for s in (0, 9, 10, 95)]  # PEL: lr 0.01 → .00976 …
+    [1.0, 1.0, 0.97553, 0.02447]
     """
 
     def __init__(self, name: str, steps_per_epoch: int, epochs: int, warmup_epochs: float = 0.0,
-                 milestones=(), gamma: float = 0.1, min_lr_ratio: float = 0.0, warmup_steps: int | None = None):
+                 milestones=(), gamma: float = 0.1, min_lr_ratio: float = 0.0, warmup_steps: int | None = None,
+                 per_epoch: bool = False):
         if name not in SCHEDULES:
             raise ValueError(f"schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
         if warmup_epochs < 0 or not 0 < gamma <= 1 or not 0 <= min_lr_ratio <= 1:
@@ -43,8 +46,11 @@ class LRFactor:
         self.milestones = sorted(int(m) * steps_per_epoch for m in milestones)
         self.gamma = gamma
         self.min_lr_ratio = min_lr_ratio
+        self.per_epoch = bool(per_epoch)
 
     def __call__(self, step: int) -> float:
+        if self.per_epoch:
+            step -= step % self.steps_per_epoch
         if self.name == "inverse_sqrt":
             return step / self.warmup if step < self.warmup else (self.warmup / step) ** 0.5
         if step < self.warmup:

@@ -10,12 +10,12 @@ from topklab.losses.aggregate import (
     ATk, Aggregate, Average, MATk, Maximum, STk, ThresholdedTopK, aggregate_class, aggregate_names, build_aggregate,
 )
 from topklab.losses.individual import (
-    Absolute, CrossEntropy, Hinge, LabelSmoothedCrossEntropy, Logistic, LogitAdjusted, SmoothTopKSVM, Square, TopKCrossEntropy,
+    Absolute, CostSensitiveCE, CrossEntropy, Hinge, LabelSmoothedCrossEntropy, Logistic, LogitAdjusted, SmoothTopKSVM, Square, TopKCrossEntropy,
 )
 from topklab.losses.smoothing import srelu
 
 __all__ = [
-    "ATk", "Absolute", "Aggregate", "Average", "CrossEntropy", "Hinge", "LabelSmoothedCrossEntropy", "Logistic", "LogitAdjusted", "MATk", "Maximum",
+    "ATk", "Absolute", "Aggregate", "Average", "CostSensitiveCE", "CrossEntropy", "Hinge", "LabelSmoothedCrossEntropy", "Logistic", "LogitAdjusted", "MATk", "Maximum",
     "STk", "SmoothTopKSVM", "Square", "ThresholdedTopK", "TopKCrossEntropy", "aggregate_class",
     "aggregate_names", "build_aggregate", "srelu",
 ]

@@ -8,8 +8,8 @@ from __future__ import annotations
 from topklab.report.stats import mean_std
 from topklab.utils.errors import TopklabError
 
-METRICS = ("top1", "top5", "many", "medium", "few")
-METRIC_NAMES = {"top1": "top-1", "top5": "top-5", "many": "many", "medium": "medium", "few": "few"}
+METRICS = ("top1", "top5", "many", "medium", "few", "ece")
+METRIC_NAMES = {"top1": "top-1", "top5": "top-5", "many": "many", "medium": "medium", "few": "few", "ece": "ECE (%)"}
 
 
 def by_table(results: list[dict]) -> dict[str, dict[str, list[dict]]]:
@@ -67,12 +67,17 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
     shas = sorted({str(r["provenance"].get("git", {}).get("sha", "?"))[:10] for r in runs})
     trainer = first["config"].get("engine") or first["config"]["trainer"]  # results before the engine: trainer
     lines = [f"# {name}: test accuracy (%), mean ± std over seeds", ""]
+    missing = [r for r in published if r not in rows]
+    if missing:
+        lines += [f"**Still missing:** {', '.join(missing)} (run their experiment rows, {paper.get('experiments', 'see README')}; "
+                  f"then `make tables`).", ""]
     if paper:
         lines += [f"Paper: {paper['caption']}." + (f" {paper['note']}" if paper.get("note") else ""), ""]
+    reported = ("the last epoch (as PEL/LIFT report)" if trainer.get("report_state") == "last"
+                else f"the best-validation epoch of {', '.join(trainer['select_metrics'])}")
     lines += [
         f"Each row: `python train.py experiment=<row> seed=<k>` (experiments/README.md; {trainer['epochs']} epochs, batch "
-        f"{trainer['batch_size']}, test numbers from the best-validation epoch of "
-        f"{', '.join(trainer['select_metrics'])}); code {', '.join(shas)}. Then `python scripts/make_tables.py`.  ",
+        f"{trainer['batch_size']}, test numbers from {reported}); code {', '.join(shas)}. Then `make tables`.  ",
         f"Commands: {'; '.join(f'`{c}`' for c in commands[:3])}{' …' if len(commands) > 3 else ''}.  ",
         "Many / medium / few: classes with more than 100, 20–100, fewer than 20 training images "
         "(mean of their per-class accuracies).", "",

@@ -9,12 +9,14 @@ from pathlib import Path
 import numpy as np
 
 from topklab.data.vision.files import ensure_cifar100, find_fashion_mnist, read_cifar100_split, read_fashion_mnist_split
+from topklab.data.vision.listed import check_resize
 from topklab.data.vision.loaders import LOADERS
 from topklab.data.vision.longtail import exponential_profile, longtail_indices
 from topklab.data.vision.splits import VisionSplits, as_tensors, balanced_from_unused, holdout
 from topklab.utils.errors import TopklabError
 
 VALIDATION_MODES = ("holdout", "balanced_unused")
+LOADER_KINDS = (*LOADERS, "resized")
 
 
 class ImageDataset:
@@ -30,11 +32,18 @@ class ImageDataset:
     validation : holdout | balanced_unused
         holdout: ``val_fraction`` of each class of the (subsampled) training set (difftopk: 5 %).
         balanced_unused: ``val_per_class`` images per class from training images the long-tailed
-        subset did not use (a balanced validation set, like the balanced test set).
+        subset did not use (a balanced validation set, like the balanced test set), topped up from
+        the subset for a class that has too few unused images (those leave training; recorded as
+        ``val_from_subset``).
     split_seed : int, seed of the validation draw
-    loader : device | torchvision, how batches are made (the uint8 set on the device and augmented
-        there, or a DataLoader with per-image transforms and ``num_workers`` processes)
+    loader : device | torchvision | resized, how batches are made: the uint8 set on the device and
+        augmented there, a DataLoader with per-image transforms and ``num_workers`` processes, or
+        (resized) PEL/LIFT's ViT pipeline at ``resolution``: RandomResizedCrop + flip for training,
+        Resize(resolution · 8/7) + CenterCrop or the test-time ensemble ``tte`` for evaluation
     pad : int >= 0, zero padding of the random crop (0: no crop); flip : bool, random horizontal flip
+        (device and torchvision loaders)
+    resolution : int >= 1 or None, interpolation : bilinear | bicubic, tte : none | fivecrop |
+        tencrop, tte_expand : int >= 0 (the resized loader; see :class:`ListedImageDataset`)
     task : multiclass (what the labels are; recipes key on it)
     """
 
@@ -44,11 +53,14 @@ class ImageDataset:
     def __init__(self, root: str, mean, std, imbalance_ratio: float | None = None, n_max: int | None = None,
                  lt_seed: int = 0, validation: str = "holdout", val_fraction: float = 0.05,
                  val_per_class: int = 50, split_seed: int = 0, download: bool = False, loader: str = "device",
-                 num_workers: int = 0, pad: int = 4, flip: bool = True, task: str = "multiclass"):
+                 num_workers: int = 0, pad: int = 4, flip: bool = True, resolution: int | None = None,
+                 interpolation: str = "bilinear", tte: str = "none", tte_expand: int = 24, task: str = "multiclass"):
         if task != "multiclass":
             raise ValueError(f"task={task!r}: image datasets are multiclass")
-        if loader not in LOADERS:
-            raise ValueError(f"loader={loader!r}; choose one of {', '.join(LOADERS)}")
+        if loader not in LOADER_KINDS:
+            raise ValueError(f"loader={loader!r}; choose one of {', '.join(LOADER_KINDS)}")
+        if loader == "resized":
+            check_resize(resolution, interpolation, tte, tte_expand)
         if num_workers < 0 or pad < 0:
             raise ValueError(f"num_workers={num_workers} and pad={pad} must be >= 0")
         if validation not in VALIDATION_MODES:
@@ -70,14 +82,17 @@ class ImageDataset:
         self.split_seed = split_seed
         self.download = download
         self.task = task
-        self.loading = {"loader": loader, "num_workers": num_workers, "pad": pad, "flip": flip}
+        self.loading = {"loader": loader, "num_workers": num_workers, "pad": pad, "flip": flip,
+                        "resize": {"resolution": resolution, "interpolation": interpolation, "tte": tte,
+                                   "tte_expand": tte_expand} if loader == "resized" else None}
 
     def read(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         raise NotImplementedError
 
     def splits(self) -> VisionSplits:
         x_train, y_train, x_test, y_test = self.read()
-        info = {"split_seed": self.split_seed, "validation": self.validation, "source_train_size": len(y_train)}
+        info = {"split_seed": self.split_seed, "validation": self.validation, "source_train_size": len(y_train),
+                "loader": self.loading["loader"], **(self.loading["resize"] or {})}
         kept = np.arange(len(y_train))
         indices = {}
         try:
@@ -92,9 +107,10 @@ class ImageDataset:
                 train_idx, val_idx = kept[train_pos], kept[val_pos]
                 info["val_fraction"] = self.val_fraction
             else:
-                train_idx = kept
-                val_idx = balanced_from_unused(y_train, kept, self.val_per_class, self.num_classes, self.split_seed)
-                info["val_per_class"] = self.val_per_class
+                val_idx, moved = balanced_from_unused(y_train, kept, self.val_per_class, self.num_classes, self.split_seed)
+                train_idx = np.setdiff1d(kept, moved)
+                info.update(val_per_class=self.val_per_class,
+                            val_from_subset=np.bincount(y_train[moved], minlength=self.num_classes).tolist())
         except ValueError as err:
             raise TopklabError(f"dataset {self.name}: {err}") from None
         indices["val"] = val_idx.tolist()

@@ -25,8 +25,8 @@ TTE_MODES = ("none", "fivecrop", "tencrop")
 SPLITS = ("train", "val", "test")
 
 
-def image_transforms(train: bool, resolution: int, mean, std, interpolation: str, tte: str = "none", tte_expand: int = 24,
-                     plain: bool = False):
+def image_transforms(train: bool, resolution: int, mean, std, interpolation: str = "bilinear", tte: str = "none",
+                     tte_expand: int = 24, plain: bool = False):
     """torchvision transforms of a PIL image: the training augmentation, the single centre crop,
     a (crops, C, H, W) stack for the test-time ensemble, or (``plain``) Resize + CenterCrop at the
     resolution itself (PEL/LIFT's transform for features that initialise a head)."""
@@ -44,6 +44,17 @@ def image_transforms(train: bool, resolution: int, mean, std, interpolation: str
     return v2.Compose([v2.Resize(resolution + tte_expand, interpolation=mode), crops, StackViews(v2.Compose(to_tensor))])
 
 
+def check_resize(resolution, interpolation: str, tte: str, tte_expand: int) -> None:
+    if isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 1:
+        raise ValueError(f"dataset.resolution={resolution!r} must be an int >= 1 (224 for ViT-B/16)")
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"dataset.interpolation={interpolation!r}; choose one of {', '.join(INTERPOLATIONS)}")
+    if tte not in TTE_MODES:
+        raise ValueError(f"dataset.tte={tte!r}; choose one of {', '.join(TTE_MODES)}")
+    if tte_expand < 0:
+        raise ValueError(f"dataset.tte_expand={tte_expand} must be >= 0")
+
+
 class StackViews:
     """The crops of a test-time ensemble, each made a normalised tensor, stacked (crops, C, H, W)."""
 
@@ -54,26 +65,22 @@ class StackViews:
         return torch.stack([self.each(view) for view in views])
 
 
-class ImageFiles(torch.utils.data.Dataset):
-    """``(image tensor, label)`` of ``root / path``; item i's random draws are seeded by (seed, i)."""
+class SeededImages(torch.utils.data.Dataset):
+    """``(image tensor, label)`` of item ``(position, index)``: image ``index`` through the transform,
+    its random draws seeded by (seed, position) when a seed is set. Subclasses give :meth:`image`."""
 
-    def __init__(self, root: Path, paths: list[str], labels: np.ndarray, transform, seed: int | None):
-        self.root, self.paths, self.labels, self.transform, self.seed = root, paths, labels, transform, seed
+    def __init__(self, labels: np.ndarray, transform, seed: int | None):
+        self.labels, self.transform, self.seed = labels, transform, seed
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return len(self.labels)
+
+    def image(self, index: int):
+        raise NotImplementedError
 
     def __getitem__(self, item: tuple[int, int]):
         position, index = item
-        from PIL import Image, UnidentifiedImageError
-
-        path = self.root / self.paths[index]
-        try:
-            with Image.open(path) as handle:
-                image = handle.convert("RGB")
-        except (OSError, UnidentifiedImageError, ValueError) as err:
-            raise TopklabError(f"image {path} cannot be read ({type(err).__name__}: {err}); "
-                               f"replace it or remove its line from the split list") from None
+        image = self.image(index)
         if self.seed is None:
             return self.transform(image), int(self.labels[index])
         with torch.random.fork_rng(devices=[]):
@@ -81,23 +88,57 @@ class ImageFiles(torch.utils.data.Dataset):
             return self.transform(image), int(self.labels[index])
 
 
+class ImageFiles(SeededImages):
+    """The RGB image files ``root / path``."""
+
+    def __init__(self, root: Path, paths: list[str], labels: np.ndarray, transform, seed: int | None):
+        super().__init__(labels, transform, seed)
+        self.root, self.paths = root, paths
+
+    def image(self, index: int):
+        from PIL import Image, UnidentifiedImageError
+
+        path = self.root / self.paths[index]
+        try:
+            with Image.open(path) as handle:
+                return handle.convert("RGB")
+        except (OSError, UnidentifiedImageError, ValueError) as err:
+            raise TopklabError(f"image {path} cannot be read ({type(err).__name__}: {err}); "
+                               f"replace it or remove its line from the split list") from None
+
+
+class ArrayImages(SeededImages):
+    """In-memory uint8 images (N, C, H, W), handed to the transform as RGB PIL images, so small
+    images (CIFAR's 32 × 32) go through the same resize, crop and interpolation as image files."""
+
+    def __init__(self, images: torch.Tensor, labels: np.ndarray, transform, seed: int | None):
+        super().__init__(labels, transform, seed)
+        self.images = images
+
+    def image(self, index: int):
+        from PIL import Image
+
+        pixels = self.images[index].permute(1, 2, 0).numpy()
+        return Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels).convert("RGB")
+
+
 def _one_line(err: Exception) -> TopklabError:
     """A worker's TopklabError arrives wrapped in a traceback; keep its message."""
     return TopklabError(str(err).strip().splitlines()[-1].split("TopklabError: ", 1)[-1])
 
 
-class ImageFileLoader:
-    """Batches of decoded images through a ``DataLoader`` (``num_workers`` processes).
+class SeededImageLoader:
+    """Batches of decoded, transformed images through a ``DataLoader`` (``num_workers`` processes).
 
     Parameters
     ----------
-    dataset : :class:`ImageFiles` (its ``seed`` is replaced by the epoch's for training)
+    dataset : :class:`SeededImages` (its ``seed`` is replaced by the epoch's for training)
     batch_size : int >= 1; train : bool, shuffle and augment in an order drawn from (seed, epoch)
     drop_last : bool, drop an incomplete last batch (never the only one)
     seed : int; num_workers : int >= 0; device : where batches are returned
     """
 
-    def __init__(self, dataset: ImageFiles, batch_size: int, train: bool, drop_last: bool = False, seed: int = 0,
+    def __init__(self, dataset: SeededImages, batch_size: int, train: bool, drop_last: bool = False, seed: int = 0,
                  num_workers: int = 0, device: str | torch.device = "cpu", channels_last: bool = False):
         self.dataset, self.batch_size, self.train, self.drop_last = dataset, batch_size, train, drop_last
         self.seed, self.num_workers, self.device, self.channels_last = seed, num_workers, torch.device(device), channels_last
@@ -153,7 +194,7 @@ class ListedSplits:
     def _loader(self, split, batch_size, train, drop_last, seed, device, channels_last, transform: str | None = None):
         paths, labels = self.files[split]
         dataset = ImageFiles(self.root, paths, labels, self.transforms[transform or ("train" if train else "eval")], None)
-        return ImageFileLoader(dataset, batch_size, train, drop_last, seed, self.num_workers, device, channels_last)
+        return SeededImageLoader(dataset, batch_size, train, drop_last, seed, self.num_workers, device, channels_last)
 
     def train_loader(self, batch_size: int, drop_last: bool, seed: int, device, channels_last: bool = False):
         return self._loader("train", batch_size, True, drop_last, seed, device, channels_last)
@@ -189,14 +230,11 @@ class ListedImageDataset:
                  list_source: str = "", mean=(0.48145466, 0.4578275, 0.40821073), std=(0.26862954, 0.26130258, 0.27577711),
                  resolution: int = 224, interpolation: str = "bilinear", tte: str = "none", tte_expand: int = 24,
                  num_workers: int = 8, task: str = "multiclass", split_seed: int = 0):
-        if interpolation not in INTERPOLATIONS:
-            raise ValueError(f"dataset.interpolation={interpolation!r}; choose one of {', '.join(INTERPOLATIONS)}")
-        if tte not in TTE_MODES:
-            raise ValueError(f"dataset.tte={tte!r}; choose one of {', '.join(TTE_MODES)}")
+        check_resize(resolution, interpolation, tte, tte_expand)
         if set(lists) != set(SPLITS):
             raise ValueError(f"dataset.lists needs exactly the keys train, val, test, got {sorted(lists)}")
-        if num_workers < 0 or resolution < 1 or tte_expand < 0:
-            raise ValueError("dataset.num_workers and dataset.tte_expand must be >= 0 and dataset.resolution >= 1")
+        if num_workers < 0:
+            raise ValueError(f"dataset.num_workers={num_workers} must be >= 0")
         if task != "multiclass":
             raise ValueError(f"task={task!r}: image datasets are multiclass")
         self.name, self.root, self.split_dir, self.lists = name, Path(root), Path(split_dir), dict(lists)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from topklab.data.vision.listed import ArrayImages, SeededImageLoader, image_transforms
 from topklab.data.vision.loaders import build_loader
 
 
@@ -15,8 +16,10 @@ class VisionSplits:
     """Train / validation / test images (uint8, N × C × H × W) and int64 labels.
 
     ``mean``/``std`` are per-channel, on the [0, 1] scale, for normalisation after augmentation.
-    ``loader`` (device | torchvision), ``num_workers``, ``pad`` and ``flip`` say how batches are
-    made and augmented (see :mod:`topklab.data.vision.loaders`).
+    ``loader`` (device | torchvision | resized), ``num_workers``, ``pad`` and ``flip`` say how batches
+    are made and augmented (see :mod:`topklab.data.vision.loaders`); ``resized`` decodes each image
+    to PIL and applies the ViT pipeline of :func:`~topklab.data.vision.listed.image_transforms`
+    with ``resize`` = {resolution, interpolation, tte, tte_expand} (PEL/LIFT's CIFAR-100-LT at 224).
     ``info`` (seeds, sizes, class counts) goes into the run's summary; ``indices`` (the long-tailed
     subset's and the validation split's source indices) into its ``indices.json``.
     """
@@ -39,6 +42,7 @@ class VisionSplits:
     num_workers: int = 0
     pad: int = 4
     flip: bool = True
+    resize: dict | None = None
 
     @property
     def in_channels(self) -> int:
@@ -63,7 +67,11 @@ class VisionSplits:
     def targets(self, split: str) -> torch.Tensor:
         return getattr(self, f"y_{split}")
 
-    def _loader(self, images, labels, batch_size, train, device, drop_last, seed, channels_last):
+    def _loader(self, images, labels, batch_size, train, device, drop_last, seed, channels_last, plain: bool = False):
+        if self.loader == "resized":
+            transform = image_transforms(train, mean=self.mean, std=self.std, plain=plain, **self.resize)
+            return SeededImageLoader(ArrayImages(images, labels.numpy(), transform, None), batch_size, train, drop_last,
+                                     seed, self.num_workers, device, channels_last)
         return build_loader(self.loader, images, labels, batch_size, self.mean, self.std, train, device,
                             pad=self.pad, flip=self.flip, drop_last=drop_last, channels_last=channels_last, seed=seed,
                             num_workers=self.num_workers)
@@ -77,6 +85,11 @@ class VisionSplits:
         labels = self.targets(split)
         return self._loader(getattr(self, f"x_{split}"), labels, batch_size or len(labels), False, device, False, 0,
                             channels_last)
+
+    def feature_loader(self, batch_size: int, device, channels_last: bool = False):
+        """The training images in stored order without augmentation (one plain crop when resized),
+        for heads initialised from class-mean features."""
+        return self._loader(self.x_train, self.y_train, batch_size, False, device, False, 0, channels_last, plain=True)
 
     def sizes(self) -> dict:
         return {"train": len(self.y_train), "val": len(self.y_val), "test": len(self.y_test)}
@@ -103,20 +116,39 @@ def holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray,
     return np.setdiff1d(np.arange(len(labels)), val), val
 
 
-def balanced_from_unused(labels: np.ndarray, used: np.ndarray, per_class: int, num_classes: int, seed: int) -> np.ndarray:
-    """``per_class`` images of every class drawn from the training images the subset left unused."""
+def balanced_from_unused(labels: np.ndarray, used: np.ndarray, per_class: int, num_classes: int,
+                         seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``per_class`` images of every class for a balanced validation set: first from the training
+    images the subset left unused, then, where a class has too few of those (CIFAR-100-LT's class 0
+    uses all 500), the rest from that class's subset images, which leave training (never its last).
+
+    Returns (validation indices, the subset indices moved to validation), both sorted.
+
+    Examples
+    --------
+    >>> labels = np.repeat(np.arange(2), 4)                    # class 0: 0-3, class 1: 4-7
+    >>> val, moved = balanced_from_unused(labels, np.array([0, 1, 2, 3, 4]), 2, 2, seed=0)
+    >>> np.bincount(labels[val]).tolist(), len(moved), bool(set(moved) <= {0, 1, 2, 3})
+    ([2, 2], 2, True)
+    """
     if per_class < 1:
         raise ValueError(f"val_per_class={per_class} must be >= 1")
     unused = np.ones(len(labels), dtype=bool)
     unused[used] = False
+    in_subset = ~unused
     rng = np.random.RandomState(seed)
-    chosen = []
+    chosen, moved = [], []
     for c in range(num_classes):
-        pool = np.flatnonzero(unused & (labels == c))
-        if len(pool) < per_class:
-            raise ValueError(
-                f"class {c} has only {len(pool)} unused training images for val_per_class={per_class}; "
-                f"lower it or use validation=holdout"
-            )
-        chosen.append(rng.permutation(pool)[:per_class])
-    return np.sort(np.concatenate(chosen))
+        pool = rng.permutation(np.flatnonzero(unused & (labels == c)))[:per_class]
+        short = per_class - len(pool)
+        if short:
+            subset = rng.permutation(np.flatnonzero(in_subset & (labels == c)))
+            if short > len(subset) - 1:
+                raise ValueError(
+                    f"class {c} has {len(pool)} unused and {len(subset)} subset images, too few for "
+                    f"val_per_class={per_class} while keeping one for training; lower it or use validation=holdout")
+            moved.append(subset[:short])
+            pool = np.concatenate([pool, subset[:short]])
+        chosen.append(pool)
+    moved = np.sort(np.concatenate(moved)) if moved else np.array([], dtype=np.int64)
+    return np.sort(np.concatenate(chosen)), moved

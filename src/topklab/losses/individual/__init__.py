@@ -1,4 +1,5 @@
 from topklab.losses.individual.absolute import Absolute
+from topklab.losses.individual.cost_sensitive import CostSensitiveCE
 from topklab.losses.individual.cross_entropy import CrossEntropy
 from topklab.losses.individual.hinge import Hinge
 from topklab.losses.individual.label_smoothed_ce import LabelSmoothedCrossEntropy
@@ -8,4 +9,4 @@ from topklab.losses.individual.smooth_topk_svm import SmoothTopKSVM
 from topklab.losses.individual.square import Square
 from topklab.losses.individual.topk_ce import TopKCrossEntropy
 
-__all__ = ["Absolute", "CrossEntropy", "Hinge", "LabelSmoothedCrossEntropy", "Logistic", "LogitAdjusted", "SmoothTopKSVM", "Square", "TopKCrossEntropy"]
+__all__ = ["Absolute", "CostSensitiveCE", "CrossEntropy", "Hinge", "LabelSmoothedCrossEntropy", "Logistic", "LogitAdjusted", "SmoothTopKSVM", "Square", "TopKCrossEntropy"]

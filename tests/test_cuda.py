@@ -1,0 +1,45 @@
+"""What only a GPU can check: the STk kernels on CUDA against the CPU reference, a PEL row's step
+with fp16 autocast and channels-last, and the device-resident image loader on CUDA. Marked ``gpu``:
+skipped where no CUDA device is visible."""
+import pytest
+import torch
+
+from test_pel_rows import TINY_VIT, cifar_root, data_overrides, listed_tree  # noqa: F401  (fixtures)
+from topklab.engine.run import train
+from topklab.losses import STk
+
+pytestmark = pytest.mark.gpu
+
+
+def test_stk_on_cuda_matches_the_cpu_in_float64():
+    losses = torch.rand(4097, dtype=torch.float64)
+    values, grads = [], []
+    for device in ("cpu", "cuda"):
+        aggregate = STk(k=0.9, delta=0.01).double().to(device)
+        x = losses.to(device).requires_grad_(True)
+        value = aggregate(x)
+        value.backward()
+        values.append(value.detach().cpu())
+        grads.append((x.grad.cpu(), aggregate.threshold.grad.cpu()))
+    assert torch.allclose(values[0], values[1], rtol=1e-10)
+    assert torch.allclose(grads[0][0], grads[1][0], rtol=1e-9) and torch.allclose(grads[0][1], grads[1][1], rtol=1e-9)
+
+
+@pytest.mark.parametrize("row", ["stk/table5/cifar100lt_stk", "stk/table5/places_lt_atk"])
+def test_a_pel_row_trains_on_cuda_with_fp16_autocast(compose_cfg, tmp_path, row, cifar_root, listed_tree):  # noqa: F811
+    cfg = compose_cfg(f"experiment={row}", *data_overrides(row, cifar_root, listed_tree), *TINY_VIT, "model.head_init=null",
+                      "engine.epochs=1", "engine.max_steps=2", "engine.batch_size=8", "engine.micro_batch_size=4",
+                      "engine.device=cuda", "engine.amp=fp16", "engine.channels_last=true", "engine.progress=false",
+                      "logger=none", "result_file=null")
+    summary = train(cfg, tmp_path / "run")
+    assert summary["device"].startswith("cuda") and summary["amp"] == "fp16" and summary["steps"] == 2
+    assert summary["cost"]["peak_memory_mb"] > 0 and 0 <= summary["metrics"]["test"]["top1"] <= 100
+
+
+def test_the_device_loader_on_cuda_gives_the_cpu_batches():
+    from topklab.data.vision import DeviceLoader
+
+    images = torch.randint(0, 256, (20, 3, 8, 8), dtype=torch.uint8)
+    batches = [[x.cpu() for x, _ in DeviceLoader(images, torch.arange(20), 8, [0.5] * 3, [0.25] * 3, train=True,
+                                                  device=device).batches(epoch=3)] for device in ("cpu", "cuda")]
+    assert all(torch.allclose(a, b) for a, b in zip(*batches))
