@@ -1,6 +1,8 @@
-"""Images per second of the two vision data paths on CIFAR-sized data, measured side by side.
+"""Images per second of the two vision data paths on CIFAR-sized data, measured side by side; with
+``--vit``, of the ViT-resolution pipeline (decoding and resizing to 224) instead.
 
     python scripts/bench_loader.py [--device cpu|cuda] [--images 50000] [--workers 0 2] [--out-dir results/bench]
+    python scripts/bench_loader.py --vit [--images 1024] [--workers 0 2]
 
 Both paths deliver the same thing to the training step: a shuffled, augmented (zero-padded random
 crop 32 / 4, horizontal flip), normalised float batch of 128 on ``--device``. ``device`` is
@@ -10,6 +12,12 @@ The images are random uint8 of CIFAR's shape (the timing does not depend on the 
 is needed). Each path runs one warm-up epoch, then ``--epochs`` timed epochs (CUDA: synchronised
 at the end of each). Writes ``loader_<device>.{json,md}``; the last line is
 ``ratio device/torchvision: N`` against the fastest torchvision setting.
+
+``--vit`` times what the PEL rows' loaders do per image, for each ``--workers`` count: JPEG files of
+Places365's small size (256 × 256, written to a temporary folder in the OLTR layout) decoded and put
+through RandomResizedCrop(224) + flip (training) or Resize(256) + CenterCrop(224) (evaluation), and
+CIFAR-sized in-memory images through the same training pipeline (``dataset=cifar100lt_224``). Writes
+``loader_vit_<device>.{json,md}``; the last line is the speed-up of the most workers over none.
 """
 from __future__ import annotations
 
@@ -38,6 +46,33 @@ def images_per_second(loader, epochs: int, device) -> float:
     return count / (time.perf_counter() - start)
 
 
+def where_and_kind(device, torch) -> tuple[str, str]:
+    """The machine's description for a table header and the file-name tag (cpu | cuda)."""
+    from topklab.utils.provenance import hardware
+
+    machine = hardware()
+    if device.type == "cuda":
+        return ", ".join(machine["gpus"]), "cuda"
+    return f"{machine.get('processor') or machine['machine']}, {machine['cpu_count']} cores, {torch.get_num_threads()} torch threads", "cpu"
+
+
+def write_outputs(out_dir: Path, name: str, payload: dict, args, lines: list[str]) -> None:
+    """``<name>.json`` (the result envelope, with provenance) and ``<name>.md`` under ``out_dir``."""
+    from topklab.report import make_result, write_result
+    from topklab.utils.io import atomic_write_text
+    from topklab.utils.provenance import collect
+
+    write_result(out_dir / f"{name}.json", make_result(
+        "bench", name, payload, command=command_line(),
+        config={"images": args.images, "batch_size": args.batch_size, "epochs": args.epochs}, provenance=collect(ROOT)))
+    atomic_write_text(out_dir / f"{name}.md", "\n".join(lines))
+    print(f"wrote {out_dir}/{name}.{{json,md}}")
+
+
+def command_line() -> str:
+    return " ".join(["python", "scripts/bench_loader.py", *sys.argv[1:]])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
@@ -47,15 +82,15 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--out-dir", default=str(ROOT / "results" / "bench"))
+    parser.add_argument("--vit", action="store_true", help="time the ViT-resolution pipeline instead")
     args = parser.parse_args()
+    if args.vit:
+        return vit_pipeline(args)
 
     import torch
 
     import topklab  # noqa: F401  (torchvision shim)
     from topklab.data.vision import DeviceLoader, TorchvisionLoader
-    from topklab.report import make_result, write_result
-    from topklab.utils.io import atomic_write_text
-    from topklab.utils.provenance import collect, hardware
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("error: --device cuda but no CUDA device is available here; use --device cpu", file=sys.stderr)
@@ -81,23 +116,68 @@ def main() -> None:
         print(f"torchvision loader, {workers} workers: {rows[-1]['images_per_s']:,.0f} images/s", flush=True)
     best = max(r["images_per_s"] for r in rows[1:])
     ratio = rows[0]["images_per_s"] / best
-    machine = hardware()
-    where = ", ".join(machine["gpus"]) if device.type == "cuda" else f"{machine.get('processor') or machine['machine']}, {machine['cpu_count']} cores, {torch.get_num_threads()} torch threads"
-    kind = "cuda" if device.type == "cuda" else "cpu"
-    command = " ".join(["python", "scripts/bench_loader.py", *sys.argv[1:]])
-    out_dir = Path(args.out_dir)
-    write_result(out_dir / f"loader_{kind}.json", make_result(
-        "bench", f"loader_{kind}", {"results": rows, "ratio": ratio}, command=command,
-        config={"images": args.images, "batch_size": args.batch_size, "epochs": args.epochs}, provenance=collect(ROOT)))
-    lines = [f"# Vision data paths: images/s ({kind}: {where})", "", f"Produced by: `{command}`.  ",
+    where, kind = where_and_kind(device, torch)
+    lines = [f"# Vision data paths: images/s ({kind}: {where})", "", f"Produced by: `{command_line()}`.  ",
              f"{args.images:,} CIFAR-sized uint8 images, batch {args.batch_size}, random crop 32/4 + flip + normalise, "
              f"delivered on `{device}`; {args.epochs} timed epoch(s) after one warm-up epoch.", "",
              "| path | workers | images/s |", "|---|---|---|"]
     lines += [f"| {r['path']} | {'-' if r['workers'] is None else r['workers']} | {r['images_per_s']:,.0f} |" for r in rows]
     lines += ["", f"Ratio device / fastest torchvision: **{ratio:.1f}×**", ""]
-    atomic_write_text(out_dir / f"loader_{kind}.md", "\n".join(lines))
-    print(f"wrote {out_dir}/loader_{kind}.{{json,md}}")
+    write_outputs(Path(args.out_dir), f"loader_{kind}", {"results": rows, "ratio": ratio}, args, lines)
     print(f"ratio device/torchvision: {ratio:.2f}")
+
+
+def vit_pipeline(args) -> None:
+    import tempfile
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    import topklab  # noqa: F401  (torchvision shim)
+    from topklab.data.vision.listed import ArrayImages, ImageFiles, SeededImageLoader, image_transforms
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.images < args.batch_size or any(w < 0 for w in args.workers):
+        print("error: need --images >= --batch-size and --workers >= 0", file=sys.stderr)
+        raise SystemExit(2)
+    device = torch.device(args.device)
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 365, args.images)
+    mean, std = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+    train, evaluate = image_transforms(True, 224, mean, std), image_transforms(False, 224, mean, std)
+    cifar = torch.from_numpy(rng.integers(0, 256, (args.images, 3, 32, 32), dtype=np.uint8))
+    rows = []
+    with tempfile.TemporaryDirectory() as root:
+        paths = []
+        for i in range(args.images):
+            relative = f"train/scene_{labels[i] % 20}/{i:06d}.jpg"
+            (Path(root) / relative).parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)).save(Path(root) / relative, quality=90)
+            paths.append(relative)
+        sources = [("JPEG 256×256, training crop", lambda: ImageFiles(Path(root), paths, labels, train, None), True),
+                   ("JPEG 256×256, evaluation crop", lambda: ImageFiles(Path(root), paths, labels, evaluate, None), False),
+                   ("CIFAR 32×32 in memory, training crop", lambda: ArrayImages(cifar, labels, train, None), True)]
+        for name, make, is_train in sources:
+            for workers in args.workers:
+                loader = SeededImageLoader(make(), args.batch_size, is_train, seed=0, num_workers=workers, device=device)
+                rows.append({"source": name, "workers": workers,
+                             "images_per_s": images_per_second(loader, args.epochs, device)})
+                print(f"{name}, {workers} workers: {rows[-1]['images_per_s']:,.0f} images/s", flush=True)
+    where, kind = where_and_kind(device, torch)
+    most, fewest = max(args.workers), min(args.workers)
+    speedup = {name: next(r["images_per_s"] for r in rows if r["source"] == name and r["workers"] == most)
+               / next(r["images_per_s"] for r in rows if r["source"] == name and r["workers"] == fewest)
+               for name, _, _ in sources}
+    lines = [f"# ViT-resolution data pipeline: images/s ({kind}: {where})", "", f"Produced by: `{command_line()}`.  ",
+             f"{args.images:,} images, batch {args.batch_size}, delivered as normalised 224 × 224 float batches on `{device}`; "
+             f"{args.epochs} timed epoch(s) after one warm-up epoch; bilinear resizes (PIL).", "",
+             "| source | workers | images/s |", "|---|---|---|"]
+    lines += [f"| {r['source']} | {r['workers']} | {r['images_per_s']:,.0f} |" for r in rows]
+    lines += ["", f"Speed-up of {most} workers over {fewest}: " + "; ".join(f"{k}: **{v:.2f}×**" for k, v in speedup.items()), ""]
+    write_outputs(Path(args.out_dir), f"loader_vit_{kind}", {"results": rows, "speedup": speedup}, args, lines)
+    print(f"speed-up {most} workers / {fewest}: " + ", ".join(f"{v:.2f}" for v in speedup.values()))
 
 
 if __name__ == "__main__":

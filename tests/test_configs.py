@@ -29,6 +29,9 @@ def test_compose_and_instantiate(compose_cfg, group, option):
     if cfg.model.get("pretrained"):
         offline = [f"{k}={v}" for k, v in OFFLINE_WEIGHTS.items()
                    if k != "model.head_init.pretrained" or "pretrained" in (cfg.model.head_init or {})]
+        if group == "experiment":  # the ViT-B/16 models are built once each as model=...; rows get a tiny one
+            offline += ["model.backbone=vit_tiny_patch16_224"] + (["model.head_init=null"] if "clip_model" in (cfg.model.head_init or {}) else [])
+            offline = [o for o in offline if not o.startswith("model.head_init.") or "clip_model" not in (cfg.model.head_init or {})]
         cfg = compose_cfg(f"{group}={option}", *offline)
     assert cfg[group] is not None if group not in ("recipe", "experiment") else cfg.recipe != "auto"
     dataset = build(cfg.dataset, "dataset")

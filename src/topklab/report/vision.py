@@ -8,7 +8,7 @@ from __future__ import annotations
 from topklab.report.stats import mean_std
 from topklab.utils.errors import TopklabError
 
-METRICS = ("top1", "top5", "many", "medium", "few", "ece")
+METRICS = ("top1", "top5", "many", "medium", "few", "ece")  # ECE: shown when the results have it
 METRIC_NAMES = {"top1": "top-1", "top5": "top-5", "many": "many", "medium": "medium", "few": "few", "ece": "ECE (%)"}
 
 
@@ -83,11 +83,12 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
         "(mean of their per-class accuracies).", "",
     ]
     has_paper = any(published.get(r) for r in present)
-    head = ["row", "seeds"] + [METRIC_NAMES[m] for m in METRICS] + (["paper top-1", "paper top-5"] if has_paper else [])
+    metrics = [m for m in METRICS if m != "ece" or any("ece" in r["result"]["summary"]["metrics"]["test"] for r in runs)]
+    head = ["row", "seeds"] + [METRIC_NAMES[m] for m in metrics] + (["paper top-1", "paper top-5"] if has_paper else [])
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in present:
         summaries = [r["result"]["summary"] for r in rows[row]]
-        cells = [labels[row], str(len(summaries))] + [cell(selected_test(s, m) for s in summaries) for m in METRICS]
+        cells = [labels[row], str(len(summaries))] + [cell(selected_test(s, m) for s in summaries) for m in metrics]
         if has_paper:
             values = published.get(row, {})
             cells += [f"{values[m]:.2f}" if m in values else "—" for m in ("top1", "top5")]

@@ -4,6 +4,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from topklab.losses.individual.base import class_count_tensor
+
 
 class CostSensitiveCE(nn.Module):
     """Per-sample class-weighted cross-entropy ``ℓ = w_y · (−log softmax(f(x))_y)`` with
@@ -29,13 +31,9 @@ class CostSensitiveCE(nn.Module):
 
     def __init__(self, class_counts: list[int] | None = None, power: float = 1.0):
         super().__init__()
-        if class_counts is None:
-            raise ValueError("CostSensitiveCE needs class_counts (the training class sizes); use it with an image dataset")
         if not power >= 0:
             raise ValueError(f"power={power} must be >= 0")
-        counts = torch.as_tensor(list(class_counts), dtype=torch.float64)
-        if (counts <= 0).any():
-            raise ValueError(f"every class needs at least one training example for its weight, got counts {counts.tolist()}")
+        counts = class_count_tensor("CostSensitiveCE", class_counts)
         weights = counts.pow(-power)
         self.power = power
         self.register_buffer("class_weight", (weights / weights.mean()).float())

@@ -4,6 +4,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from topklab.losses.individual.base import class_count_tensor
+
 
 class LogitAdjusted(nn.Module):
     """Per-sample logit-adjusted cross-entropy ``ℓ = −log softmax(f(x) + τ·log π)_y`` (Menon et al.
@@ -23,13 +25,9 @@ class LogitAdjusted(nn.Module):
 
     def __init__(self, class_counts: list[int] | None = None, tau: float = 1.0):
         super().__init__()
-        if class_counts is None:
-            raise ValueError("LogitAdjusted needs class_counts (the training class sizes); use it with an image dataset")
         if not tau >= 0:
             raise ValueError(f"tau={tau} must be >= 0")
-        counts = torch.as_tensor(list(class_counts), dtype=torch.float64)
-        if (counts <= 0).any():
-            raise ValueError(f"every class needs at least one training example for the prior, got counts {counts.tolist()}")
+        counts = class_count_tensor("LogitAdjusted", class_counts)
         self.tau = tau
         self.register_buffer("log_prior", (counts / counts.sum()).log().float())
 
