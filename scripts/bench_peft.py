@@ -16,7 +16,8 @@ step), and the forward+backward FLOPs per image counted by ``torch.utils.flop_co
 The GPU-hours per table are an **estimate**: images each row's runs process (train + evaluation, from
 the dataset sizes and the rows' recipes) × FLOPs per image ÷ a sustained rate, which is the measured
 one on CUDA, else ``--assumed-tflops`` (default 100: about a third of an A100's fp16 peak).
-Writes ``peft_<tag>.{json,md}`` (tag: the device, or ``--tag``).
+Writes ``peft_<tag>.{json,md}`` (tag: the device, or ``--tag``); the JSON is a result envelope with the
+command, the arguments and the provenance (git SHA and dirty flag, packages, hardware).
 """
 from __future__ import annotations
 
@@ -194,10 +195,14 @@ def main(argv=None) -> int:
            "rows": list(rows.values()), "sustained_tflops": sustained, "estimates": estimates,
            "estimate_basis": "measured training throughput" if measured else f"assumed {args.assumed_tflops:g} TFLOP/s sustained"}
     tag = args.tag or ("cuda" if measured else "cpu")
+    from topklab.report import make_result, write_result
+    from topklab.utils.io import atomic_write_text
+    from topklab.utils.provenance import collect
+
     out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"peft_{tag}.json").write_text(json.dumps(out, indent=1) + "\n")
-    (out_dir / f"peft_{tag}.md").write_text(render(out))
+    write_result(out_dir / f"peft_{tag}.json", make_result("bench", f"peft_{tag}", out, command=out["command"],
+                                                          config=vars(args), provenance=collect(ROOT)))
+    atomic_write_text(out_dir / f"peft_{tag}.md", render(out))
     print(f"wrote {out_dir / f'peft_{tag}.md'}")
     return 0
 

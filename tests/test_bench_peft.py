@@ -15,7 +15,9 @@ def test_the_benchmark_measures_each_branch_and_writes_its_table(tmp_path):
 
     code = bench_peft.main(["--backbone", "vit_tiny_patch16_224", "--img-size", "32", "--batch", "4", "--steps", "1",
                             "--tuners", "adaptformer", "linear_probe", "--out-dir", str(tmp_path)])
-    out = json.loads((tmp_path / "peft_cpu.json").read_text())
+    envelope = json.loads((tmp_path / "peft_cpu.json").read_text())
+    out = envelope["result"]
+    assert envelope["provenance"]["git"]["sha"] and envelope["config"]["batch"] == 4
     assert code == 0 and [r["tuner"] for r in out["rows"]] == ["adaptformer", "linear_probe"]
     probe = PeftViT(100, backbone="vit_tiny_patch16_224", tuner=LinearProbe(), img_size=32)
     assert out["rows"][1]["trainable"] == probe.trainable_parameters < out["rows"][0]["trainable"]
