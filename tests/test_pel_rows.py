@@ -63,7 +63,13 @@ def test_the_rows_compose_to_the_papers_recipes(compose_cfg):
     assert compose_cfg("experiment=stk/table7/cifar100lt_clip_pel_stk").result_file == cifar.result_file.replace("average", "stk")
 
 
-@pytest.mark.parametrize("row", ROWS)
+def test_table7_clip_pel_rows_are_table5_runs(compose_cfg):
+    for dataset in ("cifar100lt", "imagenet_lt"):
+        for row, source in (("clip_pel", "average"), ("clip_pel_stk", "stk")):
+            assert compose_cfg(f"experiment=stk/table7/{dataset}_{row}") == compose_cfg(f"experiment=stk/table5/{dataset}_{source}")
+
+
+@pytest.mark.parametrize("row", [r for r in ROWS if "clip_pel" not in r])  # the clip_pel rows are Table 5's (above)
 def test_row_smoke_runs_a_step_offline(compose_cfg, tmp_path, row, cifar_root, listed_tree):
     cfg = compose_cfg(f"experiment={row}", *data_overrides(row, cifar_root, listed_tree), *TINY_VIT,
                       *(["model.head_init=null"] if "clip" in row or "imagenet_lt_" in row or "places_lt_" in row else []),
