@@ -155,7 +155,7 @@ reproduce-vision-table8: setup
 # PEL's ViT-B/16 per branch: images/s, peak memory, trainable parameters, the loss's share of the step, and
 # the vision tables' GPU-hours (an estimate): results/bench/peft_<device>.{json,md}. BENCH_DEVICE=cuda on a GPU
 # (fp16 autocast, channels-last, PEFT_BATCH=128).
-PEFT_BATCH ?= 4
+PEFT_BATCH ?= $(if $(filter cuda,$(BENCH_DEVICE)),128,4)
 bench-peft: setup
 	$(PY) scripts/bench_peft.py --device $(BENCH_DEVICE) --batch $(PEFT_BATCH) $(if $(filter cuda,$(BENCH_DEVICE)),--amp fp16 --channels-last)
 

@@ -14,7 +14,8 @@ class CostSensitiveCE(nn.Module):
 
     The STk paper does not define its CS loss; PEL/LIFT, whose code its vision runs build on, has
     none by that name, and its inverse-frequency re-weighting (``GRW``: w_c ∝ (n_c / N)^(−1), mean 1)
-    is the textbook cost-sensitive loss, so ``power = 1`` is that.
+    is the textbook cost-sensitive loss, so ``power = 1`` takes its weights (per sample: an aggregate
+    divides by the batch size, where GRW's weighted mean divides by the batch's weight sum).
 
     Parameters
     ----------
