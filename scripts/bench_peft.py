@@ -201,7 +201,8 @@ def main(argv=None) -> int:
 
     out_dir = Path(args.out_dir)
     write_result(out_dir / f"peft_{tag}.json", make_result("bench", f"peft_{tag}", out, command=out["command"],
-                                                          config=vars(args), provenance=collect(ROOT)))
+                                                          config={k: v for k, v in vars(args).items() if k not in ("out_dir", "tuner")},  # no machine paths
+                                                          provenance=collect(ROOT)))
     atomic_write_text(out_dir / f"peft_{tag}.md", render(out))
     print(f"wrote {out_dir / f'peft_{tag}.md'}")
     return 0
