@@ -233,7 +233,8 @@ class Engine:
             for i, metric in enumerate(select):
                 improved, out_of_patience = trackers[metric].update(state["step"], torch.tensor([signs[metric] * val[metric]], dtype=torch.float64))
                 if bool(improved):
-                    best_state = best_state or snapshot()
+                    # report_state=last replaces the best states at the end: no copy of the weights per improvement
+                    best_state = best_state or (snapshot() if self.report_state == "best" else None)
                     state["best"][metric] = {"value": val[metric], "epoch": epoch, "step": state["step"], "val": val,
                                              "state": best_state}
                 stop = stop or (i == 0 and bool(out_of_patience))
