@@ -1,11 +1,13 @@
 """Every option of every config group composes and instantiates (lightning-hydra-template style),
 and recipe=auto gives each kind of dataset sensible groups that the command line can override."""
 import pytest
+import torch
 from hydra.utils import instantiate
 
 from conftest import CONFIG_DIR
 from topklab.cli import config_groups
 from topklab.engine.build import build, build_for_data
+from topklab.utils.errors import TopklabError
 
 FAKE_DATA = {"in_features": 3, "in_channels": 3, "num_classes": 10, "class_counts": [50, 30, 20, 10, 8, 6, 5, 4, 3, 2],
              "shot_counts": [50, 30, 20, 10, 8, 6, 5, 4, 3, 2], "target": "binary", "vocab_size": 40, "pad_id": 0, "vocab": None,
@@ -16,7 +18,10 @@ OFFLINE_WEIGHTS = {"model.pretrained": "false", "model.img_size": "32", "model.h
 # the vision rows of STk Tables 5, 7, 8 are composed, built and run one step each in tests/test_pel_rows.py
 GROUP_OPTIONS = [(group, option) for group, options in config_groups(CONFIG_DIR).items() for option in options
                  if not option.rsplit("/", 1)[-1].startswith("_")
-                 and not (group == "experiment" and option.startswith(("stk/table5/", "stk/table7/", "stk/table8/")))]
+                 and not (group == "experiment" and option.startswith(("stk/table5/", "stk/table7/", "stk/table8/")))
+                 and group != "operator"]
+# operators are placed inside a loss (operator@individual.operator=<name>): test_every_operator_composes
+OPERATORS = sorted(path.stem for path in (CONFIG_DIR / "operator").glob("*.yaml"))
 
 
 def test_there_is_something_to_compose():
@@ -44,6 +49,22 @@ def test_compose_and_instantiate(compose_cfg, group, option):
     optimizer_factory = instantiate(cfg.optim)
     assert callable(optimizer_factory)
     assert dataset.task in ("binary", "regression", "multiclass", "translation")
+
+
+@pytest.mark.parametrize("option", OPERATORS)
+def test_every_operator_composes_into_the_topk_ce_and_runs(compose_cfg, option):
+    cfg = compose_cfg("dataset=fmnistlt", "individual=topk_ce", f"operator@individual.operator={option}")
+    operator = build(cfg.individual.operator, "operator")
+    scores, targets = torch.randn(4, 10), torch.tensor([0, 3, 9, 2])
+    soft = operator.soft_topk(scores, 3)
+    assert soft.shape == (4, 10) and torch.isfinite(soft).all() and (soft >= -1e-6).all()   # NeuralSort may exceed 1
+    if operator.gives_permutation:
+        assert operator.permutation(scores, 3).shape == (4, 10, 3)
+        loss = build_for_data(cfg.individual, "individual", FAKE_DATA)
+        assert loss(scores, targets).shape == (4,)
+    else:
+        with pytest.raises(TopklabError, match="needs an operator that gives a top-k permutation"):
+            build_for_data(cfg.individual, "individual", FAKE_DATA)
 
 
 @pytest.mark.parametrize("dataset,recipe,model,individual,engine_select", [

@@ -154,7 +154,8 @@ def test_experiment_row_composes_and_smoke_runs(compose_cfg, tmp_path, row, fmni
 
 @pytest.mark.parametrize("overrides,message", [
     (["individual=topk_ce", "individual.p_k=[0.5,0.4]"], "sums to 0.9"),
-    (["individual=topk_ce", "individual.method=quicksort"], "choose one of"),
+    (["individual=topk_ce", "operator@individual.operator=quicksort"], "operator"),
+    (["individual=topk_ce", "individual.operator.network=quicksort"], "choose one of"),
     (["model=mlp"], "does not fit this dataset"),
     (["dataset.imbalance_ratio=1000"], "without images"),
     (["loss=atk", "loss.k=16"], "smallest batch=15"),

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from topklab.losses import CostSensitiveCE, LogitAdjusted, SmoothTopKSVM, TopKCrossEntropy
 from topklab.models import resnet18_cifar, resnet32
-from topklab.operators import SinkhornSort
+from topklab.operators import DiffSortNet, DifftopkNetwork, NeuralSort, SinkhornSort, SoftSort
 from topklab.tasks.classification_metrics import classification_metrics, shot_groups
 from topklab.engine.schedules import LRFactor
 
@@ -49,6 +49,12 @@ def test_cost_sensitive_ce_weights_each_sample_by_its_inverse_class_frequency():
         CostSensitiveCE(counts, power=-1.0)
 
 
+OPERATORS = {
+    "neuralsort": lambda dist: NeuralSort(tau=0.5),
+    "softsort": lambda dist: SoftSort(tau=0.5),
+    "odd_even": lambda dist: DiffSortNet("odd_even", 2.0, dist, 0.5),
+    "bitonic__non_sparse": lambda dist: DiffSortNet("bitonic", 2.0, dist, 0.5),
+}
 DENSE = [("neuralsort", "cauchy"), ("softsort", "cauchy"), ("odd_even", "logistic_phi"), ("bitonic__non_sparse", "logistic")]
 
 
@@ -59,42 +65,42 @@ def test_topk_ce_batch_mean_equals_difftopk(method, distribution, top1_mode, m):
     torch.manual_seed(0)
     logits, labels = torch.randn(16, 12) * 2, torch.randint(0, 12, (16,))
     p_k = [0.25, 0, 0.25, 0, 0.5]
-    ours = TopKCrossEntropy(p_k, method, 2.0, distribution, 0.5, m, top1_mode, num_classes=12)(logits, labels)
+    ours = TopKCrossEntropy(p_k, OPERATORS[method](distribution), m, top1_mode, num_classes=12)(logits, labels)
     reference = difftopk.TopKCrossEntropyLoss(method, 2.0, p_k, 12, m, distribution, 0.5, "cpu", top1_mode)(logits, labels)
     assert ours.shape == (16,)
-    assert ours.mean().item() == pytest.approx(reference.item(), abs=1e-5)
+    assert ours.mean().item() == pytest.approx(reference.item(), rel=1e-5, abs=1e-5)   # float32 sums in another order
 
 
 def slow_topk_probability(P_topk: torch.Tensor, label: int, k: int) -> torch.Tensor:
-    """P(true class among the top k) from a (n, K) attribution matrix, rank by rank."""
-    K = P_topk.shape[1]
-    return sum(P_topk[label, K - 1 - r] for r in range(k))
+    """P(true class among the top k) from a (n, K) top-k permutation (column 0 = top-1), rank by rank."""
+    return sum(P_topk[label, r] for r in range(k))
 
 
 def test_topk_ce_sort_mode_matches_the_slow_formula_for_sinkhorn():
     torch.manual_seed(1)
     logits, labels = torch.randn(4, 6, dtype=torch.float64), torch.tensor([0, 5, 2, 3])
     p_k = [0.2, 0.3, 0.5]
-    loss = TopKCrossEntropy(p_k, "sinkhorn", 5.0, top1_mode="sort", num_classes=6)
-    P = SinkhornSort(5.0, 50)(logits)[:, :, -3:]
+    loss = TopKCrossEntropy(p_k, SinkhornSort(5.0, 50), top1_mode="sort", num_classes=6)
+    ascending = SinkhornSort(5.0, 50).sort(logits)
     for i in range(4):
-        p = sum(p_k[k - 1] * slow_topk_probability(P[i], int(labels[i]), k) for k in (1, 2, 3))
+        P = torch.stack([ascending[i, :, 5 - r] for r in range(3)], dim=1)   # top ranks, best first
+        p = sum(p_k[k - 1] * slow_topk_probability(P, int(labels[i]), k) for k in (1, 2, 3))
         assert loss(logits, labels)[i].item() == pytest.approx(-math.log(p * (1 - 2e-7) + 1e-7), rel=1e-9)
 
 
 def test_topk_ce_with_p_k_one_is_softmax_cross_entropy():
     logits, labels = torch.randn(5, 7), torch.randint(0, 7, (5,))
-    loss = TopKCrossEntropy([1.0], "neuralsort", 1.0, top1_mode="sm", num_classes=7)
+    loss = TopKCrossEntropy([1.0], NeuralSort(1.0), top1_mode="sm", num_classes=7)
     assert torch.allclose(loss(logits, labels), F.cross_entropy(logits, labels, reduction="none"), atol=1e-5)
 
 
 @pytest.mark.parametrize("top1_mode", ["sm", "smce", "sort"])
-def test_topk_ce_gradcheck_float64(top1_mode):
-    # difftopk's operators are float32-only, so the float64 check runs through our SinkhornSort
+@pytest.mark.parametrize("operator", [SinkhornSort(2.0, 20), DiffSortNet("odd_even", 2.0, "cauchy")])
+def test_topk_ce_gradcheck_float64(top1_mode, operator):
     torch.manual_seed(2)
     logits = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
     labels = torch.tensor([0, 2, 4])
-    loss = TopKCrossEntropy([0.5, 0.5], "sinkhorn", 2.0, num_classes=5, top1_mode=top1_mode, sinkhorn_iterations=20)
+    loss = TopKCrossEntropy([0.5, 0.5], operator, num_classes=5, top1_mode=top1_mode)
     assert torch.autograd.gradcheck(lambda z: loss(z, labels), (logits,))
 
 
@@ -103,28 +109,28 @@ def test_topk_ce_gradcheck_float64(top1_mode):
 ])
 def test_topk_ce_rejects_bad_p_k(p_k, match):
     with pytest.raises(ValueError, match=match):
-        TopKCrossEntropy(p_k, num_classes=10)
+        TopKCrossEntropy(p_k, NeuralSort(), num_classes=10)
 
 
 def test_topk_ce_rejects_bad_settings_with_the_fix():
-    with pytest.raises(ValueError, match="choose one of"):
-        TopKCrossEntropy([1.0], method="quicksort", num_classes=4)
+    with pytest.raises(ValueError, match="gives a top-k permutation"):
+        TopKCrossEntropy([1.0], torch.nn.Identity(), num_classes=4)
     with pytest.raises(ValueError, match="K=2 < m < classes=4"):
-        TopKCrossEntropy([0.5, 0.5], m=4, num_classes=4)
-    with pytest.raises(ValueError, match="larger = sharper"):
-        TopKCrossEntropy([1.0], inverse_temperature=0.0, num_classes=4)
+        TopKCrossEntropy([0.5, 0.5], NeuralSort(), m=4, num_classes=4)
+    with pytest.raises(ValueError, match="smaller is sharper"):
+        NeuralSort(tau=0.0)
 
 
 @pytest.mark.skipif(difftopk.functional.SPARSE_INSTALLED, reason="torch-sparse is installed")
-@pytest.mark.parametrize("method", ["bitonic", "splitter_selection"])
-def test_sparse_networks_without_torch_sparse_say_how_to_get_it(method):
+@pytest.mark.parametrize("network", ["bitonic", "splitter_selection"])
+def test_difftopk_sparse_networks_without_torch_sparse_say_how_to_get_it(network):
     with pytest.raises(ValueError, match="torch-sparse.*make sparse"):
-        TopKCrossEntropy([0.5, 0.5], method=method, num_classes=8)
+        DifftopkNetwork(network, sparse=True)
 
 
 def test_sinkhorn_sort_is_doubly_stochastic():
     torch.manual_seed(3)
-    P = SinkhornSort(inverse_temperature=20.0, iterations=200)(torch.randn(4, 9, dtype=torch.float64))
+    P = SinkhornSort(inverse_temperature=20.0, iterations=200).sort(torch.randn(4, 9, dtype=torch.float64))
     assert (P >= 0).all()
     assert torch.allclose(P.sum(dim=1), torch.ones(4, 9, dtype=torch.float64), atol=1e-6)
     assert torch.allclose(P.sum(dim=2), torch.ones(4, 9, dtype=torch.float64), atol=1e-6)
@@ -134,13 +140,13 @@ def test_sinkhorn_sort_tends_to_the_hard_sort_as_the_temperature_falls():
     generator = torch.Generator().manual_seed(4)
     scores = torch.stack([torch.randperm(7, generator=generator) for _ in range(6)]).double()
     hard = F.one_hot(scores.argsort(dim=1), 7).transpose(1, 2).double()  # hard[b, i, r] = 1 if item i at rank r
-    errors = [(SinkhornSort(beta, 3000)(scores) - hard).abs().max().item() for beta in (10.0, 1e3, 1e5)]
+    errors = [(SinkhornSort(beta, 3000).sort(scores) - hard).abs().max().item() for beta in (10.0, 1e3, 1e5)]
     assert errors[0] > errors[1] > errors[2] and errors[2] < 1e-3
 
 
 def test_sinkhorn_sort_gradcheck():
     scores = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda s: SinkhornSort(3.0, 20)(s), (scores,))
+    assert torch.autograd.gradcheck(lambda s: SinkhornSort(3.0, 20).sort(s), (scores,))
 
 
 @pytest.mark.parametrize("tau", [1.0, 0.05])

@@ -6,11 +6,13 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
+
+from topklab.operators.base import TopKOperator, check_scores
 
 
-class SinkhornSort(nn.Module):
-    """Soft ascending sort: ``P[b, i, r]`` = how much of item i sits at rank r (r = 0 is the smallest).
+class SinkhornSort(TopKOperator):
+    """Soft sort by optimal transport: :meth:`sort` gives ``P[b, i, r]`` = how much of item i sits at
+    ascending rank r (r = 0 is the smallest); :meth:`permutation` takes its k top ranks.
 
     The scores of each row are squashed to (0, 1) by a logistic of their standardised values, then
     transported onto n evenly spaced anchors ``(r + 1/2)/n`` with squared-distance cost and uniform
@@ -26,7 +28,7 @@ class SinkhornSort(nn.Module):
 
     Examples
     --------
-    >>> P = SinkhornSort(inverse_temperature=1e4, iterations=200)(torch.tensor([[0.3, -1.0, 2.0]]))
+    >>> P = SinkhornSort(inverse_temperature=1e4, iterations=200).sort(torch.tensor([[0.3, -1.0, 2.0]]))
     >>> P.argmax(dim=1)   # the item at each ascending rank
     tensor([[1, 0, 2]])
 
@@ -45,9 +47,19 @@ class SinkhornSort(nn.Module):
         self.inverse_temperature = float(inverse_temperature)
         self.iterations = iterations
 
-    def forward(self, scores: torch.Tensor) -> torch.Tensor:
-        if scores.dim() != 2:
-            raise ValueError(f"SinkhornSort takes scores of shape (batch, n), got {tuple(scores.shape)}")
+    gives_permutation = True
+    sums_to_k = True
+
+    def extra_repr(self) -> str:
+        return f"inverse_temperature={self.inverse_temperature}, iterations={self.iterations}"
+
+    def permutation(self, scores: torch.Tensor, k: int) -> torch.Tensor:
+        check_scores(scores, k, "SinkhornSort")
+        return self.sort(scores)[:, :, -k:].flip(-1)
+
+    def sort(self, scores: torch.Tensor) -> torch.Tensor:
+        """The full soft ascending sort, (batch, n, n)."""
+        check_scores(scores, 1, "SinkhornSort")
         n = scores.shape[1]
         centred = scores - scores.mean(dim=1, keepdim=True)
         spread = centred.square().mean(dim=1, keepdim=True).add(1e-12).sqrt()

@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from topklab.losses.individual.topk_ce import difftopk_module
+from topklab.operators.difftopk_network import difftopk_module
 
 
 class SmoothTopKSVM(nn.Module):
