@@ -58,6 +58,8 @@ def test_every_operator_composes_into_the_topk_ce_and_runs(compose_cfg, option):
     scores, targets = torch.randn(4, 10), torch.tensor([0, 3, 9, 2])
     soft = operator.soft_topk(scores, 3)
     assert soft.shape == (4, 10) and torch.isfinite(soft).all() and (soft >= -1e-6).all()   # NeuralSort may exceed 1
+    if operator.sums_to_k:
+        assert torch.allclose(soft.sum(1), torch.full((4,), 3.0), atol=1e-4)
     if operator.gives_permutation:
         assert operator.permutation(scores, 3).shape == (4, 10, 3)
         loss = build_for_data(cfg.individual, "individual", FAKE_DATA)

@@ -43,3 +43,19 @@ def test_the_device_loader_on_cuda_gives_the_cpu_batches():
     batches = [[x.cpu() for x, _ in DeviceLoader(images, torch.arange(20), 8, [0.5] * 3, [0.25] * 3, train=True,
                                                   device=device).batches(epoch=3)] for device in ("cpu", "cuda")]
     assert all(torch.allclose(a, b) for a, b in zip(*batches))
+
+
+@pytest.mark.parametrize("network", ["odd_even", "bitonic", "splitter_selection"])
+def test_diffsortnet_on_cuda_matches_the_cpu_in_float64(network):
+    from topklab.operators import DiffSortNet
+
+    scores = torch.randn(8, 37, dtype=torch.float64)
+    weights = torch.randn(8, 37, 5, dtype=torch.float64)
+    results = []
+    for device in ("cpu", "cuda"):
+        x = scores.to(device).requires_grad_(True)
+        P = DiffSortNet(network, 0.5, "logistic_phi", 0.5).permutation(x, 5)
+        (P * weights.to(device)).sum().backward()
+        results.append((P.detach().cpu(), x.grad.cpu()))
+    assert torch.allclose(results[0][0], results[1][0], atol=1e-12)
+    assert torch.allclose(results[0][1], results[1][1], atol=1e-10)

@@ -7,15 +7,17 @@
 torch.Size([])
 """
 from topklab.losses.aggregate import (
-    ATk, Aggregate, Average, MATk, Maximum, STk, ThresholdedTopK, aggregate_class, aggregate_names, build_aggregate,
+    ATk, Aggregate, Average, MATk, Maximum, SoftATk, STk, ThresholdedTopK, aggregate_class, aggregate_names, build_aggregate,
 )
 from topklab.losses.individual import (
-    Absolute, CostSensitiveCE, CrossEntropy, Hinge, LabelSmoothedCrossEntropy, Logistic, LogitAdjusted, SmoothTopKSVM, Square, TopKCrossEntropy,
+    Absolute, CostSensitiveCE, CrossEntropy, Hinge, ImbalancedNoisedTopKHinge, LabelSmoothedCrossEntropy, Logistic, LogitAdjusted,
+    NoisedTopKHinge, SmoothTopKSVM, Square, TopKCrossEntropy,
 )
 from topklab.losses.smoothing import srelu
 
 __all__ = [
-    "ATk", "Absolute", "Aggregate", "Average", "CostSensitiveCE", "CrossEntropy", "Hinge", "LabelSmoothedCrossEntropy", "Logistic", "LogitAdjusted", "MATk", "Maximum",
-    "STk", "SmoothTopKSVM", "Square", "ThresholdedTopK", "TopKCrossEntropy", "aggregate_class",
+    "ATk", "Absolute", "Aggregate", "Average", "CostSensitiveCE", "CrossEntropy", "Hinge", "ImbalancedNoisedTopKHinge", "LabelSmoothedCrossEntropy",
+    "Logistic", "LogitAdjusted", "MATk", "Maximum", "NoisedTopKHinge",
+    "STk", "SmoothTopKSVM", "SoftATk", "Square", "ThresholdedTopK", "TopKCrossEntropy", "aggregate_class",
     "aggregate_names", "build_aggregate", "srelu",
 ]

@@ -9,81 +9,105 @@ from topklab.operators.networks import NETWORKS, LayerPlan, plan
 from topklab.operators.relaxations import RELAXATIONS, check_distribution
 
 
+class Workspace:
+    """Buffers for one (network, n, k, batch, dtype, device) and their per-layer views, built once,
+    so that the loops of :class:`NetworkTopK` only launch arithmetic. Values are wire-major (n,
+    batch), columns (n, k, batch); strided layers get views of both wires, gathered layers none.
+    What a backward needs is copied out of the buffers, so calls may interleave."""
+
+    def __init__(self, plans: list[LayerPlan], n: int, k: int, batch: int, dtype, device):
+        self.plans = plans
+        depth, widest = len(plans), max((layer.size for layer in plans), default=0)
+        new = dict(dtype=dtype, device=device)
+        self.values, self.grad_values = torch.empty(n, batch, **new), torch.empty(n, batch, **new)
+        self.columns, self.grad = torch.empty(n, k, batch, **new), torch.empty(n, k, batch, **new)
+        self.signed, self.weights = torch.zeros(depth, widest, batch, **new), torch.zeros(depth, widest, batch, **new)
+        self.grad_weights = torch.zeros(depth, widest, batch, **new)
+        self.keep, self.through = torch.zeros_like(self.signed), torch.zeros_like(self.signed)
+        self.sides = torch.ones(depth, widest, 1, **new)
+        for depth_index, layer in enumerate(plans):
+            self.sides[depth_index, :layer.size] = layer.side
+
+        def strided(state, first=lambda layer: 0):
+            return [layer.pairs(state, first(layer)) if layer.strided else None for layer in plans]
+
+        def per_layer(buffer, first=lambda layer: 0, inner=0):
+            return [layer.shaped(buffer[i, first(layer):layer.size], inner) for i, layer in enumerate(plans)]
+
+        window = lambda layer: layer.first  # noqa: E731
+        self.value_pairs, self.grad_value_pairs = strided(self.values), strided(self.grad_values)
+        self.column_pairs, self.grad_pairs = strided(self.columns, window), strided(self.grad, window)
+        self.signed_at, self.weight_at = per_layer(self.signed), per_layer(self.weights)
+        self.column_weight_at = per_layer(self.weights, window, inner=1)
+        self.grad_weight_at = per_layer(self.grad_weights, window)
+        self.keep_at, self.through_at = per_layer(self.keep), per_layer(self.through)
+        self.side_at = per_layer(self.sides)
+        self.ranks = torch.arange(k, device=device)
+
+
 class NetworkTopK(torch.autograd.Function):
     """The top-k columns of a soft sorting network's permutation, with a hand-written backward.
 
-    Wire-major layout: the values are (n, batch), the columns (n, k, batch). A comparator with
-    side σ computes v = σ·(lower − upper) and w = F(v), then moves w·(lower − upper) from the
-    lower wire to the upper one; the columns go back through the layers with the same weights
-    (Petersen et al. 2021, Eq. 2–3). The forward keeps v, w and the column gaps of each layer's
-    window; the backward runs the column recursion forwards, then the value recursion backwards.
+    A comparator with side σ computes v = σ·(lower − upper) and w = F(v), then moves
+    w·(lower − upper) from the lower wire to the upper one; the columns go back through the
+    layers with the same weights (Petersen et al. 2021, Eq. 2–3). The forward keeps v, w and the
+    column gaps of each layer's window; the backward runs the column recursion forwards, then the
+    value recursion backwards.
     """
 
     @staticmethod
-    def forward(ctx, scores, plans, k, relaxation, steepness, art_lambda):
-        x = scores.t().contiguous()
-        n, batch = x.shape
-        widest = max((layer.size for layer in plans), default=0)
-        signed = x.new_zeros(len(plans), widest, batch)
-        weights = torch.zeros_like(signed)
-        for layer, v, w in zip(plans, signed, weights):
-            lower, upper = layer.pairs(x)
-            v, w = v[:layer.size], w[:layer.size]
-            torch.sub(lower, upper, out=layer.shaped(v))
+    def forward(ctx, scores, workspace, relaxation, steepness, art_lambda):
+        ws = workspace
+        x = ws.values
+        x.copy_(scores.t())
+        for layer, pair, v, w, side in zip(ws.plans, ws.value_pairs, ws.signed_at, ws.weight_at, ws.side_at):
+            lower, upper = pair or layer.pairs(x)
+            torch.sub(lower, upper, out=v)
             gap = v if layer.ascending else v.clone()
             if not layer.ascending:
-                v.mul_(layer.side)
-            w.copy_(relaxation.weight(v, steepness, art_lambda))
-            layer.mix(x, lower, upper, layer.shaped(w), layer.shaped(gap))
-        columns = x.new_zeros(n, k, batch)
-        ranks = torch.arange(k, device=x.device)
-        columns[n - 1 - ranks, ranks] = 1.0
-        gaps = [None] * len(plans)
-        for depth in range(len(plans) - 1, -1, -1):
-            layer = plans[depth]
-            lower, upper = layer.pairs(columns, layer.first)
+                v.mul_(side)
+            relaxation.weight(v, steepness, art_lambda, w)
+            layer.mix(x, lower, upper, w, gap)
+        columns = ws.columns
+        n = columns.shape[0]
+        columns.zero_()
+        columns[n - 1 - ws.ranks, ws.ranks] = 1.0
+        gaps = [None] * len(ws.plans)
+        for depth in range(len(ws.plans) - 1, -1, -1):
+            layer = ws.plans[depth]
+            lower, upper = ws.column_pairs[depth] or layer.pairs(columns, layer.first)
             gaps[depth] = lower - upper
-            layer.mix(columns, lower, upper, layer.shaped(weights[depth, layer.first:layer.size], inner=1),
-                      gaps[depth], layer.first)
-        ctx.save_for_backward(signed, weights, *gaps)
-        ctx.plans, ctx.relaxation, ctx.steepness, ctx.art_lambda = plans, relaxation, steepness, art_lambda
-        return columns.permute(2, 0, 1)
+            layer.mix(columns, lower, upper, ws.column_weight_at[depth], gaps[depth], layer.first)
+        ctx.save_for_backward(ws.signed.clone(), ws.weights.clone(), *gaps)
+        ctx.workspace, ctx.relaxation, ctx.steepness, ctx.art_lambda = ws, relaxation, steepness, art_lambda
+        return columns.permute(2, 0, 1).clone(memory_format=torch.contiguous_format)
 
     @staticmethod
     def backward(ctx, grad_output):
-        plans = ctx.plans
+        ws = ctx.workspace
         signed, weights, *gaps = ctx.saved_tensors
-        grad = torch.empty(grad_output.shape[1:] + grad_output.shape[:1], dtype=grad_output.dtype,
-                           device=grad_output.device)
+        ws.weights.copy_(weights)
+        grad = ws.grad
         grad.copy_(grad_output.permute(1, 2, 0))
-        batch = grad.shape[-1]
-        grad_weights = torch.zeros_like(weights)
-        for layer, weight, grad_weight, gap in zip(plans, weights, grad_weights, gaps):
-            lower, upper = layer.pairs(grad, layer.first)
+        for depth, layer in enumerate(ws.plans):
+            lower, upper = ws.grad_pairs[depth] or layer.pairs(grad, layer.first)
             grad_gap = lower - upper
-            torch.sum(grad_gap * gap, dim=-2, out=layer.shaped(grad_weight[layer.first:layer.size]))
-            layer.mix(grad, lower, upper, layer.shaped(weight[layer.first:layer.size], inner=1), grad_gap, layer.first)
-        grad_weights.neg_()
+            torch.sum(grad_gap * gaps[depth], dim=-2, out=ws.grad_weight_at[depth])
+            layer.mix(grad, lower, upper, ws.column_weight_at[depth], grad_gap, layer.first)
         slopes = ctx.relaxation.slope(signed, weights, ctx.steepness, ctx.art_lambda)
         # With v = σ·(lower − upper) and w = F(v), the value gradients of a comparator change by
-        # t on the lower wire and −t on the upper one, t = (g_up − g_low)·(w + v·F') + σ·F'·∂L/∂w.
-        through_weights = grad_weights.mul_(slopes)
-        keep = torch.addcmul(weights, signed, slopes)
-        grad_x = weights.new_zeros(grad.shape[0], batch)
-        for depth in range(len(plans) - 1, -1, -1):
-            layer = plans[depth]
-            lower, upper = layer.pairs(grad_x)
-            through = through_weights[depth, :layer.size]
-            if not layer.ascending:
-                through = through * layer.side
-            carried = torch.addcmul(layer.shaped(through), upper - lower, layer.shaped(keep[depth, :layer.size]))
-            if layer.strided:
-                lower.add_(carried)
-                upper.sub_(carried)
-            else:
-                grad_x.index_copy_(0, layer.lower, lower + carried)
-                grad_x.index_copy_(0, layer.upper, upper - carried)
-        return grad_x.t(), None, None, None, None, None
+        # t on the lower wire and −t on the upper one, t = (g_up − g_low)·(w + v·F') − σ·F'·∂L/∂w
+        # (∂L/∂w from the columns, which sum (g_low − g_up)·gap: hence the minus).
+        torch.addcmul(weights, signed, slopes, out=ws.keep)
+        torch.mul(ws.grad_weights, slopes, out=ws.through).mul_(ws.sides).neg_()
+        grad_x = ws.grad_values
+        grad_x.zero_()
+        for depth in range(len(ws.plans) - 1, -1, -1):
+            layer = ws.plans[depth]
+            lower, upper = ws.grad_value_pairs[depth] or layer.pairs(grad_x)
+            carried = torch.addcmul(ws.through_at[depth], upper - lower, ws.keep_at[depth])
+            layer.shift(grad_x, lower, upper, carried)
+        return grad_x.t().clone(memory_format=torch.contiguous_format), None, None, None, None
 
 
 class DiffSortNet(TopKOperator):
@@ -127,6 +151,7 @@ class DiffSortNet(TopKOperator):
     """
 
     gives_permutation = True
+    sums_to_k = True
 
     def __init__(self, network: str = "odd_even", steepness: float = 10.0, distribution: str = "cauchy",
                  art_lambda: float = 0.25):
@@ -139,22 +164,23 @@ class DiffSortNet(TopKOperator):
         if isinstance(art_lambda, bool) or not isinstance(art_lambda, (int, float)) or art_lambda < 0:
             raise ValueError(f"art_lambda={art_lambda!r} must be a number >= 0")
         self.art_lambda = float(art_lambda)
-        self._plans: dict[tuple, list[LayerPlan]] = {}
+        self._workspaces: dict[tuple, Workspace] = {}
 
     def extra_repr(self) -> str:
         return f"{self.network}, steepness={self.steepness}, distribution={self.distribution}"
 
-    def plans(self, n: int, k: int, device: torch.device, dtype: torch.dtype) -> list[LayerPlan]:
-        """The network's layer plans for n wires and k outputs on ``device`` (cached)."""
-        key = (n, k, str(device), dtype)
-        if key not in self._plans:
-            self._plans[key] = [layer.to(device, dtype) for layer in plan(NETWORKS[self.network](n, k), n, k)]
-        return self._plans[key]
+    def workspace(self, n: int, k: int, batch: int, device: torch.device, dtype: torch.dtype) -> Workspace:
+        """The network's layer plans and buffers for n wires, k outputs and a batch (cached)."""
+        key = (n, k, batch, str(device), dtype)
+        if key not in self._workspaces:
+            plans = [layer.to(device, dtype) for layer in plan(NETWORKS[self.network](n, k), n, k)]
+            self._workspaces[key] = Workspace(plans, n, k, batch, dtype, device)
+        return self._workspaces[key]
 
     def permutation(self, scores: torch.Tensor, k: int) -> torch.Tensor:
         check_scores(scores, k, "DiffSortNet")
         low_precision = scores.dtype in (torch.float16, torch.bfloat16)
         values = scores.float() if low_precision else scores
-        plans = self.plans(scores.shape[1], k, scores.device, values.dtype)
-        columns = NetworkTopK.apply(values, plans, k, RELAXATIONS[self.distribution], self.steepness, self.art_lambda)
+        workspace = self.workspace(scores.shape[1], k, scores.shape[0], scores.device, values.dtype)
+        columns = NetworkTopK.apply(values, workspace, RELAXATIONS[self.distribution], self.steepness, self.art_lambda)
         return columns.to(scores.dtype)

@@ -46,6 +46,7 @@ class DifftopkNetwork(TopKOperator):
     """
 
     gives_permutation = True
+    sums_to_k = True
 
     def __init__(self, network: str = "odd_even", sparse: bool = False, steepness: float = 10.0,
                  distribution: str = "cauchy", art_lambda: float = 0.25):

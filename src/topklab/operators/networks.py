@@ -159,6 +159,15 @@ class LayerPlan:
             state.index_copy_(0, self.lower[first:], torch.addcmul(lower, weight, gap, value=-1.0))
             state.index_copy_(0, self.upper[first:], torch.addcmul(upper, weight, gap))
 
+    def shift(self, state: torch.Tensor, lower, upper, amount) -> None:
+        """lower += amount and upper −= amount, in place on ``state`` (all comparators)."""
+        if self.strided:
+            lower.add_(amount)
+            upper.sub_(amount)
+        else:
+            state.index_copy_(0, self.lower, lower + amount)
+            state.index_copy_(0, self.upper, upper - amount)
+
 
 def plan(layers: list[Layer], n: int, k: int) -> list[LayerPlan]:
     """The layers as :class:`LayerPlan`s, each with its column window: the lowest wire on which the

@@ -1,0 +1,205 @@
+"""STkThreshold: the STk threshold λ (Xia, Liu & Mao, NeurIPS 2024) as a soft top-k operator.
+
+STk smooths the top-k sum ``min_λ Σ[x_i − λ]_+ + kλ`` with SReLU (Eq. 2, 3). The derivative of the
+smoothed objective in x_i, ``p_i = SReLU'(x_i − λ) = ½(1 + (x_i − λ)/√((x_i − λ)² + δ²))``, is a
+smooth step that is ≈ 1 above λ and ≈ 0 below: a soft top-k indicator once λ sits at the k-th
+largest score. Two ways to get λ:
+
+- ``"solved"``: per row, λ minimises Eq. 3, i.e. solves ``Σ_i SReLU'(x_i − λ) = k`` (a batched
+  safeguarded Newton in torch), and is differentiated by the implicit-function theorem.
+- ``"learned"``: λ is one trainable scalar (the paper's "module view", Fig. 1, trained with the
+  model as in its SGD-STk), moved towards the k-th largest by the auxiliary
+  :meth:`STkThreshold.objective`.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from topklab.losses.smoothing import srelu
+from topklab.operators.base import TopKOperator, check_scores, positive
+
+THRESHOLDS = ("solved", "learned")
+
+
+def srelu_slope(z: torch.Tensor, delta: float) -> torch.Tensor:
+    """``SReLU'(z) = ½(1 + z/√(z² + δ²))``, computed without cancellation for z < 0.
+
+    For z < 0 the formula subtracts two numbers close to 1; there ``½(1 + z/r) = δ²/(2r(r − z))``
+    with ``r = √(z² + δ²)`` (multiply by (r − z)/(r − z)), which keeps full relative accuracy in the
+    tail (at z = −10⁴, δ = 0.01 the naive form is off by 0.1 %).
+
+    Examples
+    --------
+    >>> srelu_slope(torch.tensor([-1.0, 0.0, 1.0], dtype=torch.float64), 0.01)
+    tensor([2.4998e-05, 5.0000e-01, 9.9998e-01], dtype=torch.float64)
+    """
+    negative = z.clamp(max=0.0)  # the tail branch only ever sees z <= 0 (finite everywhere)
+    root_negative = torch.sqrt(negative * negative + delta * delta)
+    tail = (delta * delta) / (2.0 * root_negative * (root_negative - negative))
+    head = 0.5 * (1.0 + z / torch.sqrt(z * z + delta * delta))
+    return torch.where(z < 0, tail, head)
+
+
+def solve_threshold(scores: torch.Tensor, k: int, delta: float, tol: float = 1e-9,
+                    max_iter: int = 100) -> torch.Tensor:
+    """Per row of ``scores`` (batch, n), the λ with ``G(λ) = Σ_i SReLU'(x_i − λ) − k = 0`` (k < n).
+
+    G decreases in λ (``G' = −Σ ½δ²/r_i³ < 0``). The bracket starts as ``[min x − δ√(n/(n−k)),
+    max x + δ√(n/k)]`` (G > 0 at its left end, G < 0 at its right end: ``SReLU'(z) <= δ²/(4z²)``
+    for z < 0, the argument of :func:`topklab.bench.topk_sum.stk_newton`) and λ starts halfway
+    between the k-th and (k+1)-th largest scores. Each step moves the bracket end on λ's side to λ,
+    then takes Newton's point where it lies strictly inside the bracket and the last step at least
+    halved |G|, and the bracket's midpoint otherwise (so a stalling Newton is followed by a
+    bisection). A row stops once ``|G| <= max(tol, 4·n·eps)`` (eps of the dtype: Σp cannot be summed
+    more accurately) or its step is below the dtype's resolution at λ.
+
+    Returns λ of shape (batch,), without a graph (see :class:`STkThreshold` for its gradient).
+    """
+    with torch.no_grad():
+        n = scores.shape[1]
+        top = scores.topk(k + 1, dim=1).values
+        lam = 0.5 * (top[:, k - 1] + top[:, k])
+        low = scores.amin(1) - delta * math.sqrt(n / (n - k))
+        high = scores.amax(1) + delta * math.sqrt(n / k)
+        previous = torch.full_like(lam, math.inf)
+        eps = torch.finfo(scores.dtype).eps
+        tol = max(tol, 4 * n * eps)  # Σp cannot be summed closer to k than this
+        active = torch.ones_like(lam, dtype=torch.bool)
+        for _ in range(max_iter):
+            z = scores - lam[:, None]
+            root = torch.sqrt(z * z + delta * delta)
+            excess = srelu_slope(z, delta).sum(1) - k
+            curvature = (0.5 * delta * delta / root ** 3).sum(1)
+            active = active & (excess.abs() > tol)
+            if not bool(active.any()):
+                break
+            low = torch.where(active & (excess > 0), lam, low)
+            high = torch.where(active & (excess <= 0), lam, high)
+            newton = lam + excess / curvature
+            use_newton = (newton > low) & (newton < high) & (excess.abs() <= 0.5 * previous)
+            step = torch.where(use_newton, newton, 0.5 * (low + high))
+            previous = excess.abs()
+            resolved = (step - lam).abs() <= 2 * eps * torch.maximum(lam.abs(), torch.full_like(lam, delta))
+            lam = torch.where(active, step, lam)
+            active = active & ~resolved
+        return lam
+
+
+class STkThreshold(TopKOperator):
+    """Soft top-k ``p_i = SReLU'(x_i − λ)`` with the STk threshold λ, solved per row or learned.
+
+    Parameters
+    ----------
+    delta : float > 0
+        SReLU's width δ (the paper uses 0.01). Smaller is sharper: items farther than a few δ from
+        λ get p within ``δ²/(4(x_i − λ)²)`` of 0 or 1, and δ → 0 gives the hard top-k on distinct
+        scores. The step has width ~δ in score units, so δ must be small next to the gaps between
+        scores for p to be nearly hard, and comparable to them for useful gradients.
+    threshold : {"solved", "learned"}
+        "solved": per row, λ minimises the smoothed top-k objective Eq. 3, ``Σ SReLU(x_i − λ) + kλ``,
+        i.e. ``Σ_i p_i = k``, found by a batched safeguarded Newton in torch
+        (:func:`solve_threshold`); λ is differentiated by the implicit-function theorem,
+        ``∂λ/∂x_j = h_j / Σ_i h_i`` with ``h = SReLU''(x − λ) = ½δ²/r³``, so gradients of p are exact
+        (to first order: the second derivative of λ is not represented). For k = n there is no
+        solution (Σp < n for every λ) and p is the hard limit, all ones.
+        "learned": λ is one ``nn.Parameter`` of the module, shared by all rows, initialised at
+        ``lam_init`` and trained by the optimiser that trains the model; add :meth:`objective` to
+        the loss so that it tracks the k-th largest score (the paper's SGD-STk, Fig. 1). Here
+        ``soft_topk`` uses the current λ whatever k is (k enters through the objective only).
+    lam_init : float
+        "learned" only: the starting λ (the paper does not say how it initialises λ).
+    tol : float > 0
+        "solved" only: stop once ``|Σp − k| <= max(tol, 4·n·eps)`` (or λ's step drops below the
+        dtype's resolution).
+    max_iter : int >= 1
+        "solved" only: the most Newton/bisection steps.
+
+    Notes
+    -----
+    ``sums_to_k`` is False: for "solved", Σp = k holds to the solver's tolerance ``max(tol, 4·n·eps)``
+    (eps of the scores' dtype: 1e-9 in float64, 5e-4 for n = 1000 in float32), not exactly; for
+    "learned", Σp is whatever the current λ gives.
+
+    Examples
+    --------
+    >>> x = torch.tensor([[3.0, 1.0, 2.0, -1.0]], dtype=torch.float64)
+    >>> op = STkThreshold(delta=0.01)
+    >>> p = op.soft_topk(x, k=2)
+    >>> p.round(decimals=3), round(float(p.sum()), 12)
+    (tensor([[1., 0., 1., 0.]], dtype=torch.float64), 2.0)
+    >>> op.threshold(x, k=2)   # between the 2nd and 3rd largest, nearer the side with more tail mass
+    tensor([1.4913], dtype=torch.float64)
+    >>> learned = STkThreshold(delta=0.01, threshold="learned", lam_init=1.5)
+    >>> learned.soft_topk(x, k=2).detach().round(decimals=3)
+    tensor([[1., 0., 1., 0.]], dtype=torch.float64)
+    >>> learned.objective(x, k=2).backward()   # add this to the loss: it moves λ towards the k-th largest
+    >>> learned.lam.grad   # (k − Σp)/n: λ = 1.5 already gives Σp ≈ k
+    tensor(1.7777e-06)
+
+    References
+    ----------
+    Xia, Liu & Mao, "ST_k: A Scalable Module for Solving Top-k Problems", NeurIPS 2024: SReLU
+    (Eq. 2), the smoothed top-k objective (Eq. 3) whose minimiser in λ is the soft k-th largest,
+    and λ as a trainable parameter updated with the model (SGD-STk, Fig. 1). Ogryczak & Tamir,
+    "Minimizing the sum of the k largest functions in linear time", IPL 2003 (Eq. 1).
+    """
+
+    def __init__(self, delta: float = 0.01, threshold: str = "solved", lam_init: float = 0.0, tol: float = 1e-9,
+                 max_iter: int = 100):
+        super().__init__()
+        self.delta = positive(delta, "delta", "smaller = sharper")
+        if threshold not in THRESHOLDS:
+            raise ValueError(f"threshold={threshold!r} is unknown; choose one of {', '.join(THRESHOLDS)}")
+        if isinstance(lam_init, bool) or not isinstance(lam_init, (int, float)) or not math.isfinite(lam_init):
+            raise ValueError(f"lam_init={lam_init!r} must be a finite number")
+        if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
+            raise ValueError(f"max_iter={max_iter!r} must be an int >= 1")
+        self.threshold_mode = threshold
+        self.tol = positive(tol, "tol", "smaller = Σp closer to k")
+        self.max_iter = max_iter
+        self.lam = nn.Parameter(torch.tensor(float(lam_init))) if threshold == "learned" else None
+
+    def extra_repr(self) -> str:
+        return f"delta={self.delta}, threshold={self.threshold_mode!r}"
+
+    def threshold(self, scores: torch.Tensor, k: int) -> torch.Tensor:
+        """λ per row (batch,): solved (differentiable in the scores) or the learned parameter (broadcast)."""
+        check_scores(scores, k, "STkThreshold")
+        if self.threshold_mode == "learned":
+            return self.lam.to(scores.dtype).expand(scores.shape[0])
+        if k == scores.shape[1]:
+            return torch.full_like(scores[:, 0], -math.inf)
+        lam = solve_threshold(scores, k, self.delta, self.tol, self.max_iter)
+        if not scores.requires_grad:
+            return lam
+        with torch.no_grad():
+            z = scores - lam[:, None]
+            curvature = 0.5 * self.delta ** 2 / torch.sqrt(z * z + self.delta ** 2) ** 3
+            weight = curvature / curvature.sum(1, keepdim=True).clamp_min(torch.finfo(scores.dtype).tiny)
+        # value λ*, gradient ∂λ/∂x = h/Σh (implicit-function theorem on Σ SReLU'(x − λ) = k)
+        return lam + (weight * (scores - scores.detach())).sum(1)
+
+    def soft_topk(self, scores: torch.Tensor, k: int) -> torch.Tensor:
+        lam = self.threshold(scores, k)
+        if self.threshold_mode == "solved" and k == scores.shape[1]:
+            return 0.0 * scores + 1.0
+        return srelu_slope(scores - lam[:, None], self.delta)
+
+    def objective(self, scores: torch.Tensor, k: int, detach_scores: bool = True) -> torch.Tensor:
+        """STk's loss (Eq. 6) on the scores: the mean over rows of ``(1/n)Σ SReLU(x_i − λ) + (k/n)λ``.
+
+        Minimised over λ it puts λ at the soft k-th largest score of (on average) the rows; add it to
+        the training loss to train a "learned" λ. With ``detach_scores`` (the default) only λ gets
+        its gradient, so the term does not push the scores themselves down; ``detach_scores=False``
+        is the paper's STk aggregate of the scores. For "solved", λ is already the minimiser per row
+        and the value is the smoothed top-k sum divided by n.
+        """
+        lam = self.threshold(scores.detach() if detach_scores else scores, k)
+        x = scores.detach() if detach_scores else scores
+        if self.threshold_mode == "solved" and k == scores.shape[1]:
+            return (x.mean(1) - 0.5 * self.delta).mean()  # the limit λ → −∞: SReLU(z) = z − δ/2 + o(1)
+        n = scores.shape[1]
+        return (srelu(x - lam[:, None], self.delta).sum(1) / n + (k / n) * lam).mean()
