@@ -102,3 +102,21 @@ def test_a_group_option_describes_only_itself():
 def test_fields_of_recipe_chosen_groups_can_be_overridden(compose_cfg):
     cfg = compose_cfg("dataset=cifar100lt", "optim.momentum=0.8", "engine.schedule.warmup_epochs=5", "individual.tau=2")
     assert cfg.optim.momentum == 0.8 and cfg.engine.schedule.warmup_epochs == 5 and cfg.individual.tau == 2
+
+
+@pytest.mark.parametrize("row,operator", [
+    ("petersen/cifar100/diffsortnets_uniform", {"_target_": "topklab.operators.DiffSortNet", "network": "bitonic",
+                                                "steepness": 0.5, "distribution": "logistic_phi", "art_lambda": 0.5}),
+    ("petersen/cifar100/neuralsort_top5", {"_target_": "topklab.operators.NeuralSort", "tau": 16.0}),
+    ("petersen/cifar100/softsort_uniform", {"_target_": "topklab.operators.SoftSort", "tau": 16.0, "power": 1.0}),
+    ("petersen/cifar100/sinkhorn_top5", {"_target_": "topklab.operators.SinkhornSort", "inverse_temperature": 100.0,
+                                         "iterations": 50}),
+    ("fmnistlt/topk_ce", {"_target_": "topklab.operators.DiffSortNet", "network": "odd_even", "steepness": 0.5,
+                          "distribution": "logistic_phi", "art_lambda": 0.5}),
+])
+def test_topk_ce_rows_get_petersens_operator_settings_and_can_swap_the_operator(compose_cfg, row, operator):
+    """The rows take their operator's config defaults (Petersen et al.'s CIFAR-100 settings), so that
+    operator@individual.operator=<name> swaps the whole operator."""
+    assert dict(compose_cfg(f"experiment={row}", "result_file=null").individual.operator) == operator
+    swapped = compose_cfg(f"experiment={row}", "result_file=null", "operator@individual.operator=lapsum")
+    assert build_for_data(swapped.individual, "individual", FAKE_DATA).operator.__class__.__name__ == "LapSum"
