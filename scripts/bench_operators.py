@@ -5,6 +5,7 @@ exactness and quality, measured in one run.
     python scripts/bench_operators.py [--device cpu|cuda] [--operators NAME ...] [--sizes 5 10 ...]
                                       [--large-sizes 10000 ...] [--repeats 20] [--train-epochs 10]
                                       [--no-train] [--out-dir results/bench] [--tag NAME]
+    python scripts/bench_operators.py --render results/bench/operators_cpu.json   # redraw table + plot only
 
 ``--quick`` times the forward+backward of the top-k cross-entropy with P_K = [.2]*5 on logits of
 shape (128, 100) (the CIFAR-100 setting: logistic_phi, β = 0.5, λ_ART = 0.5) through this package's
@@ -207,8 +208,11 @@ def main(argv=None) -> int:
     parser.add_argument("--no-train", action="store_true")
     parser.add_argument("--out-dir", default=str(ROOT / "results" / "bench"))
     parser.add_argument("--tag", default=None)
+    parser.add_argument("--render", metavar="JSON", help="only redraw the table and plot of a result JSON")
     parser.add_argument("--operator", help=argparse.SUPPRESS)   # one operator, in a child process
     args = parser.parse_args(argv)
+    if args.render:
+        return render_saved(Path(args.render))
     if args.device.startswith("cuda"):
         import torch
         if not torch.cuda.is_available():
@@ -263,6 +267,22 @@ def main(argv=None) -> int:
     atomic_write_text(out_dir / f"operators_{tag}.md", render(out, f"operators_{tag}.png"))
     print(f"wrote {out_dir / f'operators_{tag}.md'}")
     print(f"speedup vs difftopk: {head_to_head['speedup']:.1f}")
+    return 0
+
+
+def render_saved(path: Path) -> int:
+    """Redraw ``operators_<tag>.{md,png}`` beside a result JSON this script wrote (no measuring)."""
+    from topklab.utils.io import atomic_write_text
+
+    try:
+        out = json.loads(path.read_text())["result"]
+    except (OSError, ValueError, KeyError) as err:
+        print(f"error: {path} is not a result JSON of this script ({err}); pass results/bench/operators_<tag>.json",
+              file=sys.stderr)
+        return 2
+    plot(out["rows"], path.with_suffix(".png"), out["device"])
+    atomic_write_text(path.with_suffix(".md"), render(out, path.with_suffix(".png").name))
+    print(f"wrote {path.with_suffix('.md')} and {path.with_suffix('.png').name}")
     return 0
 
 
@@ -344,14 +364,16 @@ def plot(rows: list[dict], path: Path, device: str) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for r in rows:
+    markers = "os^vDP*Xh<>p"
+    for index, r in enumerate(rows):
         points = [(s["n"], s["ms"], s.get("peak_mb")) for s in r["speed"] if s.get("ms") is not None and not s.get("stopped")]
         if not points:
             continue
-        axes[0].plot([p[0] for p in points], [p[1] for p in points], marker="o", label=r["operator"])
+        style = dict(marker=markers[index % len(markers)], linestyle=("-", "--", ":")[index % 3], label=r["operator"])
+        axes[0].plot([p[0] for p in points], [p[1] for p in points], **style)
         memory = [(p[0], p[2]) for p in points if p[2] is not None and p[2] > 0]
         if memory:
-            axes[1].plot([m[0] for m in memory], [m[1] for m in memory], marker="o", label=r["operator"])
+            axes[1].plot([m[0] for m in memory], [m[1] for m in memory], **style)
     for axis, label in zip(axes, ("forward+backward (ms)", "peak memory (MB)")):
         axis.set_xscale("log"), axis.set_yscale("log"), axis.set_xlabel("n (k = n/2, batch 1)"), axis.set_ylabel(label)
         axis.grid(True, which="both", alpha=0.3)

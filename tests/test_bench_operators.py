@@ -36,3 +36,18 @@ def test_unknown_operator_is_a_one_line_error():
     done = subprocess.run([sys.executable, str(SCRIPT), "--operators", "quicksort", "--no-train"], capture_output=True,
                           text=True)
     assert done.returncode == 2 and "unknown operator(s) quicksort" in done.stderr
+
+
+def test_render_redraws_from_the_json_alone(tmp_path):
+    subprocess.run([sys.executable, str(SCRIPT), "--operators", "dftopk", "--sizes", "5", "--large-sizes", "--repeats",
+                    "1", "--warmup", "1", "--no-train", "--quick-rounds", "1", "--out-dir", str(tmp_path), "--tag", "t"],
+                   capture_output=True, text=True, check=True)
+    table = (tmp_path / "operators_t.md").read_text()
+    (tmp_path / "operators_t.md").unlink()
+    (tmp_path / "operators_t.png").unlink()
+    subprocess.run([sys.executable, str(SCRIPT), "--render", str(tmp_path / "operators_t.json")], check=True,
+                   capture_output=True)
+    assert (tmp_path / "operators_t.md").read_text() == table and (tmp_path / "operators_t.png").exists()
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--render", str(tmp_path / "missing.json")], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "is not a result JSON" in bad.stderr
