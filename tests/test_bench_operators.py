@@ -30,6 +30,13 @@ def test_full_mode_writes_the_table_json_and_plot(tmp_path):
     assert [s["n"] for s in rows["odd_even"]["speed"]] == [5, 10] and rows["odd_even"]["output"] == "permutation"
     assert rows["dftopk"]["output"] == "soft_topk" and result["provenance"]["git"]
     assert (tmp_path / "operators_test.png").stat().st_size > 0
+    (tmp_path / "operators_test.md").unlink()
+    subprocess.run([sys.executable, str(SCRIPT), "--render", str(tmp_path / "operators_test.json")], check=True,
+                   capture_output=True)
+    assert (tmp_path / "operators_test.md").read_text() == table           # redrawn from the JSON alone
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--render", str(tmp_path / "missing.json")], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "is not a result JSON" in bad.stderr
 
 
 def test_unknown_operator_is_a_one_line_error():
@@ -37,17 +44,3 @@ def test_unknown_operator_is_a_one_line_error():
                           text=True)
     assert done.returncode == 2 and "unknown operator(s) quicksort" in done.stderr
 
-
-def test_render_redraws_from_the_json_alone(tmp_path):
-    subprocess.run([sys.executable, str(SCRIPT), "--operators", "dftopk", "--sizes", "5", "--large-sizes", "--repeats",
-                    "1", "--warmup", "1", "--no-train", "--quick-rounds", "1", "--out-dir", str(tmp_path), "--tag", "t"],
-                   capture_output=True, text=True, check=True)
-    table = (tmp_path / "operators_t.md").read_text()
-    (tmp_path / "operators_t.md").unlink()
-    (tmp_path / "operators_t.png").unlink()
-    subprocess.run([sys.executable, str(SCRIPT), "--render", str(tmp_path / "operators_t.json")], check=True,
-                   capture_output=True)
-    assert (tmp_path / "operators_t.md").read_text() == table and (tmp_path / "operators_t.png").exists()
-    bad = subprocess.run([sys.executable, str(SCRIPT), "--render", str(tmp_path / "missing.json")], capture_output=True,
-                         text=True)
-    assert bad.returncode == 2 and "is not a result JSON" in bad.stderr

@@ -92,7 +92,7 @@ def train_command(tmp_path, fmnist_root, *extra):
             "engine.checkpoint_every=1", f"paths.log_dir={tmp_path}/logs", "loss=stk", *extra]
 
 
-@pytest.mark.parametrize("ranks", [1, 2], ids=["one process", "ddp 2 ranks"])
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)], ids=["one process", "ddp 2 ranks"])
 def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnist_root, ranks):
     """SIGKILL mid-epoch, rerun the same command: the metrics of an uninterrupted run, also under
     torchrun (gloo), where rank 0 writes the checkpoint and every rank resumes from it."""
