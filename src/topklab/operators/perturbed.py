@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from topklab.operators.base import TopKOperator, check_scores, positive
+from topklab.utils.seed import SeededNormal
 
 
 class _PerturbedTopK(torch.autograd.Function):
@@ -106,24 +107,16 @@ class PerturbedTopK(TopKOperator):
         self.sigma = positive(sigma, "sigma", "smaller = closer to the hard top-k, noisier gradient")
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples={num_samples!r} must be an int >= 1")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"seed={seed!r} must be an int or null")
+        self.draw = SeededNormal(seed)
         self.num_samples = num_samples
         self.seed = seed
-        self._generators: dict[str, torch.Generator] = {}
 
     def extra_repr(self) -> str:
         return f"sigma={self.sigma}, num_samples={self.num_samples}, seed={self.seed}"
 
     def noise(self, scores: torch.Tensor) -> torch.Tensor:
         """Standard normal draws of shape (num_samples, batch, n), from the module's generator if seeded."""
-        shape = (self.num_samples, *scores.shape)
-        if self.seed is None:
-            return torch.randn(shape, device=scores.device, dtype=scores.dtype)
-        key = str(scores.device)
-        if key not in self._generators:
-            self._generators[key] = torch.Generator(device=scores.device).manual_seed(self.seed)
-        return torch.randn(shape, generator=self._generators[key], device=scores.device, dtype=scores.dtype)
+        return self.draw((self.num_samples, *scores.shape), scores)
 
     def soft_topk(self, scores: torch.Tensor, k: int) -> torch.Tensor:
         check_scores(scores, k, "PerturbedTopK")

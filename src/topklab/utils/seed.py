@@ -26,3 +26,24 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class SeededNormal:
+    """Standard normal draws for a stochastic operator or loss: with an int ``seed``, from one
+    ``torch.Generator`` per device, seeded once when first used there (the same seed gives the same
+    sequence of draws); with None, from torch's global generator (``torch.manual_seed`` governs it)."""
+
+    def __init__(self, seed: int | None):
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"seed={seed!r} must be an int or null")
+        self.seed = seed
+        self._generators: dict[str, torch.Generator] = {}
+
+    def __call__(self, shape: tuple, like: torch.Tensor) -> torch.Tensor:
+        """Draws of ``shape`` on ``like``'s device and dtype."""
+        if self.seed is None:
+            return torch.randn(shape, device=like.device, dtype=like.dtype)
+        key = str(like.device)
+        if key not in self._generators:
+            self._generators[key] = torch.Generator(device=like.device).manual_seed(self.seed)
+        return torch.randn(shape, generator=self._generators[key], device=like.device, dtype=like.dtype)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from topklab.losses.individual.base import class_count_tensor
+from topklab.utils.seed import SeededNormal
 
 
 class _NoisedKthLargest(torch.autograd.Function):
@@ -110,24 +111,16 @@ class NoisedTopKHinge(nn.Module):
             raise ValueError(f"epsilon={epsilon!r} must be a number > 0 (smaller = closer to the hard top-k hinge)")
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples={num_samples!r} must be an int >= 1")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"seed={seed!r} must be an int or null")
+        self.draw = SeededNormal(seed)
         self.k, self.epsilon, self.num_samples, self.seed = k, float(epsilon), num_samples, seed
         self.num_classes = num_classes
-        self._generators: dict[str, torch.Generator] = {}
 
     def extra_repr(self) -> str:
         return f"k={self.k}, epsilon={self.epsilon}, num_samples={self.num_samples}, seed={self.seed}"
 
     def noise(self, output: torch.Tensor) -> torch.Tensor:
         """N(0, 1) draws of shape (batch, classes, num_samples), from the loss's generator if seeded."""
-        shape = (*output.shape, self.num_samples)
-        if self.seed is None:
-            return torch.randn(shape, device=output.device, dtype=output.dtype)
-        key = str(output.device)
-        if key not in self._generators:
-            self._generators[key] = torch.Generator(device=output.device).manual_seed(self.seed)
-        return torch.randn(shape, generator=self._generators[key], device=output.device, dtype=output.dtype)
+        return self.draw((*output.shape, self.num_samples), output)
 
     def margin_gap(self, output: torch.Tensor, target: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
         """``top_{k+1,ε}(s) − s_y`` per sample, after checking the shapes."""
