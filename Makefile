@@ -7,7 +7,7 @@ KERNLAB_RDA := .data/kernlab/usr/lib/R/site-library/kernlab/data/spam.rda
 .PHONY: setup data sparse demo test test-slow test-all reproduce-tabular tables bench-population \
         reproduce-synthetic reproduce-fmnistlt reproduce-multi30k reproduce-translation-table5 \
         reproduce-translation-table8 reproduce-vision-table5 reproduce-vision-table7 reproduce-vision-table8 \
-        bench-peft table1 bench-topk bench-step-share figures clean
+        bench-peft bench-operators table1 bench-topk bench-step-share figures clean
 
 # DEVICE=cuda (on a machine with an NVIDIA driver): the same pins, torch/torchvision as the CUDA build pair
 # from PyTorch's index for CUDA (default cu128), resolved together with everything else in one pip call.
@@ -158,6 +158,11 @@ reproduce-vision-table8: setup
 PEFT_BATCH ?= $(if $(filter cuda,$(BENCH_DEVICE)),128,4)
 bench-peft: setup
 	$(PY) scripts/bench_peft.py --device $(BENCH_DEVICE) --batch $(PEFT_BATCH) $(if $(filter cuda,$(BENCH_DEVICE)),--amp fp16 --channels-last)
+
+# Every differentiable top-k operator side by side (time and memory against n, exactness, a short fmnistlt
+# run each): results/bench/operators_<device>.{json,md,png}, about 11 min on 2 cores (BENCH_DEVICE=cuda on a GPU).
+bench-operators: setup data
+	$(PY) scripts/bench_operators.py --device $(BENCH_DEVICE)
 
 # STk Table 1 (top-5 of 10,000, 50 runs) into results/synthetic/table1.json (a few minutes).
 table1: setup
