@@ -111,6 +111,17 @@ FMNISTLT_ROWS := fmnistlt/ce,fmnistlt/la,fmnistlt/la_atk,fmnistlt/la_stk,fmnistl
 reproduce-fmnistlt: setup data
 	OMP_NUM_THREADS=1 $(PY) train.py -m experiment=$(FMNISTLT_ROWS) seed=0,1,2 hydra/launcher=joblib hydra.launcher.n_jobs=2
 
+# STk as a layer, gradient sparsification: ResNet-32 on fmnistlt with 4 simulated workers, dense and each
+# selector (exact top-k, DGC's sampled threshold, the STk threshold) at 1 % and 0.1 % (7 runs of 20 epochs,
+# two jobs of one thread at a time, about 30 min), into results/sparsification/fmnistlt/<row>/seed<k>.json.
+comma := ,
+empty :=
+space := $(empty) $(empty)
+SPARSIFICATION_ROWS := $(subst $(space),$(comma),$(foreach row,dense exact_topk_1pct exact_topk_01pct sampled_threshold_1pct sampled_threshold_01pct stk_threshold_1pct stk_threshold_01pct,sparsification/$(row)))
+SPARSIFICATION_SEEDS ?= 0
+reproduce-sparsification: setup data
+	OMP_NUM_THREADS=1 $(PY) train.py -m experiment=$(SPARSIFICATION_ROWS) seed=$(SPARSIFICATION_SEEDS) hydra/launcher=joblib hydra.launcher.n_jobs=2
+
 # Translation on this CPU: the Multi30k table (Average / ATk / STk, small Transformer, 15 epochs,
 # about 1 h per run on 2 cores), one run at a time; each writes results/translation/multi30k/<row>/
 # seed<k>.json and a rerun resumes from the checkpoints. MULTI30K_SEEDS=0,1,2 for three seeds.

@@ -19,9 +19,11 @@ OFFLINE_WEIGHTS = {"model.pretrained": "false", "model.img_size": "32", "model.h
 GROUP_OPTIONS = [(group, option) for group, options in config_groups(CONFIG_DIR).items() for option in options
                  if not option.rsplit("/", 1)[-1].startswith("_")
                  and not (group == "experiment" and option.startswith(("stk/table5/", "stk/table7/", "stk/table8/")))
-                 and group != "operator"]
-# operators are placed inside a loss (operator@individual.operator=<name>): test_every_operator_composes
+                 and group not in ("operator", "gradient_exchange")]
+# operators are placed inside a loss (operator@individual.operator=<name>): test_every_operator_composes;
+# gradient exchanges inside the engine (gradient_exchange@engine.gradient_exchange=<name>): test_every_gradient_exchange
 OPERATORS = sorted(path.stem for path in (CONFIG_DIR / "operator").glob("*.yaml"))
+EXCHANGES = sorted(path.stem for path in (CONFIG_DIR / "gradient_exchange").glob("*.yaml"))
 
 
 def test_there_is_something_to_compose():
@@ -67,6 +69,20 @@ def test_every_operator_composes_into_the_topk_ce_and_runs(compose_cfg, option):
     else:
         with pytest.raises(TopklabError, match="needs an operator that gives a top-k permutation"):
             build_for_data(cfg.individual, "individual", FAKE_DATA)
+
+
+@pytest.mark.parametrize("option", EXCHANGES)
+def test_every_gradient_exchange_composes_into_the_engine_and_exchanges(compose_cfg, option):
+    cfg = compose_cfg("dataset=fmnistlt", f"gradient_exchange@engine.gradient_exchange={option}")
+    exchange = build(cfg.engine, "engine").gradient_exchange
+    weight = torch.nn.Parameter(torch.zeros(1000))
+    exchange.attach([weight])
+    for worker in range(exchange.workers):
+        weight.grad = torch.randn(1000)
+        exchange.collect(worker)
+    exchange.apply()
+    sent = int((weight.grad != 0).sum())
+    assert sent == 1000 if exchange.keep_ratio == 1 else 0 < sent <= exchange.workers * 1.3 * exchange.k
 
 
 @pytest.mark.parametrize("dataset,recipe,model,individual,engine_select", [

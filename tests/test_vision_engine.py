@@ -92,15 +92,20 @@ def train_command(tmp_path, fmnist_root, *extra):
             "engine.checkpoint_every=1", f"paths.log_dir={tmp_path}/logs", "loss=stk", *extra]
 
 
-@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)], ids=["one process", "ddp 2 ranks"])
-def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnist_root, ranks):
+SPARSE_EXCHANGE = ["gradient_exchange@engine.gradient_exchange=sampled_threshold", "engine.gradient_exchange.workers=2"]
+
+
+@pytest.mark.parametrize("ranks,extra", [(1, []), pytest.param(2, [], marks=pytest.mark.slow), (1, SPARSE_EXCHANGE)],
+                         ids=["one process", "ddp 2 ranks", "sparse gradient exchange"])
+def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnist_root, ranks, extra):
     """SIGKILL mid-epoch, rerun the same command: the metrics of an uninterrupted run, also under
-    torchrun (gloo), where rank 0 writes the checkpoint and every rank resumes from it."""
+    torchrun (gloo), where rank 0 writes the checkpoint and every rank resumes from it, and with a
+    sparse gradient exchange, whose residuals and samplers' streams are in the checkpoint."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] if ranks > 1 else []
 
     def command(name, result):
-        line = train_command(tmp_path / name, fmnist_root, f"result_file={result}")
+        line = train_command(tmp_path / name, fmnist_root, f"result_file={result}", *extra)
         return [*launcher, *line[1:]] if launcher else line
 
     reference = tmp_path / "reference.json"
@@ -141,7 +146,7 @@ def test_every_table_row_has_an_experiment():
 @pytest.mark.parametrize("row", experiment_rows())
 def test_experiment_row_composes_and_smoke_runs(compose_cfg, tmp_path, row, fmnist_root, cifar_root):
     data = [f"dataset.root={fmnist_root}", "dataset.n_max=40", "dataset.imbalance_ratio=10", "dataset.val_per_class=5"] \
-        if row.startswith("fmnistlt") else \
+        if row.startswith(("fmnistlt", "sparsification")) else \
         [f"dataset.root={cifar_root}", "dataset.val_fraction=0.34"]
     if row.startswith("stk/cifar100lt"):
         data += ["dataset.n_max=3", "dataset.imbalance_ratio=1.5", "dataset.val_per_class=1"]

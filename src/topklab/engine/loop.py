@@ -108,6 +108,10 @@ class Engine:
     profiler : dict(enabled, wait, warmup, active), torch.profiler over the first steps; the Chrome
         trace goes to ``<run dir>/profile/trace.json``
     progress : bool, a tqdm bar per epoch
+    gradient_exchange : :class:`~topklab.sparsification.SparseGradientExchange` or None, simulate
+        data-parallel workers that each send only k gradient entries (error feedback): every batch
+        is split into its workers' shards, and the optimizer steps with the sum of their messages;
+        each epoch row adds ``sent_fraction``, ``selection_s`` and ``residual_norm``
     """
 
     def __init__(self, epochs: int = 200, batch_size: int = 128, eval_batch_size: int | None = None,
@@ -116,7 +120,8 @@ class Engine:
                  patience: int | None = None, min_delta: float = 0.0, select_metrics=None, report_state: str = "best",
                  final_splits=("val", "test"), device: str = "auto", amp: str = "none", channels_last="auto",
                  schedule: dict | None = None, clip_grad_norm: float = 0.0, average_last: int = 0, checkpoint: bool = True, checkpoint_every: int = 0, resume: bool = True,
-                 max_steps: int | None = None, profiler: dict | None = None, progress: bool = True):
+                 max_steps: int | None = None, profiler: dict | None = None, progress: bool = True,
+                 gradient_exchange=None):
         _positive_int("epochs", epochs)
         _positive_int("batch_size", batch_size)
         for name, value in (("eval_batch_size", eval_batch_size), ("micro_batch_size", micro_batch_size),
@@ -152,6 +157,10 @@ class Engine:
         self.checkpoint, self.checkpoint_every, self.resume, self.max_steps = checkpoint, checkpoint_every, resume, max_steps
         self.profiler = {"enabled": False, "wait": 1, "warmup": 1, "active": 3, **(profiler or {})}
         self.progress = progress
+        if gradient_exchange is not None and micro_batch_size:
+            raise ValueError("engine.gradient_exchange already splits each batch into its workers' shards; "
+                             "set engine.micro_batch_size=null")
+        self.gradient_exchange = gradient_exchange
 
     def fit(self, module: TrainingModule, optimizer: torch.optim.Optimizer, data, task, seed: int,
             on_epoch_end: Callable[[dict], None] = lambda row: None, on_eval: Callable[[dict], None] = lambda row: None,
@@ -168,6 +177,9 @@ class Engine:
         if self.micro_batch_size and dist.is_distributed and module.objective.gather_losses:
             raise ValueError("engine.micro_batch_size with objective.gather_losses under DDP would gather a different "
                              "number of chunks per rank; use one of the two")
+        exchange = self.gradient_exchange
+        if exchange is not None and dist.is_distributed:
+            raise ValueError("engine.gradient_exchange simulates its workers in one process; run it without torchrun")
         device = resolve_device(self.device_name)
         if dist.is_distributed and device.type == "cuda":
             device = dist.device
@@ -177,6 +189,9 @@ class Engine:
         signs = {metric: 1.0 if task.higher_is_better(metric) else -1.0 for metric in select}
         module.model.to(device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
         module.objective.to(device)
+        if exchange is not None:
+            exchange.to(device)
+            exchange.attach(module.parameters())
         wrapped = dist.wrap(module)
         train_loader = data.train_loader(self.batch_size, self.drop_last, seed, device, channels_last)
         steps_per_epoch = len(train_loader)
@@ -220,6 +235,8 @@ class Engine:
             scheduler.load_state_dict(saved["scheduler"])
             scaler.load_state_dict(saved["scaler"])
             set_rng_state(saved["rng"])
+            if exchange is not None:
+                exchange.load_state_dict(saved["exchange"])
             state = saved["progress"]
             state["logger_id"] = logger_id or state.get("logger_id")
             for metric, tracker in trackers.items():
@@ -266,7 +283,7 @@ class Engine:
             state["trackers"] = {m: t.state_dict() for m, t in trackers.items()}
             store.save({"module": module.state_dict(), "optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
-                        "progress": state},
+                        "progress": state, **({"exchange": exchange.state_dict()} if exchange is not None else {})},
                        {"epoch": state["epoch"], "batch": state["batch"], "step": state["step"],
                         "logger_id": state["logger_id"], "finished": state["finished"]})
 
@@ -283,6 +300,8 @@ class Engine:
         with profiler:
             for epoch in range(state["epoch"], self.epochs if not state["finished"] else state["epoch"]):
                 profile.reset()
+                if exchange is not None:
+                    exchange.reset_counters()
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
                 epoch_start = time.perf_counter()
@@ -297,7 +316,7 @@ class Engine:
                     compute_start = profile.now()
                     optimizer.zero_grad(set_to_none=True)
                     x, y = local(x), local(y)
-                    chunks = self._chunks(len(y))
+                    chunks = self._chunks(len(y)) if exchange is None else exchange.shards(len(y))
                     objective, loss_spans, counted = torch.zeros((), dtype=torch.float64, device=device), [], 0
                     for c, part in enumerate(chunks):
                         sync = c == len(chunks) - 1 or not dist.is_distributed
@@ -312,7 +331,11 @@ class Engine:
                                     last_good_state=snapshot())
                             weight = (part.stop - part.start) / len(y)
                             scaler.scale(chunk_objective * weight).backward()
+                        if exchange is not None:
+                            exchange.collect(c)
                         objective += chunk_objective.detach().double() * weight
+                    if exchange is not None:
+                        exchange.apply()
                     if self.clip_grad_norm:
                         scaler.unscale_(optimizer)
                         torch.nn.utils.clip_grad_norm_(module.parameters(), self.clip_grad_norm)
@@ -353,7 +376,8 @@ class Engine:
                        "train_loss": float(loss_sum) / max(state["batch"], 1),
                        **{f"val_{k}": v for k, v in task.scalar_metrics(val).items()},
                        "lambda": module.objective.threshold, "best_step": state["best"].get(select[0], {}).get("step"), **cost,
-                       "peak_memory_mb": peak_mb, "elapsed_s": state["train_seconds"]}
+                       "peak_memory_mb": peak_mb, "elapsed_s": state["train_seconds"],
+                       **(exchange.epoch_summary() if exchange is not None else {})}
                 state["history"].append(row)
                 state.update(epoch=epoch + 1, batch=0, finished=state["finished"] or epoch + 1 == self.epochs)
                 running.zero_()

@@ -1,0 +1,171 @@
+"""Which gradient entries a worker sends: the indices of (about) the k largest magnitudes.
+
+Three rules, each an ``nn.Module`` whose buffers (a warm start, a random stream) are checkpointed
+with the run, called as ``selector(magnitudes, k) -> indices``:
+
+- :class:`ExactTopK`: ``torch.topk`` (exactly k).
+- :class:`SampledThreshold`: Deep Gradient Compression's rule (Lin et al., ICLR 2018): the threshold
+  is the k-th largest of a random sample, adapted until the count is near k, then trimmed to k by an
+  exact top-k among the candidates.
+- :class:`STkThresholdSelector`: the STk threshold λ (Xia et al., NeurIPS 2024, Eq. 3) solved on the
+  magnitudes by safeguarded Newton, warm-started from the previous step; sends ``|g| > λ``, which is
+  k up to the smoothing (sort-free: O(n) passes only).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from topklab.operators.stk_threshold import srelu_slope
+
+
+def _check(magnitudes: torch.Tensor, k: int) -> None:
+    if magnitudes.dim() != 1:
+        raise ValueError(f"magnitudes must be 1-D, got shape {tuple(magnitudes.shape)}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= magnitudes.numel():
+        raise ValueError(f"k={k!r} must be an int in [1, {magnitudes.numel()}]")
+
+
+class ExactTopK(nn.Module):
+    """The indices of the k largest magnitudes (``torch.topk``, unsorted).
+
+    Examples
+    --------
+    >>> sorted(ExactTopK()(torch.tensor([0.1, 3.0, 0.2, 2.0]), 2).tolist())
+    [1, 3]
+    """
+
+    def forward(self, magnitudes: torch.Tensor, k: int) -> torch.Tensor:
+        _check(magnitudes, k)
+        return magnitudes.topk(k, sorted=False).indices
+
+
+class SampledThreshold(nn.Module):
+    """DGC's sampled threshold (Lin et al. 2018; the adaptation bounds of its reference code).
+
+    Draw ``max(1, ⌊sample_ratio·n⌋)`` magnitudes uniformly with replacement, take the threshold τ as
+    the ``⌈(k/n)·samples⌉``-th largest of them, and count ``|g| >= τ``. While the count is above
+    ``upper·k`` raise τ by the factor ``upper``; while below ``lower·k`` lower it by ``lower`` (at
+    most ``max_adaptation_iters`` times). Candidates above k are trimmed to the k largest by an exact
+    top-k among them (a small one); fewer than k are sent as they are.
+
+    Parameters
+    ----------
+    sample_ratio : float in (0, 1], the fraction of entries sampled (DGC: 0.01)
+    upper, lower : floats > 1 and in (0, 1), the accepted band of counts around k (DGC: 1.3, 0.8)
+    max_adaptation_iters : int >= 0 (DGC: 10)
+    seed : int or None, seeds this selector's own random stream (checkpointed); None draws the seed
+        from torch's global generator (seeded by the run), so each worker's selector gets its own
+
+    Examples
+    --------
+    >>> values = torch.arange(1000, dtype=torch.float32)
+    >>> indices = SampledThreshold(sample_ratio=0.5, seed=0)(values, 10)
+    >>> len(indices) <= 10, int(values[indices].min()) >= 900
+    (True, True)
+    """
+
+    def __init__(self, sample_ratio: float = 0.01, upper: float = 1.3, lower: float = 0.8,
+                 max_adaptation_iters: int = 10, seed: int | None = None):
+        super().__init__()
+        if not 0 < sample_ratio <= 1:
+            raise ValueError(f"sample_ratio={sample_ratio} must lie in (0, 1]")
+        if not upper > 1 or not 0 < lower < 1:
+            raise ValueError(f"upper={upper} must be > 1 and lower={lower} in (0, 1)")
+        if isinstance(max_adaptation_iters, bool) or not isinstance(max_adaptation_iters, int) or max_adaptation_iters < 0:
+            raise ValueError(f"max_adaptation_iters={max_adaptation_iters!r} must be an int >= 0")
+        self.sample_ratio, self.upper, self.lower, self.max_adaptation_iters = sample_ratio, upper, lower, max_adaptation_iters
+        if seed is None:
+            seed = int(torch.randint(2**62, ()))
+        self.register_buffer("generator_state", torch.Generator().manual_seed(seed).get_state())
+
+    def forward(self, magnitudes: torch.Tensor, k: int) -> torch.Tensor:
+        _check(magnitudes, k)
+        n = magnitudes.numel()
+        generator = torch.Generator().set_state(self.generator_state.cpu())
+        samples = max(1, int(self.sample_ratio * n))
+        drawn = magnitudes[torch.randint(0, n, (samples,), generator=generator).to(magnitudes.device)]
+        self.generator_state = generator.get_state()
+        threshold = drawn.topk(min(samples, math.ceil(k / n * samples)), sorted=False).values.min()
+        candidates = (magnitudes >= threshold).nonzero().view(-1)
+        for _ in range(self.max_adaptation_iters):
+            if len(candidates) > self.upper * k:
+                threshold = threshold * self.upper
+            elif len(candidates) < self.lower * k and threshold > 0:
+                threshold = threshold * self.lower
+            else:
+                break
+            candidates = (magnitudes >= threshold).nonzero().view(-1)
+        if len(candidates) > k:
+            candidates = candidates[magnitudes[candidates].topk(k, sorted=False).indices]
+        return candidates
+
+
+class STkThresholdSelector(nn.Module):
+    """``|g| > λ`` with λ the STk threshold of the magnitudes: the root of
+    ``G(λ) = Σ_i SReLU'_δ(|g_i| − λ) − k`` (the stationarity condition of Eq. 3), with the width
+    ``δ = delta · mean|g|`` so that it follows the gradient's scale.
+
+    Safeguarded Newton (``G' = −Σ ½δ²/r_i³``, r_i = √((|g_i| − λ)² + δ²)) inside the bracket
+    [0, max|g|], bisecting whenever Newton's point leaves it, starting from the previous call's λ
+    (a warm start: between steps the magnitudes change little). It stops once
+    ``|G| <= count_tolerance · k``; the count sent is then k up to that tolerance and the smoothing.
+
+    Parameters
+    ----------
+    delta : float > 0, SReLU width relative to the mean magnitude (smaller = the smoothed count is
+        closer to the hard count, and Newton's G' is rougher)
+    count_tolerance : float in (0, 1), stop when the smoothed count is within this fraction of k
+    max_iter : int >= 1, the most Newton/bisection steps per call (then λ is used as it stands)
+    warm_start : bool, start from the last λ (else from the bracket's midpoint)
+
+    Examples
+    --------
+    >>> values = torch.rand(10_000, generator=torch.Generator().manual_seed(0))
+    >>> selector = STkThresholdSelector()
+    >>> abs(len(selector(values, 100)) - 100) <= 10
+    True
+    """
+
+    def __init__(self, delta: float = 0.01, count_tolerance: float = 0.05, max_iter: int = 50, warm_start: bool = True):
+        super().__init__()
+        if not delta > 0:
+            raise ValueError(f"delta={delta} must be > 0")
+        if not 0 < count_tolerance < 1:
+            raise ValueError(f"count_tolerance={count_tolerance} must lie in (0, 1)")
+        if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
+            raise ValueError(f"max_iter={max_iter!r} must be an int >= 1")
+        self.delta, self.count_tolerance, self.max_iter, self.warm_start = delta, count_tolerance, max_iter, warm_start
+        self.register_buffer("lam", torch.tensor(float("nan"), dtype=torch.float64))
+        self.iterations = 0
+
+    def threshold(self, magnitudes: torch.Tensor, k: int) -> float:
+        """λ with ``Σ SReLU'(|g| − λ) ≈ k`` (and the number of steps it took in ``self.iterations``)."""
+        _check(magnitudes, k)
+        delta = self.delta * float(magnitudes.mean())
+        if delta == 0:
+            return 0.0
+        low, high = 0.0, float(magnitudes.max())
+        lam = float(self.lam)
+        if not (self.warm_start and low < lam < high):
+            lam = 0.5 * (low + high)
+        for self.iterations in range(1, self.max_iter + 1):
+            z = magnitudes - lam
+            excess = float(srelu_slope(z, delta).sum(dtype=torch.float64)) - k
+            if abs(excess) <= self.count_tolerance * k:
+                break
+            if excess > 0:
+                low = lam
+            else:
+                high = lam
+            root = torch.sqrt(z * z + delta * delta)
+            slope = 0.5 * delta * delta * float((1.0 / (root * root * root)).sum(dtype=torch.float64))
+            newton = lam + excess / slope if slope > 0 else math.nan
+            lam = newton if low < newton < high else 0.5 * (low + high)
+        self.lam.fill_(lam)
+        return lam
+
+    def forward(self, magnitudes: torch.Tensor, k: int) -> torch.Tensor:
+        return (magnitudes > self.threshold(magnitudes, k)).nonzero().view(-1)
