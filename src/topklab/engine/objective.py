@@ -16,7 +16,10 @@ from topklab.engine.distributed import all_gather_losses
 
 
 class Objective(nn.Module):
-    """``L = aggregate(individual(output, target)) + 1/(2C)·Σ‖θ‖² + l1·Σ|W|``.
+    """``L = aggregate(individual(output, target)) + 1/(2C)·Σ‖θ‖² + l1·Σ|W| + model.auxiliary_loss()``.
+
+    The last term is the model's own training terms of its last forward, when it has any (e.g. the
+    STk threshold routers of :class:`~topklab.models.TransformerLM`).
 
     Parameters
     ----------
@@ -70,7 +73,10 @@ class Objective(nn.Module):
 
     def forward(self, output: torch.Tensor, target: torch.Tensor, model: nn.Module | None = None) -> torch.Tensor:
         value = self.aggregate(self.losses(output, target))
-        return value if model is None else value + self.penalty(model)
+        if model is None:
+            return value
+        auxiliary = model.auxiliary_loss() if hasattr(model, "auxiliary_loss") else 0.0
+        return value + self.penalty(model) + auxiliary
 
     @property
     def threshold(self) -> float | None:

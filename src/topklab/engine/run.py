@@ -100,6 +100,7 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None) -> 
                      resume_id=CheckpointStore(workdir).info().get("logger_id"))
         result = engine.fit(module, optimizer, data, task, cfg.seed, on_epoch_end=record.add_epoch, on_eval=logger.log,
                             workdir=workdir, run_dir=record.run_dir, logger_id=logger.id, dist=dist)
+        dist.barrier()  # no rank tears the process group down while another still talks to it (gloo aborts then)
     except NonFiniteLossError as err:
         record.discard(keep=("last_good.pt",))
         path = record.save_state("last_good.pt", err.last_good_state)
