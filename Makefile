@@ -7,7 +7,8 @@ KERNLAB_RDA := .data/kernlab/usr/lib/R/site-library/kernlab/data/spam.rda
 .PHONY: setup data sparse demo test test-slow test-all reproduce-tabular tables bench-population \
         reproduce-synthetic reproduce-fmnistlt reproduce-multi30k reproduce-translation-table5 \
         reproduce-translation-table8 reproduce-vision-table5 reproduce-vision-table7 reproduce-vision-table8 \
-        bench-peft bench-operators table1 bench-topk bench-step-share figures clean
+        bench-peft bench-operators table1 bench-topk bench-step-share figures clean \
+        reproduce-sparsification reproduce-routing bench-sparsification bench-routing
 
 # DEVICE=cuda (on a machine with an NVIDIA driver): the same pins, torch/torchvision as the CUDA build pair
 # from PyTorch's index for CUDA (default cu128), resolved together with everything else in one pip call.
@@ -112,15 +113,23 @@ reproduce-fmnistlt: setup data
 	OMP_NUM_THREADS=1 $(PY) train.py -m experiment=$(FMNISTLT_ROWS) seed=0,1,2 hydra/launcher=joblib hydra.launcher.n_jobs=2
 
 # STk as a layer, gradient sparsification: ResNet-32 on fmnistlt with 4 simulated workers, dense and each
-# selector (exact top-k, DGC's sampled threshold, the STk threshold) at 1 % and 0.1 % (7 runs of 20 epochs,
-# two jobs of one thread at a time, about 30 min), into results/sparsification/fmnistlt/<row>/seed<k>.json.
+# selector (exact top-k, DGC's sampled threshold, the STk threshold) at 1 % and 0.1 %, plus dense on 1 worker
+# (8 runs of 20 epochs, two jobs of one thread at a time, about 20 min), into results/sparsification/fmnistlt/<row>/seed<k>.json.
 comma := ,
 empty :=
 space := $(empty) $(empty)
-SPARSIFICATION_ROWS := $(subst $(space),$(comma),$(foreach row,dense exact_topk_1pct exact_topk_01pct sampled_threshold_1pct sampled_threshold_01pct stk_threshold_1pct stk_threshold_01pct,sparsification/$(row)))
+SPARSIFICATION_ROWS := $(subst $(space),$(comma),$(foreach row,dense dense_1worker exact_topk_1pct exact_topk_01pct sampled_threshold_1pct sampled_threshold_01pct stk_threshold_1pct stk_threshold_01pct,sparsification/$(row)))
 SPARSIFICATION_SEEDS ?= 0
 reproduce-sparsification: setup data
 	OMP_NUM_THREADS=1 $(PY) train.py -m experiment=$(SPARSIFICATION_ROWS) seed=$(SPARSIFICATION_SEEDS) hydra/launcher=joblib hydra.launcher.n_jobs=2
+
+# STk as a layer, token routing: a 4-layer decoder-only LM on Multi30k's English side, dense and with layers 1
+# and 3 routed by top-k (MoD), threshold-p (p = 1 - c) or a learned STk threshold at c = 0.125, 0.25, 0.5
+# (10 runs of 2 epochs, two jobs of one thread at a time, about 1 h), into results/routing/multi30k_en/<row>/seed<k>.json.
+ROUTING_ROWS := $(subst $(space),$(comma),$(foreach row,dense $(foreach c,c0125 c025 c05,top_k_$(c) threshold_p_$(c) stk_threshold_$(c)),routing/$(row)))
+ROUTING_SEEDS ?= 0
+reproduce-routing: setup
+	OMP_NUM_THREADS=1 $(PY) train.py -m experiment=$(ROUTING_ROWS) seed=$(ROUTING_SEEDS) hydra/launcher=joblib hydra.launcher.n_jobs=2
 
 # Translation on this CPU: the Multi30k table (Average / ATk / STk, small Transformer, 15 epochs,
 # about 1 h per run on 2 cores), one run at a time; each writes results/translation/multi30k/<row>/

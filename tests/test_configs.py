@@ -50,7 +50,7 @@ def test_compose_and_instantiate(compose_cfg, group, option):
     build(cfg.logger, "logger")
     optimizer_factory = instantiate(cfg.optim)
     assert callable(optimizer_factory)
-    assert dataset.task in ("binary", "regression", "multiclass", "translation")
+    assert dataset.task in ("binary", "regression", "multiclass", "translation", "language_modeling")
 
 
 @pytest.mark.parametrize("option", OPERATORS)

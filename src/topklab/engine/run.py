@@ -138,12 +138,12 @@ def optimized_value(cfg: DictConfig, summary: dict) -> float:
 
 def write_result(cfg: DictConfig, summary: dict, record: RunRecord) -> Path:
     """The run's compact, portable result at ``cfg.result_file`` (``results/<family>/<table>/<row>/
-    seed<k>.json`` for an experiment row, family vision or translation): the summary, the config
+    seed<k>.json`` for an experiment row, family vision, translation or language_modeling): the summary, the config
     without machine paths, the provenance and the command, in :mod:`topklab.report.schema`'s
     envelope, written atomically."""
     path = Path(cfg.result_file)
     table, row = path.parent.parent.name, path.parent.name
-    family = "translation" if summary["task"] == "translation" else "vision"  # the envelope family of the data
+    family = summary["task"] if summary["task"] in ("translation", "language_modeling") else "vision"  # the data's envelope family
     portable_summary = {k: v for k, v in summary.items() if k != "logger_id"}  # a CSV logger's id is a path
     payload = {"table": table, "row": row, "label": cfg.get("row") or row, "summary": portable_summary}
     command = "python " + " ".join(Path(a).name if i == 0 else a for i, a in enumerate(sys.argv))

@@ -3,7 +3,7 @@
 A result is a JSON object with exactly these fields::
 
     schema      1 (the version of this envelope)
-    family      "tabular" | "synthetic" | "vision" | "translation" | "bench"
+    family      "tabular" | "synthetic" | "vision" | "translation" | "language_modeling" | "bench"
     experiment  the table row / experiment it belongs to, e.g. "table3/australian/logistic/stk",
                 "table2", "fmnistlt/la", "table1"
     command     the command line that produced it
@@ -29,6 +29,7 @@ PAYLOAD = {
     "synthetic": (),
     "vision": ("table", "row", "label", "summary"),
     "translation": ("table", "row", "label", "summary"),
+    "language_modeling": ("table", "row", "label", "summary"),
     "bench": (),
 }
 CONVERT = "run `python scripts/convert_results.py` to convert the results tree"
@@ -60,7 +61,7 @@ def make_result(family: str, experiment: str, payload: dict, command: str, confi
 
     Parameters
     ----------
-    family : "tabular", "synthetic", "vision", "translation" or "bench"
+    family : "tabular", "synthetic", "vision", "translation", "language_modeling" or "bench"
     experiment : id of the table row / experiment, e.g. ``"fmnistlt/la"`` or ``"table2"``
     payload : the family's data (see ``PAYLOAD`` for the keys a family must have)
     command : the command line that produced it

@@ -1,0 +1,141 @@
+"""Token routing (Mixture-of-Depths blocks): each router's selection rule, the routed block against a
+slow per-sequence reference, causality, the STk threshold holding its capacity, and every routing
+row end to end on a tiny corpus written in Multi30k's layout."""
+import json
+import math
+from functools import partial
+
+import pytest
+import torch
+
+from conftest import ROOT
+from topklab.cli import config_groups
+from topklab.data.translation import PairBatch
+from topklab.engine.run import train
+from topklab.models import ProbabilityThresholdRouter, STkThresholdRouter, TopKRouter, TransformerLM
+from topklab.models.language_model import causal_mask, run_routed
+from topklab.models.transformer import EncoderLayer
+from translation_files import write_text_corpus
+
+ROUTERS = {"top_k": partial(TopKRouter, capacity=0.25), "threshold_p": partial(ProbabilityThresholdRouter, probability=0.5),
+           "stk_threshold": partial(STkThresholdRouter, capacity=0.25)}
+
+
+def padded_tokens(lengths, vocab=20, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        tokens[row, :length] = torch.randint(4, vocab, (length,), generator=generator)
+        tokens[row, 0] = 2
+    return tokens
+
+
+def test_top_k_takes_the_ceil_of_c_times_each_sequence_length_of_its_highest_scores():
+    router = TopKRouter(dim=4, capacity=0.3)
+    real = padded_tokens([10, 7, 3]) != 0
+    scores = torch.randn(3, 10, generator=torch.Generator().manual_seed(1))
+    selected = router.select(scores, real) & real
+    for row, length in enumerate([10, 7, 3]):
+        expected = sorted(range(length), key=lambda j: -float(scores[row, j]))[:math.ceil(0.3 * length)]
+        assert sorted(selected[row].nonzero().view(-1).tolist()) == sorted(expected)
+
+
+def test_the_routed_block_equals_running_each_sequence_of_selected_tokens_alone():
+    torch.manual_seed(0)
+    layer = EncoderLayer(8, 16, 2, 0.0, 0.0, 0.0, True).double()
+    x = torch.randn(3, 6, 8, dtype=torch.float64)
+    selected = torch.tensor([[1, 0, 1, 1, 0, 0], [0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    gate = torch.rand(3, 6, dtype=torch.float64)
+    out = run_routed(layer, x, selected, gate)
+    for row in range(3):
+        expected = x[row].clone()
+        where = selected[row].nonzero().view(-1)
+        if len(where):
+            alone = x[row, where][None]
+            processed = layer(alone, causal_mask(torch.ones(1, len(where), dtype=torch.bool)))[0]
+            expected[where] += gate[row, where, None] * (processed - alone[0])
+        torch.testing.assert_close(out[row], expected)
+
+
+@pytest.mark.parametrize("name", ROUTERS)
+def test_threshold_routing_is_causal_and_top_k_is_not(name):
+    torch.manual_seed(0)
+    model = TransformerLM(vocab_size=20, d_model=16, ffn_dim=32, heads=2, layers=2, dropout=0.0, router=ROUTERS[name]).eval()
+    tokens = padded_tokens([12])
+    with torch.no_grad():
+        full = model(PairBatch(tokens[:, :0], tokens))
+        prefixes = torch.cat([model(PairBatch(tokens[:, :0], tokens[:, :t]))[:, -1:] for t in range(1, 13)], 1)
+    assert model.causal == (name != "top_k")
+    assert torch.allclose(full, prefixes, atol=1e-5) == model.causal
+
+
+def test_the_stk_threshold_lets_the_capacity_through_on_average():
+    """Only λ trains (SGD on the auxiliary term over fixed score distributions): the fraction of
+    tokens above λ settles at c, unlike a fixed threshold, which lets through whatever lies above it."""
+    torch.manual_seed(0)
+    router = STkThresholdRouter(dim=8, capacity=0.25, delta=0.01)
+    optimizer = torch.optim.SGD([router.lam], lr=0.5)
+    real = torch.ones(16, 32, dtype=torch.bool)
+    fractions = []
+    for step in range(400):
+        x = torch.randn(16, 32, 8) + 0.5
+        selected, _ = router(x, real)
+        optimizer.zero_grad()
+        router.auxiliary_loss.backward()
+        optimizer.step()
+        fractions.append(float(selected.float().mean()))
+    assert abs(sum(fractions[-100:]) / 100 - 0.25) < 0.02
+    fixed, _ = ProbabilityThresholdRouter(dim=8, probability=0.75)(torch.randn(16, 32, 8) + 0.5, real)
+    assert abs(float(fixed.float().mean()) - 0.25) > 0.05
+
+
+def test_the_routers_auxiliary_term_reaches_the_training_objective():
+    from topklab.engine.objective import Objective
+    from topklab.losses import Average, LabelSmoothedCrossEntropy
+
+    model = TransformerLM(vocab_size=20, d_model=16, ffn_dim=32, heads=2, layers=2, router=ROUTERS["stk_threshold"])
+    tokens = padded_tokens([9, 5])
+    objective = Objective(LabelSmoothedCrossEntropy(smoothing=0.0), Average())
+    objective(model(PairBatch(tokens[:, :0], tokens)), tokens, model).backward()
+    assert model.routers["1"].lam.grad is not None and model.routers["1"].lam.grad != 0
+
+
+def test_bad_router_settings_get_one_line_errors():
+    with pytest.raises(ValueError, match="capacity"):
+        TopKRouter(dim=4, capacity=0.0)
+    with pytest.raises(ValueError, match="probability"):
+        ProbabilityThresholdRouter(dim=4, probability=1.0)
+    with pytest.raises(ValueError, match="routed_layers"):
+        TransformerLM(vocab_size=20, d_model=16, heads=2, layers=2, router=ROUTERS["top_k"], routed_layers=[5])
+
+
+def routing_rows():
+    return [row for row in config_groups(ROOT / "configs")["experiment"] if row.startswith("routing/")]
+
+
+def test_every_routing_cell_has_a_row():
+    assert set(routing_rows()) == {"routing/dense"} | {f"routing/{r}_c{c}" for r in ("top_k", "threshold_p", "stk_threshold")
+                                                     for c in ("0125", "025", "05")}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    base = tmp_path_factory.mktemp("multi30k")
+    return write_text_corpus(base / "multi30k"), base / "spm"
+
+
+@pytest.mark.parametrize("row", routing_rows())
+def test_routing_row_composes_and_smoke_runs_offline(compose_cfg, tmp_path, corpus, row):
+    root, spm = corpus
+    result = tmp_path / "result.json"
+    cfg = compose_cfg(f"experiment={row}", f"dataset.root={root}", f"dataset.vocab_dir={spm}", "dataset.vocab_size=40",
+                      "model.d_model=16", "model.ffn_dim=32", "model.heads=2", "engine.max_steps=2", "engine.batch_size=128",
+                      "logger=none", f"result_file={result}", f"paths.log_dir={tmp_path}")
+    assert cfg.recipe == "language_modeling"
+    summary = train(cfg, tmp_path / "run")
+    test = summary["metrics"]["test"]
+    assert summary["steps"] == 2 and test["perplexity"] == pytest.approx(math.exp(test["loss"]))
+    assert (test["routed_fraction"] is None) == (row == "routing/dense")
+    if row.startswith("routing/top_k"):
+        assert 0 < test["routed_fraction"] < 1
+    assert json.loads(result.read_text())["result"]["label"] == cfg.row
