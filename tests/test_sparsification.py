@@ -95,3 +95,12 @@ def test_bad_settings_get_one_line_errors():
         SparseGradientExchange(workers=2, keep_ratio=0.1)
     with pytest.raises(ValueError, match="cannot feed"):
         SparseGradientExchange(workers=4, keep_ratio=1.0).shards(3)
+
+
+def test_doctests():
+    import doctest
+
+    from topklab.sparsification import exchange, selectors
+
+    for module in (exchange, selectors):
+        assert doctest.testmod(module).failed == 0

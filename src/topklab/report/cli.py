@@ -4,9 +4,11 @@
     python -m topklab.report figures [--results results] [--out results/figures]
 
 ``tables``: Tables 3, 4, 6 (.md, .tex) from the tabular cells of one preset, Table 1 from
-``bench/table1.json``, Table 2 from ``synthetic/table2.json``, and ``<table>.md`` for every vision
-table under ``vision/`` and every translation table under ``translation/``; paper values from ``paper/*.yaml``. ``figures``: Figures 2-4 (Figures 3
-and 4 from ``synthetic/figure{3,4}.json``). A missing optional source is skipped with a note; a
+``bench/table1.json``, Table 2 from ``synthetic/table2.json``, ``<table>.md`` for every vision
+table under ``vision/`` and every translation table under ``translation/`` (paper values from
+``paper/*.yaml``), and ``routing.md`` / ``gradient_sparsification.md`` from ``routing/``,
+``sparsification/`` and their benchmarks. ``figures``: Figures 2-4 (Figures 3 and 4 from
+``synthetic/figure{3,4}.json``), ``routing.png`` and ``gradient_sparsification.png``. A missing optional source is skipped with a note; a
 corrupt or old-format result is a one-line error and nothing is written.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Callable
 
 import yaml
 
+from topklab.report.layer import plot_routing, plot_sparsification, render_routing, render_sparsification
 from topklab.report.schema import read_result, read_results
 from topklab.report.synthetic import render_table1, render_table2
 from topklab.report.tabular import render_tabular
@@ -44,6 +47,8 @@ SINGLE_TABLES: dict[str, tuple[Source, Callable[[dict, dict], str]]] = {
     "table1.md": (Source("bench/table1.json", "bench", "scripts/table1_topk_time.py"), render_table1),
     "table2.md": (Source("synthetic/table2.json", "synthetic", "scripts/reproduce_synthetic.py"), render_table2),
 }
+LAYER_BENCH = {"routing": Source("bench/routing_cpu.json", "bench", "scripts/bench_routing.py"),
+               "sparsification": Source("bench/sparsification_cpu.json", "bench", "scripts/bench_sparsification.py")}
 FIGURE_SOURCES = {name: Source(f"synthetic/{name}.json", "synthetic", "scripts/reproduce_synthetic.py")
                   for name in ("figure3", "figure4")}
 
@@ -89,6 +94,19 @@ def render_tables(results: Path, preset: str) -> dict[str, str]:
     papers = [yaml.safe_load(p.read_text()) for p in sorted((results / "paper").glob("*.yaml"))]
     rendered.update(render_vision(read_results(results / "vision", "vision"), papers))
     rendered.update(render_translation(read_results(results / "translation", "translation"), papers))
+    rendered.update(render_layer_tables(results))
+    return rendered
+
+
+def render_layer_tables(results: Path) -> dict[str, str]:
+    """``routing.md`` and ``gradient_sparsification.md`` where their runs or benchmarks exist."""
+    configs, rendered = results.parent / "configs", {}
+    for name, folder, family, render in (("routing.md", "routing", "language_modeling", render_routing),
+                                         ("gradient_sparsification.md", "sparsification", "vision", render_sparsification)):
+        runs = read_results(results / folder, family) if (results / folder).is_dir() else []
+        bench = read_result(results / LAYER_BENCH[folder].path, "bench") if (results / LAYER_BENCH[folder].path).exists() else None
+        if runs or bench:
+            rendered[name] = render(runs, bench, configs)
     return rendered
 
 
@@ -115,6 +133,13 @@ def render_figures(results: Path, out: Path) -> list[str]:
         draw[name](tmp)
         tmp.replace(out / f"{name}.png")
         written.append(f"{name}.png")
+    routing = read_results(results / "routing", "language_modeling") if (results / "routing").is_dir() else []
+    if routing:
+        plot_routing(routing, out / "routing.png")
+        written.append("routing.png")
+    if (results / LAYER_BENCH["sparsification"].path).exists():
+        plot_sparsification(read_result(results / LAYER_BENCH["sparsification"].path, "bench"), out / "gradient_sparsification.png")
+        written.append("gradient_sparsification.png")
     return written
 
 

@@ -18,7 +18,6 @@ import math
 import torch
 from torch import nn
 
-from topklab.operators.stk_threshold import srelu_slope
 
 
 def _check(magnitudes: torch.Tensor, k: int) -> None:
@@ -151,17 +150,19 @@ class STkThresholdSelector(nn.Module):
         lam = float(self.lam)
         if not (self.warm_start and low < lam < high):
             lam = 0.5 * (low + high)
+        n = magnitudes.numel()
         for self.iterations in range(1, self.max_iter + 1):
             z = magnitudes - lam
-            excess = float(srelu_slope(z, delta).sum(dtype=torch.float64)) - k
+            root = torch.sqrt(z * z + delta * delta)
+            # Σ SReLU'(z) = ½(n + Σ z/r): the tail's δ²/(2z²) is below float32's resolution but adds < 1 to the count
+            excess = 0.5 * (n + float((z / root).sum(dtype=torch.float64))) - k
             if abs(excess) <= self.count_tolerance * k:
                 break
             if excess > 0:
                 low = lam
             else:
                 high = lam
-            root = torch.sqrt(z * z + delta * delta)
-            slope = 0.5 * delta * delta * float((1.0 / (root * root * root)).sum(dtype=torch.float64))
+            slope = 0.5 * delta * delta * float(root.pow_(-3).sum(dtype=torch.float64))
             newton = lam + excess / slope if slope > 0 else math.nan
             lam = newton if low < newton < high else 0.5 * (low + high)
         self.lam.fill_(lam)

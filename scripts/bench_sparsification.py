@@ -1,0 +1,127 @@
+"""How long each gradient-sparsification selector takes to pick k of P entries, side by side.
+
+    python scripts/bench_sparsification.py [--sizes 100000 1000000 10000000 100000000] [--ratios 0.01 0.001]
+                                           [--repeats 5] [--device cpu|cuda] [--out results/bench/sparsification_cpu.json]
+
+For each P and keep ratio (k = ⌈ratio·P⌉) on gradient-like magnitudes (|N(0, 1)|·exp(N(0, 1)), a
+heavy tail), the selectors of ``configs/gradient_exchange/`` at their defaults are timed in turn
+(interleaved, one warm-up call excluded, the median of ``--repeats``): ``torch.topk``, DGC's sampled
+threshold, and the STk threshold twice: cold (no previous λ) and warm (λ from the same vector before a
+1 % multiplicative perturbation, as between training steps). Each row gives the time, the ratio to
+``torch.topk`` measured in the same run, the count sent relative to k, and the recall of the true top-k.
+Writes a result envelope (JSON) with the command and provenance; ``python -m topklab.report tables``
+renders it into results/tables/gradient_sparsification.md.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("TOPKLAB_ROOT", str(ROOT))
+
+
+def magnitudes(n: int, seed: int, device) -> "torch.Tensor":
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, generator=generator).abs() * torch.randn(n, generator=generator).exp()).to(device)
+
+
+def timed(call, device) -> tuple[float, object]:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = call()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, out
+
+
+def measure(n: int, ratio: float, repeats: int, device) -> list[dict]:
+    import torch
+
+    from topklab.sparsification import ExactTopK, SampledThreshold, STkThresholdSelector
+
+    k = max(1, math.ceil(ratio * n))
+    values = magnitudes(n, 0, device)
+    previous = values * (1 + 0.01 * torch.randn(n, generator=torch.Generator().manual_seed(1)).to(device))
+    true_top = torch.zeros(n, dtype=torch.bool, device=device)
+    true_top[values.topk(k).indices] = True
+
+    def warm_stk():
+        selector = STkThresholdSelector()
+        selector.threshold(previous, k)
+        return selector
+
+    warm = warm_stk()
+    selectors = {"exact top-k": lambda: ExactTopK()(values, k),
+                 "sampled threshold (DGC)": lambda: SampledThreshold(seed=0)(values, k),
+                 "STk threshold, cold": lambda: STkThresholdSelector()(values, k),
+                 "STk threshold, warm": None}
+    times = {name: [] for name in selectors}
+    chosen = {}
+    for repeat in range(repeats + 1):
+        for name, call in selectors.items():
+            if call is None:  # the warm start is set up outside the timer, every repeat
+                warm.lam.fill_(float(warm_stk().lam))
+                call = lambda: warm(values, k)
+            seconds, indices = timed(call, device)
+            if repeat:
+                times[name].append(seconds)
+            chosen[name] = indices
+    rows = []
+    for name in selectors:
+        indices = chosen[name]
+        rows.append({"n": n, "ratio": ratio, "k": k, "selector": name, "seconds": statistics.median(times[name]),
+                     "count_over_k": len(indices) / k, "recall": float(true_top[indices].sum()) / k})
+    exact = rows[0]["seconds"]
+    for row in rows:
+        row["vs_topk"] = row["seconds"] / exact
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000, 100_000_000])
+    parser.add_argument("--ratios", type=float, nargs="+", default=[0.01, 0.001])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, default=None, help="default: results/bench/sparsification_<device>.json")
+    args = parser.parse_args(argv)
+    import torch
+
+    from topklab.report import make_result, write_result
+    from topklab.utils.provenance import collect
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda but no CUDA device is visible; use --device cpu", file=sys.stderr)
+        return 2
+    rows = []
+    for n in args.sizes:
+        for ratio in args.ratios:
+            for row in measure(n, ratio, args.repeats, device):
+                rows.append(row)
+                print(f"P={n:>11,} keep {ratio:.1%}  {row['selector']:<24} {row['seconds'] * 1e3:9.2f} ms "
+                      f"({row['vs_topk']:.2f}x topk)  sent/k {row['count_over_k']:.3f}  recall {row['recall']:.3f}", flush=True)
+    tag = "cuda" if device.type == "cuda" else "cpu"
+    out = args.out or ROOT / "results" / "bench" / f"sparsification_{tag}.json"
+    command = " ".join(["python scripts/bench_sparsification.py", *sys.argv[1:]])
+    payload = {"rows": rows, "device": str(device), "threads": torch.get_num_threads(), "repeats": args.repeats}
+    write_result(out, make_result("bench", f"sparsification_{tag}", payload, command=command,
+                                  config={"sizes": args.sizes, "ratios": args.ratios, "repeats": args.repeats},
+                                  provenance=collect(ROOT)))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,175 @@
+"""STk as a layer: the token-routing and gradient-sparsification tables and their plots, from
+``results/routing/`` (language-modelling runs), ``results/sparsification/`` (fmnistlt runs) and the
+side-by-side benchmarks ``results/bench/{routing,sparsification}_<device>.json``.
+
+Each table's header names the commands, the commits and dirty flags of the runs, and the rows still
+missing (from ``configs/experiment/<group>/``) until none are. One seed per row: the spread over
+seeds is not measured here, so differences of a few tenths are not evidence.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+ROUTERS = ("top-k (MoD)", "threshold-p", "STk threshold")
+
+
+def _expected_rows(group: str, configs: Path | None) -> list[str]:
+    folder = (configs or Path()) / "experiment" / group
+    return sorted(p.stem for p in folder.glob("*.yaml") if not p.name.startswith("_")) if configs else []
+
+
+def _provenance(results: list[dict]) -> str:
+    commits = sorted({(r["provenance"]["git"].get("sha", "?")[:7], bool(r["provenance"]["git"].get("dirty")))
+                      for r in results})
+    return ", ".join(f"{sha}{' (dirty)' if dirty else ''}" for sha, dirty in commits) or "—"
+
+
+def _header(title: str, command: str, results: list[dict], expected: list[str], group: str) -> list[str]:
+    have = {r["result"]["row"] for r in results}
+    missing = [row for row in expected if row not in have]
+    lines = [f"# {title}", "", f"Runs: `{command}` (one seed each); commits {_provenance(results)}."]
+    if expected:
+        lines.append(f"Missing rows: {', '.join(f'`{group}/{m}`' for m in missing)}." if missing else "All rows present.")
+    return lines + [""]
+
+
+def _fmt(value, digits: int = 2, scale: float = 1.0) -> str:
+    return "—" if value is None else f"{value * scale:.{digits}f}"
+
+
+def render_routing(results: list[dict], bench: dict | None, configs: Path | None = None) -> str:
+    """Markdown of ``results/tables/routing.md``.
+
+    Examples
+    --------
+    >>> render_routing([], None).splitlines()[0]
+    '# Token routing on Multi30k (English LM): exact top-k, threshold-p and a learned STk threshold'
+    """
+    lines = _header("Token routing on Multi30k (English LM): exact top-k, threshold-p and a learned STk threshold",
+                    "make reproduce-routing", results, _expected_rows("routing", configs), "routing")
+    lines += ["Layers 1 and 3 of a 4-layer LM route; *routed* is the fraction of test tokens those layers processed",
+              "(mean of the two). Perplexity is per token on test2016, at the epoch with the best validation",
+              "perplexity. *Causal*: the routing of a token depends only on earlier tokens, so token-by-token",
+              "decoding gives the same numbers; top-k's test perplexity sees each whole sentence when it routes",
+              "(as in training) and cannot be reproduced by decoding. *Step (run)*: median training step of the",
+              "run itself (two runs shared the 2 cores, so compare within the table only); *step vs dense*: the",
+              "side-by-side benchmark below.", "",
+              "| row | causal | routed (test) | val ppl | test ppl | Δ test ppl vs dense | step (run), s |",
+              "|---|---|---|---|---|---|---|"]
+    by_row = {r["result"]["row"]: r for r in results}
+    dense = by_row.get("dense")
+    dense_ppl = dense["result"]["summary"]["metrics"]["test"]["perplexity"] if dense else None
+    order = ["dense"] + [f"{router}_{c}" for router in ("top_k", "threshold_p", "stk_threshold") for c in ("c0125", "c025", "c05")]
+    for row in [r for r in order if r in by_row] + sorted(set(by_row) - set(order)):
+        result = by_row[row]
+        summary = result["result"]["summary"]
+        test, val = summary["metrics"]["test"], summary["metrics"]["val"]
+        causal = "no" if row.startswith("top_k") else "yes"
+        delta = None if dense_ppl is None else test["perplexity"] - dense_ppl
+        routed = test.get("routed_fraction")
+        lines.append(f"| {result['result']['label']} | {causal} | {_fmt(routed, 3) if routed is not None else '1 (dense)'} "
+                     f"| {val['perplexity']:.2f} | {test['perplexity']:.2f} | {_fmt(delta, 2) if row != 'dense' else '—'} "
+                     f"| {_fmt(summary['cost']['step_time_s'], 3)} |")
+    if bench is not None:
+        lines += ["", f"## Step time against dense, side by side (`{bench['command']}`, {bench['result']['device']}, "
+                      f"{bench['result']['threads']} thread(s))", "",
+                  "| batch shape | variant | routed | step, ms | vs dense |", "|---|---|---|---|---|"]
+        for row in bench["result"]["rows"]:
+            lines.append(f"| {row['shape']} | {row['variant']} | {row['routed_fraction']:.3f} | {row['step_seconds'] * 1e3:.1f} "
+                         f"| {row['vs_dense']:.2f} |")
+    else:
+        lines += ["", "Step-time benchmark missing: run `python scripts/bench_routing.py`."]
+    return "\n".join(lines) + "\n"
+
+
+def render_sparsification(results: list[dict], bench: dict | None, configs: Path | None = None) -> str:
+    """Markdown of ``results/tables/gradient_sparsification.md``.
+
+    Examples
+    --------
+    >>> render_sparsification([], None).splitlines()[0]
+    '# Top-k gradient sparsification with error feedback: exact top-k, sampled threshold (DGC), STk threshold'
+    """
+    lines = _header("Top-k gradient sparsification with error feedback: exact top-k, sampled threshold (DGC), STk threshold",
+                    "make reproduce-sparsification", results, _expected_rows("sparsification", configs), "sparsification")
+    lines += ["ResNet-32 on fmnistlt (the fmnistlt recipe: 20 epochs, SGD with momentum, batch 128) on 4 simulated",
+              "workers of 32 images; each worker sends the given share of its residual per step, error feedback keeps",
+              "the rest. *Sent*: the mean share a worker actually sent; *selection*: mean time per worker message",
+              "inside the run. Test top-1 / top-5 (%) at the epoch with the best balanced-validation top-1.", "",
+              "| row | sent (%) | selection, ms | val top-1 | test top-1 | test top-5 | train time, s |",
+              "|---|---|---|---|---|---|---|"]
+    order = ["dense_1worker", "dense"] + [f"{s}_{p}" for p in ("1pct", "01pct") for s in ("exact_topk", "sampled_threshold", "stk_threshold")]
+    by_row = {r["result"]["row"]: r for r in results}
+    for row in [r for r in order if r in by_row] + sorted(set(by_row) - set(order)):
+        result = by_row[row]
+        summary = result["result"]["summary"]
+        history = summary["history"]
+        sent = [h["sent_fraction"] for h in history if h.get("sent_fraction") is not None]
+        selection = [h["selection_s"] for h in history if h.get("selection_s") is not None]
+        test, val = summary["metrics"]["test"], summary["metrics"]["val"]
+        lines.append(f"| {result['result']['label']} | {_fmt(sum(sent) / len(sent) if sent else None, 3, 100)} "
+                     f"| {_fmt(sum(selection) / len(selection) if selection else None, 2, 1e3)} | {val['top1']:.2f} "
+                     f"| {test['top1']:.2f} | {test['top5']:.2f} | {summary['train_seconds']:.0f} |")
+    if bench is not None:
+        lines += ["", f"## Selection time against the parameter count, side by side (`{bench['command']}`, "
+                      f"{bench['result']['device']}, {bench['result']['threads']} thread(s))", "",
+                  "Gradient-like magnitudes |N(0,1)|·exp(N(0,1)); median of the repeats; *vs top-k* is measured in the",
+                  "same run; *sent / k* and *recall* (the share of the true top-k sent) check what each rule selects.", "",
+                  "| parameters | keep | selector | time, ms | vs top-k | sent / k | recall |", "|---|---|---|---|---|---|---|"]
+        for row in bench["result"]["rows"]:
+            lines.append(f"| {row['n']:,} | {row['ratio']:.1%} | {row['selector']} | {row['seconds'] * 1e3:.2f} "
+                         f"| {row['vs_topk']:.2f} | {row['count_over_k']:.3f} | {row['recall']:.3f} |")
+    else:
+        lines += ["", "Selection benchmark missing: run `python scripts/bench_sparsification.py`."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_routing(results: list[dict], path: Path) -> None:
+    """Test perplexity against the routed fraction, one line per router over c; dense as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(5.5, 3.8))
+    for prefix, label, marker in (("top_k", "top-k (MoD; not causal)", "o"), ("threshold_p", "threshold-p = 1 − c", "s"),
+                                  ("stk_threshold", "learned STk threshold", "^")):
+        points = sorted((r["result"]["summary"]["metrics"]["test"]["routed_fraction"],
+                         r["result"]["summary"]["metrics"]["test"]["perplexity"])
+                        for r in results if r["result"]["row"].startswith(prefix))
+        if points:
+            axis.plot(*zip(*points), marker=marker, label=label)
+    dense = [r for r in results if r["result"]["row"] == "dense"]
+    if dense:
+        axis.axhline(dense[0]["result"]["summary"]["metrics"]["test"]["perplexity"], color="gray", ls="--", label="dense")
+    axis.set_xlabel("fraction of tokens the routed layers processed (test)")
+    axis.set_ylabel("test perplexity")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def plot_sparsification(bench: dict, path: Path) -> None:
+    """Selection time against the parameter count, one panel per keep ratio."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = bench["result"]["rows"]
+    ratios = sorted({r["ratio"] for r in rows}, reverse=True)
+    figure, axes = plt.subplots(1, len(ratios), figsize=(5 * len(ratios), 3.8), sharey=True, squeeze=False)
+    for axis, ratio in zip(axes[0], ratios):
+        for selector in dict.fromkeys(r["selector"] for r in rows):
+            points = sorted((r["n"], r["seconds"] * 1e3) for r in rows if r["ratio"] == ratio and r["selector"] == selector)
+            axis.plot(*zip(*points), marker="o", label=selector)
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_title(f"keep {ratio:.1%}")
+        axis.set_xlabel("parameters")
+    axes[0][0].set_ylabel("selection time per worker, ms")
+    axes[0][0].legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
