@@ -184,6 +184,14 @@ bench-peft: setup
 bench-operators: setup data
 	$(PY) scripts/bench_operators.py --device $(BENCH_DEVICE)
 
+# STk as a layer: selection time of each gradient sparsifier against the parameter count (1e5 ... 1e8), and the
+# training-step time of the routed language models against dense, side by side (one thread; a few minutes each).
+bench-sparsification: setup
+	OMP_NUM_THREADS=1 $(PY) scripts/bench_sparsification.py --device $(BENCH_DEVICE)
+
+bench-routing: setup
+	OMP_NUM_THREADS=1 $(PY) scripts/bench_routing.py --device $(BENCH_DEVICE)
+
 # STk Table 1 (top-5 of 10,000, 50 runs) into results/synthetic/table1.json (a few minutes).
 table1: setup
 	$(PY) scripts/table1_topk_time.py

@@ -16,7 +16,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from functools import partial
 from pathlib import Path
 
@@ -32,24 +31,22 @@ def make_model(router, device):
 
     torch.manual_seed(0)
     model = TransformerLM(vocab_size=5000, d_model=256, ffn_dim=1024, heads=4, layers=4, dropout=0.1, router=router)
-    return model.to(device), torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return model.to(device), torch.optim.AdamW(model.parameters(), lr=0.0)  # full AdamW work, weights fixed: λ stays calibrated
 
 
 def step_seconds(model, optimizer, batch, target, device) -> float:
-    import torch
     import torch.nn.functional as F
 
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    logits = model(batch)
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1)) + model.auxiliary_loss()
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
+    from topklab.bench.harness import timed
+
+    def step():
+        logits = model(batch)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1)) + model.auxiliary_loss()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return timed(step, device)[0]
 
 
 def main(argv=None) -> int:
@@ -61,14 +58,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import torch
 
+    from topklab.bench.harness import bench_device, write_bench
     from topklab.data.translation import PairBatch
     from topklab.models import STkThresholdRouter, TopKRouter
-    from topklab.report import make_result, write_result
-    from topklab.utils.provenance import collect
+    from topklab.utils.errors import TopklabError
 
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda but no CUDA device is visible; use --device cpu", file=sys.stderr)
+    try:
+        device = bench_device(args.device)
+    except TopklabError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     rows = []
     for shape, (sentences, length) in SHAPES.items():
@@ -103,12 +101,7 @@ def main(argv=None) -> int:
                          "routed_fraction": routed[name]})
             print(f"{shape:<26} {name:<26} {seconds * 1e3:8.1f} ms  {seconds / dense:.2f}x dense  routed {routed[name]:.3f}",
                   flush=True)
-    tag = "cuda" if device.type == "cuda" else "cpu"
-    out = args.out or ROOT / "results" / "bench" / f"routing_{tag}.json"
-    payload = {"rows": rows, "device": str(device), "threads": torch.get_num_threads(), "repeats": args.repeats}
-    write_result(out, make_result("bench", f"routing_{tag}", payload,
-                                  command=" ".join(["python scripts/bench_routing.py", *sys.argv[1:]]),
-                                  config={"capacities": args.capacities, "repeats": args.repeats}, provenance=collect(ROOT)))
+    out = write_bench(ROOT, "routing", device, rows, {"capacities": args.capacities, "repeats": args.repeats}, args.out)
     print(f"wrote {out}")
     return 0
 

@@ -19,35 +19,23 @@ import math
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TOPKLAB_ROOT", str(ROOT))
 
 
-def magnitudes(n: int, seed: int, device) -> "torch.Tensor":
+def magnitudes(n: int, seed: int, device):
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     return (torch.randn(n, generator=generator).abs() * torch.randn(n, generator=generator).exp()).to(device)
 
 
-def timed(call, device) -> tuple[float, object]:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    out = call()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start, out
-
-
 def measure(n: int, ratio: float, repeats: int, device) -> list[dict]:
     import torch
 
+    from topklab.bench.harness import timed
     from topklab.sparsification import ExactTopK, SampledThreshold, STkThresholdSelector
 
     k = max(1, math.ceil(ratio * n))
@@ -96,14 +84,13 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=None, help="default: results/bench/sparsification_<device>.json")
     args = parser.parse_args(argv)
-    import torch
+    from topklab.bench.harness import bench_device, write_bench
+    from topklab.utils.errors import TopklabError
 
-    from topklab.report import make_result, write_result
-    from topklab.utils.provenance import collect
-
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda but no CUDA device is visible; use --device cpu", file=sys.stderr)
+    try:
+        device = bench_device(args.device)
+    except TopklabError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     rows = []
     for n in args.sizes:
@@ -112,13 +99,8 @@ def main(argv=None) -> int:
                 rows.append(row)
                 print(f"P={n:>11,} keep {ratio:.1%}  {row['selector']:<24} {row['seconds'] * 1e3:9.2f} ms "
                       f"({row['vs_topk']:.2f}x topk)  sent/k {row['count_over_k']:.3f}  recall {row['recall']:.3f}", flush=True)
-    tag = "cuda" if device.type == "cuda" else "cpu"
-    out = args.out or ROOT / "results" / "bench" / f"sparsification_{tag}.json"
-    command = " ".join(["python scripts/bench_sparsification.py", *sys.argv[1:]])
-    payload = {"rows": rows, "device": str(device), "threads": torch.get_num_threads(), "repeats": args.repeats}
-    write_result(out, make_result("bench", f"sparsification_{tag}", payload, command=command,
-                                  config={"sizes": args.sizes, "ratios": args.ratios, "repeats": args.repeats},
-                                  provenance=collect(ROOT)))
+    out = write_bench(ROOT, "sparsification", device, rows,
+                      {"sizes": args.sizes, "ratios": args.ratios, "repeats": args.repeats}, args.out)
     print(f"wrote {out}")
     return 0
 

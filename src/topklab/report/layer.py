@@ -8,6 +8,7 @@ seeds is not measured here, so differences of a few tenths are not evidence.
 """
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 ROUTERS = ("top-k (MoD)", "threshold-p", "STk threshold")
@@ -27,10 +28,25 @@ def _provenance(results: list[dict]) -> str:
 def _header(title: str, command: str, results: list[dict], expected: list[str], group: str) -> list[str]:
     have = {r["result"]["row"] for r in results}
     missing = [row for row in expected if row not in have]
-    lines = [f"# {title}", "", f"Runs: `{command}` (one seed each); commits {_provenance(results)}."]
+    lines = [f"# {title}", "", f"Runs: `{command}`; commits {_provenance(results)}."]
     if expected:
         lines.append(f"Missing rows: {', '.join(f'`{group}/{m}`' for m in missing)}." if missing else "All rows present.")
     return lines + [""]
+
+
+def _by_row(results: list[dict]) -> dict[str, list[dict]]:
+    rows: dict[str, list[dict]] = {}
+    for result in results:
+        rows.setdefault(result["result"]["row"], []).append(result)
+    return rows
+
+
+def _spread(values: list[float]) -> str:
+    """``mean ± sample std (n = …): v1, v2, …`` for several seeds, the value for one."""
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return (f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f} (n = {len(values)}: "
+            f"{', '.join(f'{v:.2f}' for v in values)})")
 
 
 def _fmt(value, digits: int = 2, scale: float = 1.0) -> str:
@@ -56,20 +72,22 @@ def render_routing(results: list[dict], bench: dict | None, configs: Path | None
               "side-by-side benchmark below.", "",
               "| row | causal | routed (test) | val ppl | test ppl | Δ test ppl vs dense | step (run), s |",
               "|---|---|---|---|---|---|---|"]
-    by_row = {r["result"]["row"]: r for r in results}
-    dense = by_row.get("dense")
-    dense_ppl = dense["result"]["summary"]["metrics"]["test"]["perplexity"] if dense else None
+    by_row = _by_row(results)
+    mean = statistics.mean
+
+    def test_ppl(row: str) -> list[float]:
+        return [r["result"]["summary"]["metrics"]["test"]["perplexity"] for r in by_row[row]]
+
+    dense_ppl = mean(test_ppl("dense")) if "dense" in by_row else None
     order = ["dense"] + [f"{router}_{c}" for router in ("top_k", "threshold_p", "stk_threshold") for c in ("c0125", "c025", "c05")]
     for row in [r for r in order if r in by_row] + sorted(set(by_row) - set(order)):
-        result = by_row[row]
-        summary = result["result"]["summary"]
-        test, val = summary["metrics"]["test"], summary["metrics"]["val"]
-        causal = "no" if row.startswith("top_k") else "yes"
-        delta = None if dense_ppl is None else test["perplexity"] - dense_ppl
-        routed = test.get("routed_fraction")
-        lines.append(f"| {result['result']['label']} | {causal} | {_fmt(routed, 3) if routed is not None else '1 (dense)'} "
-                     f"| {val['perplexity']:.2f} | {test['perplexity']:.2f} | {_fmt(delta, 2) if row != 'dense' else '—'} "
-                     f"| {_fmt(summary['cost']['step_time_s'], 3)} |")
+        summaries = [r["result"]["summary"] for r in by_row[row]]
+        routed = [s["metrics"]["test"].get("routed_fraction") for s in summaries]
+        routed_cell = "1 (dense)" if None in routed else f"{mean(routed):.3f}"
+        delta = "—" if row == "dense" or dense_ppl is None else f"{mean(test_ppl(row)) - dense_ppl:.2f}"
+        lines.append(f"| {by_row[row][0]['result']['label']} | {'no' if row.startswith('top_k') else 'yes'} | {routed_cell} "
+                     f"| {mean(s['metrics']['val']['perplexity'] for s in summaries):.2f} | {_spread(test_ppl(row))} "
+                     f"| {delta} | {mean(s['cost']['step_time_s'] for s in summaries):.3f} |")
     if bench is not None:
         lines += ["", f"## Step time against dense, side by side (`{bench['command']}`, {bench['result']['device']}, "
                       f"{bench['result']['threads']} thread(s))", "",
@@ -96,20 +114,22 @@ def render_sparsification(results: list[dict], bench: dict | None, configs: Path
               "workers of 32 images; each worker sends the given share of its residual per step, error feedback keeps",
               "the rest. *Sent*: the mean share a worker actually sent; *selection*: mean time per worker message",
               "inside the run. Test top-1 / top-5 (%) at the epoch with the best balanced-validation top-1.", "",
-              "| row | sent (%) | selection, ms | val top-1 | test top-1 | test top-5 | train time, s |",
+              "| row | sent (%) | selection, ms | val top-1 | test top-1 (mean ± sample std, seeds) | test top-5 | train time, s |",
               "|---|---|---|---|---|---|---|"]
     order = ["dense_1worker", "dense"] + [f"{s}_{p}" for p in ("1pct", "01pct") for s in ("exact_topk", "sampled_threshold", "stk_threshold")]
-    by_row = {r["result"]["row"]: r for r in results}
+    by_row = _by_row(results)
     for row in [r for r in order if r in by_row] + sorted(set(by_row) - set(order)):
-        result = by_row[row]
-        summary = result["result"]["summary"]
-        history = summary["history"]
+        summaries = [r["result"]["summary"] for r in by_row[row]]
+        history = [h for summary in summaries for h in summary["history"]]
         sent = [h["sent_fraction"] for h in history if h.get("sent_fraction") is not None]
         selection = [h["selection_s"] for h in history if h.get("selection_s") is not None]
-        test, val = summary["metrics"]["test"], summary["metrics"]["val"]
-        lines.append(f"| {result['result']['label']} | {_fmt(sum(sent) / len(sent) if sent else None, 3, 100)} "
-                     f"| {_fmt(sum(selection) / len(selection) if selection else None, 2, 1e3)} | {val['top1']:.2f} "
-                     f"| {test['top1']:.2f} | {test['top5']:.2f} | {summary['train_seconds']:.0f} |")
+        mean = statistics.mean
+        lines.append(f"| {by_row[row][0]['result']['label']} | {_fmt(mean(sent) if sent else None, 3, 100)} "
+                     f"| {_fmt(mean(selection) if selection else None, 2, 1e3)} "
+                     f"| {mean(s['metrics']['val']['top1'] for s in summaries):.2f} "
+                     f"| {_spread([s['metrics']['test']['top1'] for s in summaries])} "
+                     f"| {mean(s['metrics']['test']['top5'] for s in summaries):.2f} "
+                     f"| {mean(s['train_seconds'] for s in summaries):.0f} |")
     if bench is not None:
         lines += ["", f"## Selection time against the parameter count, side by side (`{bench['command']}`, "
                       f"{bench['result']['device']}, {bench['result']['threads']} thread(s))", "",
