@@ -1,0 +1,43 @@
+"""The selection and routing benchmarks run end to end and write result envelopes the tables read."""
+import importlib.util
+import json
+
+import pytest
+
+from conftest import ROOT
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sparsification_benchmark_times_every_selector_and_checks_what_it_sent(tmp_path):
+    out = tmp_path / "sparsification_cpu.json"
+    assert load("bench_sparsification").main(["--sizes", "20000", "--ratios", "0.01", "--repeats", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["family"] == "bench"
+    rows = result["result"]["rows"]
+    assert [r["selector"] for r in rows] == ["exact top-k", "sampled threshold (DGC)", "STk threshold, cold", "STk threshold, warm"]
+    assert rows[0]["vs_topk"] == 1.0 and rows[0]["recall"] == 1.0
+    assert all(0.8 <= r["count_over_k"] <= 1.1 and r["recall"] >= 0.8 for r in rows)
+
+
+def test_benchmarks_refuse_a_missing_gpu_with_one_line(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert load("bench_sparsification").main(["--device", "cuda"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_routing_benchmark_routes_the_asked_fraction(tmp_path):
+    out = tmp_path / "routing_cpu.json"
+    assert load("bench_routing").main(["--capacities", "0.5", "--repeats", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["result"]["rows"]
+    top_k = [r for r in rows if r["variant"].startswith("top-k")]
+    assert len(rows) == 6 and all(r["routed_fraction"] == 0.5 for r in top_k)
