@@ -6,6 +6,7 @@ from hydra.utils import instantiate
 
 from conftest import CONFIG_DIR
 from topklab.cli import config_groups
+from topklab.data.translation import PairBatch
 from topklab.engine.build import build, build_for_data
 from topklab.utils.errors import TopklabError
 
@@ -19,11 +20,13 @@ OFFLINE_WEIGHTS = {"model.pretrained": "false", "model.img_size": "32", "model.h
 GROUP_OPTIONS = [(group, option) for group, options in config_groups(CONFIG_DIR).items() for option in options
                  if not option.rsplit("/", 1)[-1].startswith("_")
                  and not (group == "experiment" and option.startswith(("stk/table5/", "stk/table7/", "stk/table8/")))
-                 and group not in ("operator", "gradient_exchange")]
+                 and group not in ("operator", "gradient_exchange", "router")]
 # operators are placed inside a loss (operator@individual.operator=<name>): test_every_operator_composes;
-# gradient exchanges inside the engine (gradient_exchange@engine.gradient_exchange=<name>): test_every_gradient_exchange
+# gradient exchanges inside the engine (gradient_exchange@engine.gradient_exchange=<name>): test_every_gradient_exchange;
+# routers inside the language model (router@model.router=<name>): test_every_router_composes
 OPERATORS = sorted(path.stem for path in (CONFIG_DIR / "operator").glob("*.yaml"))
 EXCHANGES = sorted(path.stem for path in (CONFIG_DIR / "gradient_exchange").glob("*.yaml"))
+ROUTERS = sorted(path.stem for path in (CONFIG_DIR / "router").glob("*.yaml"))
 
 
 def test_there_is_something_to_compose():
@@ -83,6 +86,18 @@ def test_every_gradient_exchange_composes_into_the_engine_and_exchanges(compose_
     exchange.apply()
     sent = int((weight.grad != 0).sum())
     assert sent == 1000 if exchange.keep_ratio == 1 else 0 < sent <= exchange.workers * 1.3 * exchange.k
+
+
+@pytest.mark.parametrize("option", ROUTERS)
+def test_every_router_composes_into_the_language_model_and_routes(compose_cfg, option):
+    cfg = compose_cfg("dataset=multi30k_en", "model=transformer_lm", f"router@model.router={option}",
+                      "model.d_model=16", "model.ffn_dim=32", "model.heads=2", "model.layers=2")
+    model = build_for_data(cfg.model, "model", FAKE_DATA).eval()
+    assert list(model.routers) == ["1"]
+    tokens = torch.randint(1, FAKE_DATA["vocab_size"], (3, 16))
+    logits = model(PairBatch(tokens[:, :0], tokens))
+    assert logits.shape == (3, 16, FAKE_DATA["vocab_size"]) and torch.isfinite(logits).all()
+    assert 0 < int(model.last_routed.sum()) < 3 * 16
 
 
 @pytest.mark.parametrize("dataset,recipe,model,individual,engine_select", [

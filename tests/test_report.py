@@ -28,7 +28,7 @@ def test_make_result_checks_its_input():
     result = make_result("vision", "fmnistlt/la", {"table": "fmnistlt", "row": "la", "label": "LA", "summary": {}},
                          "python train.py", {"seed": 0}, {"git": {}})
     assert list(result) == ["schema", "family", "experiment", "command", "config", "provenance", "result"]
-    assert "choose one of: tabular, synthetic, vision, translation, bench" in one_line_error(
+    assert "choose one of: tabular, synthetic, vision, translation, language_modeling, bench" in one_line_error(
         make_result, "tabular2", "x", {}, "python x", {}, {})
     assert "experiment must be a non-empty str" in one_line_error(make_result, "bench", "", {}, "python x", {}, {})
     assert "config must be a dict, got None" in one_line_error(make_result, "bench", "x", {}, "python x", None, {})
