@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "bench_operators.py"
 
@@ -18,6 +20,7 @@ def test_quick_mode_ends_with_the_speedup_line():
     assert "max |P_topk difference|" in done.stdout
 
 
+@pytest.mark.slow
 def test_full_mode_writes_the_table_json_and_plot(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), "--operators", "dftopk", "odd_even", "--sizes", "5", "10",
                            "--large-sizes", "--repeats", "2", "--warmup", "1", "--no-train", "--quick-rounds", "1",

@@ -28,7 +28,7 @@ def same_training(a: dict, b: dict) -> bool:
             and (a["lambda"] is None or abs(a["lambda"] - b["lambda"]) < 1e-5))
 
 
-@pytest.mark.parametrize("loss", ["loss=stk", "loss=matk"])
+@pytest.mark.parametrize("loss", ["loss=stk", pytest.param("loss=matk", marks=pytest.mark.slow)])
 def test_two_ranks_train_like_one_process_for_sums_over_samples(tmp_path, loss):
     one = run(tmp_path, "one", loss, "loss.k=0.5")
     two = run(tmp_path, "two", loss, "loss.k=0.5", ranks=2)

@@ -135,7 +135,8 @@ def test_the_real_oltr_lists():
     assert len(labels) == 50000 and set(np.bincount(labels).tolist()) == {50}
 
 
-@pytest.mark.parametrize("model,tuner,tte", [("peft_vit_clip_b16", "adaptformer", "fivecrop"), ("peft_vit_clip_b16", "lora", "none"),
+@pytest.mark.parametrize("model,tuner,tte", [pytest.param("peft_vit_clip_b16", "adaptformer", "fivecrop", marks=pytest.mark.slow),
+                                             ("peft_vit_clip_b16", "lora", "none"),
                                              ("peft_vit_in21k_b16", "vpt_deep", "none")])
 def test_a_peft_vit_trains_on_listed_images_through_the_engine(compose_cfg, tmp_path, monkeypatch, model, tuner, tte):
     from topklab.engine.run import train

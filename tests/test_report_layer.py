@@ -21,8 +21,8 @@ def test_layer_tables_render_rows_benchmarks_and_missing_rows(tmp_path):
     (tmp_path / "configs" / "experiment" / "routing").mkdir(parents=True)
     for row in ("dense", "top_k_c025", "stk_threshold_c025"):
         (tmp_path / "configs" / "experiment" / "routing" / f"{row}.yaml").write_text("{}\n")
-    for row, ppl, routed in (("dense", 30.0, None), ("top_k_c025", 33.5, 0.25)):
-        write_result(results / "routing" / "multi30k_en" / row / "seed0.json",
+    for row, seed, ppl, routed in (("dense", 0, 30.0, None), ("top_k_c025", 0, 33.5, 0.25), ("top_k_c025", 1, 34.5, 0.25)):
+        write_result(results / "routing" / "multi30k_en" / row / f"seed{seed}.json",
                      run_result("language_modeling", "multi30k_en", row, row, {"perplexity": ppl, "routed_fraction": routed},
                                 {"perplexity": ppl + 1}, []))
     write_result(results / "sparsification" / "fmnistlt" / "exact_topk_1pct" / "seed0.json",
@@ -38,7 +38,7 @@ def test_layer_tables_render_rows_benchmarks_and_missing_rows(tmp_path):
     routing = tables["routing.md"]
     assert "Missing rows: `routing/stk_threshold_c025`." in routing and "abcdef1 " not in routing and "abcdef1." in routing
     top_k_line = next(line for line in routing.splitlines() if line.startswith("| top_k_c025"))
-    assert "| no | 0.250 | 34.50 | 33.50 | 3.50 |" in top_k_line
+    assert "| no | 0.250 | 35.00 | 34.00 ± 0.71 (n = 2: 33.50, 34.50) | 4.00 |" in top_k_line
     assert "Step-time benchmark missing" in routing
     sparsification = tables["gradient_sparsification.md"]
     assert "| exact top-k, 1 % | 1.000 | 4.00 | 43.00 | 41.50 | 85.00 | 100 |" in sparsification

@@ -95,7 +95,8 @@ def train_command(tmp_path, fmnist_root, *extra):
 SPARSE_EXCHANGE = ["gradient_exchange@engine.gradient_exchange=sampled_threshold", "engine.gradient_exchange.workers=2"]
 
 
-@pytest.mark.parametrize("ranks,extra", [(1, []), pytest.param(2, [], marks=pytest.mark.slow), (1, SPARSE_EXCHANGE)],
+@pytest.mark.parametrize("ranks,extra", [(1, []), pytest.param(2, [], marks=pytest.mark.slow),
+                                         pytest.param(1, SPARSE_EXCHANGE, marks=pytest.mark.slow)],
                          ids=["one process", "ddp 2 ranks", "sparse gradient exchange"])
 def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnist_root, ranks, extra):
     """SIGKILL mid-epoch, rerun the same command: the metrics of an uninterrupted run, also under
@@ -143,7 +144,13 @@ def test_every_table_row_has_an_experiment():
     assert {r for r in rows if r.startswith("stk/cifar100lt/")} >= {f"stk/cifar100lt/{r}" for r in ("la_average", "la_atk", "la_stk")}
 
 
-@pytest.mark.parametrize("row", experiment_rows())
+# the Petersen rows differ only in the individual loss (each tested on its own): two of them run by default
+PETERSEN_DEFAULT_RUNS = ("petersen/cifar100/softmax_ce", "petersen/cifar100/diffsortnets_uniform")
+
+
+@pytest.mark.parametrize("row", [pytest.param(row, marks=pytest.mark.slow)
+                                 if row.startswith("petersen/") and row not in PETERSEN_DEFAULT_RUNS else row
+                                 for row in experiment_rows()])
 def test_experiment_row_composes_and_smoke_runs(compose_cfg, tmp_path, row, fmnist_root, cifar_root):
     data = [f"dataset.root={fmnist_root}", "dataset.n_max=40", "dataset.imbalance_ratio=10", "dataset.val_per_class=5"] \
         if row.startswith(("fmnistlt", "sparsification")) else \
@@ -186,7 +193,7 @@ def test_missing_cifar_says_where_to_put_it(tmp_path):
     assert not list((tmp_path / "logs").glob("*/runs/*/summary.json"))
 
 
-@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+@pytest.mark.parametrize("amp", ["bf16", pytest.param("fp16", marks=pytest.mark.slow)])
 def test_autocast_runs_and_keeps_the_loss_in_float32(compose_cfg, tmp_path, fmnist_root, amp):
     summary, run_dir = run_train(compose_cfg, tmp_path, *TINY_FMNIST, f"dataset.root={fmnist_root}", "engine.epochs=1",
                                  "engine.max_steps=2", f"engine.amp={amp}", "loss=stk")

@@ -3,8 +3,8 @@
 side-by-side benchmarks ``results/bench/{routing,sparsification}_<device>.json``.
 
 Each table's header names the commands, the commits and dirty flags of the runs, and the rows still
-missing (from ``configs/experiment/<group>/``) until none are. One seed per row: the spread over
-seeds is not measured here, so differences of a few tenths are not evidence.
+missing (from ``configs/experiment/<group>/``) until none are. Where a row has several seeds, its
+test score is shown as mean ± sample std with every seed's value.
 """
 from __future__ import annotations
 
@@ -145,23 +145,27 @@ def render_sparsification(results: list[dict], bench: dict | None, configs: Path
 
 
 def plot_routing(results: list[dict], path: Path) -> None:
-    """Test perplexity against the routed fraction, one line per router over c; dense as a line."""
+    """Test perplexity against the routed fraction (means over seeds), one line per router over c; dense as a line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def row_means(rows: list[dict]) -> tuple[float, float]:
+        metrics = [r["result"]["summary"]["metrics"]["test"] for r in rows]
+        routed = [m.get("routed_fraction") for m in metrics]
+        return (1.0 if None in routed else statistics.mean(routed),
+                statistics.mean(m["perplexity"] for m in metrics))
+
+    by_row = _by_row(results)
     figure, axis = plt.subplots(figsize=(5.5, 3.8))
     for prefix, label, marker in (("top_k", "top-k (MoD; not causal)", "o"), ("threshold_p", "threshold-p = 1 − c", "s"),
                                   ("stk_threshold", "learned STk threshold", "^")):
-        points = sorted((r["result"]["summary"]["metrics"]["test"]["routed_fraction"],
-                         r["result"]["summary"]["metrics"]["test"]["perplexity"])
-                        for r in results if r["result"]["row"].startswith(prefix))
+        points = sorted(row_means(rows) for row, rows in by_row.items() if row.startswith(prefix))
         if points:
             axis.plot(*zip(*points), marker=marker, label=label)
-    dense = [r for r in results if r["result"]["row"] == "dense"]
-    if dense:
-        axis.axhline(dense[0]["result"]["summary"]["metrics"]["test"]["perplexity"], color="gray", ls="--", label="dense")
+    if "dense" in by_row:
+        axis.axhline(row_means(by_row["dense"])[1], color="gray", ls="--", label="dense")
     axis.set_xlabel("fraction of tokens the routed layers processed (test)")
     axis.set_ylabel("test perplexity")
     axis.legend(fontsize=8)
