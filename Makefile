@@ -125,8 +125,9 @@ reproduce-sparsification: setup data
 
 # STk as a layer, token routing: a 4-layer decoder-only LM on Multi30k's English side, dense and with layers 1
 # and 3 routed by top-k (MoD), threshold-p (p = 1 - c) or a learned STk threshold at c = 0.125, 0.25, 0.5
-# (10 runs of 2 epochs, two jobs of one thread at a time, about 1 h), into results/routing/multi30k_en/<row>/seed<k>.json.
-ROUTING_ROWS := $(subst $(space),$(comma),$(foreach row,dense $(foreach c,c0125 c025 c05,top_k_$(c) threshold_p_$(c) stk_threshold_$(c)),routing/$(row)))
+# and the λ ablation stk_threshold_c0125_lam0_model_lr (11 runs of 2 epochs, about 4-6 min each, two jobs of one thread
+# at a time), into results/routing/multi30k_en/<row>/seed<k>.json.
+ROUTING_ROWS := $(subst $(space),$(comma),$(foreach row,dense $(foreach c,c0125 c025 c05,top_k_$(c) threshold_p_$(c) stk_threshold_$(c)) stk_threshold_c0125_lam0_model_lr,routing/$(row)))
 ROUTING_SEEDS ?= 0
 reproduce-routing: setup
 	OMP_NUM_THREADS=1 $(PY) train.py -m experiment=$(ROUTING_ROWS) seed=$(ROUTING_SEEDS) hydra/launcher=joblib hydra.launcher.n_jobs=2

@@ -73,7 +73,7 @@ def test_the_stk_threshold_lets_the_capacity_through_on_average():
     """Only λ trains (SGD on the auxiliary term over fixed score distributions): the fraction of
     tokens above λ settles at c, unlike a fixed threshold, which lets through whatever lies above it."""
     torch.manual_seed(0)
-    router = STkThresholdRouter(dim=8, capacity=0.25, delta=0.01)
+    router = STkThresholdRouter(dim=8, capacity=0.25, delta=0.01, lam_init=0.0)
     optimizer = torch.optim.SGD([router.lam], lr=0.5)
     real = torch.ones(16, 32, dtype=torch.bool)
     fractions = []
@@ -87,6 +87,25 @@ def test_the_stk_threshold_lets_the_capacity_through_on_average():
     assert abs(sum(fractions[-100:]) / 100 - 0.25) < 0.02
     fixed, _ = ProbabilityThresholdRouter(dim=8, probability=0.75)(torch.randn(16, 32, 8) + 0.5, real)
     assert abs(float(fixed.float().mean()) - 0.25) > 0.05
+
+
+def test_the_stk_threshold_starts_at_the_first_batch_quantile_and_trains_in_its_own_group():
+    torch.manual_seed(0)
+    model = TransformerLM(vocab_size=20, d_model=16, ffn_dim=32, heads=2, layers=2,
+                          router=partial(STkThresholdRouter, capacity=0.25, lam_lr=0.05))
+    router, tokens = model.routers["1"], padded_tokens([12, 12, 12, 12])
+    assert not router.lam_started
+    model(PairBatch(tokens[:, :0], tokens))
+    assert router.lam_started and abs(float((model.last_routed[:, 0].sum()) / 48) - 0.25) <= 1 / 48
+    restored = TransformerLM(vocab_size=20, d_model=16, ffn_dim=32, heads=2, layers=2,
+                             router=partial(STkThresholdRouter, capacity=0.25, lam_lr=0.05))
+    restored.load_state_dict(model.state_dict())
+    assert restored.routers["1"].lam_started and restored.routers["1"].lam.item() == router.lam.item()
+    groups = model.parameter_groups()
+    assert groups[1] == {"params": [router.lam], "weight_decay": 0.0, "lr": 0.05}
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    optimizer = torch.optim.AdamW(groups, lr=1e-3)
+    assert [g["lr"] for g in optimizer.param_groups] == [1e-3, 0.05]
 
 
 def test_the_routers_auxiliary_term_reaches_the_training_objective():
@@ -103,6 +122,10 @@ def test_the_routers_auxiliary_term_reaches_the_training_objective():
 def test_bad_router_settings_get_one_line_errors():
     with pytest.raises(ValueError, match="capacity"):
         TopKRouter(dim=4, capacity=0.0)
+    with pytest.raises(ValueError, match="lam_init"):
+        STkThresholdRouter(dim=4, lam_init="median")
+    with pytest.raises(ValueError, match="lam_lr"):
+        STkThresholdRouter(dim=4, lam_lr=0.0)
     with pytest.raises(ValueError, match="probability"):
         ProbabilityThresholdRouter(dim=4, probability=1.0)
     with pytest.raises(ValueError, match="routed_layers"):
@@ -114,8 +137,8 @@ def routing_rows():
 
 
 def test_every_routing_cell_has_a_row():
-    assert set(routing_rows()) == {"routing/dense"} | {f"routing/{r}_c{c}" for r in ("top_k", "threshold_p", "stk_threshold")
-                                                     for c in ("0125", "025", "05")}
+    assert set(routing_rows()) == {"routing/dense", "routing/stk_threshold_c0125_lam0_model_lr"} | {
+        f"routing/{r}_c{c}" for r in ("top_k", "threshold_p", "stk_threshold") for c in ("0125", "025", "05")}
 
 
 @pytest.fixture(scope="module")

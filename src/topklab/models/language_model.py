@@ -90,6 +90,16 @@ class TransformerLM(nn.Module):
         """Whether a token's output depends only on earlier tokens (token-by-token decoding agrees)."""
         return all(getattr(r, "causal", True) for r in self.routers.values())
 
+    def parameter_groups(self) -> list[dict]:
+        """One group for the network, one per learned router threshold λ (no weight decay; its own
+        learning rate where the router sets ``lam_lr``)."""
+        thresholds = [router for router in self.routers.values() if isinstance(getattr(router, "lam", None), nn.Parameter)]
+        own = {id(router.lam) for router in thresholds}
+        groups = [{"params": [p for p in self.parameters() if p.requires_grad and id(p) not in own]}]
+        for router in thresholds:
+            groups.append({"params": [router.lam], "weight_decay": 0.0, **({"lr": router.lam_lr} if router.lam_lr else {})})
+        return groups
+
     def auxiliary_loss(self) -> torch.Tensor:
         """The routers' training terms of the last forward (the STk threshold's objective; else 0)."""
         return sum((r.auxiliary_loss for r in self.routers.values()), torch.zeros(()))

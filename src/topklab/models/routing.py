@@ -121,16 +121,24 @@ class STkThresholdRouter(TokenRouter):
 
     over the n real tokens of the batch: λ moves until a smoothed fraction c of them lies above it.
 
+    With Adam, λ moves about its learning rate per step whatever the gradient, while the scores it
+    must follow move with the router's weights; at the model's learning rate λ lags far behind
+    (``routing/stk_threshold_c0125_lam0_model_lr``). Hence λ starts at the (1 − c)-quantile of the
+    first training batch's scores (one sort, once; ``lam_init="auto"``) and has its own learning rate.
+
     Parameters
     ----------
     dim : int, model width (given by the model)
     capacity : float in (0, 1], the target fraction of tokens processed
     delta : float > 0, SReLU width δ in score units (smaller = a sharper count; the paper's 0.01)
-    lam_init : float, λ's first value (not given by the paper; 0 by default)
+    lam_init : float or "auto", λ's first value; ``auto``: the (1 − c)-quantile of the scores of the first
+        training batch (per process). Not given by the paper.
+    lam_lr : float > 0 or None, λ's learning rate in its own parameter group (without weight decay, under
+        the run's schedule); None: the optimizer's. Not given by the paper.
 
     Examples
     --------
-    >>> router = STkThresholdRouter(dim=4, capacity=0.25)
+    >>> router = STkThresholdRouter(dim=4, capacity=0.25, lam_init=0.0)
     >>> _ = router.score.weight.data.zero_(), router.score.bias.data.zero_()
     >>> selected, gate = router(torch.randn(2, 8, 4), torch.ones(2, 8, dtype=torch.bool))
     >>> router.auxiliary_loss.backward(); router.lam.grad.item()   # all scores 0 = λ: half pass smoothly
@@ -139,16 +147,27 @@ class STkThresholdRouter(TokenRouter):
 
     causal = True
 
-    def __init__(self, dim: int, capacity: float = 0.125, delta: float = 0.01, lam_init: float = 0.0):
+    def __init__(self, dim: int, capacity: float = 0.125, delta: float = 0.01, lam_init: float | str = "auto",
+                 lam_lr: float | None = None):
         super().__init__(dim)
         self.capacity = _capacity(capacity)
         if not delta > 0:
             raise ValueError(f"router.delta={delta} must be > 0")
-        self.delta = float(delta)
-        self.lam = nn.Parameter(torch.tensor(float(lam_init)))
+        if lam_init != "auto" and not (isinstance(lam_init, (int, float)) and math.isfinite(lam_init)):
+            raise ValueError(f"router.lam_init={lam_init!r} must be a finite number or 'auto'")
+        if lam_lr is not None and not lam_lr > 0:
+            raise ValueError(f"router.lam_lr={lam_lr} must be > 0, or null for the optimizer's learning rate")
+        self.delta, self.lam_lr = float(delta), lam_lr
+        self.lam = nn.Parameter(torch.tensor(0.0 if lam_init == "auto" else float(lam_init)))
+        self.register_buffer("lam_started", torch.tensor(lam_init != "auto"))  # in the checkpoint: a resume keeps λ
 
     def select(self, scores: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         if self.training:
-            below = srelu(scores.detach()[real] - self.lam, self.delta)
+            real_scores = scores.detach()[real]
+            if not self.lam_started:
+                with torch.no_grad():
+                    self.lam.copy_(torch.quantile(real_scores, 1 - self.capacity))
+                self.lam_started.fill_(True)
+            below = srelu(real_scores - self.lam, self.delta)
             self.auxiliary_loss = below.mean() + self.capacity * self.lam
         return scores > self.lam.detach()

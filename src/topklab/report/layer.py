@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-ROUTERS = ("top-k (MoD)", "threshold-p", "STk threshold")
+ROUTED_ROWS = [f"{router}_{c}" for router in ("top_k", "threshold_p", "stk_threshold") for c in ("c0125", "c025", "c05")]
 
 
 def _expected_rows(group: str, configs: Path | None) -> list[str]:
@@ -79,7 +79,7 @@ def render_routing(results: list[dict], bench: dict | None, configs: Path | None
         return [r["result"]["summary"]["metrics"]["test"]["perplexity"] for r in by_row[row]]
 
     dense_ppl = mean(test_ppl("dense")) if "dense" in by_row else None
-    order = ["dense"] + [f"{router}_{c}" for router in ("top_k", "threshold_p", "stk_threshold") for c in ("c0125", "c025", "c05")]
+    order = ["dense", *ROUTED_ROWS]
     for row in [r for r in order if r in by_row] + sorted(set(by_row) - set(order)):
         summaries = [r["result"]["summary"] for r in by_row[row]]
         routed = [s["metrics"]["test"].get("routed_fraction") for s in summaries]
@@ -161,9 +161,11 @@ def plot_routing(results: list[dict], path: Path) -> None:
     figure, axis = plt.subplots(figsize=(5.5, 3.8))
     for prefix, label, marker in (("top_k", "top-k (MoD; not causal)", "o"), ("threshold_p", "threshold-p = 1 − c", "s"),
                                   ("stk_threshold", "learned STk threshold", "^")):
-        points = sorted(row_means(rows) for row, rows in by_row.items() if row.startswith(prefix))
+        points = sorted(row_means(by_row[row]) for row in (f"{prefix}_{c}" for c in ("c0125", "c025", "c05")) if row in by_row)
         if points:
             axis.plot(*zip(*points), marker=marker, label=label)
+    for row in sorted(set(by_row) - {"dense", *ROUTED_ROWS}):
+        axis.plot(*row_means(by_row[row]), marker="x", ls="none", color="black", label=by_row[row][0]["result"]["label"])
     if "dense" in by_row:
         axis.axhline(row_means(by_row["dense"])[1], color="gray", ls="--", label="dense")
     axis.set_xlabel("fraction of tokens the routed layers processed (test)")
