@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 
-
 def _check(magnitudes: torch.Tensor, k: int) -> None:
     if magnitudes.dim() != 1:
         raise ValueError(f"magnitudes must be 1-D, got shape {tuple(magnitudes.shape)}")
