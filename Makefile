@@ -8,7 +8,9 @@ KERNLAB_RDA := .data/kernlab/usr/lib/R/site-library/kernlab/data/spam.rda
         reproduce-synthetic reproduce-fmnistlt reproduce-multi30k reproduce-translation-table5 \
         reproduce-translation-table8 reproduce-vision-table5 reproduce-vision-table7 reproduce-vision-table8 \
         bench-peft bench-operators table1 bench-topk bench-step-share figures clean \
-        reproduce-sparsification reproduce-routing bench-sparsification bench-routing
+        reproduce-sparsification reproduce-routing bench-sparsification bench-routing \
+        extract-embeddings-imagenet1k extract-embeddings-imagenet21kp extract-embeddings-imagenet1k-l2 \
+        reproduce-petersen-imagenet1k reproduce-petersen-imagenet21kp reproduce-petersen-table5 bench-embeddings
 
 # DEVICE=cuda (on a machine with an NVIDIA driver): the same pins, torch/torchvision as the CUDA build pair
 # from PyTorch's index for CUDA (default cu128), resolved together with everything else in one pip call.
@@ -192,6 +194,40 @@ bench-sparsification: setup
 
 bench-routing: setup
 	OMP_NUM_THREADS=1 $(PY) scripts/bench_routing.py --device $(BENCH_DEVICE)
+
+# Petersen et al.'s ImageNet tables (README, 'ImageNet fine-tuning'): embeddings of frozen backbones, then linear heads.
+# IMAGENET_DIR holds train/<wnid>/*.JPEG and val/<wnid>/*.JPEG; IMAGENET21KP_DIR holds imagenet21k_train/ and
+# imagenet21k_val/ (winter 2021). BACKBONE_CHECKPOINT: a local weights file when timm's cache has none (offline).
+# Each extraction resumes shard by shard when rerun; one GPU recommended (see the README's cost table).
+IMAGENET_DIR        ?= $(DATA_DIR)/imagenet
+IMAGENET21KP_DIR    ?= $(DATA_DIR)/imagenet21k_resized
+BACKBONE_CHECKPOINT ?=
+EXTRACT_ARGS        ?=
+extract = $(PY) scripts/extract_embeddings.py backbone=$(1) image_root=$(abspath $(2)) paths.data_dir=$(abspath $(DATA_DIR)) \
+	$(if $(BACKBONE_CHECKPOINT),backbone.checkpoint=$(abspath $(BACKBONE_CHECKPOINT))) $(EXTRACT_ARGS)
+extract-embeddings-imagenet1k: setup
+	$(call extract,resnext101_32x48d_wsl_320,$(IMAGENET_DIR))
+extract-embeddings-imagenet21kp: setup
+	$(call extract,resnext101_32x48d_wsl_224,$(IMAGENET21KP_DIR)) 'splits={train: imagenet21k_train, test: imagenet21k_val}'
+extract-embeddings-imagenet1k-l2: setup
+	$(call extract,tf_efficientnet_l2_ns_800,$(IMAGENET_DIR))
+
+# Tables 2+3 (1K: 27 rows x 20 epochs; 21K-P: 27 rows x 40 epochs) and Table 5's DiffSortNet entries (+ the L2
+# softmax baseline), each row writing results/vision/petersen_<table>/<row>/seed<k>.json; `make tables` renders them.
+PETERSEN_SEEDS ?= 0
+petersen_rows = $(subst $(space),$(comma),$(patsubst configs/experiment/%.yaml,%,$(filter-out %/_common.yaml,$(wildcard configs/experiment/petersen/$(1)/*.yaml))))
+petersen_run  = $(PY) train.py -m experiment=$(call petersen_rows,$(1)) seed=$(PETERSEN_SEEDS) paths.data_dir=$(abspath $(DATA_DIR))
+reproduce-petersen-imagenet1k: setup
+	$(call petersen_run,imagenet1k)
+reproduce-petersen-imagenet21kp: setup
+	$(call petersen_run,imagenet21kp)
+reproduce-petersen-table5: setup
+	$(call petersen_run,table5)
+
+# Cost of the ImageNet path on this machine: extraction images/s of each backbone (random weights, a few images),
+# and head training at full ImageNet-1K / 21K-P shape on random float16 embeddings: results/bench/embeddings_<device>.*
+bench-embeddings: setup
+	$(PY) scripts/bench_embeddings.py --device $(BENCH_DEVICE)
 
 # STk Table 1 (top-5 of 10,000, 50 runs) into results/synthetic/table1.json (a few minutes).
 table1: setup

@@ -16,10 +16,13 @@ FAKE_DATA = {"in_features": 3, "in_channels": 3, "num_classes": 10, "class_count
 # offline, the pre-trained backbones are built with random weights at a small input size
 OFFLINE_WEIGHTS = {"model.pretrained": "false", "model.img_size": "32", "model.head_init.pretrained": "null"}
 
-# the vision rows of STk Tables 5, 7, 8 are composed, built and run one step each in tests/test_pel_rows.py
+# the vision rows of STk Tables 5, 7, 8 are composed, built and run one step each in tests/test_pel_rows.py, the
+# ImageNet-embedding rows of Petersen et al.'s Tables 2, 3, 5 in tests/test_embedding_rows.py
+SEPARATELY_TESTED_ROWS = ("stk/table5/", "stk/table7/", "stk/table8/", "petersen/imagenet1k/", "petersen/imagenet21kp/",
+                          "petersen/table5/")
 GROUP_OPTIONS = [(group, option) for group, options in config_groups(CONFIG_DIR).items() for option in options
                  if not option.rsplit("/", 1)[-1].startswith("_")
-                 and not (group == "experiment" and option.startswith(("stk/table5/", "stk/table7/", "stk/table8/")))
+                 and not (group == "experiment" and option.startswith(SEPARATELY_TESTED_ROWS))
                  and group not in ("operator", "gradient_exchange", "router")]
 # operators are placed inside a loss (operator@individual.operator=<name>): test_every_operator_composes;
 # gradient exchanges inside the engine (gradient_exchange@engine.gradient_exchange=<name>): test_every_gradient_exchange;
@@ -53,7 +56,7 @@ def test_compose_and_instantiate(compose_cfg, group, option):
     build(cfg.logger, "logger")
     optimizer_factory = instantiate(cfg.optim)
     assert callable(optimizer_factory)
-    assert dataset.task in ("binary", "regression", "multiclass", "translation", "language_modeling")
+    assert dataset.task in ("binary", "regression", "multiclass", "translation", "language_modeling", "embeddings")
 
 
 @pytest.mark.parametrize("option", OPERATORS)
@@ -107,6 +110,7 @@ def test_every_router_composes_into_the_language_model_and_routes(compose_cfg, o
     ("fmnistlt", "multiclass", "resnet32", "LogitAdjusted", ["top1"]),
     ("multi30k", "translation", "Transformer", "LabelSmoothedCrossEntropy", ["bleu"]),
     ("wmt17", "translation", "Transformer", "LabelSmoothedCrossEntropy", ["bleu"]),
+    ("imagenet1k_embeddings", "embeddings", "EmbeddingHead", "CrossEntropy", ["top1", "top5"]),
 ])
 def test_recipe_follows_the_dataset_task(compose_cfg, dataset, recipe, model, individual, engine_select):
     cfg = compose_cfg(f"dataset={dataset}")

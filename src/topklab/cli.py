@@ -16,7 +16,7 @@ from hydra.errors import OverrideParseException
 import topklab.launch  # noqa: F401  (Hydra's resolver for configs/hydra/launcher/joblib.yaml)
 from topklab.utils.errors import TopklabError
 
-TRAIN_EXCLUDED = ("hydra", "local", "preset")  # groups train.yaml does not select from
+TRAIN_EXCLUDED = ("hydra", "local", "preset", "backbone")  # groups train.yaml does not select from
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 CHECKED_FLAGS = {"-m", "--multirun"}  # with any other flag (--help, --cfg, -cn ...) Hydra has the command line

@@ -48,13 +48,13 @@ class TensorLoader:
             order = torch.randperm(len(self.y), generator=self._generator)
             self._next_epoch += 1
             if self._next_epoch > epoch:
-                return order.to(self.x.device)
+                return order
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if not self.shuffle and len(self) == 1:
             yield self.x, self.y
             return
-        order = self._order(epoch) if self.shuffle else torch.arange(len(self.y), device=self.x.device)
+        order = self._order(epoch).to(self.x.device) if self.shuffle else torch.arange(len(self.y), device=self.x.device)
         for b in range(start, len(self)):
             idx = order[b * self.batch_size: (b + 1) * self.batch_size]
             yield self.x[idx], self.y[idx]

@@ -107,6 +107,27 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
     return "\n".join(lines) + "\n"
 
 
+def render_pending_table(name: str, paper: dict) -> str:
+    """Markdown for a paper table none of whose rows has a result yet: what to run, and the paper's
+    values where it has them.
+
+    Examples
+    --------
+    >>> print(render_pending_table("t", {"caption": "C", "rows": {"a": {"top1": 1.0}, "b": {}}}).splitlines()[2])
+    **Still missing:** every row (2: a, b); run their experiment rows (see README), then `make tables`.
+    """
+    rows = paper["rows"]
+    lines = [f"# {name}: test accuracy (%), mean ± std over seeds", "",
+             f"**Still missing:** every row ({len(rows)}: {', '.join(rows)}); run their experiment rows "
+             f"({paper.get('experiments', 'see README')}), then `make tables`.", "",
+             f"Paper: {paper['caption']}." + (f" {paper['note']}" if paper.get("note") else ""), ""]
+    if any(rows.values()):
+        lines += ["| row | paper top-1 | paper top-5 |", "|---|---|---|"]
+        lines += [f"| {row} | " + " | ".join(f"{values[m]:.2f}" if m in values else "—" for m in ("top1", "top5")) + " |"
+                  for row, values in rows.items()]
+    return "\n".join(lines) + "\n"
+
+
 def render_vision(results: list[dict], papers: list[dict]) -> dict[str, str]:
     """``{"<table>.md": text}`` for every vision table with results.
 
@@ -114,7 +135,8 @@ def render_vision(results: list[dict], papers: list[dict]) -> dict[str, str]:
     ----------
     results : every vision result (``read_results(results/"vision", "vision")``)
     papers : the loaded ``results/paper/*.yaml`` files; a top-level entry with ``vision_table: <table>``
-        gives that table's caption, note, row order and published values
+        gives that table's caption, note, row order and published values; a table with such an entry
+        and no result yet is rendered as pending (what to run, the published values)
 
     Examples
     --------
@@ -123,5 +145,6 @@ def render_vision(results: list[dict], papers: list[dict]) -> dict[str, str]:
     """
     specs = {spec["vision_table"]: spec for paper in papers for spec in paper.values()
              if isinstance(spec, dict) and "vision_table" in spec}
-    return {f"{name.replace('/', '_')}.md": render_vision_table(name, rows, specs.get(name))
-            for name, rows in sorted(by_table(results).items())}
+    tables = by_table(results)
+    return {f"{name.replace('/', '_')}.md": render_vision_table(name, tables[name], specs.get(name)) if name in tables
+            else render_pending_table(name, specs[name]) for name in sorted(set(tables) | set(specs))}
