@@ -109,3 +109,14 @@ def test_the_tables_name_every_row_still_missing_until_it_has_a_result(tmp_path)
     assert "| Softmax CE, P_K = [1,0,0,0,0] | 1 | 80.00 ± 0.00 | 96.00 ± 0.00 |" in text
     missing = next(line for line in text.splitlines() if line.startswith("**Still missing:**"))
     assert "softmax_ce" not in missing and "smooth_topk_svm_top5, bitonic_top5" in missing
+
+
+def test_m_outside_k_and_the_classes_is_one_line(compose_cfg, tmp_path):
+    from topklab.utils.errors import TopklabError
+
+    few = write_embeddings(tmp_path / "few", classes=12, dim=8, sizes={"train": 100, "test": 20})
+    cfg = compose_cfg("experiment=petersen/imagenet1k/bitonic_uniform", f"dataset.root={few}", "dataset.holdout=20",
+                      "logger=none", "result_file=null")
+    with pytest.raises(TopklabError, match=r"individual: m=16 must satisfy K=5 < m < classes=12") as err:
+        train(cfg, tmp_path / "run")
+    assert "\n" not in str(err.value) and not (tmp_path / "run" / "summary.json").exists()
