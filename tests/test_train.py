@@ -60,6 +60,9 @@ def test_run_record_contents(compose_cfg, tmp_path):
     assert provenance["seeds"] == {"seed": 0, "split_seed": 0, "data_generation_seed": 0}
     assert provenance["packages"]["torch"].startswith(torch.__version__.split("+")[0])
     assert provenance["hardware"]["cpu_count"] >= 1 and "sha" in provenance["git"] and "dirty" in provenance["git"]
+    # the instruction set torch's kernels use (single runs differ between AVX2 and AVX-512 machines)
+    assert provenance["hardware"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert "cpu_model" in provenance["hardware"] and "aten_cpu_capability_env" in provenance["hardware"]
     epochs = (run / "epochs.csv").read_text().splitlines()
     assert epochs[0].startswith("epoch,step,lr,train_loss,val_rmse,lambda,best_step") and len(epochs) >= 2
     summary = json.loads((run / "summary.json").read_text())

@@ -1,7 +1,9 @@
 """One cell of a paper table: every grid combination of one aggregate, trained on every split as
-one population, then the combination with the best split-averaged validation metric is selected."""
+one population, then the combination with the best validation score over the splits is selected
+(exact total error counts, or mean RMSE); the combinations tied with it are recorded."""
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -84,22 +86,49 @@ class Protocol:
         return fields
 
 
-def select_combo(val: np.ndarray) -> int:
-    """Index of the combination with the lowest validation metric averaged over splits.
+RMSE_TIE_TOLERANCE = 1e-9  # relative: RMSE means this close are one score (float noise of identical models)
 
-    ``val`` is (combinations, splits), lower is better (error % or RMSE). Ties go to the first
-    combination in grid order; a combination with any non-finite value is never chosen, and if
-    every combination has one that is an error.
+
+def selection_scores(val: np.ndarray, metric: str, val_sizes) -> np.ndarray:
+    """What selection compares, per combination: the total number of validation errors over the
+    splits (an integer, for ``error_pct``: compared exactly) or the mean validation RMSE; NaN where
+    a split is non-finite.
 
     Examples
     --------
-    >>> select_combo(np.array([[3.0, 1.0], [1.0, 2.0], [2.0, 1.0]]))
-    1
+    >>> selection_scores(np.array([[50.0, 25.0], [25.0, 50.0]]), "error_pct", [4, 4]).tolist()
+    [3.0, 3.0]
     """
-    mean = val.mean(axis=1)
-    if not np.isfinite(mean).any():
+    if metric != "error_pct":
+        return val.mean(axis=1)
+    counts = val * np.asarray(val_sizes, dtype=float)[None, :] / 100
+    finite = np.isfinite(counts)
+    rounded = np.rint(np.where(finite, counts, 0.0))
+    if finite.any() and np.abs(counts - rounded)[finite].max() > 1e-3:
+        raise TopklabError("validation error rates are not whole counts of the validation sets; the metric is not error_pct")
+    return np.where(finite.all(axis=1), rounded.sum(axis=1), np.nan)
+
+
+def select_combo(scores: np.ndarray, exact: bool = True) -> tuple[int, list[int]]:
+    """``(index, tied)``: the combination with the lowest score (:func:`selection_scores`) and every
+    combination tied with it, in grid order; the first tied one is selected.
+
+    Scores tie when equal (``exact``: integer error totals) or within a relative
+    :data:`RMSE_TIE_TOLERANCE`; a combination with a non-finite score is never chosen, and if every
+    combination has one that is an error.
+
+    Examples
+    --------
+    >>> select_combo(np.array([6.0, 4.0, 5.0, 4.0]))
+    (1, [1, 3])
+    """
+    finite = np.isfinite(scores)
+    if not finite.any():
         raise TopklabError("every combination has a non-finite validation metric; check the data and lower the grid's lr")
-    return int(np.argmin(np.where(np.isfinite(mean), mean, np.inf)))
+    best = scores[finite].min()
+    tolerance = 0.0 if exact else RMSE_TIE_TOLERANCE * max(abs(best), 1e-12)
+    tied = [int(i) for i in np.flatnonzero(finite & (scores <= best + tolerance))]
+    return tied[0], tied
 
 
 def run_cell(cell: Cell, dataset, individual: nn.Module, protocol: Protocol, settings: dict | None = None,
@@ -143,13 +172,20 @@ def run_cell(cell: Cell, dataset, individual: nn.Module, protocol: Protocol, set
     table = {name: torch.cat(parts).double().numpy().reshape(len(combos), protocol.n_splits)
              for name, parts in columns.items()}
     val, test = table[f"val_{metric}"], table[f"test_{metric}"]
-    best = select_combo(val)
+    scores = selection_scores(val, metric, [len(split.y_val) for split in splits])
+    best, tied = select_combo(scores, exact=metric == "error_pct")
+    tied_test = test[tied].mean(axis=1)
     return {
         "cell": asdict(cell),
         "data": splits[0].info,
         "metric": metric,
         "fingerprint": {"protocol": protocol.fingerprint(cell.aggregate), **(settings or {})},
         "selected": {"index": best, **combos[best]},
+        "ties": {  # the combinations whose validation score equals the selected one's (the first in grid order is selected)
+            "rule": "first in grid order" if metric == "error_pct" else f"first in grid order; RMSE within {RMSE_TIE_TOLERANCE:g} (relative)",
+            "count": len(tied), "indices": tied,
+            "test_min": float(tied_test.min()), "test_max": float(tied_test.max()), "test_mean": float(tied_test.mean()),
+        },
         "test_mean": float(test[best].mean()),
         "test_std": float(test[best].std()),
         "per_split": {
@@ -166,6 +202,7 @@ def run_cell(cell: Cell, dataset, individual: nn.Module, protocol: Protocol, set
         "combos": {  # every combination, column by column (grid order)
             **{axis: [combo[axis] for combo in combos] for axis in ("k", "C", "lr", "delta")},
             "val_mean": [round(float(v), 6) for v in val.mean(axis=1)],
+            "val_score": [None if not math.isfinite(v) else (int(v) if metric == "error_pct" else float(v)) for v in scores.tolist()],
             "test_mean": [round(float(v), 6) for v in test.mean(axis=1)],
             "diverged": table["diverged"].sum(axis=1).astype(int).tolist(),
         },

@@ -31,6 +31,7 @@ class Line:
     ours: tuple[float, float] | None
     selected: dict | None
     searched: tuple[str, ...] = ()
+    ties: dict | None = None
 
     @property
     def difference(self) -> float | None:
@@ -50,6 +51,24 @@ def searched_axes(combos: dict) -> tuple[str, ...]:
     ('C', 'k')
     """
     return tuple(axis for axis in HYPER_NAMES if len({json.dumps(v) for v in combos[axis]}) > 1)
+
+
+def cell_ties(cell: dict) -> dict:
+    """The combinations tied with the selected one: the cell's own record, or, for a cell stored
+    before ties were recorded, those whose stored mean validation metric (rounded to 1e-6) is within
+    2e-6 of the selected one's.
+
+    Examples
+    --------
+    >>> cell_ties({"selected": {"index": 0}, "combos": {"val_mean": [1.0, 1.000001, 2.0], "test_mean": [5.0, 7.0, 1.0]}})["count"]
+    2
+    """
+    if "ties" in cell:
+        return cell["ties"]
+    means, tests = (np.asarray(cell["combos"][key], dtype=float) for key in ("val_mean", "test_mean"))
+    tied = np.flatnonzero(np.abs(means - means[cell["selected"]["index"]]) <= 2e-6)
+    return {"rule": "first in grid order (stored means rounded to 1e-6)", "count": int(len(tied)), "indices": tied.tolist(),
+            "test_min": float(tests[tied].min()), "test_max": float(tests[tied].max()), "test_mean": float(tests[tied].mean())}
 
 
 def paired_p_value(ours: list[float], baseline: list[float], what: str = "") -> float:
@@ -88,6 +107,7 @@ def build_lines(table: str, paper: dict, results: list[dict]) -> list[Line]:
                 None if cell is None else (cell["test_mean"], cell["test_std"]),
                 None if cell is None else cell["selected"],
                 () if cell is None else searched_axes(cell["combos"]),
+                None if cell is None else cell_ties(cell),
             ))
     return lines
 
@@ -125,9 +145,16 @@ def header(preset: str, table: str, results: list[dict], lines: list[Line]) -> l
     splits = sorted({len(r["result"]["per_split"]["test"]) for r in mine})
     missing = [f"{x.dataset}/{x.individual}/{x.aggregate}" for x in lines if x.ours is None]
     within = [x.within_paper_std for x in lines if x.within_paper_std is not None]
+    tied = [x for x in lines if x.ties is not None and x.ties["count"] > 1]
+    spread = max((x.ties["test_max"] - x.ties["test_min"] for x in tied), default=0.0)
     out = [f"Preset `{preset}`: {', '.join(map(str, splits))} splits per cell; code {', '.join(shas)}.",
            f"Produced by: {'; '.join(f'`{c}`' for c in commands)}, then `python scripts/make_tables.py --preset {preset}`.",
-           f"Ours within the paper's std: {sum(within)} of {len(within)} cells."]
+           f"Ours within the paper's std: {sum(within)} of {len(within)} cells.",
+           "Selection: the lowest validation score over the splits, compared exactly (error tables: the total number of "
+           "validation errors; RMSE: the mean, equal within 1e-9 relative); a tie goes to the first combination in grid "
+           "order (k, then C, η, δ, each in the preset's order, so k = 1 first). Tied = combinations with "
+           f"the selected score and their range of test means: {len(tied)} of {sum(x.ties is not None for x in lines)} "
+           f"cells tied, the widest test range {spread:.3g}."]
     if missing:
         out.append(f"Missing cells ({len(missing)}): {', '.join(missing)}.")
     return out
@@ -156,6 +183,14 @@ def _hyper(line: Line) -> str:
                      for k in line.searched)
 
 
+def _tied(line: Line, digits: int) -> str:
+    if line.ties is None:
+        return "—"
+    if line.ties["count"] == 1:
+        return "1"
+    return f"{line.ties['count']} ({line.ties['test_min']:.{digits}f}–{line.ties['test_max']:.{digits}f})"
+
+
 def render_markdown(table: str, paper: dict, lines: list[Line], tests: list[dict], head: list[str]) -> str:
     """The table as Markdown: one row per line, then the paired tests."""
     spec = paper[table]
@@ -164,12 +199,13 @@ def render_markdown(table: str, paper: dict, lines: list[Line], tests: list[dict
     out += [f"{h}  " for h in head] + [""]
     out += [f"Metric: {METRIC_NAMES[spec['metric']]}, mean ± std over splits. Δ = ours − paper; "
             "✓ = ours within the paper's std.", ""]
-    out += ["| Dataset | Loss | Aggregate | Paper | Ours | Δ | ✓ | Selected |", "|---|---|---|---|---|---|---|---|"]
+    out += ["| Dataset | Loss | Aggregate | Paper | Ours | Δ | ✓ | Selected | Tied (test range) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for line in lines:
         mark = {True: "✓", False: "", None: "—"}[line.within_paper_std]
         out.append(f"| {line.dataset} | {line.individual} | {AGGREGATE_NAMES[line.aggregate]} | "
                    f"{_pm(line.paper, digits)} | {_pm(line.ours, digits)} | {_num(line.difference, digits)} | "
-                   f"{mark} | {_hyper(line)} |")
+                   f"{mark} | {_hyper(line)} | {_tied(line, digits)} |")
     if tests:
         out += ["", "Paired Wilcoxon signed-rank test (two-sided) of STk against a baseline over the same splits "
                 "(beyond the paper). Δ = mean(STk) − mean(baseline); W/T/L = splits where STk is better/tied/worse.", "",

@@ -68,6 +68,20 @@ def package_versions(names=TRACKED_PACKAGES) -> dict:
     return versions
 
 
+def cpu_instruction_sets() -> dict:
+    """The CPU model and the vector instruction set torch's kernels use (``ATEN_CPU_CAPABILITY`` pins it):
+    single runs of chaotic training move by points between AVX2 and AVX-512 kernels."""
+    info = {"cpu_model": None, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY")}
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        fields = {key.strip(): value for key, value in (line.split(":", 1) for line in cpuinfo.read_text().splitlines()[:40] if ":" in line)}
+        info["cpu_model"] = fields.get("model name", "").strip() or None
+        flags = fields.get("flags", "").split()
+        info["cpu_flags"] = sorted(f for f in flags if f.startswith(("avx", "fma", "amx")))
+    return info
+
+
 def hardware() -> dict:
     info = {
         "machine": platform.machine(),
@@ -77,6 +91,7 @@ def hardware() -> dict:
         "cuda": torch.version.cuda,
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
     }
+    info.update(cpu_instruction_sets())
     meminfo = Path("/proc/meminfo")
     if meminfo.exists():
         first = meminfo.read_text().splitlines()[0].split()
