@@ -212,7 +212,7 @@ extract-embeddings-imagenet21kp: setup
 extract-embeddings-imagenet1k-l2: setup
 	$(call extract,tf_efficientnet_l2_ns_800,$(IMAGENET_DIR))
 
-# Tables 2+3 (1K: 27 rows x 20 epochs; 21K-P: 27 rows x 40 epochs) and Table 5's DiffSortNet entries (+ the L2
+# Tables 2+3 (1K: 28 rows x 20 epochs; 21K-P: 28 rows x 40 epochs) and Table 5's DiffSortNet entries (+ the L2
 # softmax baseline), each row writing results/vision/petersen_<table>/<row>/seed<k>.json; `make tables` renders them.
 PETERSEN_SEEDS ?= 0
 petersen_rows = $(subst $(space),$(comma),$(patsubst configs/experiment/%.yaml,%,$(filter-out %/_common.yaml,$(wildcard configs/experiment/petersen/$(1)/*.yaml))))
@@ -221,8 +221,10 @@ reproduce-petersen-imagenet1k: setup
 	$(call petersen_run,imagenet1k)
 reproduce-petersen-imagenet21kp: setup
 	$(call petersen_run,imagenet21kp)
-reproduce-petersen-table5: setup
+reproduce-petersen-table5: setup   # the L2 rows; Table 5's WSL entries are the 1K rows {bitonic,splitter_selection}_uniform
 	$(call petersen_run,table5)
+	$(PY) train.py -m experiment=petersen/imagenet1k/bitonic_uniform,petersen/imagenet1k/splitter_selection_uniform \
+		seed=$(PETERSEN_SEEDS) paths.data_dir=$(abspath $(DATA_DIR))
 
 # Cost of the ImageNet path on this machine: extraction images/s of each backbone (random weights, a few images),
 # and head training at full ImageNet-1K / 21K-P shape on random float16 embeddings: results/bench/embeddings_<device>.*

@@ -3,10 +3,11 @@
     python scripts/bench_embeddings.py [--device cpu|cuda] [--quick] [--out results/bench/embeddings_cpu.json]
 
 1. Extraction: images/s of each backbone through ``topklab.data.embeddings.extract`` (JPEG decode,
-   timm's transform, forward, memory-mapped write) on a generated tree of ImageNet-sized JPEGs
-   (500 × 375): two small stand-ins and the paper's three backbones with random weights (the
-   same arithmetic as the pretrained ones), a few images each; the extrapolated hours for ImageNet-1K
-   (1,331,167 images) and ImageNet-21K-P (winter 2021, about 11.58 M images).
+   timm's transform, forward, memory-mapped write; one process) on a generated tree of ImageNet-sized
+   JPEGs (500 × 375): two small stand-ins and the paper's three backbones with random weights (the
+   same arithmetic as the pretrained ones), a few images each (seconds per image on a CPU, so the first
+   batch's set-up is a small part); the extrapolated hours for ImageNet-1K (1,331,167 images) and
+   ImageNet-21K-P (winter 2021, about 11.58 M images).
 2. Head training at the real shapes on random float16 embeddings: ImageNet-1K as a full-size memory map
    (1,281,167 × 2048 training rows), ImageNet-21K-P (10,450 classes) on 200,000 rows, each row of the
    tables' methods (uniform P_K; softmax CE; the smooth top-k SVM) through the engine: median step time at
@@ -32,12 +33,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 IMAGENET_1K = {"train": 1_281_167, "test": 50_000, "holdout": 50_000, "classes": 1000, "m": 16, "epochs": 20, "dim": 2048}
 IMAGENET_21KP = {"train": 11_060_223, "test": 522_500, "holdout": 100_000, "classes": 10_450, "m": 50, "epochs": 40, "dim": 2048}
-BACKBONES = [  # label, timm name, resolution, images, batch
-    ("stand-in: test_efficientnet", "test_efficientnet", 224, 32, 8),
-    ("stand-in: resnet50", "resnet50", 224, 16, 8),
-    ("ResNeXt-101 32x48d WSL (1K)", "resnext101_32x48d", 320, 4, 2),
-    ("ResNeXt-101 32x48d WSL (21K-P)", "resnext101_32x48d", 224, 4, 2),
-    ("EfficientNet-L2 NS", "tf_efficientnet_l2", 800, 2, 1),
+BACKBONES = [  # label, timm name, resolution, images, batch, precision on a GPU (configs/backbone/; fp32 on a CPU)
+    ("stand-in: test_efficientnet", "test_efficientnet", 224, 32, 8, "fp32"),
+    ("stand-in: resnet50", "resnet50", 224, 16, 8, "fp32"),
+    ("ResNeXt-101 32x48d WSL (1K)", "resnext101_32x48d", 320, 4, 2, "fp32"),
+    ("ResNeXt-101 32x48d WSL (21K-P)", "resnext101_32x48d", 224, 4, 2, "fp32"),
+    ("EfficientNet-L2 NS", "tf_efficientnet_l2", 800, 2, 1, "fp16"),
 ]
 METHODS = ["softmax_ce", "smooth_topk_svm_top5", "bitonic_uniform", "splitter_selection_uniform", "neuralsort_uniform",
            "softsort_uniform", "sinkhorn_uniform"]
@@ -63,21 +64,23 @@ def write_jpeg_tree(root: Path, images: int) -> Path:
 
 
 def bench_extraction(device, work: Path, backbones) -> list[dict]:
+    import timm
     import torch
 
     from topklab.data.embeddings import Backbone
     from topklab.data.embeddings.extract import extract
 
     rows = []
-    for label, name, resolution, images, batch in backbones:
+    for label, name, resolution, images, batch, gpu_precision in backbones:
         tree = write_jpeg_tree(work / f"tree{images}", images) if not (work / f"tree{images}").exists() else work / f"tree{images}"
         torch.manual_seed(0)
-        backbone = Backbone(name, resolution, pretrained=False, precision="fp16" if device.type == "cuda" else "fp32")
+        backbone = Backbone(name, resolution, pretrained=False, precision=gpu_precision if device.type == "cuda" else "fp32")
         start = time.perf_counter()
         report = extract(backbone, tree, work / f"out_{name}_{resolution}", {"train": "train", "test": "val"}, batch_size=batch,
                          shard_size=max(images, 1), num_workers=0, device=str(device), progress=False)
         rate = report["train"]["images_per_s"]
-        params = sum(p.numel() for p in backbone.model(torch.device("meta")).parameters()) if device.type != "meta" else None
+        with torch.device("meta"):  # the architecture's size without a second copy of its weights
+            params = sum(p.numel() for p in timm.create_model(name, pretrained=False, num_classes=0).parameters())
         rows.append({"part": "extraction", "backbone": label, "name": name, "resolution": resolution, "images": images,
                      "batch": batch, "images_per_s": rate, "seconds_per_image": 1 / rate, "parameters": params,
                      "precision": backbone.precision, "wall_s": time.perf_counter() - start, "peak_rss_mb": peak_rss_mb(),

@@ -23,11 +23,11 @@ def embeddings(tmp_path_factory):
 
 
 def test_every_cell_of_the_grid_has_a_row():
-    grid = {"softmax_ce", "smooth_topk_svm_top5", *(f"{m}_{p}" for m in METHODS for p in P_K)}
+    grid = {"softmax_ce", "topm_softmax", "smooth_topk_svm_top5", *(f"{m}_{p}" for m in METHODS for p in P_K)}
     for dataset in ("imagenet1k", "imagenet21kp"):
         assert {r.split("/")[-1] for r in ROWS if r.startswith(f"petersen/{dataset}/")} == grid
     assert {r for r in ROWS if r.startswith("petersen/table5/")} == {
-        f"petersen/table5/{b}_{n}" for b in ("wsl", "l2") for n in ("bitonic", "splitter_selection")} | {"petersen/table5/l2_softmax_ce"}
+        "petersen/table5/l2_bitonic", "petersen/table5/l2_splitter_selection", "petersen/table5/l2_softmax_ce"}
 
 
 @pytest.mark.parametrize("dataset,lr,epochs,m,holdout", [("imagenet1k", 10 ** -4.5, 20, 16, 50_000),
@@ -47,15 +47,18 @@ def test_rows_compose_to_difftopks_recipe(compose_cfg, dataset, lr, epochs, m, h
             elif method in ("neuralsort", "softsort"):
                 assert operator.tau == 2.0  # difftopk's --inverse_temperature 0.5
     assert compose_cfg(f"experiment=petersen/{dataset}/softmax_ce").individual._target_.endswith("CrossEntropy")
+    topm = compose_cfg(f"experiment=petersen/{dataset}/topm_softmax").individual
+    assert (list(topm.p_k), topm.m, topm.top1_mode) == ([1, 0, 0, 0, 0], m, "sm")
     svm = compose_cfg(f"experiment=petersen/{dataset}/smooth_topk_svm_top5").individual
     assert (svm.k, svm.tau) == (5, 1.0)
 
 
 def test_table5_rows(compose_cfg):
+    import yaml
+
+    aliases = yaml.safe_load((ROOT / "results" / "paper" / "petersen_icml2022.yaml").read_text())["table5"]["aliases"]
+    assert aliases == {f"wsl_{n}": f"petersen_imagenet1k/{n}_uniform" for n in ("bitonic", "splitter_selection")}
     for network in ("bitonic", "splitter_selection"):
-        wsl = compose_cfg(f"experiment=petersen/table5/wsl_{network}")
-        same = compose_cfg(f"experiment=petersen/imagenet1k/{network}_uniform")
-        assert wsl.individual == same.individual and wsl.dataset == same.dataset and wsl.optim == same.optim
         l2 = compose_cfg(f"experiment=petersen/table5/l2_{network}")
         assert l2.dataset.name == "imagenet1k_l2_800" and list(l2.individual.p_k) == [0.25, 0, 0, 0, 0.75]
         assert (l2.individual.operator.distribution, l2.individual.operator.steepness, l2.individual.m) == ("logistic", 0.5, 16)
@@ -102,13 +105,13 @@ def test_the_tables_name_every_row_still_missing_until_it_has_a_result(tmp_path)
     papers = [yaml.safe_load((ROOT / "results" / "paper" / "petersen_icml2022.yaml").read_text())]
     pending = render_vision([], papers)
     text = pending["petersen_imagenet1k.md"]
-    assert "**Still missing:** every row (27: softmax_ce, smooth_topk_svm_top5, bitonic_top5," in text
+    assert "**Still missing:** every row (28: softmax_ce, topm_softmax, smooth_topk_svm_top5, bitonic_top5," in text
     assert "make reproduce-petersen-imagenet1k" in text and "88.37" in pending["petersen_table5.md"]
     fake_vision_run(tmp_path, "petersen_imagenet1k", "softmax_ce", "Softmax CE, P_K = [1,0,0,0,0]", 0, 80.0, 95.0, [80.0, 0, 0])
     text = render_vision(read_results(tmp_path / "vision", "vision"), papers)["petersen_imagenet1k.md"]
     assert "| Softmax CE, P_K = [1,0,0,0,0] | 1 | 80.00 ± 0.00 | 96.00 ± 0.00 |" in text
     missing = next(line for line in text.splitlines() if line.startswith("**Still missing:**"))
-    assert "softmax_ce" not in missing and "smooth_topk_svm_top5, bitonic_top5" in missing
+    assert "softmax_ce," not in missing and "topm_softmax, smooth_topk_svm_top5, bitonic_top5" in missing
 
 
 def test_m_outside_k_and_the_classes_is_one_line(compose_cfg, tmp_path):
@@ -120,3 +123,36 @@ def test_m_outside_k_and_the_classes_is_one_line(compose_cfg, tmp_path):
     with pytest.raises(TopklabError, match=r"individual: m=16 must satisfy K=5 < m < classes=12") as err:
         train(cfg, tmp_path / "run")
     assert "\n" not in str(err.value) and not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_p_k_top1_with_top_m_is_a_softmax_over_the_pre_selected_classes_not_softmax_ce():
+    import torch
+    import torch.nn.functional as F
+
+    from topklab.losses import TopKCrossEntropy
+    from topklab.operators import DiffSortNet
+
+    torch.manual_seed(0)
+    logits, labels = torch.randn(6, 40, dtype=torch.float64), torch.randint(0, 40, (6,))
+    loss = TopKCrossEntropy([1, 0, 0, 0, 0], DiffSortNet("bitonic", steepness=1.0), m=16, top1_mode="sm", num_classes=40)(logits, labels)
+    for i in range(6):  # the slow, obvious reference: the true class and the 15 highest others, then softmax CE
+        others = torch.cat([logits[i, :labels[i]], logits[i, labels[i] + 1:]]).topk(15).values
+        kept = torch.cat([logits[i, labels[i]].view(1), others])
+        expected = -torch.log(torch.softmax(kept, 0)[0] * (1 - 2e-7) + 1e-7)
+        assert loss[i].item() == pytest.approx(expected.item(), rel=1e-9)
+    assert not torch.allclose(loss, F.cross_entropy(logits, labels, reduction="none"))
+
+
+def test_table5_shows_the_imagenet1k_runs_as_its_wsl_rows(tmp_path):
+    import yaml
+
+    from test_tables import fake_vision_run
+    from topklab.report.schema import read_results
+    from topklab.report.vision import render_vision
+
+    papers = [yaml.safe_load((ROOT / "results" / "paper" / "petersen_icml2022.yaml").read_text())]
+    fake_vision_run(tmp_path, "petersen_imagenet1k", "bitonic_uniform", "Top-k DiffSortNets (bitonic)", 0, 86.0, 98.0, [86.0, 0, 0])
+    text = render_vision(read_results(tmp_path / "vision", "vision"), papers)["petersen_table5.md"]
+    assert "| Top-k DiffSortNets (bitonic) | 1 | 86.00 ± 0.00 | 99.00 ± 0.00 |" in text
+    missing = next(line for line in text.splitlines() if line.startswith("**Still missing:**"))
+    assert "wsl_bitonic" not in missing and "wsl_splitter_selection" in missing and "l2_bitonic" in missing

@@ -121,11 +121,37 @@ def test_extraction_errors_are_one_line(tree, tmp_path):
         Backbone("test_efficientnet", 32, checkpoint="/nowhere/w.pth").model(torch.device("cpu"))
 
 
-def test_missing_pretrained_weights_offline_are_one_line(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+def test_missing_pretrained_weights_offline_are_one_line(monkeypatch, tmp_path):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # an empty cache
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     with pytest.raises(DataUnavailableError, match="pretrained weights could not be loaded .*backbone.checkpoint=") as err:
         Backbone("test_efficientnet", 32, pretrained=True).model(torch.device("cpu"))
     assert "\n" not in str(err.value)
+
+
+def test_an_unreadable_image_in_a_decoding_worker_is_one_line(tmp_path):
+    broken = write_image_tree(tmp_path / "broken", classes=2)
+    (broken / "train" / "n00000000" / "n00000000_2.JPEG").write_bytes(b"not a jpeg")
+    torch.manual_seed(0)
+    with pytest.raises(TopklabError, match=r"^image .*n00000000_2.JPEG cannot be read") as err:
+        extract(tiny_backbone(), broken, tmp_path / "out", SPLITS, batch_size=2, shard_size=5, num_workers=1, device="cpu",
+                progress=False)
+    assert "\n" not in str(err.value) and "Traceback" not in str(err.value)
+
+
+def test_embeddings_beyond_float16_are_refused_not_stored_as_inf(tree, tmp_path, monkeypatch):
+    original = torch.nn.Module.__call__
+
+    def huge(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        return out * 1e12 if type(self).__name__ == "EfficientNet" else out
+
+    monkeypatch.setattr(torch.nn.Module, "__call__", huge)
+    with pytest.raises(TopklabError, match="non-finite embeddings for .*n00000000_0.JPEG .*backbone.storage=float32"):
+        run_extraction(tree, tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "train" / "progress.json").read_text())["done"] == []
 
 
 def test_a_local_checkpoint_file_loads(tmp_path):
@@ -138,7 +164,7 @@ def test_a_local_checkpoint_file_loads(tmp_path):
     assert torch.equal(loaded.conv_stem.weight, source.conv_stem.weight)
 
 
-def test_the_papers_backbones_are_configured_as_difftopk_used_them():
+def test_the_backbone_configs_build_the_papers_architectures():
     import timm
     from hydra.utils import instantiate
     from omegaconf import OmegaConf

@@ -136,7 +136,8 @@ def render_vision(results: list[dict], papers: list[dict]) -> dict[str, str]:
     results : every vision result (``read_results(results/"vision", "vision")``)
     papers : the loaded ``results/paper/*.yaml`` files; a top-level entry with ``vision_table: <table>``
         gives that table's caption, note, row order and published values; a table with such an entry
-        and no result yet is rendered as pending (what to run, the published values)
+        and no result yet is rendered as pending (what to run, the published values); its ``aliases``
+        ({row: "<table>/<row>"}) show another table's runs as rows of this one
 
     Examples
     --------
@@ -146,5 +147,10 @@ def render_vision(results: list[dict], papers: list[dict]) -> dict[str, str]:
     specs = {spec["vision_table"]: spec for paper in papers for spec in paper.values()
              if isinstance(spec, dict) and "vision_table" in spec}
     tables = by_table(results)
+    for name, spec in specs.items():
+        for alias, source in (spec.get("aliases") or {}).items():
+            table, row = source.split("/")
+            if row in tables.get(table, {}):
+                tables.setdefault(name, {})[alias] = tables[table][row]
     return {f"{name.replace('/', '_')}.md": render_vision_table(name, tables[name], specs.get(name)) if name in tables
             else render_pending_table(name, specs[name]) for name in sorted(set(tables) | set(specs))}

@@ -111,6 +111,8 @@ class Backbone:
         return {"name": self.name, "resolution": self.resolution, "interpolation": data["interpolation"],
                 "crop_pct": data["crop_pct"], "mean": list(data["mean"]), "std": list(data["std"]),
                 "precision": self.precision, "storage": self.storage, "pretrained": self.pretrained,
-                "checkpoint": None if self.checkpoint is None else self.checkpoint.name,
+                "checkpoint": None if self.checkpoint is None else {"name": self.checkpoint.name,
+                                                                      "bytes": self.checkpoint.stat().st_size,
+                                                                      "mtime": int(self.checkpoint.stat().st_mtime)},
                 "embedding_dim": int(model.num_features)}
 

@@ -121,7 +121,10 @@ def extract_split(model: torch.nn.Module, backbone: Backbone, transform, source:
                            f"over, or rerun with the settings it was started with")
     if state["complete"]:
         return {"images": len(files), "extracted": 0, "seconds": 0.0}
-    rows = open_memmap(out / EMBEDDINGS, mode="r+")
+    try:
+        rows = open_memmap(out / EMBEDDINGS, mode="r+")
+    except (ValueError, OSError) as err:
+        raise TopklabError(f"{out / EMBEDDINGS} is corrupt ({err}); delete {out} and extract that split again") from None
     done = set(state["done"])
     todo = [s for s in range(state["shards"]) if s not in done]
     positions = [i for s in todo for i in range(s * shard_size, min((s + 1) * shard_size, len(files)))]
@@ -134,6 +137,12 @@ def extract_split(model: torch.nn.Module, backbone: Backbone, transform, source:
         with torch.no_grad(), backbone.autocast(device):
             for images in loader:
                 features = model(images.to(device, non_blocking=True)).float().cpu().numpy()
+                with np.errstate(over="ignore"):  # an overflow becomes inf, refused just below
+                    features = features.astype(rows.dtype)
+                if not np.isfinite(features).all():
+                    first = positions[cursor + int(np.flatnonzero(~np.isfinite(features).all(axis=1))[0])]
+                    raise TopklabError(f"the backbone gave non-finite embeddings for {source / files[first]} "
+                                       f"(beyond {rows.dtype}'s range?); use backbone.storage=float32 or backbone.precision=fp32")
                 rows[positions[cursor:cursor + len(features)]] = features
                 cursor += len(features)
                 bar.update(len(features))
@@ -142,7 +151,7 @@ def extract_split(model: torch.nn.Module, backbone: Backbone, transform, source:
                     state["done"].append(pending.pop(0))
                     atomic_write_json(out / PROGRESS, state)
     except TopklabError as err:  # from a worker, its message carries the worker's traceback
-        raise TopklabError(one_line(err)) from None
+        raise type(err)(one_line(err)) from None
     finally:
         bar.close()
     state["complete"] = True
