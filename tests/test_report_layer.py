@@ -36,7 +36,7 @@ def test_layer_tables_render_rows_benchmarks_and_missing_rows(tmp_path):
                              config={}, provenance=PROVENANCE))
     tables = render_layer_tables(results)
     routing = tables["routing.md"]
-    assert "Missing rows: `routing/stk_threshold_c025`." in routing and "abcdef1 " not in routing and "abcdef1." in routing
+    assert "Missing rows: `routing/stk_threshold_c025`." in routing and "abcdef1 (clean tree)." in routing
     top_k_line = next(line for line in routing.splitlines() if line.startswith("| top_k_c025"))
     assert "| no | 0.250 | 35.00 | 34.00 ± 0.71 (n = 2: 33.50, 34.50) | 4.00 |" in top_k_line
     assert "Step-time benchmark missing" in routing

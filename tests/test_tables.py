@@ -1,4 +1,5 @@
 """scripts/make_tables.py (topklab.report) on small fake results trees, and on the committed one."""
+import json
 import shutil
 import sys
 
@@ -169,7 +170,7 @@ def test_tables_1_and_2_beside_the_paper():
     text = render_table1(table1, paper)
     assert "| HeapSort | pure Python loops | 0.1243 ± 0.045 | 0.2 ± 0.1 | 1.61 | — |" in text
     assert "| STk | torch | 0.0127 ± 0.002 | 0.0254 ± 0 | 2 | 20 (max 30) |" in text
-    assert "n = 10000, k = 5, 2 runs" in text and "code 0123456789." in text
+    assert "n = 10000, k = 5, 2 runs" in text and "code 0123456789 (tree state unknown)." in text
     columns = {name: {"test_acc": [70.0, 80.0], "paraf1": [0.5, 0.5], "seconds_single": [1.0], "k": 0.5}
                for name in ("Average", "STk (SReLU)")}
     config = {"task": {"covariance": "printed"}, "trainer": {"l1": 0.01, "lam_init": "auto"}, "k_grid": [0.5],
@@ -180,3 +181,16 @@ def test_tables_1_and_2_beside_the_paper():
     assert "| Accuracy (%), paper | 72.86 | 76.10 |" in text
     assert "| Accuracy (%), ours | 75.00 ± 5.00 | 75.00 ± 5.00 |" in text
     assert "| ParaF1, paper | 0.190 | 0.345 |" in text and "2 repeats, covariance `printed`" in text
+
+
+def test_dirty_results_are_refused_unless_allowed_and_then_marked(results, capsys):
+    path = results / "tabular" / "fake" / "table3" / "australian" / "logistic-stk.json"
+    envelope = json.loads(path.read_text())
+    envelope["provenance"]["git"]["dirty"] = True
+    path.write_text(json.dumps(envelope))
+    assert make_tables.main(["--results", str(results), "--preset", "fake"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "uncommitted changes" in err[0] and "logistic-stk.json" in err[0] and "--allow-dirty" in err[0]
+    assert not (results / "tables").exists()
+    assert make_tables.main(["--results", str(results), "--preset", "fake", "--allow-dirty"]) == 0
+    assert "abc1234 (DIRTY tree)" in (results / "tables" / "table3.md").read_text()

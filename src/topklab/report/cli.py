@@ -23,7 +23,7 @@ from typing import Callable
 import yaml
 
 from topklab.report.layer import plot_routing, plot_sparsification, render_routing, render_sparsification
-from topklab.report.schema import read_result, read_results
+from topklab.report.schema import dirty_result_files, read_result, read_results
 from topklab.report.synthetic import render_table1, render_table2
 from topklab.report.tabular import render_tabular
 from topklab.report.translation import render_translation
@@ -68,19 +68,26 @@ def _optional(results: Path, source: Source, what: str) -> dict | None:
     return read_result(path, source.family)
 
 
-def render_tables(results: Path, preset: str) -> dict[str, str]:
+def render_tables(results: Path, preset: str, allow_dirty: bool = False) -> dict[str, str]:
     """``{file name: text}`` of every table that ``results`` has the data for.
 
     Parameters
     ----------
     results : the results directory (reads only there)
     preset : which ``tabular/<preset>/`` cells make Tables 3, 4 and 6 (they must exist)
+    allow_dirty : render results that came from a tree with uncommitted changes (their headers say
+        so); by default any such result under ``results`` is a one-line error
 
     Examples
     --------
     >>> sorted(render_tables(Path("results"), "fraction"))[:3]  # doctest: +SKIP
     ['fmnistlt.md', 'table1.md', 'table2.md']
     """
+    dirty = dirty_result_files(results)
+    if dirty and not allow_dirty:
+        raise TopklabError(f"{len(dirty)} result(s) under {results} came from a tree with uncommitted changes "
+                           f"(first: {dirty[0]}); rerun them from a clean checkout, or pass --allow-dirty "
+                           f"(the tables then mark them DIRTY)")
     paper = _paper(results)
     cells = read_results(results / "tabular" / preset, "tabular")
     if not cells:
@@ -153,10 +160,11 @@ def tables(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="quick", help="results/tabular/<preset>/ to read")
     parser.add_argument("--results", type=Path, default=_results_dir())
     parser.add_argument("--out", type=Path, default=None, help="default: <results>/tables")
+    parser.add_argument("--allow-dirty", action="store_true", help="render results from a tree with uncommitted changes")
     args = parser.parse_args(argv)
     out = args.out or args.results / "tables"
     try:
-        rendered = render_tables(args.results, args.preset)
+        rendered = render_tables(args.results, args.preset, args.allow_dirty)
     except TopklabError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -11,6 +11,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from topklab.report.schema import code_versions
+
 ROUTED_ROWS = [f"{router}_{c}" for router in ("top_k", "threshold_p", "stk_threshold") for c in ("c0125", "c025", "c05")]
 
 
@@ -20,9 +22,7 @@ def _expected_rows(group: str, configs: Path | None) -> list[str]:
 
 
 def _provenance(results: list[dict]) -> str:
-    commits = sorted({(r["provenance"]["git"].get("sha", "?")[:7], bool(r["provenance"]["git"].get("dirty")))
-                      for r in results})
-    return ", ".join(f"{sha}{' (dirty)' if dirty else ''}" for sha, dirty in commits) or "—"
+    return code_versions(results, width=7)
 
 
 def _header(title: str, command: str, results: list[dict], expected: list[str], group: str) -> list[str]:

@@ -120,6 +120,35 @@ def read_result(path: str | Path, family: str | None = None) -> dict:
     return result
 
 
+def code_versions(results: list[dict], width: int = 10) -> str:
+    """The commits results came from, each marked clean or dirty (a tree with uncommitted changes).
+
+    Examples
+    --------
+    >>> code_versions([{"provenance": {"git": {"sha": "0123456789abc", "dirty": False}}}])
+    '0123456789 (clean tree)'
+    """
+    commits = sorted({(str(r["provenance"].get("git", {}).get("sha", "?"))[:width], r["provenance"].get("git", {}).get("dirty"))
+                      for r in results}, key=str)
+    mark = {False: "clean tree", True: "DIRTY tree"}
+    return ", ".join(f"{sha} ({mark.get(dirty, 'tree state unknown')})" for sha, dirty in commits) or "—"
+
+
+def dirty_result_files(directory: str | Path) -> list[Path]:
+    """The result files under ``directory`` whose provenance says they came from a tree with
+    uncommitted changes (read as plain JSON, whatever their family; unreadable files are left to
+    the renderers' own errors)."""
+    dirty = []
+    for path in sorted(Path(directory).rglob("*.json")):
+        try:
+            provenance = json.loads(path.read_text()).get("provenance") or {}
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            continue
+        if isinstance(provenance, dict) and (provenance.get("git") or {}).get("dirty") is True:
+            dirty.append(path)
+    return dirty
+
+
 def read_results(directory: str | Path, family: str | None = None) -> list[dict]:
     """Every result under ``directory`` (recursively, in path order), each checked as by
     :func:`read_result`; an empty list if the directory does not exist.

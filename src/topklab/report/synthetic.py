@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import statistics
 
+from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
 
 
 def _git(result: dict) -> str:
-    return str(result["provenance"].get("git", {}).get("sha", "?"))[:10]
+    return code_versions([result])
 
 
 # what each Table 1 row is, by the "origin" the bench script records per algorithm

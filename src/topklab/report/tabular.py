@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import wilcoxon
 
+from topklab.report.schema import code_versions
 from topklab.utils.errors import TopklabError
 
 TABLES = ("table3", "table4", "table6")
@@ -141,13 +142,12 @@ def header(preset: str, table: str, results: list[dict], lines: list[Line]) -> l
     if not mine:
         return [f"Preset `{preset}`: no cells of this table yet."]
     commands = sorted({r["command"] for r in mine})
-    shas = sorted({str(r["provenance"].get("git", {}).get("sha", "?"))[:10] for r in mine})
     splits = sorted({len(r["result"]["per_split"]["test"]) for r in mine})
     missing = [f"{x.dataset}/{x.individual}/{x.aggregate}" for x in lines if x.ours is None]
     within = [x.within_paper_std for x in lines if x.within_paper_std is not None]
     tied = [x for x in lines if x.ties is not None and x.ties["count"] > 1]
     spread = max((x.ties["test_max"] - x.ties["test_min"] for x in tied), default=0.0)
-    out = [f"Preset `{preset}`: {', '.join(map(str, splits))} splits per cell; code {', '.join(shas)}.",
+    out = [f"Preset `{preset}`: {', '.join(map(str, splits))} splits per cell; code {code_versions(mine)}.",
            f"Produced by: {'; '.join(f'`{c}`' for c in commands)}, then `python scripts/make_tables.py --preset {preset}`.",
            f"Ours within the paper's std: {sum(within)} of {len(within)} cells.",
            "Selection: the lowest validation score over the splits, compared exactly (error tables: the total number of "

@@ -5,6 +5,7 @@ ours; then the validation curve and λ's trajectory per epoch. A paper entry is 
 translation table by its ``translation_table`` field in ``results/paper/*.yaml``."""
 from __future__ import annotations
 
+from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
 from topklab.report.vision import by_table
 from topklab.utils.errors import TopklabError
@@ -57,7 +58,6 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
     engine, task = first["config"]["engine"], first["config"]["task"]
     labels = {row: rows[row][0]["result"]["label"] for row in present}
     commands = sorted({r["command"] for r in runs})
-    shas = sorted({str(r["provenance"].get("git", {}).get("sha", "?"))[:10] for r in runs})
     missing = [r for r in order if r not in rows]
     test = first["result"]["summary"]["metrics"]["test"]
     lines = [f"# {name}: test BLEU, mean ± std over seeds", ""]
@@ -71,7 +71,7 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
         f"Each row: `python train.py experiment=stk/{name}/<row> seed=<k>`; {engine['epochs']} epochs of "
         f"{engine['batch_size']}-token batches, the state with the best validation {', '.join(engine['select_metrics'])} "
         f"(greedy decoding) is tested with beam {search['beam']} (length penalty {search['length_penalty']}); "
-        f"code {', '.join(shas)}.  ",
+        f"code {code_versions(runs)}.  ",
         f"Commands: {'; '.join(f'`{c}`' for c in commands[:3])}{' …' if len(commands) > 3 else ''}.  ",
         f"sacreBLEU signature: `{test['bleu_signature']}`; BLEU (tok) is BLEU on the corpus's own whitespace tokens "
         f"(tokenize=none: fairseq-style tokenised BLEU for pre-tokenised corpora). avg-last is the test sacreBLEU of "

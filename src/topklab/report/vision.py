@@ -5,6 +5,7 @@ per-class accuracy. A paper table is matched to a vision table by its ``vision_t
 ``results/paper/*.yaml``; its row order is the table's order, other rows follow by id."""
 from __future__ import annotations
 
+from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
 from topklab.utils.errors import TopklabError
 
@@ -64,7 +65,6 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
     first = runs[0]
     labels = {row: rows[row][0]["result"]["label"] for row in present}
     commands = sorted({r["command"] for r in runs})
-    shas = sorted({str(r["provenance"].get("git", {}).get("sha", "?"))[:10] for r in runs})
     trainer = first["config"].get("engine") or first["config"]["trainer"]  # results before the engine: trainer
     lines = [f"# {name}: test accuracy (%), mean ± std over seeds", ""]
     missing = [r for r in published if r not in rows]
@@ -77,7 +77,7 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
                 else f"the best-validation epoch of {', '.join(trainer['select_metrics'])}")
     lines += [
         f"Each row: `python train.py experiment=<row> seed=<k>` (experiments/README.md; {trainer['epochs']} epochs, batch "
-        f"{trainer['batch_size']}, test numbers from {reported}); code {', '.join(shas)}. Then `make tables`.  ",
+        f"{trainer['batch_size']}, test numbers from {reported}); code {code_versions(runs)}. Then `make tables`.  ",
         f"Commands: {'; '.join(f'`{c}`' for c in commands[:3])}{' …' if len(commands) > 3 else ''}.  ",
         "Many / medium / few: classes with more than 100, 20–100, fewer than 20 training images "
         "(mean of their per-class accuracies).", "",
