@@ -134,7 +134,8 @@ def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnis
 
 def experiment_rows():
     return [row for row in config_groups(ROOT / "configs")["experiment"]
-            if not row.startswith(("stk/table", "stk/figure", "stk/multi30k", "stk/iwslt14", "stk/wmt17", "routing/"))]
+            if not row.startswith(("stk/table", "stk/figure", "stk/multi30k", "stk/iwslt14", "stk/wmt17", "routing/",
+                                   "petersen/imagenet1k/", "petersen/imagenet21kp/", "petersen/table5/"))]  # test_embedding_rows
 
 
 def test_every_table_row_has_an_experiment():

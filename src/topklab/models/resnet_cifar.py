@@ -1,6 +1,6 @@
 """ResNets for 32×32-class images: He et al.'s CIFAR ResNet-32 (the usual CIFAR-LT backbone) and the
-CIFAR variant of ResNet-18 used by Petersen et al. (3×3 stem, no max-pool). Any input size works
-(global average pooling); ``in_channels`` comes from the dataset (3 for CIFAR, 1 for Fashion-MNIST)."""
+CIFAR variant of ResNet-18 used by Petersen et al. (3×3 stem; difftopk's keeps a max-pool after it).
+Any input size works (global average pooling); ``in_channels`` comes from the dataset (3 for CIFAR, 1 for Fashion-MNIST)."""
 from __future__ import annotations
 
 import torch
@@ -53,16 +53,23 @@ class CifarResNet(nn.Module):
     widths : channels of each stage; the first stage keeps the resolution, later ones halve it
     blocks : basic blocks per stage
     shortcut : zero_pad | projection (see :class:`BasicBlock`)
+    stem_pool : bool, a 3×3 max-pool of stride 2 after the stem (torchvision's ResNet keeps it in
+        difftopk's CIFAR ResNet-18: the stages then run at 16, 8, 4, 2 px on 32-px images)
+    init : he | torchvision; he: Kaiming-normal (fan-in) convolutions and classifier; torchvision:
+        Kaiming-normal fan-out convolutions, PyTorch's default classifier (difftopk's ResNet-18)
     """
 
     def __init__(self, num_classes: int, in_channels: int = 3, widths=(16, 32, 64), blocks=(5, 5, 5),
-                 shortcut: str = "zero_pad"):
+                 shortcut: str = "zero_pad", stem_pool: bool = False, init: str = "he"):
         super().__init__()
         if shortcut not in ("zero_pad", "projection"):
             raise ValueError(f"shortcut={shortcut!r}; choose zero_pad or projection")
+        if init not in ("he", "torchvision"):
+            raise ValueError(f"model.init={init!r}; choose he or torchvision")
         if len(widths) != len(blocks) or num_classes < 2 or in_channels < 1:
             raise ValueError(f"need one width per stage ({list(widths)} vs {list(blocks)}), num_classes >= 2, in_channels >= 1")
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU())
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU(),
+                                  *([nn.MaxPool2d(3, 2, 1)] if stem_pool else []))
         layers, in_planes = [], widths[0]
         for stage, (planes, count) in enumerate(zip(widths, blocks)):
             for i in range(count):
@@ -72,7 +79,9 @@ class CifarResNet(nn.Module):
         self.layers = nn.Sequential(*layers)
         self.fc = nn.Linear(in_planes, num_classes)
         for module in self.modules():
-            if isinstance(module, (nn.Conv2d, nn.Linear)):
+            if init == "torchvision" and isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+            elif init == "he" and isinstance(module, (nn.Conv2d, nn.Linear)):
                 nn.init.kaiming_normal_(module.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -92,13 +101,15 @@ def resnet32(num_classes: int, in_channels: int = 3) -> CifarResNet:
     return CifarResNet(num_classes, in_channels, (16, 32, 64), (5, 5, 5), "zero_pad")
 
 
-def resnet18_cifar(num_classes: int, in_channels: int = 3) -> CifarResNet:
-    """ResNet-18, CIFAR variant (3×3 stem, no max-pool; 4 stages of 2 blocks, 64–512 channels,
-    projection shortcuts) as in difftopk's ``resnet_cifar10.py``; 11.2 M parameters at 100 classes.
+def resnet18_cifar(num_classes: int, in_channels: int = 3, stem_pool: bool = False, init: str = "he") -> CifarResNet:
+    """ResNet-18, CIFAR variant: 3×3 stem, 4 stages of 2 blocks, 64–512 channels, projection
+    shortcuts; 11.2 M parameters at 100 classes. difftopk's ``resnet_cifar10.py`` also keeps
+    torchvision's max-pool after the stem and its fan-out initialisation (``stem_pool=True,
+    init="torchvision"``, set in the Petersen rows): a quarter of the compute of the pool-less net.
 
     Examples
     --------
     >>> resnet18_cifar(num_classes=10, in_channels=1)(torch.zeros(2, 1, 28, 28)).shape
     torch.Size([2, 10])
     """
-    return CifarResNet(num_classes, in_channels, (64, 128, 256, 512), (2, 2, 2, 2), "projection")
+    return CifarResNet(num_classes, in_channels, (64, 128, 256, 512), (2, 2, 2, 2), "projection", stem_pool, init)

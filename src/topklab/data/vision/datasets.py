@@ -12,10 +12,10 @@ from topklab.data.vision.files import ensure_cifar100, find_fashion_mnist, read_
 from topklab.data.vision.listed import check_resize
 from topklab.data.vision.loaders import LOADERS
 from topklab.data.vision.longtail import exponential_profile, longtail_indices
-from topklab.data.vision.splits import VisionSplits, as_tensors, balanced_from_unused, holdout
+from topklab.data.vision.splits import VisionSplits, as_tensors, balanced_from_unused, holdout, random_holdout
 from topklab.utils.errors import TopklabError
 
-VALIDATION_MODES = ("holdout", "balanced_unused")
+VALIDATION_MODES = ("holdout", "random_holdout", "balanced_unused")
 LOADER_KINDS = (*LOADERS, "resized")
 
 
@@ -29,8 +29,10 @@ class ImageDataset:
         ``n_max`` images in class 0 and n_max/ρ in the last class.
     n_max : int, images of the largest class of the long-tailed subset
     lt_seed : int, seed of the long-tailed draw (kept fixed across training seeds)
-    validation : holdout | balanced_unused
-        holdout: ``val_fraction`` of each class of the (subsampled) training set (difftopk: 5 %).
+    validation : holdout | random_holdout | balanced_unused
+        holdout: ``val_fraction`` of each class of the (subsampled) training set;
+        random_holdout: ``floor(val_fraction · N)`` training images drawn at random, not per class
+        (difftopk's ``random_split``: 2,500 of CIFAR-100's 50,000);
         balanced_unused: ``val_per_class`` images per class from training images the long-tailed
         subset did not use (a balanced validation set, like the balanced test set), topped up from
         the subset for a class that has too few unused images (those leave training; recorded as
@@ -42,6 +44,8 @@ class ImageDataset:
         Resize(resolution · 8/7) + CenterCrop or the test-time ensemble ``tte`` for evaluation
     pad : int >= 0, zero padding of the random crop (0: no crop); flip : bool, random horizontal flip
         (device and torchvision loaders)
+    val_augment : bool, score the validation split on training-augmented images (one fixed seeded draw;
+        difftopk's hold-out is a split of the augmented training set)
     resolution : int >= 1 or None, interpolation : bilinear | bicubic, tte : none | fivecrop |
         tencrop, tte_expand : int >= 0 (the resized loader; see :class:`ListedImageDataset`)
     task : multiclass (what the labels are; recipes key on it)
@@ -54,13 +58,16 @@ class ImageDataset:
                  lt_seed: int = 0, validation: str = "holdout", val_fraction: float = 0.05,
                  val_per_class: int = 50, split_seed: int = 0, download: bool = False, loader: str = "device",
                  num_workers: int = 0, pad: int = 4, flip: bool = True, resolution: int | None = None,
-                 interpolation: str = "bilinear", tte: str = "none", tte_expand: int = 24, task: str = "multiclass"):
+                 interpolation: str = "bilinear", tte: str = "none", tte_expand: int = 24, task: str = "multiclass",
+                 val_augment: bool = False):
         if task != "multiclass":
             raise ValueError(f"task={task!r}: image datasets are multiclass")
         if loader not in LOADER_KINDS:
             raise ValueError(f"loader={loader!r}; choose one of {', '.join(LOADER_KINDS)}")
         if loader == "resized":
             check_resize(resolution, interpolation, tte, tte_expand)
+            if val_augment:
+                raise ValueError("val_augment works with the device and torchvision loaders, not resized")
         if num_workers < 0 or pad < 0:
             raise ValueError(f"num_workers={num_workers} and pad={pad} must be >= 0")
         if validation not in VALIDATION_MODES:
@@ -82,7 +89,7 @@ class ImageDataset:
         self.split_seed = split_seed
         self.download = download
         self.task = task
-        self.loading = {"loader": loader, "num_workers": num_workers, "pad": pad, "flip": flip,
+        self.loading = {"loader": loader, "num_workers": num_workers, "pad": pad, "flip": flip, "augment_val": val_augment,
                         "resize": {"resolution": resolution, "interpolation": interpolation, "tte": tte,
                                    "tte_expand": tte_expand} if loader == "resized" else None}
 
@@ -102,8 +109,9 @@ class ImageDataset:
                 kept = longtail_indices(y_train, counts, self.lt_seed)
                 info.update(imbalance_ratio=self.imbalance_ratio, n_max=n_max, lt_seed=self.lt_seed, profile=counts)
                 indices["longtail"] = kept.tolist()
-            if self.validation == "holdout":
-                train_pos, val_pos = holdout(y_train[kept], self.val_fraction, self.split_seed)
+            if self.validation in ("holdout", "random_holdout"):
+                draw = holdout if self.validation == "holdout" else random_holdout
+                train_pos, val_pos = draw(y_train[kept], self.val_fraction, self.split_seed)
                 train_idx, val_idx = kept[train_pos], kept[val_pos]
                 info["val_fraction"] = self.val_fraction
             else:

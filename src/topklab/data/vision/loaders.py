@@ -34,6 +34,8 @@ class DeviceLoader:
     batch_size : int >= 1
     mean, std : per-channel normalisation on the [0, 1] scale
     train : bool, shuffle and augment (False: fixed order, no augmentation)
+    augment : bool or None, augment whatever ``train`` says (None: as ``train``); an augmented
+        evaluation split (difftopk validates on augmented images) keeps its order
     pad : int >= 0, zero padding of the random crop (0 disables cropping)
     flip : bool, random horizontal flip with probability 1/2
     drop_last : bool, drop an incomplete last batch (never the only one)
@@ -50,13 +52,14 @@ class DeviceLoader:
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, mean, std, train: bool,
                  device: str | torch.device = "cpu", pad: int = 4, flip: bool = True, drop_last: bool = False,
-                 channels_last: bool = False, seed: int = 0):
+                 channels_last: bool = False, seed: int = 0, augment: bool | None = None):
         if images.dtype != torch.uint8 or images.dim() != 4:
             raise ValueError(f"images must be a uint8 tensor (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
         self.device = torch.device(device)
         self.batch_size, self.train, self.drop_last, self.seed = batch_size, train, drop_last, seed
-        self.pad = pad if train else 0
-        self.flip = flip and train
+        augment = train if augment is None else augment
+        self.pad = pad if augment else 0
+        self.flip = flip and augment
         self.size = images.shape[-2:]
         self.channels_last = channels_last
         stored = images.to(self.device)
@@ -118,15 +121,16 @@ class TorchvisionLoader:
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, mean, std, train: bool,
                  device: str | torch.device = "cpu", pad: int = 4, flip: bool = True, drop_last: bool = False,
-                 channels_last: bool = False, seed: int = 0, num_workers: int = 0):
+                 channels_last: bool = False, seed: int = 0, num_workers: int = 0, augment: bool | None = None):
         from torchvision.transforms import v2
 
         if num_workers < 0:
             raise ValueError(f"num_workers={num_workers} must be >= 0")
+        self.augment = train if augment is None else augment
         steps = []
-        if train and pad:
+        if self.augment and pad:
             steps.append(v2.RandomCrop(tuple(images.shape[-2:]), padding=pad, fill=0))
-        if train and flip:
+        if self.augment and flip:
             steps.append(v2.RandomHorizontalFlip())
         steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
         self.dataset = _AugmentedImages(images, labels, v2.Compose(steps))
@@ -139,7 +143,7 @@ class TorchvisionLoader:
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         seed = epoch_seed(self.seed, epoch)
-        if self.num_workers == 0 and self.train:
+        if self.num_workers == 0 and self.augment:
             torch.manual_seed(seed + 1)
         loader = torch.utils.data.DataLoader(
             self.dataset, batch_size=self.batch_size, shuffle=self.train, num_workers=self.num_workers,
@@ -154,9 +158,11 @@ class TorchvisionLoader:
 
 
 def build_loader(kind: str, images, labels, batch_size: int, mean, std, train: bool, device, *, pad: int,
-                 flip: bool, drop_last: bool, channels_last: bool, seed: int, num_workers: int = 0):
+                 flip: bool, drop_last: bool, channels_last: bool, seed: int, num_workers: int = 0,
+                 augment: bool | None = None):
     """``kind`` = device | torchvision (the config field ``dataset.loader``)."""
-    common = dict(device=device, pad=pad, flip=flip, drop_last=drop_last, channels_last=channels_last, seed=seed)
+    common = dict(device=device, pad=pad, flip=flip, drop_last=drop_last, channels_last=channels_last, seed=seed,
+                  augment=augment)
     if kind == "device":
         return DeviceLoader(images, labels, batch_size, mean, std, train, **common)
     if kind == "torchvision":

@@ -43,6 +43,7 @@ class VisionSplits:
     pad: int = 4
     flip: bool = True
     resize: dict | None = None
+    augment_val: bool = False
 
     @property
     def in_channels(self) -> int:
@@ -67,24 +68,27 @@ class VisionSplits:
     def targets(self, split: str) -> torch.Tensor:
         return getattr(self, f"y_{split}")
 
-    def _loader(self, images, labels, batch_size, train, device, drop_last, seed, channels_last, plain: bool = False):
+    def _loader(self, images, labels, batch_size, train, device, drop_last, seed, channels_last, plain: bool = False,
+                augment: bool | None = None):
         if self.loader == "resized":
             transform = image_transforms(train, mean=self.mean, std=self.std, plain=plain, **self.resize)
             return SeededImageLoader(ArrayImages(images, labels.numpy(), transform, None), batch_size, train, drop_last,
                                      seed, self.num_workers, device, channels_last)
         return build_loader(self.loader, images, labels, batch_size, self.mean, self.std, train, device,
                             pad=self.pad, flip=self.flip, drop_last=drop_last, channels_last=channels_last, seed=seed,
-                            num_workers=self.num_workers)
+                            num_workers=self.num_workers, augment=augment)
 
     def train_loader(self, batch_size: int, drop_last: bool, seed: int, device, channels_last: bool = False):
         """Augmented, shuffled batches; an epoch's randomness comes from (seed, epoch) alone."""
         return self._loader(self.x_train, self.y_train, batch_size, True, device, drop_last, seed, channels_last)
 
     def eval_loader(self, split: str, batch_size: int | None, device, channels_last: bool = False):
-        """The split in its stored order, without augmentation."""
+        """The split in its stored order, without augmentation (the validation split with the training
+        augmentation, one fixed seeded draw, when ``augment_val``: difftopk's CIFAR-100 hold-out)."""
         labels = self.targets(split)
+        augment = self.augment_val and split == "val"
         return self._loader(getattr(self, f"x_{split}"), labels, batch_size or len(labels), False, device, False, 0,
-                            channels_last)
+                            channels_last, augment=augment)
 
     def feature_loader(self, batch_size: int, device, channels_last: bool = False):
         """The training images in stored order without augmentation (one plain crop when resized),
@@ -113,6 +117,25 @@ def holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray,
     val = np.sort(np.concatenate(val))
     if len(val) == 0:
         raise ValueError(f"val_fraction={fraction} holds out no image of {len(labels)}; raise it")
+    return np.setdiff1d(np.arange(len(labels)), val), val
+
+
+def random_holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) positions: ``floor(fraction · N)`` positions drawn at random, whatever their class
+    (difftopk's ``random_split(main_set, [N − N // 20, N // 20])`` for 5 %).
+
+    Examples
+    --------
+    >>> train, val = random_holdout(np.zeros(100), 0.05, seed=0)
+    >>> len(train), len(val), bool(np.all(np.diff(val) > 0))
+    (95, 5, True)
+    """
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"val_fraction={fraction} must lie in (0, 1)")
+    count = int(len(labels) * fraction)
+    if count == 0:
+        raise ValueError(f"val_fraction={fraction} holds out no image of {len(labels)}; raise it")
+    val = np.sort(np.random.RandomState(seed).permutation(len(labels))[:count])
     return np.setdiff1d(np.arange(len(labels)), val), val
 
 
