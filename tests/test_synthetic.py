@@ -241,10 +241,13 @@ def test_reproduce_synthetic_then_tables_and_figures(tmp_path):
     assert out.returncode == 0, out.stderr
     envelope = json.loads((results / "synthetic" / "table2.json").read_text())
     table2 = envelope["result"]
-    assert envelope["family"] == "synthetic" and table2["order"][0] == "Average" and len(table2["columns"]) == 8
+    assert envelope["family"] == "synthetic" and table2["order"][0] == "Average" and len(table2["columns"]) == 9
     for column in table2["columns"].values():
         assert len(column["test_acc"]) == 2 and all(0 <= a <= 100 for a in column["test_acc"])
-        assert all(0 <= f <= 1 for f in column["paraf1"])
+        assert all(0 <= f <= 1 for f in column["paraf1"] + column["paraf1_paper"])
+        assert all(b <= s <= column["step_cap"] for b, s in zip(column["best_step"], column["steps"]))
+    assert table2["paper_support"] == [0, 1, 2] and table2["true_support"] == [0, 1, 2, 3]  # Σ⁻¹ spreads the shift one further
+    assert table2["columns"]["STk (SReLU), λ₀ = 0"]["trainer"] == {"lam_init": 0.0}
     assert table2["columns"]["STk (SReLU)"]["k"] in (0.2, 0.8) and table2["columns"]["Average"]["k"] is None
     assert envelope["provenance"]["git"] and "repeats=2" in envelope["command"]
     figure4 = json.loads((results / "synthetic" / "figure4.json").read_text())["result"]
@@ -255,7 +258,7 @@ def test_reproduce_synthetic_then_tables_and_figures(tmp_path):
     table1 = json.loads((results / "bench" / "table1.json").read_text())["result"]
     assert all(max(row["abs_error"]) < 1e-2 for row in table1["algorithms"].values())
 
-    out = run_script("make_tables.py", "--results", str(results))
+    out = run_script("make_tables.py", "--results", str(results), "--allow-dirty")  # a developer's tree may be dirty
     assert out.returncode == 2 and "no cells" in out.stderr  # no tabular cells in this tree: a one-line error
     out = run_script("make_figures.py", "--results", str(results))
     assert out.returncode == 0, out.stderr

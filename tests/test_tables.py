@@ -180,7 +180,20 @@ def test_tables_1_and_2_beside_the_paper():
     text = render_table2(table2, paper)
     assert "| Accuracy (%), paper | 72.86 | 76.10 |" in text
     assert "| Accuracy (%), ours | 75.00 ± 5.00 | 75.00 ± 5.00 |" in text
-    assert "| ParaF1, paper | 0.190 | 0.345 |" in text and "2 repeats, covariance `printed`" in text
+    assert "| ParaF1 (the paper's 10-entry w*), paper | 0.190 | 0.345 |" in text and "2 repeats, covariance `printed`" in text
+    assert "| Accuracy (%), ours median [q25, q75] | 75.00 [72.50, 77.50] | 75.00 [72.50, 77.50] |" in text
+    assert "Bayes support" not in text  # a result from before the Bayes support was scored: the paper's ParaF1 only
+    for column in columns.values():  # the current result's fields
+        column.update(paraf1=[0.8, 1.0], paraf1_paper=[0.9, 0.9], best_step=[20, 3800], steps=[220, 3800], step_cap=3800)
+    payload = {"columns": columns, "order": ["Average", "STk (SReLU)"], "bayes_accuracy_balanced_test": 96.4,
+               "true_support": list(range(11)), "paper_support": list(range(10))}
+    text = render_table2(make_result("synthetic", "table2", payload, "python y", {**config, "scale": "atk", "suffix": "_scale_atk"},
+                                     {}), paper)
+    assert text.splitlines()[0].endswith("(covariance `printed`, scale `atk`)") and "coordinates 0–10 (11)" in text
+    assert "| ParaF1 (Bayes support), ours | 0.900 ± 0.100 | 0.900 ± 0.100 |" in text
+    assert "| ParaF1 (the paper's 10-entry w*), ours | 0.900 ± 0.000 | 0.900 ± 0.000 |" in text
+    assert "| best step: median [min, max] | 1910 [20, 3800] | 1910 [20, 3800] |" in text
+    assert "| repeats at the 3,800-step cap | 1 | 1 |" in text and "| repeats stopped by step 200 | 0 | 0 |" in text
 
 
 def test_dirty_results_are_refused_unless_allowed_and_then_marked(results, capsys):

@@ -207,7 +207,8 @@ class PopulationExecutor:
     def __init__(self, aggregate: Aggregate, individual: nn.Module, model: StackedModel,
                  optimizer: FunctionalOptimizer, metric: Metric, max_epochs: int = 200, batch_size: int = 16,
                  eval_every: int = 1, patience: int | None = 50, min_delta: float = 1e-6, drop_last: bool = True,
-                 layout: type = Gathered, eval_chunk: int = 4096, dtype: torch.dtype = torch.float32):
+                 layout: type = Gathered, eval_chunk: int = 4096, dtype: torch.dtype = torch.float32,
+                 report_state: str = "best"):
         if not isinstance(aggregate, Aggregate):
             raise TopklabError(f"aggregate={aggregate!r} is not an Aggregate module; build one with "
                                f"topklab.losses.build_aggregate(name)")
@@ -217,6 +218,8 @@ class PopulationExecutor:
                 raise TopklabError(f"population {name}={value!r} must be an int >= 1")
         if not min_delta >= 0:
             raise TopklabError(f"population min_delta={min_delta!r} must be >= 0")
+        if report_state not in ("best", "last"):
+            raise TopklabError(f"population report_state={report_state!r}; choose best or last")
         if layout not in (Gathered, Grouped):
             raise TopklabError(f"population layout={layout!r}; choose Gathered or Grouped")
         self.aggregate, self.individual, self.model, self.optimizer = aggregate, individual, model, optimizer
@@ -224,6 +227,7 @@ class PopulationExecutor:
         self.max_epochs, self.batch_size, self.eval_every = max_epochs, batch_size, eval_every
         self.patience, self.min_delta, self.drop_last = patience, min_delta, drop_last
         self.layout, self.eval_chunk, self.dtype = layout, eval_chunk, dtype
+        self.report_state = report_state
 
     def fit(self, groups: Sequence, members: Members, report: Sequence[str] = ("train", "val", "test"),
             on_stop: Callable[[int], None] | None = None) -> dict:
@@ -232,7 +236,9 @@ class PopulationExecutor:
         ``best_step``, ``steps`` (long), ``diverged`` (bool: the objective became non-finite; such a
         member stops and keeps its best state), ``lambda`` (the best state's λ; the initial value for
         aggregates without one), ``params`` (the best state, ``{name: (P, ...)}``), and
-        ``<part>_<metric>`` (float64) of the best state for each part in ``report``.
+        ``<part>_<metric>`` (float64) of the best state for each part in ``report``. With
+        ``report_state="last"`` these are of the state each member stopped in instead (a diverged
+        member keeps its best state); ``best_step`` still names the best validation step.
         ``groups`` are objects with ``x_train, y_train, x_val, y_val`` (and the reported parts),
         e.g. :class:`DataGroup` or tabular splits. ``on_stop(n)`` is called whenever n members stop.
         """
@@ -303,6 +309,10 @@ class PopulationExecutor:
                     stop[live[patience_out]] = True
                 if stop.any():
                     stopped = rows.ids[stop]
+                    if self.report_state == "last":
+                        kept = stop & ~diverged[rows.ids]
+                        for name in best:
+                            best[name][rows.ids[kept]] = rows.params[name][kept]
                     steps[stopped] = torch.where(diverged[stopped], step - 1, step)
                     rows.running &= ~stop
                     if on_stop is not None:
@@ -312,6 +322,9 @@ class PopulationExecutor:
                     if not rows.running.any():
                         break
         steps[rows.ids[rows.running]] = step
+        if self.report_state == "last":
+            for name in best:
+                best[name][rows.ids[rows.running]] = rows.params[name][rows.running]
         if on_stop is not None and rows.running.any():
             on_stop(int(rows.running.sum()))
         return self._result(layout, best, tracker, steps, diverged, groups, report)

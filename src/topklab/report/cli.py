@@ -46,11 +46,17 @@ class Source:
 SINGLE_TABLES: dict[str, tuple[Source, Callable[[dict, dict], str]]] = {
     "table1.md": (Source("bench/table1.json", "bench", "scripts/table1_topk_time.py"), render_table1),
     "table2.md": (Source("synthetic/table2.json", "synthetic", "scripts/reproduce_synthetic.py"), render_table2),
+    "table2_intended.md": (Source("synthetic/table2_intended.json", "synthetic",
+                                  "scripts/reproduce_synthetic.py experiments=[table2] task.covariance=intended suffix=_intended"),
+                           render_table2),
+    "table2_scale_atk.md": (Source("synthetic/table2_scale_atk.json", "synthetic",
+                                   "scripts/reproduce_synthetic.py experiments=[table2,figure4] scale=atk suffix=_scale_atk"),
+                            render_table2),
 }
 LAYER_BENCH = {"routing": Source("bench/routing_cpu.json", "bench", "scripts/bench_routing.py"),
                "sparsification": Source("bench/sparsification_cpu.json", "bench", "scripts/bench_sparsification.py")}
 FIGURE_SOURCES = {name: Source(f"synthetic/{name}.json", "synthetic", "scripts/reproduce_synthetic.py")
-                  for name in ("figure3", "figure4")}
+                  for name in ("figure3", "figure4", "figure4_scale_atk")}
 
 
 def _paper(results: Path) -> dict:
@@ -132,7 +138,8 @@ def render_figures(results: Path, out: Path) -> list[str]:
     skipped = {name for name, result in sources.items() if result is None}
     draw = {"figure2": figure2,
             "figure3": lambda path: figure3(sources["figure3"], path),
-            "figure4": lambda path: figure4(sources["figure4"], paper, path)}
+            "figure4": lambda path: figure4(sources["figure4"], paper, path),
+            "figure4_scale_atk": lambda path: figure4(sources["figure4_scale_atk"], paper, path)}
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name in (n for n in draw if n not in skipped):

@@ -92,7 +92,11 @@ def figure4(result: dict, paper: dict, path: Path) -> None:
                                       (axes[1], "paraf1", "paraf1", "ParaF1")):
         for name in payload["order"]:
             means, stds = zip(*(mean_std(payload["by_ratio"][str(r)][name][key]) for r in ratios))
-            ax.errorbar(ratios, means, yerr=stds, marker="o", capsize=3, color=COLORS.get(name), label=f"{name}, ours")
+            ax.errorbar(ratios, means, yerr=stds, marker="o", capsize=3, color=COLORS.get(name),
+                        label=f"{name}, ours" + (" (Bayes support)" if key == "paraf1" else ""))
+            if key == "paraf1" and "paraf1_paper" in payload["by_ratio"][str(ratios[0])][name]:
+                means = [mean_std(payload["by_ratio"][str(r)][name]["paraf1_paper"])[0] for r in ratios]
+                ax.plot(ratios, means, ls="--", marker=".", color=COLORS.get(name), label=f"{name}, ours (paper's w*)")
             published = published_curves.get(paper_key, {}).get(name)
             if published:
                 pairs = [(r, v) for r, v in zip(published_curves["negative_ratios"], published) if v is not None]
@@ -101,5 +105,7 @@ def figure4(result: dict, paper: dict, path: Path) -> None:
         ax.set_xscale("log")
         ax.set(xlabel="negative-sample ratio in training", ylabel=label)
     axes[0].legend(fontsize=7)
-    fig.suptitle("Figure 4: sensitivity to the negative ratio (mean ± std over repeats)")
+    scale = result["config"].get("scale", "paper")
+    fig.suptitle("Figure 4: sensitivity to the negative ratio (mean ± std over repeats)"
+                 + ("" if scale == "paper" else f"; MATk/STk at scale={scale}"))
     _save(fig, path)

@@ -55,16 +55,20 @@ def columns_of(rows) -> dict[str, Column]:
                                f"choose from configs/experiment/stk/{{table2,figure3,figure4}}/")
         fields = OmegaConf.to_container(cfg.loss, resolve=True)
         fields.pop("_target_")
-        columns[cfg.row] = Column(aggregate=cfg.hydra.runtime.choices.loss, overrides=fields)
+        trainer = OmegaConf.to_container(cfg.synthetic_trainer, resolve=True) if cfg.get("synthetic_trainer") else {}
+        columns[cfg.row] = Column(aggregate=cfg.hydra.runtime.choices.loss, overrides=fields, trainer=trainer)
     return columns
 
 
 def evaluate_column(column: Column, k_grid, data, seeds, settings: SyntheticTrainer, scale: str,
-                    w_star: torch.Tensor, support_tol: float) -> dict:
+                    supports: dict[str, torch.Tensor], support_tol: float) -> dict:
     """Train the column at every k of the grid on every repeat, keep the k with the best mean
-    validation accuracy (ties: first), and report its per-repeat test accuracy and ParaF1."""
+    validation accuracy (ties: first), and report its per-repeat test accuracy, ParaF1 against each
+    reference weight vector of ``supports`` (``paraf1`` for the key ``true``, ``paraf1_<key>`` for
+    others), best and total steps, and the step cap."""
     train, val, test = data
     grid = list(k_grid) if column.uses_k else [1]
+    settings = SyntheticTrainer(**{**settings.__dict__, **column.trainer}) if column.trainer else settings
     start = time.perf_counter()
     fit = train_logistic(column, settings, train, val, seeds, grid, scale)
     seconds = time.perf_counter() - start
@@ -72,13 +76,17 @@ def evaluate_column(column: Column, k_grid, data, seeds, settings: SyntheticTrai
     pick = int(torch.argmax(mean_val))  # first maximum
     w, b = fit["w"][:, pick], fit["b"][:, pick]
     test_acc = torch.stack([accuracy(t.x @ w[r] + b[r], t.y) for r, t in enumerate(test)])
-    f1 = para_f1(w, w_star, support_tol)
+    scores = {("paraf1" if name == "true" else f"paraf1_{name}"): [float(v) for v in para_f1(w, ref, support_tol)]
+              for name, ref in supports.items()}
     return {
         "k": grid[pick] if column.uses_k else None,
         "val_acc_by_k": [float(v) for v in mean_val],
         "test_acc": [100 * float(v) for v in test_acc],
-        "paraf1": [float(v) for v in f1],
+        **scores,
         "best_step": fit["best_step"][:, pick].tolist(),
+        "steps": fit["steps"][:, pick].tolist(),
+        "step_cap": settings.max_epochs * (len(train[0].y) // settings.batch_size),
+        "trainer": column.trainer,
         "lambda": [float(v) for v in fit["lam"][:, pick]],
         "w": w.tolist(),
         "b": b.tolist(),
@@ -102,7 +110,7 @@ def table2(cfg: DictConfig, columns_by_label: dict[str, Column], log=print) -> d
     settings = settings_of(cfg)
     data = make_repeats(task, cfg.sizes, cfg.positive_fraction, cfg.repeats, cfg.data_seed)
     seeds = [cfg.seed + r for r in range(cfg.repeats)]
-    w_star = task.mean_pos - task.mean_neg  # the paper's w*: its first n_signal entries (papers.md §1.10)
+    supports = {"true": task.bayes_direction(), "paper": task.mean_pos - task.mean_neg}  # the paper's w*: 10 entries
     columns = {}
 
     def single_model_seconds(column: Column, k, r: int) -> float:
@@ -113,7 +121,7 @@ def table2(cfg: DictConfig, columns_by_label: dict[str, Column], log=print) -> d
 
     single_model_seconds(Column("average"), 1, 0)  # warm-up, not timed
     for name, column in columns_by_label.items():
-        out = evaluate_column(column, cfg.k_grid, data, seeds, settings, cfg.scale, w_star, cfg.support_tol)
+        out = evaluate_column(column, cfg.k_grid, data, seeds, settings, cfg.scale, supports, cfg.support_tol)
         times = [single_model_seconds(column, out["k"] or 1, r) for r in range(min(cfg.time_repeats, cfg.repeats))]
         out["seconds_single"] = times
         out.pop("w")
@@ -122,7 +130,9 @@ def table2(cfg: DictConfig, columns_by_label: dict[str, Column], log=print) -> d
             f"k={out['k']}  time {mean_std(times)[0]:.2f} s/model")
     lda_w, lda_b = lda_boundary(task.mean_neg, task.mean_pos, task.cov, cfg.positive_fraction)
     return {"columns": columns, "order": list(columns), "bayes_accuracy_balanced_test": 100 * task.bayes_accuracy(0.5),
-            "lda_support": int((lda_w.abs() > 1e-9).sum())}
+            "lda_support": int((lda_w.abs() > 1e-9).sum()),
+            "true_support": torch.nonzero(supports["true"]).flatten().tolist(),
+            "paper_support": torch.nonzero(supports["paper"]).flatten().tolist()}
 
 
 def figure3(cfg: DictConfig, columns_by_label: dict[str, Column], log=print) -> dict:
@@ -134,7 +144,7 @@ def figure3(cfg: DictConfig, columns_by_label: dict[str, Column], log=print) -> 
     boundaries = {}
     for name, column in columns_by_label.items():
         out = evaluate_column(column, cfg.k_grid, data, [cfg.seed], settings, cfg.scale,
-                              lda_w, cfg.support_tol)
+                              {"true": lda_w}, cfg.support_tol)
         boundaries[name] = {"w": out["w"][0], "b": out["b"][0], "k": out["k"], "test_acc": out["test_acc"][0]}
         log(f"figure3 {name}: w={[round(v, 3) for v in out['w'][0]]} b={out['b'][0]:.3f} k={out['k']}")
     shown = data[0][0]
@@ -145,7 +155,7 @@ def figure3(cfg: DictConfig, columns_by_label: dict[str, Column], log=print) -> 
 def figure4(cfg: DictConfig, columns_by_label: dict[str, Column], log=print) -> dict:
     task = task_of(cfg.task)
     settings = settings_of(cfg)
-    w_star = task.mean_pos - task.mean_neg
+    supports = {"true": task.bayes_direction(), "paper": task.mean_pos - task.mean_neg}
     seeds = [cfg.seed + r for r in range(cfg.repeats)]
     by_ratio = {}
     for ratio in cfg.figure4.negative_ratios:
@@ -154,9 +164,10 @@ def figure4(cfg: DictConfig, columns_by_label: dict[str, Column], log=print) -> 
         data = make_repeats(task, cfg.sizes, 1.0 - ratio, cfg.repeats, cfg.data_seed)
         row = {}
         for name, column in columns_by_label.items():
-            out = evaluate_column(column, cfg.k_grid, data, seeds, settings, cfg.scale, w_star,
+            out = evaluate_column(column, cfg.k_grid, data, seeds, settings, cfg.scale, supports,
                                   cfg.support_tol)
-            row[name] = {"k": out["k"], "test_acc": out["test_acc"], "paraf1": out["paraf1"]}
+            row[name] = {"k": out["k"], "test_acc": out["test_acc"], "paraf1": out["paraf1"],
+                         "paraf1_paper": out["paraf1_paper"]}
             log(f"figure4 ratio {ratio} {name}: acc {mean_std(out['test_acc'])[0]:.2f}%  "
                 f"ParaF1 {mean_std(out['paraf1'])[0]:.3f}")
         by_ratio[str(ratio)] = row
@@ -184,6 +195,6 @@ def run(cfg: DictConfig, log=print) -> list[Path]:
         payload["seconds"] = time.perf_counter() - start
         result = make_result("synthetic", name, payload, command=" ".join(["python", *sys.argv]),
                              config=portable_config(cfg), provenance=provenance)
-        written.append(write_result(Path(cfg.results_dir) / f"{name}.json", result))
+        written.append(write_result(Path(cfg.results_dir) / f"{name}{cfg.suffix}.json", result))
         log(f"wrote {written[-1]} ({payload['seconds']:.0f} s)")
     return written

@@ -32,6 +32,7 @@ class Column:
 
     aggregate: str          # average | maximum | atk | matk | stk (configs/loss/<name>.yaml)
     overrides: dict = field(default_factory=dict)
+    trainer: dict = field(default_factory=dict)  # this column's own trainer settings (e.g. lam_init)
 
     @property
     def uses_k(self) -> bool:
@@ -63,6 +64,8 @@ class SyntheticTrainer:
     patience, min_delta : stop once validation accuracy (a fraction) has not risen by more than
         ``min_delta`` for ``patience`` steps (paper: 1e-4 within 200 steps); roll back to the best
     max_epochs : int >= 1, cap for members that never stop
+    report_state : best | last, the state a member returns: its best-validation state (roll-back) or
+        the state it stopped in (Figure 3's boundaries after training to the cap)
     """
 
     batch_size: int = 512
@@ -76,12 +79,15 @@ class SyntheticTrainer:
     max_epochs: int = 200
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    report_state: str = "best"
 
     def __post_init__(self):
         for name in ("batch_size", "eval_every", "patience", "max_epochs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TopklabError(f"synthetic trainer {name}={value!r} must be an int >= 1")
+        if self.report_state not in ("best", "last"):
+            raise TopklabError(f"synthetic trainer report_state={self.report_state!r}; choose best or last")
         if self.lam_init != "auto" and not isinstance(self.lam_init, (int, float)):
             raise TopklabError(f"synthetic trainer lam_init={self.lam_init!r} must be a number or 'auto'")
         if not self.lr > 0 or not self.delta > 0 or self.l1 < 0 or self.min_delta < 0:
@@ -133,7 +139,7 @@ def train_logistic(column: Column, settings: SyntheticTrainer, train: list[Synth
         column.module(scale), BinaryCrossEntropy(), StackedLinear(train[0].x.shape[1]),
         Adam(settings.betas, settings.eps), Metric("acc", accuracy, higher_is_better=True),
         max_epochs=settings.max_epochs, batch_size=settings.batch_size, eval_every=settings.eval_every,
-        patience=settings.patience, min_delta=settings.min_delta, layout=Grouped,
+        patience=settings.patience, min_delta=settings.min_delta, layout=Grouped, report_state=settings.report_state,
     )
     groups = [DataGroup(t.x, t.y, v.x, v.y) for t, v in zip(train, val)]
     members = Members(split=[r for r in range(repeats) for _ in ks],
