@@ -249,3 +249,43 @@ def test_bad_embeddings_are_one_line_errors(tmp_path):
         EmbeddingDataset(str(corrupt), "x", holdout=10).splits()
     with pytest.raises(ValueError, match="holdout"):
         EmbeddingDataset(str(corrupt), "x", holdout=0)
+
+
+@pytest.mark.parametrize("layout,train_key,test_key,dtype", [
+    ("wsl_1k", "train", "test", torch.float32),
+    ("imagenet21k_p", "imagenet21k_train", "imagenet21k_val", torch.float16),
+    ("efficientnet_l2", "train", "val", torch.float16),
+])
+def test_difftopks_published_files_convert_into_the_datasets_layout(tmp_path, layout, train_key, test_key, dtype):
+    import subprocess
+    import sys
+
+    torch.manual_seed(0)
+    data = {f"{train_key}_embeddings": torch.randn(300, 8).to(dtype), f"{train_key}_labels": torch.randint(0, 60, (300,)),
+            f"{test_key}_embeddings": torch.randn(50, 8).to(dtype), f"{test_key}_labels": torch.randint(0, 60, (50,))}
+    data[f"{train_key}_labels"][0] = 59  # difftopk: classes = the largest label + 1
+    torch.save(data, tmp_path / "file.p")
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "convert_difftopk_embeddings.py"), str(tmp_path / "file.p"),
+                           str(tmp_path / "emb")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "train 300 rows, test 50 rows" in done.stdout
+    split = EmbeddingDataset(str(tmp_path / "emb"), "converted", holdout=40).splits()
+    assert split.num_classes == 60 and split.sizes() == {"train": 260, "val": 40, "test": 50}
+    stored = np.load(tmp_path / "emb" / "test" / "embeddings.npy")
+    assert stored.dtype == (np.float16 if dtype == torch.float16 else np.float32)
+    assert np.array_equal(stored, data[f"{test_key}_embeddings"].numpy())
+    assert split.targets("test").tolist() == data[f"{test_key}_labels"].tolist()
+    assert json.loads((tmp_path / "emb" / "provenance.json").read_text())["layout"] == layout
+
+
+def test_a_file_of_another_layout_is_one_line(tmp_path):
+    from topklab.data.embeddings.convert import convert_difftopk
+
+    torch.save({"x": torch.zeros(2)}, tmp_path / "odd.p")
+    with pytest.raises(TopklabError, match="none of difftopk's layouts"):
+        convert_difftopk(tmp_path / "odd.p", tmp_path / "out")
+    (tmp_path / "broken.p").write_bytes(b"nonsense")
+    with pytest.raises(TopklabError, match="is not a readable torch file"):
+        convert_difftopk(tmp_path / "broken.p", tmp_path / "out")
+    with pytest.raises(DataUnavailableError, match="does not exist"):
+        convert_difftopk(tmp_path / "none.p", tmp_path / "out")
