@@ -80,6 +80,21 @@ def test_non_finite_loss_stops_and_keeps_last_good_state(compose_cfg, tmp_path):
     assert all(torch.isfinite(t).all() for t in state.values())
 
 
+def test_without_a_per_step_check_last_good_is_the_last_finite_state(compose_cfg, tmp_path):
+    """engine.finite_check=epoch (what a GPU or DDP run does): the divergence is caught at the epoch's end,
+    after non-finite updates; last_good.pt is the last state known finite (here the initial model)."""
+    from topklab.engine.objective import TrainingModule
+    from topklab.engine.run import build_run
+
+    overrides = ("dataset=housing", "optim=sgd", "optim.lr=1e30", "logger=none", "engine.finite_check=epoch")
+    with pytest.raises(NonFiniteLossError, match="non-finite loss in epoch 1"):
+        train(compose_cfg(*overrides), tmp_path / "run")
+    kept = torch.load(tmp_path / "run" / "last_good.pt")
+    data, model, objective, _, _ = build_run(compose_cfg(*overrides))
+    initial = TrainingModule(model, objective).state_dict()
+    assert kept.keys() == initial.keys() and all(torch.equal(kept[k], initial[k]) for k in kept)
+
+
 @pytest.mark.parametrize("overrides,match", [
     (["loss.k=40"], "loss.k: k=40 exceeds the number of losses n=16"),
     (["engine.batch_size=0"], "engine.batch_size=0 must be an int >= 1"),

@@ -201,3 +201,11 @@ def test_autocast_runs_and_keeps_the_loss_in_float32(compose_cfg, tmp_path, fmni
     assert summary["amp"] == amp and summary["steps"] == 2
     header, row = (run_dir / "epochs.csv").read_text().splitlines()[:2]
     assert float(row.split(",")[header.split(",").index("train_loss")]) > 0
+
+
+def test_the_cifar100lt_rows_decay_as_ldam_drw(compose_cfg):
+    from topklab.engine.schedules import LRFactor
+
+    schedule = dict(compose_cfg("experiment=stk/cifar100lt/la_stk").engine.schedule)
+    factor = LRFactor(steps_per_epoch=10, epochs=200, **schedule)
+    assert [factor(e * 10) for e in (100, 161, 181)] == [1.0, pytest.approx(0.01), pytest.approx(1e-4)]  # LDAM-DRW's code

@@ -108,6 +108,10 @@ class Engine:
     profiler : dict(enabled, wait, warmup, active), torch.profiler over the first steps; the Chrome
         trace goes to ``<run dir>/profile/trace.json``
     progress : bool, a tqdm bar per epoch
+    finite_check : auto | step | epoch, when a non-finite loss is caught: at every step (the state
+        kept in ``last_good.pt`` is the one before the failing update) or at epoch ends and
+        checkpoints only (no per-step device sync; ``last_good.pt`` is then the last finite
+        checkpoint's state); auto: every step on a CPU in one process, else at epoch ends
     gradient_exchange : :class:`~topklab.sparsification.SparseGradientExchange` or None, simulate
         data-parallel workers that each send only k gradient entries (error feedback): every batch
         is split into its workers' shards, and the optimizer steps with the sum of their messages;
@@ -121,7 +125,7 @@ class Engine:
                  final_splits=("val", "test"), device: str = "auto", amp: str = "none", channels_last="auto",
                  schedule: dict | None = None, clip_grad_norm: float = 0.0, average_last: int = 0, checkpoint: bool = True, checkpoint_every: int = 0, resume: bool = True,
                  max_steps: int | None = None, profiler: dict | None = None, progress: bool = True,
-                 gradient_exchange=None):
+                 gradient_exchange=None, finite_check: str = "auto"):
         _positive_int("epochs", epochs)
         _positive_int("batch_size", batch_size)
         for name, value in (("eval_batch_size", eval_batch_size), ("micro_batch_size", micro_batch_size),
@@ -129,6 +133,8 @@ class Engine:
             _positive_int(name, value, allow_none=True)
         if report_state not in REPORT_STATES:
             raise ValueError(f"engine.report_state={report_state!r}; choose one of {', '.join(REPORT_STATES)}")
+        if finite_check not in ("auto", "step", "epoch"):
+            raise ValueError(f"engine.finite_check={finite_check!r}; choose auto, step or epoch")
         if amp not in AMP_DTYPES:
             raise ValueError(f"engine.amp={amp!r}; choose one of {', '.join(AMP_DTYPES)}")
         if channels_last not in ("auto", True, False):
@@ -156,7 +162,7 @@ class Engine:
         LRFactor(steps_per_epoch=1, epochs=epochs, **self.schedule)  # validates the fields now
         self.checkpoint, self.checkpoint_every, self.resume, self.max_steps = checkpoint, checkpoint_every, resume, max_steps
         self.profiler = {"enabled": False, "wait": 1, "warmup": 1, "active": 3, **(profiler or {})}
-        self.progress = progress
+        self.progress, self.finite_check = progress, finite_check
         if gradient_exchange is not None and micro_batch_size:
             raise ValueError("engine.gradient_exchange already splits each batch into its workers' shards; "
                              "set engine.micro_batch_size=null")
@@ -260,17 +266,24 @@ class Engine:
                          **{f"val_{k}": v for k, v in task.scalar_metrics(val).items()}, "lambda": module.objective.threshold})
             return stop
 
-        check_each_step = device.type != "cuda" and not dist.is_distributed  # no per-step sync on a GPU or across ranks
+        check_each_step = (device.type != "cuda" and not dist.is_distributed if self.finite_check == "auto"
+                           else self.finite_check == "step")  # no per-step sync on a GPU or across ranks
+        # without a per-step check, the state before a non-finite update is the last checkpoint's (finite when saved)
+        last_finite = {"state": None if check_each_step else snapshot()}
         running = torch.tensor(state["loss_sum"], dtype=torch.float64, device=device)
 
         def epoch_loss_sum() -> torch.Tensor:
             return gather_concat(running.view(1)).sum() / dist.world_size if dist.is_distributed else running
 
         def check_finite(where: str, loss_sum: torch.Tensor) -> None:
-            if not torch.isfinite(loss_sum):
-                raise NonFiniteLossError(
-                    f"non-finite loss {where}; lower optim.lr or set engine.amp=none "
-                    f"(resume from the last finite checkpoint with engine.resume=true)", last_good_state=snapshot())
+            if torch.isfinite(loss_sum):
+                if not check_each_step:
+                    last_finite["state"] = snapshot()
+                return
+            raise NonFiniteLossError(
+                f"non-finite loss {where}; lower optim.lr or set engine.amp=none "
+                f"(resume from the last finite checkpoint with engine.resume=true)",
+                last_good_state=snapshot() if check_each_step else last_finite["state"])
 
         def save_checkpoint() -> None:
             if store is None:
