@@ -59,21 +59,22 @@ def test_tables_show_paper_ours_difference_mark_and_paired_tests(results):
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[3] == "13.358 ± 0.982"
     assert cells[4] == f"{np.mean(stk):.3f} ± {np.std(stk):.3f}"
-    assert cells[5] == f"{np.mean(stk) - 13.358:.3f}" and cells[6] == "✓"
-    assert cells[7] == "C=100, η=0.01, k=0.5, δ=0.001"
+    assert cells[5] == f"{np.std(stk, ddof=1):.3f}"  # the sample std beside the population std
+    assert cells[6] == f"{np.mean(stk) - 13.358:.3f}" and cells[7] == "✓"
+    assert cells[8] == "C=100, η=0.01, k=0.5, δ=0.001"
     atk = next(line for line in md.splitlines() if line.startswith("| australian | logistic | ATk |"))
-    assert atk.split("|")[6].strip() == "1.655" and atk.split("|")[7].strip() == ""  # 16.083 vs 14.428 ± 1.056
-    assert atk.split("|")[8].strip() == "C=100, η=0.01, k=0.5"  # only the axes the cell searched
+    assert atk.split("|")[7].strip() == "1.655" and atk.split("|")[8].strip() == ""  # 16.083 vs 14.428 ± 1.056
+    assert atk.split("|")[9].strip() == "C=100, η=0.01, k=0.5"  # only the axes the cell searched
     average = next(line for line in md.splitlines() if line.startswith("| australian | logistic | Average |"))
-    assert average.split("|")[8].strip() == "C=100, η=0.01" and average.split("|")[9].strip() == "3 (12.500–15.250)"
-    assert atk.split("|")[9].strip() == "1" and "2 of 4 cells tied" not in md and "1 of 3 cells tied, the widest test range 2.75" in md
+    assert average.split("|")[9].strip() == "C=100, η=0.01" and average.split("|")[10].strip() == "3 (12.500–15.250)"
+    assert atk.split("|")[10].strip() == "1" and "2 of 4 cells tied" not in md and "1 of 3 cells tied, the widest test range 2.75" in md
     assert "a tie goes to the first combination in grid order" in md
     p = wilcoxon(stk, [16.0, 17.5, 15.0, 14.5, 16.5, 17.0]).pvalue
     test_row = next(line for line in md.splitlines() if line.startswith("| australian | logistic | ATk | 6 |"))
     assert test_row.split("|")[7].strip() == f"{p:.3g}" and test_row.split("|")[6].strip() == "6/0/0"
     same = next(line for line in md.splitlines() if line.startswith("| australian | logistic | Average | 6 |"))
     assert same.split("|")[5].strip() == "+0.000" and same.split("|")[7].strip() == "1"
-    assert "Missing cells (32)" in md and "| german | logistic | STk | 25.561 ± 1.988 | — | — | — | — | — |" in md
+    assert "Missing cells (32)" in md and "| german | logistic | STk | 25.561 ± 1.988 | — | — | — | — | — | — |" in md
     assert "preset=fake" in md and "abc1234" in md
     tex = (results / "tables" / "table6.tex").read_text()
     assert r"sinc & square & STk & $0.1446 \pm 0.0070$ & $0.1500 \pm 0.0082$ & 0.0054 & \checkmark \\" in tex
