@@ -60,7 +60,7 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
     commands = sorted({r["command"] for r in runs})
     missing = [r for r in order if r not in rows]
     test = first["result"]["summary"]["metrics"]["test"]
-    lines = [f"# {name}: test BLEU, mean ± std over seeds", ""]
+    lines = [f"# {name}: test BLEU, mean ± std over seeds (population std; the sample std is √(n/(n − 1)) times it)", ""]
     if missing:
         lines += [f"**Still missing:** {', '.join(missing)} (run `python train.py experiment=stk/{name}/<row> seed=<k>`, "
                   f"then `make tables`).", ""]

@@ -66,7 +66,7 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
     labels = {row: rows[row][0]["result"]["label"] for row in present}
     commands = sorted({r["command"] for r in runs})
     trainer = first["config"].get("engine") or first["config"]["trainer"]  # results before the engine: trainer
-    lines = [f"# {name}: test accuracy (%), mean ± std over seeds", ""]
+    lines = [f"# {name}: test accuracy (%), mean ± std over seeds (population std; the sample std is √(n/(n − 1)) times it)", ""]
     missing = [r for r in published if r not in rows]
     if missing:
         lines += [f"**Still missing:** {', '.join(missing)} (run their experiment rows, {paper.get('experiments', 'see README')}; "
