@@ -203,9 +203,11 @@ def render(result: dict) -> str:
         per_table = {}
         for r in heads:
             per_table.setdefault(r["dataset"], []).append(r["run_h"])
-        lines += ["", "One seed of every row of a table (27 rows; the rows not timed here cost about as much as the "
-                  "timed row of their method): " + "; ".join(
-                      f"{d}: about {statistics.median(v) * 27:,.0f} h" for d, v in per_table.items()) + "."]
+        rows_of = {d: len([p for p in (ROOT / "configs" / "experiment" / "petersen" / d).glob("*.yaml")
+                           if not p.name.startswith("_")]) for d in per_table}
+        lines += ["", "One seed of every row of a table (the rows not timed here cost about as much as the timed row of "
+                  "their method): " + "; ".join(f"{d} ({rows_of[d]} rows): about {statistics.median(v) * rows_of[d]:,.0f} h"
+                                                for d, v in per_table.items()) + "."]
     return "\n".join(lines) + "\n"
 
 
