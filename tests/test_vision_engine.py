@@ -150,11 +150,12 @@ PETERSEN_DEFAULT_RUNS = ("petersen/cifar100/softmax_ce", "petersen/cifar100/diff
 
 
 @pytest.mark.parametrize("row", [pytest.param(row, marks=pytest.mark.slow)
-                                 if row.startswith("petersen/") and row not in PETERSEN_DEFAULT_RUNS else row
+                                 if (row.startswith("petersen/") and row not in PETERSEN_DEFAULT_RUNS)
+                                 or (row.startswith("sinkhorn_beta/") and row != "sinkhorn_beta/beta_100") else row
                                  for row in experiment_rows()])
 def test_experiment_row_composes_and_smoke_runs(compose_cfg, tmp_path, row, fmnist_root, cifar_root):
     data = [f"dataset.root={fmnist_root}", "dataset.n_max=40", "dataset.imbalance_ratio=10", "dataset.val_per_class=5"] \
-        if row.startswith(("fmnistlt", "sparsification")) else \
+        if row.startswith(("fmnistlt", "sparsification", "sinkhorn_beta")) else \
         [f"dataset.root={cifar_root}", "dataset.val_fraction=0.34"]
     if row.startswith("stk/cifar100lt"):
         data += ["dataset.n_max=3", "dataset.imbalance_ratio=1.5", "dataset.val_per_class=1"]
