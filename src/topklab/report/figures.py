@@ -72,7 +72,9 @@ def figure3(result: dict, path: Path) -> None:
     for name, boundary in payload["boundaries"].items():
         _line(ax, boundary["w"], boundary["b"], xs, color=COLORS.get(name),
               label=f"{name} (test {boundary['test_acc']:.1f}%)")
-    ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel="x₁", ylabel="x₂", title="Figure 3: 2-D example, prior 8:2")
+    trainer = result["config"].get("figure3", {}).get("trainer") or {}
+    settled = " (the state after training, no roll-back)" if trainer.get("report_state") == "last" else ""
+    ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel="x₁", ylabel="x₂", title="Figure 3: 2-D example, prior 8:2" + settled)
     ax.legend(fontsize=7, loc="upper left")
     _save(fig, path)
 
