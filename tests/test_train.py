@@ -204,3 +204,24 @@ def test_cpu_capability_pins_torchs_kernels_from_the_command_line(tmp_path):
     other = "default" if torch.backends.cpu.get_cpu_capability() != "DEFAULT" else "avx2"
     with pytest.raises(TopklabError, match=f"cpu_capability={other} but torch runs .* on the command line"):
         check_cpu_capability(other)
+
+
+def test_the_dirty_flag_counts_code_not_results_written_by_earlier_jobs(tmp_path):
+    import subprocess
+
+    from topklab.utils.provenance import _git_info
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    (tmp_path / "results").mkdir()
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "results" / "r.json").write_text("{}\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "c")
+    (tmp_path / "results" / "r.json").write_text('{"a": 1}\n')  # a result rewritten by an earlier job
+    assert _git_info.__wrapped__(str(tmp_path))["dirty"] is False
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert _git_info.__wrapped__(str(tmp_path))["dirty"] is True

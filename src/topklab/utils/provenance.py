@@ -20,6 +20,9 @@ TRACKED_PACKAGES = (
 )
 
 
+RESULTS_PREFIX = "results/"
+
+
 @functools.lru_cache(maxsize=None)
 def _git_info(root: str) -> dict:
     def git(*args: str) -> str | None:
@@ -31,7 +34,11 @@ def _git_info(root: str) -> dict:
 
     sha = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no")
-    return {"sha": sha, "dirty": None if status is None else bool(status)}
+    if status is None:
+        return {"sha": sha, "dirty": None}
+    # results written by an earlier job of the same checkout are output, not code: they leave the tree clean
+    changed = [line[3:] for line in status.splitlines() if line.strip()]
+    return {"sha": sha, "dirty": any(not path.startswith(RESULTS_PREFIX) for path in changed)}
 
 
 def git_info(root: str | os.PathLike) -> dict:
