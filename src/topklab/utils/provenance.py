@@ -37,7 +37,7 @@ def _git_info(root: str) -> dict:
     if status is None:
         return {"sha": sha, "dirty": None}
     # results written by an earlier job of the same checkout are output, not code: they leave the tree clean
-    changed = [line[3:] for line in status.splitlines() if line.strip()]
+    changed = [line.split(None, 1)[-1] for line in status.splitlines() if line.strip()]  # "XY path"
     return {"sha": sha, "dirty": any(not path.startswith(RESULTS_PREFIX) for path in changed)}
 
 
