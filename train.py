@@ -22,7 +22,7 @@ import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from topklab.cli import fail, preflight  # noqa: E402
+from topklab.cli import expand_group_globs, fail, preflight  # noqa: E402
 from topklab.engine.build import recipe_arguments  # noqa: E402
 from topklab.engine.run import format_summary, optimized_value, train  # noqa: E402
 from topklab.utils.errors import TopklabError  # noqa: E402
@@ -52,6 +52,10 @@ def quiet_rank_overrides() -> list[str]:
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # CUDA checks must not start CUDA before a sweep job is pinned to its GPU
+    try:
+        sys.argv[1:] = expand_group_globs(sys.argv[1:], ROOT / "configs")
+    except TopklabError as err:
+        fail(err)
     preflight(sys.argv[1:], ROOT / "configs")
     try:
         recipe = recipe_arguments(sys.argv[1:], ROOT / "configs", multirun=bool({"-m", "--multirun"} & set(sys.argv)))

@@ -94,3 +94,13 @@ def test_preflight_errors_are_one_line(capsys, argv, message):
 def test_preflight_accepts_every_override_form(capsys, argv):
     preflight(argv, CONFIG_DIR)
     assert capsys.readouterr().err == ""
+
+
+def test_a_glob_over_rows_in_subfolders_is_written_out_for_hydras_sweeper():
+    """Hydra lists a group's top-level options only: `experiment=glob(sinkhorn_beta/*)` would launch no job."""
+    from topklab.cli import expand_group_globs
+
+    argv = ["-m", "experiment=glob(sinkhorn_beta/*)", "seed=0,1", "loss=glob(*tk,exclude=matk)"]
+    assert expand_group_globs(argv, CONFIG_DIR) == [
+        "-m", "experiment=sinkhorn_beta/beta_1,sinkhorn_beta/beta_10,sinkhorn_beta/beta_100,sinkhorn_beta/beta_1000",
+        "seed=0,1", "loss=atk,stk"]

@@ -148,6 +148,26 @@ def check_configs(overrides: list[str], config_dir: Path, multirun: bool) -> Non
                                "Hydra's basic sweeper takes a,b, range(), choice() and glob()")
 
 
+def expand_group_globs(argv: list[str], config_dir: Path) -> list[str]:
+    """``group=glob(...)`` written out as the options it matches: Hydra's sweeper lists only a group's
+    top-level options, so a glob over rows in subfolders (``experiment=glob(petersen/cifar100/*)``)
+    would launch no job; other arguments are returned as they are.
+
+    Examples
+    --------
+    >>> expand_group_globs(["-m", "experiment=glob(sinkhorn_beta/beta_1*)", "seed=0"], CONFIG_DIR)  # doctest: +SKIP
+    ['-m', 'experiment=sinkhorn_beta/beta_1,sinkhorn_beta/beta_10,sinkhorn_beta/beta_100,sinkhorn_beta/beta_1000', 'seed=0']
+    """
+    groups = config_groups(config_dir)
+    out = []
+    for arg in argv:
+        override = None if arg.startswith("-") or "glob(" not in arg else _parse(OverridesParser.create(), arg)
+        if override is not None and override.value_type == ValueType.GLOB_CHOICE_SWEEP and override.key_or_group in groups:
+            arg = f"{override.get_key_element()}={','.join(override_values(override, groups))}"
+        out.append(arg)
+    return out
+
+
 def preflight(argv: list[str], config_dir: Path) -> None:
     """Exit with a one-line error (code 2) when the command line asks for something invalid."""
     flags = {a for a in argv if a.startswith("-")}
