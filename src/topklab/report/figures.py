@@ -107,6 +107,8 @@ def figure4(result: dict, paper: dict, path: Path) -> None:
         ax.set_xscale("log")
         ax.set(xlabel="negative-sample ratio in training", ylabel=label)
     axes[0].legend(fontsize=7)
+    if "paraf1_paper" in payload["by_ratio"][str(ratios[0])][payload["order"][0]]:
+        axes[1].set_title("solid: the Bayes support (11 coordinates); dashed: the paper's 10-entry w*", fontsize=8)
     scale = result["config"].get("scale", "paper")
     fig.suptitle("Figure 4: sensitivity to the negative ratio (mean ± std over repeats)"
                  + ("" if scale == "paper" else f"; MATk/STk at scale={scale}"))
