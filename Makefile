@@ -95,10 +95,11 @@ else
 		hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS)
 endif
 
-# results/tables/table{3,4,6}.{md,tex} from the stored cells of TABLES_PRESET (reads only results/).
-TABLES_PRESET ?= fraction
+# results/tables/ from results/ only: Tables 3, 4, 6 from preset full as table{3,4,6}.{md,tex} and from every other
+# stored preset as table{3,4,6}_<preset>.{md,tex} (TABLES_PRESET=<name>: that preset only).
+TABLES_PRESET ?=
 tables: setup
-	$(PY) scripts/make_tables.py --preset $(TABLES_PRESET)
+	$(PY) scripts/make_tables.py $(if $(TABLES_PRESET),--preset $(TABLES_PRESET))
 
 bench-population: setup
 	$(PY) scripts/bench_population.py

@@ -53,7 +53,7 @@ def results(tmp_path):
 
 def test_tables_show_paper_ours_difference_mark_and_paired_tests(results):
     assert make_tables.main(["--results", str(results), "--preset", "fake"]) == 0
-    md = (results / "tables" / "table3.md").read_text()
+    md = (results / "tables" / "table3_fake.md").read_text()  # a preset other than full: its own file
     stk = [13.0, 13.5, 12.0, 14.0, 13.2, 12.8]
     row = next(line for line in md.splitlines() if line.startswith("| australian | logistic | STk |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -76,9 +76,19 @@ def test_tables_show_paper_ours_difference_mark_and_paired_tests(results):
     assert same.split("|")[5].strip() == "+0.000" and same.split("|")[7].strip() == "1"
     assert "Missing cells (32)" in md and "| german | logistic | STk | 25.561 ± 1.988 | — | — | — | — | — | — |" in md
     assert "preset=fake" in md and "abc1234" in md
-    tex = (results / "tables" / "table6.tex").read_text()
+    tex = (results / "tables" / "table6_fake.tex").read_text()
     assert r"sinc & square & STk & $0.1446 \pm 0.0070$ & $0.1500 \pm 0.0082$ & 0.0054 & \checkmark \\" in tex
-    assert (results / "tables" / "table4.md").exists()
+    assert (results / "tables" / "table4_fake.md").exists() and not (results / "tables" / "table3.md").exists()
+
+
+def test_the_full_preset_gives_the_papers_table_files_and_every_stored_preset_renders(results):
+    full = results / "tabular" / "full"
+    (results / "tabular" / "fake").rename(full)
+    fake_cell(results, "table3", "german", "logistic", "stk", [25.0, 26.0], {"k": 0.5, "C": 100.0, "lr": 0.01, "delta": 0.001})
+    assert make_tables.main(["--results", str(results)]) == 0
+    written = sorted(p.name for p in (results / "tables").iterdir())
+    assert {"table3.md", "table3.tex", "table6.md", "table3_fake.md", "table4_fake.md"} <= set(written)
+    assert "Preset `full`" in (results / "tables" / "table3.md").read_text()
 
 
 def test_no_results_is_a_one_line_error_and_writes_nothing(results, capsys):
@@ -150,7 +160,7 @@ def test_a_corrupt_vision_result_is_a_one_line_error(results, capsys):
 def test_committed_tables_are_rendered_unchanged_from_the_committed_results():
     """Every file in results/tables/ is exactly what the renderers make of results/ (preset fraction,
     as `make tables`); fails if a renderer or a result drifts."""
-    rendered = render_tables(ROOT / "results", "fraction")
+    rendered = render_tables(ROOT / "results")
     committed = {p.name: p.read_text() for p in (ROOT / "results" / "tables").iterdir()}
     assert sorted(rendered) == sorted(committed)
     for name, text in committed.items():
@@ -207,4 +217,4 @@ def test_dirty_results_are_refused_unless_allowed_and_then_marked(results, capsy
     assert len(err) == 1 and "uncommitted changes" in err[0] and "logistic-stk.json" in err[0] and "--allow-dirty" in err[0]
     assert not (results / "tables").exists()
     assert make_tables.main(["--results", str(results), "--preset", "fake", "--allow-dirty"]) == 0
-    assert "abc1234 (DIRTY tree)" in (results / "tables" / "table3.md").read_text()
+    assert "abc1234 (DIRTY tree)" in (results / "tables" / "table3_fake.md").read_text()

@@ -74,13 +74,14 @@ def _optional(results: Path, source: Source, what: str) -> dict | None:
     return read_result(path, source.family)
 
 
-def render_tables(results: Path, preset: str, allow_dirty: bool = False) -> dict[str, str]:
+def render_tables(results: Path, preset: str | None = None, allow_dirty: bool = False) -> dict[str, str]:
     """``{file name: text}`` of every table that ``results`` has the data for.
 
     Parameters
     ----------
     results : the results directory (reads only there)
-    preset : which ``tabular/<preset>/`` cells make Tables 3, 4 and 6 (they must exist)
+    preset : which ``tabular/<preset>/`` cells make Tables 3, 4 and 6 (they must exist); None: every preset
+        stored (``full``, the paper's protocol, as ``table3.md`` ...; the others as ``table3_<preset>.md`` ...)
     allow_dirty : render results that came from a tree with uncommitted changes (their headers say
         so); by default any such result under ``results`` is a one-line error
 
@@ -95,11 +96,16 @@ def render_tables(results: Path, preset: str, allow_dirty: bool = False) -> dict
                            f"(first: {dirty[0]}); rerun them from a clean checkout, or pass --allow-dirty "
                            f"(the tables then mark them DIRTY)")
     paper = _paper(results)
-    cells = read_results(results / "tabular" / preset, "tabular")
-    if not cells:
-        raise TopklabError(f"no cells under {results / 'tabular' / preset}; run `python scripts/reproduce_tabular.py "
-                           f"preset={preset}` first (or pick another --preset)")
-    rendered = render_tabular(preset, paper, cells)
+    stored = sorted(p.name for p in (results / "tabular").iterdir() if p.is_dir()) if (results / "tabular").is_dir() else []
+    rendered = {}
+    for name in ([preset] if preset else stored):
+        cells = read_results(results / "tabular" / name, "tabular")
+        if not cells:
+            raise TopklabError(f"no cells under {results / 'tabular' / name}; run `python scripts/reproduce_tabular.py "
+                               f"preset={name}` first (or pick another --preset)")
+        rendered.update(render_tabular(name, paper, cells))
+    if not rendered:
+        raise TopklabError(f"no cells under {results / 'tabular'}; run `python scripts/reproduce_tabular.py` first")
     for name, (source, render) in SINGLE_TABLES.items():
         result = _optional(results, source, name)
         if result is not None:
@@ -164,7 +170,7 @@ def _results_dir() -> Path:
 def tables(argv: list[str] | None = None) -> int:
     """``python -m topklab.report tables``: write results/tables/; 0, or 2 after a one-line error."""
     parser = argparse.ArgumentParser(prog="python -m topklab.report tables", description=tables.__doc__)
-    parser.add_argument("--preset", default="quick", help="results/tabular/<preset>/ to read")
+    parser.add_argument("--preset", default=None, help="only results/tabular/<preset>/ (default: every preset stored)")
     parser.add_argument("--results", type=Path, default=_results_dir())
     parser.add_argument("--out", type=Path, default=None, help="default: <results>/tables")
     parser.add_argument("--allow-dirty", action="store_true", help="render results from a tree with uncommitted changes")
@@ -177,7 +183,7 @@ def tables(argv: list[str] | None = None) -> int:
         return 2
     for name, text in rendered.items():
         atomic_write_text(out / name, text)
-    print(f"wrote {', '.join(sorted(rendered))} to {out} (tabular cells of preset {args.preset})")
+    print(f"wrote {', '.join(sorted(rendered))} to {out} (tabular cells of {f'preset {args.preset}' if args.preset else 'every preset'})")
     return 0
 
 

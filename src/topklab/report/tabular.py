@@ -15,6 +15,7 @@ from topklab.report.schema import code_versions
 from topklab.utils.errors import TopklabError
 
 TABLES = ("table3", "table4", "table6")
+PAPER_PRESET = "full"  # the paper's protocol: its tables are results/tables/table{3,4,6}.*; other presets' get a suffix
 AGGREGATE_NAMES = {"average": "Average", "maximum": "Maximum", "atk": "ATk", "matk": "MATk", "stk": "STk"}
 METRIC_NAMES = {"error_pct": "test misclassification (%)", "rmse": "test RMSE"}
 PAIRED_BASELINES = ("atk", "matk", "average")  # STk is tested against those of these a row has
@@ -151,7 +152,7 @@ def header(preset: str, table: str, results: list[dict], lines: list[Line]) -> l
     tied = [x for x in lines if x.ties is not None and x.ties["count"] > 1]
     spread = max((x.ties["test_max"] - x.ties["test_min"] for x in tied), default=0.0)
     out = [f"Preset `{preset}`: {', '.join(map(str, splits))} splits per cell; code {code_versions(mine)}.",
-           f"Produced by: {'; '.join(f'`{c}`' for c in commands)}, then `python scripts/make_tables.py --preset {preset}`.",
+           f"Produced by: {'; '.join(f'`{c}`' for c in commands)}, then `make tables`.",
            f"Ours within the paper's std: {sum(within)} of {len(within)} cells.",
            "Selection: the lowest validation score over the splits, compared exactly (error tables: the total number of "
            "validation errors; RMSE: the mean, equal within 1e-9 relative); a tie goes to the first combination in grid "
@@ -255,8 +256,20 @@ def render_latex(table: str, paper: dict, lines: list[Line], tests: list[dict], 
     return "\n".join(out) + "\n"
 
 
+def table_stem(table: str, preset: str) -> str:
+    """``table3`` for the paper's protocol (``full``), ``table3_<preset>`` for the others.
+
+    Examples
+    --------
+    >>> table_stem("table3", "full"), table_stem("table3", "fraction")
+    ('table3', 'table3_fraction')
+    """
+    return table if preset == PAPER_PRESET else f"{table}_{preset}"
+
+
 def render_tabular(preset: str, paper: dict, results: list[dict]) -> dict[str, str]:
-    """``{"table3.md": text, "table3.tex": text, ...}`` for Tables 3, 4 and 6 from one preset's cells.
+    """``{"table3.md": text, "table3.tex": text, ...}`` for Tables 3, 4 and 6 from one preset's cells
+    (``table3_<preset>.md`` ... for a preset other than ``full``).
 
     Parameters
     ----------
@@ -274,6 +287,6 @@ def render_tabular(preset: str, paper: dict, results: list[dict]) -> dict[str, s
         lines = build_lines(table, paper, results)
         tests = paired_tests(table, results)
         head = header(preset, table, results, lines)
-        rendered[f"{table}.md"] = render_markdown(table, paper, lines, tests, head)
-        rendered[f"{table}.tex"] = render_latex(table, paper, lines, tests, head)
+        rendered[f"{table_stem(table, preset)}.md"] = render_markdown(table, paper, lines, tests, head)
+        rendered[f"{table_stem(table, preset)}.tex"] = render_latex(table, paper, lines, tests, head)
     return rendered
