@@ -54,7 +54,8 @@ def test_every_committed_result_is_in_the_envelope():
     converted, current = convert_results.convert(RESULTS, check=True)
     assert converted == [] and current == len(list(RESULTS.rglob("*.json")))
     families = {r["family"] for r in read_results(RESULTS)}
-    assert {"tabular", "synthetic", "vision", "bench"} <= families <= {"tabular", "synthetic", "vision", "translation", "bench"}
+    assert {"tabular", "synthetic", "vision", "bench"} <= families <= {"tabular", "synthetic", "vision", "translation",
+                                                                     "language_modeling", "bench"}
     assert not (RESULTS / "synthetic" / "table1.json").exists() and read_result(RESULTS / "bench" / "table1.json", "bench")
 
 
@@ -137,7 +138,7 @@ def test_committed_figures_are_redrawn_pixel_for_pixel(tmp_path):
     from topklab.report.cli import render_figures
 
     written = render_figures(RESULTS, tmp_path)
-    assert written == sorted(p.name for p in (RESULTS / "figures").glob("*.png"))
+    assert sorted(written) == sorted(p.name for p in (RESULTS / "figures").glob("*.png"))
     for name in written:
         ours, committed = image.imread(tmp_path / name), image.imread(RESULTS / "figures" / name)
         assert ours.shape == committed.shape and np.array_equal(ours, committed), f"{name} differs"
