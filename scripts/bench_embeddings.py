@@ -231,6 +231,9 @@ def main(argv=None) -> int:
             atomic_write_text(args.render.with_suffix(".md"), render(read_result(args.render, "bench")))
             return 0
         device = bench_device(args.device)
+        if "--work" in sys.argv:  # a scratch folder is a machine path: kept out of the recorded command
+            at = sys.argv.index("--work")
+            sys.argv[at:at + 2] = []
         load = os.getloadavg()[0]
         with tempfile.TemporaryDirectory(dir=args.work) as scratch:
             work = Path(scratch)
