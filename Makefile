@@ -117,7 +117,7 @@ reproduce-synthetic: setup
 # a rerun resumes from the checkpoints.
 FMNISTLT_ROWS := fmnistlt/ce,fmnistlt/la,fmnistlt/la_atk,fmnistlt/la_stk,fmnistlt/topk_ce
 reproduce-fmnistlt: setup data
-	OMP_NUM_THREADS=1 $(PY) train.py -m experiment=$(FMNISTLT_ROWS) seed=0,1,2 hydra/launcher=joblib hydra.launcher.n_jobs=2
+	OMP_NUM_THREADS=1 $(PY) train.py -m experiment=$(FMNISTLT_ROWS) seed=0,1,2,3,4 hydra/launcher=joblib hydra.launcher.n_jobs=2
 
 # STk as a layer, gradient sparsification: ResNet-32 on fmnistlt with 4 simulated workers, dense and each
 # selector (exact top-k, DGC's sampled threshold, the STk threshold) at 1 % and 0.1 %, plus dense on 1 worker
