@@ -129,7 +129,8 @@ def fake_vision_run(results, table, row, label, seed, top1, top5, per_class):
                "selection": {"top1": {"test": top1}, "top5": {"test": top5 + 1.0}}}
     config = {"trainer": {"epochs": 3, "batch_size": 8, "select_metrics": ["top1", "top5"]}}
     result = make_result("vision", f"{table}/{row}", {"table": table, "row": row, "label": label, "summary": summary},
-                         f"python train.py vision={table}/{row} seed={seed}", config, {"git": {"sha": "def5678"}})
+                         f"python train.py vision={table}/{row} seed={seed}", config,
+                         {"git": {"sha": "def5678"}, "seeds": {"seed": seed}})
     return write_result(results / "vision" / table / row / f"seed{seed}.json", result)
 
 
@@ -147,6 +148,9 @@ def test_vision_table_shows_mean_std_over_seeds_paper_values_order_and_per_class
     assert "| not in the paper | 1 | 1.00 ± 0.00 | 6.00 ± 0.00 | 1.00 ± 0.00 | 1.00 ± 0.00 | 1.00 ± 0.00 | — | — |" in text
     rows = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ") and "±" in line]
     assert rows == ["Softmax CE", "NeuralSort", "not in the paper"]  # the paper's order, then the rest by id
+    assert "| row | seed 0 | seed 1 | median | range |" in text                 # each seed's top-1, as selected
+    assert "| Softmax CE | 60.00 | 62.00 | 61.00 | 60.00–62.00 |" in text
+    assert "| NeuralSort | 20.00 | — | 20.00 | 20.00–20.00 |" in text
 
 
 def test_a_corrupt_vision_result_is_a_one_line_error(results, capsys):

@@ -269,7 +269,7 @@ class Engine:
         check_each_step = (device.type != "cuda" and not dist.is_distributed if self.finite_check == "auto"
                            else self.finite_check == "step")  # no per-step sync on a GPU or across ranks
         # without a per-step check, the state before a non-finite update is the last checkpoint's (finite when saved)
-        last_finite = {"state": None if check_each_step else snapshot()}
+        last_finite = {"state": None if check_each_step else snapshot(), "step": state["step"]}
         running = torch.tensor(state["loss_sum"], dtype=torch.float64, device=device)
 
         def epoch_loss_sum() -> torch.Tensor:
@@ -277,8 +277,8 @@ class Engine:
 
         def check_finite(where: str, loss_sum: torch.Tensor) -> None:
             if torch.isfinite(loss_sum):
-                if not check_each_step:
-                    last_finite["state"] = snapshot()
+                if not check_each_step and last_finite["step"] != state["step"]:  # once per step: epoch end, then checkpoint
+                    last_finite.update(state=snapshot(), step=state["step"])
                 return
             raise NonFiniteLossError(
                 f"non-finite loss {where}; lower optim.lr or set engine.amp=none "

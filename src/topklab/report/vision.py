@@ -93,6 +93,7 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
             values = published.get(row, {})
             cells += [f"{values[m]:.2f}" if m in values else "—" for m in ("top1", "top5")]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += per_seed_table(present, rows, labels)
     counts = first["result"]["summary"].get("class_counts")
     if counts and len(counts) <= 20:
         lines += ["", "Per-class test accuracy (%), mean over seeds; training images per class in the header.", "",
@@ -105,6 +106,33 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
                 f"{mean_std([v for v in values if v is not None])[0]:.1f}" if any(v is not None for v in values) else "—"
                 for values in per_class) + " |")
     return "\n".join(lines) + "\n"
+
+
+def per_seed_table(present: list[str], rows: dict[str, list[dict]], labels: dict[str, str], most: int = 10) -> list[str]:
+    """Markdown lines of each row's top-1 seed by seed, with its median and range: the distribution
+    behind mean ± std, which on a chaotic set can be bimodal; nothing when no row has two seeds or
+    the runs span more than ``most`` seeds.
+
+    Examples
+    --------
+    >>> run = lambda seed, top1: {"provenance": {"seeds": {"seed": seed}},
+    ...                           "result": {"summary": {"selection": {"top1": {"test": top1}}}}}
+    >>> print(per_seed_table(["a"], {"a": [run(0, 60.0), run(1, 70.0), run(2, 61.0)]}, {"a": "A"})[-1])
+    | A | 60.00 | 70.00 | 61.00 | 61.00 | 60.00–70.00 |
+    """
+    seed_of = lambda run: run["provenance"].get("seeds", {}).get("seed")  # noqa: E731
+    seeds = sorted({seed_of(r) for row in present for r in rows[row]}, key=lambda s: (s is None, s))
+    if max(len(rows[row]) for row in present) < 2 or len(seeds) > most:
+        return []
+    lines = ["", "Top-1 (%) per seed, with the median and the range over seeds.", "",
+             "| row | " + " | ".join(f"seed {s}" for s in seeds) + " | median | range |", "|---|" + "---|" * (len(seeds) + 2)]
+    for row in present:
+        by_seed = {seed_of(r): selected_test(r["result"]["summary"], "top1") for r in rows[row]}
+        values = sorted(v for v in by_seed.values() if v is not None)
+        middle = (values[(len(values) - 1) // 2] + values[len(values) // 2]) / 2 if values else None
+        lines.append(f"| {labels[row]} | " + " | ".join("—" if by_seed.get(s) is None else f"{by_seed[s]:.2f}" for s in seeds)
+                     + (f" | {middle:.2f} | {values[0]:.2f}–{values[-1]:.2f} |" if values else " | — | — |"))
+    return lines
 
 
 def render_pending_table(name: str, paper: dict) -> str:
