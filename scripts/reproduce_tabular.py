@@ -3,6 +3,7 @@ configs/experiment/stk/table*/), storing one JSON per cell under results/tabular
 
     python scripts/reproduce_tabular.py                          # quick preset, every row
     python scripts/reproduce_tabular.py preset=full row=stk/table3/australian
+    python scripts/reproduce_tabular.py preset=full row=stk/table6/cpusmall individuals=[absolute] aggregates=[stk]
     python scripts/reproduce_tabular.py -m preset=full row=stk/table3/german,stk/table3/phoneme \\
         hydra/launcher=joblib hydra.launcher.n_jobs=2 threads=1   # rows in parallel
 

@@ -163,6 +163,13 @@ def test_aggregates_filter_is_exact_and_checked(tmp_path, hydra_ready):
         reproduce(reproduce_cfg(tmp_path, aggregates=["matk", "nope"]))
 
 
+def test_individuals_filter_picks_a_column_of_a_two_loss_row(tmp_path, hydra_ready):
+    records = reproduce(reproduce_cfg(tmp_path, row="stk/table6/housing", aggregates="average", individuals="absolute"))
+    assert [(r["cell"]["individual"], r["cell"]["aggregate"]) for r in records] == [("absolute", "average")]
+    with pytest.raises(TopklabError, match=r"individuals \['hinge'\] are in none of the selected rows; .*absolute, square"):
+        reproduce(reproduce_cfg(tmp_path, row="stk/table6/housing", individuals=["hinge"]))
+
+
 def test_a_failing_cell_keeps_finished_cells_and_leaves_no_partial_file(tmp_path, monkeypatch, hydra_ready):
     import topklab.protocol.reproduce as module
 

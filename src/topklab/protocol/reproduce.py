@@ -71,12 +71,15 @@ def reproduce(cfg: DictConfig) -> list[dict]:
         torch.set_num_threads(int(cfg.threads))
     protocol = protocol_from(cfg.preset)
     store = CellStore(cfg.results_dir)
-    wanted = as_list(cfg.aggregates)
+    wanted, wanted_individuals = as_list(cfg.aggregates), as_list(cfg.get("individuals"))
     paths = [f"paths.{k}={v}" for k, v in OmegaConf.to_container(cfg.paths, resolve=True).items()]
     plan = []  # (cell, composed config of the cell, fingerprint extras)
+    offered = {"aggregates": set(), "individuals": set()}
     for row in select_rows(Path(cfg.config_dir), cfg.row):
         cells = compose_run([f"experiment={row}", *paths]).cells
-        for individual in cells.individual:
+        offered["aggregates"].update(cells.loss)
+        offered["individuals"].update(cells.individual)
+        for individual in (i for i in cells.individual if wanted_individuals is None or i in wanted_individuals):
             for aggregate in (a for a in cells.loss if wanted is None or a in wanted):
                 cell_cfg = compose_run([f"experiment={row}", f"individual={individual}", f"loss={aggregate}", *paths])
                 cell = Cell(cells.table, cell_cfg.row, individual, aggregate)
@@ -86,10 +89,10 @@ def reproduce(cfg: DictConfig) -> list[dict]:
                             "individual": OmegaConf.to_container(cell_cfg.individual, resolve=False)}
                 plan.append((cell, cell_cfg, settings))
 
-    unused = set(as_list(cfg.aggregates) or []) - {c.aggregate for c, *_ in plan}
-    if unused:
-        raise TopklabError(f"aggregates {sorted(unused)} are in none of the selected rows; choose from the rows' "
-                           f"aggregates ({', '.join(sorted({c.aggregate for c, *_ in plan}))})")
+    for key, asked in (("aggregates", wanted), ("individuals", wanted_individuals)):
+        if set(asked or []) - offered[key]:
+            raise TopklabError(f"{key} {sorted(set(asked) - offered[key])} are in none of the selected rows; choose "
+                               f"from the rows' {key} ({', '.join(sorted(offered[key]))})")
 
     def fingerprint(cell, settings):
         return {"protocol": protocol.fingerprint(cell.aggregate), **settings}
