@@ -113,7 +113,7 @@ reproduce-synthetic: setup
 	$(PY) scripts/reproduce_synthetic.py threads=1 experiments=[table2,figure4] scale=atk suffix=_scale_atk
 
 # Vision: the fmnistlt table's runs (5 rows x seeds 0-4, ResNet-32, 20 epochs; two jobs of one thread
-# at a time, about 1 h on 2 CPU cores), each writing results/vision/fmnistlt/<row>/seed<k>.json;
+# at a time, about 40 min on 2 CPU cores), each writing results/vision/fmnistlt/<row>/seed<k>.json;
 # a rerun resumes from the checkpoints.
 FMNISTLT_ROWS := fmnistlt/ce,fmnistlt/la,fmnistlt/la_atk,fmnistlt/la_stk,fmnistlt/topk_ce
 reproduce-fmnistlt: setup data
