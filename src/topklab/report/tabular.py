@@ -141,7 +141,7 @@ def paired_tests(table: str, results: list[dict]) -> list[dict]:
 
 
 def header(preset: str, table: str, results: list[dict], lines: list[Line]) -> list[str]:
-    """The lines above a table: preset, splits, code, commands, agreement with the paper, missing cells."""
+    """The lines above a table: preset, splits, code, commands, agreement with the paper, ties, time, missing cells."""
     mine = [r for r in results if r["result"]["cell"]["table"] == table]
     if not mine:
         return [f"Preset `{preset}`: no cells of this table yet."]
@@ -159,6 +159,11 @@ def header(preset: str, table: str, results: list[dict], lines: list[Line]) -> l
            "order (k, then C, η, δ, each in the preset's order, so k = 1 first). Tied = combinations with "
            f"the selected score and their range of test means: {len(tied)} of {sum(x.ties is not None for x in lines)} "
            f"cells tied, the widest test range {spread:.3g}."]
+    seconds = sum(r["result"]["seconds"] for r in mine)
+    longest = max(mine, key=lambda r: r["result"]["seconds"])
+    out.append(f"Time: {seconds:,.0f} s of cell time over {len(mine)} cells ({seconds / 3600:.2f} h; each cell's training "
+               f"wall clock, summed), the longest {longest['result']['seconds']:,.0f} s "
+               f"({'/'.join(longest['result']['cell'][k] for k in ('dataset', 'individual', 'aggregate'))}).")
     if missing:
         out.append(f"Missing cells ({len(missing)}): {', '.join(missing)}.")
     return out
