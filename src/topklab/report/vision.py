@@ -5,6 +5,8 @@ per-class accuracy. A paper table is matched to a vision table by its ``vision_t
 ``results/paper/*.yaml``; its row order is the table's order, other rows follow by id."""
 from __future__ import annotations
 
+import statistics
+
 from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
 from topklab.utils.errors import TopklabError
@@ -120,7 +122,9 @@ def per_seed_table(present: list[str], rows: dict[str, list[dict]], labels: dict
     >>> print(per_seed_table(["a"], {"a": [run(0, 60.0), run(1, 70.0), run(2, 61.0)]}, {"a": "A"})[-1])
     | A | 60.00 | 70.00 | 61.00 | 61.00 | 60.00–70.00 |
     """
-    seed_of = lambda run: run["provenance"].get("seeds", {}).get("seed")  # noqa: E731
+    def seed_of(run: dict):
+        return run["provenance"].get("seeds", {}).get("seed")
+
     seeds = sorted({seed_of(r) for row in present for r in rows[row]}, key=lambda s: (s is None, s))
     if max(len(rows[row]) for row in present) < 2 or len(seeds) > most:
         return []
@@ -129,9 +133,8 @@ def per_seed_table(present: list[str], rows: dict[str, list[dict]], labels: dict
     for row in present:
         by_seed = {seed_of(r): selected_test(r["result"]["summary"], "top1") for r in rows[row]}
         values = sorted(v for v in by_seed.values() if v is not None)
-        middle = (values[(len(values) - 1) // 2] + values[len(values) // 2]) / 2 if values else None
         lines.append(f"| {labels[row]} | " + " | ".join("—" if by_seed.get(s) is None else f"{by_seed[s]:.2f}" for s in seeds)
-                     + (f" | {middle:.2f} | {values[0]:.2f}–{values[-1]:.2f} |" if values else " | — | — |"))
+                     + (f" | {statistics.median(values):.2f} | {values[0]:.2f}–{values[-1]:.2f} |" if values else " | — | — |"))
     return lines
 
 
