@@ -243,3 +243,12 @@ def test_cli_bad_input_is_one_line_exit_2_before_any_job(tmp_path, args, message
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), out.stderr
     assert not (tmp_path / "r").exists() and not (tmp_path / "h").exists()
+
+
+def test_make_reproduce_tabular_runs_every_row_once_the_longest_first():
+    from topklab.protocol.reproduce import tabular_rows
+
+    dry = subprocess.run(["make", "-n", "reproduce-tabular", "PRESET=full", "JOBS=2"], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    rows = next(arg for arg in dry.split() if arg.startswith("row=")).removeprefix("row=").split(",")
+    assert rows[0] == "stk/table6/cpusmall" and sorted(rows) == sorted(tabular_rows(CONFIG_DIR))
