@@ -48,10 +48,13 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def write_jpeg_tree(root: Path, images: int) -> Path:
+def jpeg_tree(root: Path, images: int) -> Path:
+    """``root`` holding ``images`` generated training JPEGs (and one validation image), written once."""
     import numpy as np
     from PIL import Image
 
+    if root.exists():
+        return root
     rng = np.random.RandomState(0)
     for split, count in (("train", images), ("val", 0)):
         folder = root / split / "n00000000"
@@ -72,10 +75,10 @@ def bench_extraction(device, work: Path, backbones) -> list[dict]:
 
     rows = []
     for label, name, resolution, images, batch, gpu_precision in backbones:
-        tree = write_jpeg_tree(work / f"tree{images}", images) if not (work / f"tree{images}").exists() else work / f"tree{images}"
+        tree = jpeg_tree(work / f"tree{images}", images)
         torch.manual_seed(0)
         backbone = Backbone(name, resolution, pretrained=False, precision=gpu_precision if device.type == "cuda" else "fp32")
-        warm = write_jpeg_tree(work / f"warm{batch}", batch) if not (work / f"warm{batch}").exists() else work / f"warm{batch}"
+        warm = jpeg_tree(work / f"warm{batch}", batch)
         extract(backbone, warm, work / f"warm_{name}_{resolution}", {"train": "train", "test": "val"}, batch_size=batch,
                 shard_size=batch, num_workers=0, device=str(device), progress=False)  # one batch: kernels chosen, caches warm
         start = time.perf_counter()

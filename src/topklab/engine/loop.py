@@ -25,13 +25,12 @@ from topklab.engine.distributed import Distributed, gather_concat, shard_slice
 from topklab.engine.objective import TrainingModule
 from topklab.engine.profiling import StepProfile, peak_memory_bytes, torch_profiler
 from topklab.engine.schedules import LRFactor
-from topklab.engine.stopping import EarlyStopping
+from topklab.engine.stopping import REPORT_STATES, EarlyStopping
 from topklab.utils.errors import NonFiniteLossError, TopklabError
 from topklab.utils.seed import rng_state, set_rng_state
 
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 SPLITS = ("train", "val", "test")
-REPORT_STATES = ("best", "last")
 
 
 def concat_outputs(batches: list) -> torch.Tensor | dict:

@@ -26,7 +26,7 @@ from torch import nn
 from topklab.engine.functional_optim import FunctionalOptimizer
 from topklab.engine.population_layout import Gathered, Grouped
 from topklab.engine.stacked import StackedModel
-from topklab.engine.stopping import EarlyStopping
+from topklab.engine.stopping import REPORT_STATES, EarlyStopping
 from topklab.losses.aggregate.base import Aggregate
 from topklab.losses.k import resolve_k, validate_k
 from topklab.utils.batching import batches_per_epoch
@@ -218,8 +218,8 @@ class PopulationExecutor:
                 raise TopklabError(f"population {name}={value!r} must be an int >= 1")
         if not min_delta >= 0:
             raise TopklabError(f"population min_delta={min_delta!r} must be >= 0")
-        if report_state not in ("best", "last"):
-            raise TopklabError(f"population report_state={report_state!r}; choose best or last")
+        if report_state not in REPORT_STATES:
+            raise TopklabError(f"population report_state={report_state!r}; choose one of {', '.join(REPORT_STATES)}")
         if layout not in (Gathered, Grouped):
             raise TopklabError(f"population layout={layout!r}; choose Gathered or Grouped")
         self.aggregate, self.individual, self.model, self.optimizer = aggregate, individual, model, optimizer

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+REPORT_STATES = ("best", "last")  # what a run returns: its best-validation state (roll-back) or the one it stopped in
+
 
 class EarlyStopping:
     """Tracks, per member, the best validation score and the step it was reached.

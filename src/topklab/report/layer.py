@@ -21,14 +21,10 @@ def _expected_rows(group: str, configs: Path | None) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml") if not p.name.startswith("_")) if configs else []
 
 
-def _provenance(results: list[dict]) -> str:
-    return code_versions(results, width=7)
-
-
 def _header(title: str, command: str, results: list[dict], expected: list[str], group: str) -> list[str]:
     have = {r["result"]["row"] for r in results}
     missing = [row for row in expected if row not in have]
-    lines = [f"# {title}", "", f"Runs: `{command}`; commits {_provenance(results)}."]
+    lines = [f"# {title}", "", f"Runs: `{command}`; commits {code_versions(results, width=7)}."]
     if expected:
         lines.append(f"Missing rows: {', '.join(f'`{group}/{m}`' for m in missing)}." if missing else "All rows present.")
     return lines + [""]

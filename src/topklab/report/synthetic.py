@@ -8,10 +8,6 @@ from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
 
 
-def _git(result: dict) -> str:
-    return code_versions([result])
-
-
 # what each Table 1 row is, by the "origin" the bench script records per algorithm
 TABLE1_ORIGINS = {"paper": "paper's algorithm", "ours": "ours", "reference": "reference"}
 # results written before the script recorded "origin" (the committed 5-row table of 3c8d8e0)
@@ -44,7 +40,7 @@ def render_table1(result: dict, paper: dict) -> str:
     within = f"within {config['tol']:g}" if "tol" in config else "close enough"
     lines = [f"# Table 1: {paper['table1']['caption']}", "",
              f"Ours: n = {config['n']}, k = {config['k']}, {config['runs']} runs on the same samples for every "
-             f"algorithm, {config['threads']} torch thread; code {_git(result)}.",
+             f"algorithm, {config['threads']} torch thread; code {code_versions([result])}.",
              f"Produced by: `{result['command']}`, then `python scripts/make_tables.py`.",
              "Origin: *paper's algorithm* = a row of the paper's Table 1 as we read it; *ours* = not in the paper, "
              "on the same samples with the same stopping rule, compared with the paper's row of the same loss; "
@@ -94,7 +90,7 @@ def render_table2(result: dict, paper: dict) -> str:
              f"Ours: {repeats} repeats, {', '.join(variant)}, l1 = {config['trainer']['l1']}, "
              f"k from {config['k_grid']} by validation accuracy, λ init `{config['trainer']['lam_init']}`, "
              f"support tolerance {config['support_tol']}; Bayes accuracy on the balanced test set "
-             f"{payload['bayes_accuracy_balanced_test']:.1f}%; code {_git(result)}.",
+             f"{payload['bayes_accuracy_balanced_test']:.1f}%; code {code_versions([result])}.",
              f"Produced by: `{result['command']}`, then `python scripts/make_tables.py`.",
              "Time: seconds per model of the plain single-model loop (mean over "
              f"{config['time_repeats']} repeats at the selected k); the paper's hardware is not given."]

@@ -7,6 +7,7 @@ it from ``k_grid`` by validation accuracy averaged over the repeats (as §5.1 do
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -60,6 +61,12 @@ def columns_of(rows) -> dict[str, Column]:
     return columns
 
 
+def reference_supports(task: GaussianTask) -> dict[str, torch.Tensor]:
+    """The weight vectors ParaF1 scores against: ``true``, the Bayes direction Σ⁻¹(μ₁ − μ₀) (11
+    non-zeros), and ``paper``, the paper's w* = μ₁ − μ₀ (its first 10 entries; papers.md §1.10)."""
+    return {"true": task.bayes_direction(), "paper": task.mean_pos - task.mean_neg}
+
+
 def evaluate_column(column: Column, k_grid, data, seeds, settings: SyntheticTrainer, scale: str,
                     supports: dict[str, torch.Tensor], support_tol: float) -> dict:
     """Train the column at every k of the grid on every repeat, keep the k with the best mean
@@ -68,7 +75,7 @@ def evaluate_column(column: Column, k_grid, data, seeds, settings: SyntheticTrai
     others), best and total steps, and the step cap."""
     train, val, test = data
     grid = list(k_grid) if column.uses_k else [1]
-    settings = SyntheticTrainer(**{**settings.__dict__, **column.trainer}) if column.trainer else settings
+    settings = dataclasses.replace(settings, **column.trainer)
     start = time.perf_counter()
     fit = train_logistic(column, settings, train, val, seeds, grid, scale)
     seconds = time.perf_counter() - start
@@ -110,7 +117,7 @@ def table2(cfg: DictConfig, columns_by_label: dict[str, Column], log=print) -> d
     settings = settings_of(cfg)
     data = make_repeats(task, cfg.sizes, cfg.positive_fraction, cfg.repeats, cfg.data_seed)
     seeds = [cfg.seed + r for r in range(cfg.repeats)]
-    supports = {"true": task.bayes_direction(), "paper": task.mean_pos - task.mean_neg}  # the paper's w*: 10 entries
+    supports = reference_supports(task)
     columns = {}
 
     def single_model_seconds(column: Column, k, r: int) -> float:
@@ -155,7 +162,7 @@ def figure3(cfg: DictConfig, columns_by_label: dict[str, Column], log=print) -> 
 def figure4(cfg: DictConfig, columns_by_label: dict[str, Column], log=print) -> dict:
     task = task_of(cfg.task)
     settings = settings_of(cfg)
-    supports = {"true": task.bayes_direction(), "paper": task.mean_pos - task.mean_neg}
+    supports = reference_supports(task)
     seeds = [cfg.seed + r for r in range(cfg.repeats)]
     by_ratio = {}
     for ratio in cfg.figure4.negative_ratios:

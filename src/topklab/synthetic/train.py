@@ -18,6 +18,7 @@ from torch import nn
 
 from topklab.engine.functional_optim import Adam
 from topklab.engine.population import DataGroup, Grouped, Members, Metric, PopulationExecutor
+from topklab.engine.stopping import REPORT_STATES
 from topklab.engine.stacked import StackedLinear
 from topklab.losses.aggregate import Aggregate, aggregate_class, build_aggregate
 from topklab.losses.individual.base import scores_of
@@ -86,8 +87,8 @@ class SyntheticTrainer:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TopklabError(f"synthetic trainer {name}={value!r} must be an int >= 1")
-        if self.report_state not in ("best", "last"):
-            raise TopklabError(f"synthetic trainer report_state={self.report_state!r}; choose best or last")
+        if self.report_state not in REPORT_STATES:
+            raise TopklabError(f"synthetic trainer report_state={self.report_state!r}; choose one of {', '.join(REPORT_STATES)}")
         if self.lam_init != "auto" and not isinstance(self.lam_init, (int, float)):
             raise TopklabError(f"synthetic trainer lam_init={self.lam_init!r} must be a number or 'auto'")
         if not self.lr > 0 or not self.delta > 0 or self.l1 < 0 or self.min_delta < 0:
