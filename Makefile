@@ -146,12 +146,13 @@ reproduce-routing: setup
 reproduce-sinkhorn-beta: setup data
 	OMP_NUM_THREADS=1 $(PY) train.py -m 'experiment=glob(sinkhorn_beta/*)' seed=0 hydra/launcher=joblib hydra.launcher.n_jobs=2
 
-# Translation on this CPU: the Multi30k table (Average / ATk / STk, small Transformer, 15 epochs,
-# about 1 h per run on 2 cores), one run at a time; each writes results/translation/multi30k/<row>/
-# seed<k>.json and a rerun resumes from the checkpoints. MULTI30K_SEEDS=0,1,2 for three seeds.
-MULTI30K_SEEDS ?= 0
+# Translation on this CPU: the Multi30k table (Average / ATk / STk with λ solved per batch / STk with the paper's
+# gradient update from λ₀ = 0, small Transformer, 15 epochs), two jobs of one thread at a time; each writes
+# results/translation/multi30k/<row>/seed<k>.json and a rerun resumes from the checkpoints.
+MULTI30K_SEEDS ?= 0,1,2
+MULTI30K_ROWS := stk/multi30k/stk,stk/multi30k/average,stk/multi30k/atk,stk/multi30k/stk_paper_update
 reproduce-multi30k: setup
-	$(PY) train.py -m experiment=stk/multi30k/average,stk/multi30k/stk,stk/multi30k/atk seed=$(MULTI30K_SEEDS)
+	OMP_NUM_THREADS=1 $(PY) train.py -m seed=$(MULTI30K_SEEDS) experiment=$(MULTI30K_ROWS) hydra/launcher=joblib hydra.launcher.n_jobs=2
 
 # Translation with a GPU (one job per GPU; see README "Machine translation" for the data):
 # Table 5's IWSLT2014 and WMT2017 columns (Average / ATk / STk) and Table 8's δ rows.

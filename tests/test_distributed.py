@@ -46,19 +46,19 @@ class Net(nn.Module):
 # name: (aggregate on each rank, gather the losses?, single-process aggregate, global batch size)
 CASES = {
     "average": (lambda: Average(), False, lambda: Average(), 8),
-    "matk_fraction": (lambda: MATk(k=0.5, lam_init=0.6), False, lambda: MATk(k=0.5, lam_init=0.6), 8),
-    "stk_fraction": (lambda: STk(k=0.5, delta=0.5, lam_init=0.6), False,
-                     lambda: STk(k=0.5, delta=0.5, lam_init=0.6), 8),
-    "stk_fraction_atk_scale": (lambda: STk(k=0.25, lam_init=0.6, scale="atk"), False,
-                               lambda: STk(k=0.25, lam_init=0.6, scale="atk"), 8),
+    "matk_fraction": (lambda: MATk(k=0.5, lam_update="gradient", lam_init=0.6), False, lambda: MATk(k=0.5, lam_update="gradient", lam_init=0.6), 8),
+    "stk_fraction": (lambda: STk(k=0.5, delta=0.5, lam_update="gradient", lam_init=0.6), False,
+                     lambda: STk(k=0.5, delta=0.5, lam_update="gradient", lam_init=0.6), 8),
+    "stk_fraction_atk_scale": (lambda: STk(k=0.25, lam_update="gradient", lam_init=0.6, scale="atk"), False,
+                               lambda: STk(k=0.25, lam_update="gradient", lam_init=0.6, scale="atk"), 8),
     # k·m not whole: each rank rounds 0.375·4 = 1.5 up to 2, so the run is the global objective with k = 0.5
-    "stk_fraction_rounded": (lambda: STk(k=0.375, lam_init=0.6), False, lambda: STk(k=0.5, lam_init=0.6), 8),
+    "stk_fraction_rounded": (lambda: STk(k=0.375, lam_update="gradient", lam_init=0.6), False, lambda: STk(k=0.5, lam_update="gradient", lam_init=0.6), 8),
     # a count without gathering is a count per rank: 2 on each of 2 ranks is 4 of the global batch
-    "matk_count_local": (lambda: MATk(k=2, lam_init=0.6), False, lambda: MATk(k=4, lam_init=0.6), 8),
+    "matk_count_local": (lambda: MATk(k=2, lam_update="gradient", lam_init=0.6), False, lambda: MATk(k=4, lam_update="gradient", lam_init=0.6), 8),
     "atk_gathered": (lambda: ATk(k=0.25), True, lambda: ATk(k=0.25), 8),
     "atk_local": (lambda: ATk(k=0.25), False, lambda: ATk(k=0.25), 8),
     # with gathering a count is a count of the global batch, and λ is exact too
-    "matk_count_gathered": (lambda: MATk(k=3, lam_init=0.6), True, lambda: MATk(k=3, lam_init=0.6), 8),
+    "matk_count_gathered": (lambda: MATk(k=3, lam_update="gradient", lam_init=0.6), True, lambda: MATk(k=3, lam_update="gradient", lam_init=0.6), 8),
     # uneven split (4 + 3 samples): exact with gathering
     "atk_gathered_uneven": (lambda: ATk(k=3), True, lambda: ATk(k=3), 7),
 }

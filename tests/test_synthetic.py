@@ -13,7 +13,7 @@ from topklab.bench.topk_sum import (bubble_sort_topk_sum, exact_objective, heap_
                                     sort_topk_sum)
 from topklab.synthetic import GaussianTask, lda_boundary, para_f1
 from topklab.engine.population import initial_threshold
-from topklab.losses import build_aggregate
+from topklab.losses import build_paper_update_aggregate
 from topklab.losses.k import resolve_k
 from topklab.synthetic.train import BinaryCrossEntropy, Column, SyntheticTrainer, accuracy, train_logistic
 from topklab.utils.errors import TopklabError
@@ -126,7 +126,7 @@ def single_model(column, k, train, val, seed, settings, scale="paper", on_eval=N
                 losses = BinaryCrossEntropy()(model(train.x), train.y)
             lam_init = float(initial_threshold(losses, torch.tensor(float(resolve_k(k, batch))), batch))
         fields.update(lam_init=lam_init, scale=scale)
-    aggregate = build_aggregate(column.aggregate, **fields)
+    aggregate = build_paper_update_aggregate(column.aggregate, **fields)
     optimizer = torch.optim.Adam([*model.parameters(), *aggregate.parameters()], lr=settings.lr, betas=settings.betas,
                                  eps=settings.eps)
     data = type("Data", (), {"x_train": train.x, "y_train": train.y, "x_val": val.x, "y_val": val.y})

@@ -20,7 +20,7 @@ FAST = ("engine.epochs=1", "logger=none")
 
 
 def test_lambda_is_in_the_optimizer_and_trained(compose_cfg, tmp_path):
-    model, loss = MLP(4), STk(0.5, lam_init=0.0)
+    model, loss = MLP(4), STk(0.5, lam_update="gradient", lam_init=0.0)
     groups = TrainingModule(model, Objective(Logistic(), loss)).parameter_groups()
     assert [g.get("weight_decay") for g in groups] == [None, 0.0]
     assert [p for p in groups[1]["params"]] == [loss.lam] and len(groups[0]["params"]) == len(list(model.parameters()))

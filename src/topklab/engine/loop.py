@@ -26,6 +26,7 @@ from topklab.engine.objective import TrainingModule
 from topklab.engine.profiling import StepProfile, peak_memory_bytes, torch_profiler
 from topklab.engine.schedules import LRFactor
 from topklab.engine.stopping import REPORT_STATES, EarlyStopping
+from topklab.losses.aggregate.lambda_monitor import lambda_tracking
 from topklab.utils.errors import NonFiniteLossError, TopklabError
 from topklab.utils.seed import rng_state, set_rng_state
 
@@ -200,8 +201,15 @@ class Engine:
         wrapped = dist.wrap(module)
         train_loader = data.train_loader(self.batch_size, self.drop_last, seed, device, channels_last)
         steps_per_epoch = len(train_loader)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, LRFactor(steps_per_epoch=steps_per_epoch,
-                                                                          epochs=self.epochs, **self.schedule))
+        factor = LRFactor(steps_per_epoch=steps_per_epoch, epochs=self.epochs, **self.schedule)
+        constant = LRFactor("constant", steps_per_epoch=steps_per_epoch, epochs=self.epochs)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(  # a group with constant_lr (λ under lam_lr) keeps its rate
+            optimizer, [constant if group.get("constant_lr") else factor for group in optimizer.param_groups])
+        monitor = getattr(module.objective.aggregate, "monitor", None)
+        if monitor is not None:  # λ in band counts the calls after the first 10 % of the run's
+            planned = steps_per_epoch * self.epochs if self.max_steps is None else min(self.max_steps, steps_per_epoch * self.epochs)
+            calls_per_step = len(self._chunks(self.batch_size) if exchange is None else exchange.shards(self.batch_size))
+            monitor.burn_in = planned * calls_per_step // 10
         scaler = torch.amp.GradScaler(device.type, enabled=self.amp == "fp16")
         loaders = {}
 
@@ -244,6 +252,8 @@ class Engine:
                 exchange.load_state_dict(saved["exchange"])
             state = saved["progress"]
             state["logger_id"] = logger_id or state.get("logger_id")
+            if monitor is not None and "lambda_monitor" in state:
+                monitor.load_state_dict(state["lambda_monitor"])
             for metric, tracker in trackers.items():
                 tracker.load_state_dict(state["trackers"][metric])
             for row in state["history"]:
@@ -293,6 +303,8 @@ class Engine:
                 return
             state["loss_sum"] = float(loss_sum)
             state["trackers"] = {m: t.state_dict() for m, t in trackers.items()}
+            if monitor is not None:
+                state["lambda_monitor"] = monitor.state_dict()
             store.save({"module": module.state_dict(), "optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
                         "progress": state, **({"exchange": exchange.state_dict()} if exchange is not None else {})},
@@ -389,7 +401,8 @@ class Engine:
                        **{f"val_{k}": v for k, v in task.scalar_metrics(val).items()},
                        "lambda": module.objective.threshold, "best_step": state["best"].get(select[0], {}).get("step"), **cost,
                        "peak_memory_mb": peak_mb, "elapsed_s": state["train_seconds"],
-                       **(exchange.epoch_summary() if exchange is not None else {})}
+                       **(exchange.epoch_summary() if exchange is not None else {}),
+                       **(monitor.pop_epoch() if monitor is not None else {})}
                 state["history"].append(row)
                 state.update(epoch=epoch + 1, batch=0, finished=state["finished"] or epoch + 1 == self.epochs)
                 running.zero_()
@@ -445,6 +458,7 @@ class Engine:
                           for m, r in results.items()},
             "best_step": primary["step"], "best_epoch": primary["epoch"], "steps": state["step"], "epochs": state["epoch"],
             "early_stopped": state["early_stopped"], "lambda": module.objective.threshold,
+            "lambda_tracking": lambda_tracking(state["history"]) if hasattr(module.objective.aggregate, "monitor") else None,
             "train_seconds": state["train_seconds"], "device": str(device), "amp": self.amp,
             "channels_last": channels_last,
             "cost": {k: last[k] for k in ("step_time_s", "images_per_s", "losses_per_s", "data_wait_share", "loss_share",

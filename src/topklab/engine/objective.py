@@ -114,9 +114,12 @@ class TrainingModule(nn.Module):
         return self.objective(output.float(), y, self.model), output
 
     def parameter_groups(self) -> list[dict]:
-        """The model's groups, plus the objective's own parameters (λ) without weight decay."""
+        """The model's groups, plus the objective's own parameters without weight decay: λ's group as
+        the aggregate states it (its own ``lr`` with ``constant_lr`` under ``lam_lr``; none when λ is
+        solved), and any other trainable parameter of the objective."""
         groups = model_parameter_groups(self.model)
-        threshold = [p for p in self.objective.parameters() if p.requires_grad]
-        if threshold:
-            groups.append({"params": threshold, "weight_decay": 0.0})
-        return groups
+        aggregate = self.objective.aggregate
+        own = aggregate.parameter_groups() if hasattr(aggregate, "parameter_groups") else []
+        listed = {id(p) for group in own for p in group["params"]}
+        rest = [p for p in self.objective.parameters() if p.requires_grad and id(p) not in listed]
+        return groups + own + ([{"params": rest, "weight_decay": 0.0}] if rest else [])

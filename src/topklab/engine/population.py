@@ -197,7 +197,7 @@ class PopulationExecutor:
     >>> from topklab.tasks.metrics import rmse
     >>> x = torch.linspace(-1, 1, 64)[:, None]
     >>> group = DataGroup(x, 2 * x[:, 0], x[::2], 2 * x[::2, 0])
-    >>> executor = PopulationExecutor(STk(0.5), Square(), StackedLinear(1), Adagrad(), Metric("rmse", rmse, False),
+    >>> executor = PopulationExecutor(STk(0.5, lam_update="gradient"), Square(), StackedLinear(1), Adagrad(), Metric("rmse", rmse, False),
     ...                               max_epochs=50, batch_size=16, patience=None)
     >>> result = executor.fit([group], Members(split=[0, 0], seed=[0, 1], k=[0.5, 1.0], lr=0.5), report=("val",))
     >>> sorted(result), result["val_rmse"].shape, bool((result["val_rmse"] < 0.1).all())
@@ -212,6 +212,9 @@ class PopulationExecutor:
         if not isinstance(aggregate, Aggregate):
             raise TopklabError(f"aggregate={aggregate!r} is not an Aggregate module; build one with "
                                f"topklab.losses.build_aggregate(name)")
+        if getattr(aggregate, "lam_update", "gradient") != "gradient" or getattr(aggregate, "lam_lr", None) is not None:
+            raise TopklabError(f"the population executor trains λ by gradient at each member's lr (the paper's SGD-STk); "
+                               f"build the aggregate with lam_update='gradient' and lam_lr=None, not {aggregate!r}")
         for name, value in (("max_epochs", max_epochs), ("batch_size", batch_size), ("eval_every", eval_every),
                             ("eval_chunk", eval_chunk), ("patience", 1 if patience is None else patience)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

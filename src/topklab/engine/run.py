@@ -168,5 +168,13 @@ def format_summary(summary: dict) -> str:
         f" | lambda {'n/a' if lam is None else f'{lam:.4f}'}"
         f" | best step {summary['best_step']} of {summary['steps']} ({summary['epochs']} epochs,"
         f" {summary['train_seconds']:.1f}s)"
+        f"{lambda_tracking_line(summary.get('lambda_tracking'))}"
     )
+
+
+def lambda_tracking_line(tracking: dict | None) -> str:
+    """`` | λ in band 0.98`` for a MATk/STk run (with the flag when λ did not track), else empty."""
+    if not tracking or tracking.get("in_band") is None:
+        return ""
+    return f" | λ in band {tracking['in_band']:.2f}" + (f" ({tracking['flag']})" if tracking.get("flag") else "")
 

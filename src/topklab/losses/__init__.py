@@ -8,6 +8,7 @@ torch.Size([])
 """
 from topklab.losses.aggregate import (
     ATk, Aggregate, Average, MATk, Maximum, SoftATk, STk, ThresholdedTopK, aggregate_class, aggregate_names, build_aggregate,
+    build_paper_update_aggregate,
 )
 from topklab.losses.individual import (
     Absolute, CostSensitiveCE, CrossEntropy, Hinge, ImbalancedNoisedTopKHinge, LabelSmoothedCrossEntropy, Logistic, LogitAdjusted,
@@ -19,5 +20,5 @@ __all__ = [
     "ATk", "Absolute", "Aggregate", "Average", "CostSensitiveCE", "CrossEntropy", "Hinge", "ImbalancedNoisedTopKHinge", "LabelSmoothedCrossEntropy",
     "Logistic", "LogitAdjusted", "MATk", "Maximum", "NoisedTopKHinge",
     "STk", "SmoothTopKSVM", "SoftATk", "Square", "ThresholdedTopK", "TopKCrossEntropy", "aggregate_class",
-    "aggregate_names", "build_aggregate", "srelu",
+    "aggregate_names", "build_aggregate", "build_paper_update_aggregate", "srelu",
 ]

@@ -15,7 +15,7 @@ from torch import nn
 from topklab.engine.functional_optim import Adagrad
 from topklab.engine.population import Gathered, Members, Metric, PopulationExecutor
 from topklab.engine.stacked import StackedMLP
-from topklab.losses.aggregate import Aggregate, build_aggregate
+from topklab.losses.aggregate import Aggregate, build_paper_update_aggregate
 from topklab.protocol.grid import Grid
 from topklab.tasks.metrics import TASK_METRIC
 from topklab.utils.errors import TopklabError
@@ -150,7 +150,7 @@ def run_cell(cell: Cell, dataset, individual: nn.Module, protocol: Protocol, set
     member_steps = 0
     rows = [(c, s) for c in range(len(combos)) for s in range(protocol.n_splits)]
     per_population = max(protocol.n_splits, protocol.max_members // protocol.n_splits * protocol.n_splits)
-    aggregate = build_aggregate(cell.aggregate) if aggregate is None else aggregate
+    aggregate = build_paper_update_aggregate(cell.aggregate) if aggregate is None else aggregate
     executor = PopulationExecutor(
         aggregate, individual, StackedMLP(splits[0].n_features, protocol.hidden), Adagrad(),
         Metric(metric, TASK_METRIC[dataset.task][1], higher_is_better=False), max_epochs=protocol.max_epochs,

@@ -20,7 +20,7 @@ from topklab.engine.functional_optim import Adam
 from topklab.engine.population import DataGroup, Grouped, Members, Metric, PopulationExecutor
 from topklab.engine.stopping import REPORT_STATES
 from topklab.engine.stacked import StackedLinear
-from topklab.losses.aggregate import Aggregate, aggregate_class, build_aggregate
+from topklab.losses.aggregate import Aggregate, aggregate_class, build_paper_update_aggregate
 from topklab.losses.individual.base import scores_of
 from topklab.synthetic.gaussian import SyntheticSplit
 from topklab.utils.errors import TopklabError
@@ -45,7 +45,7 @@ class Column:
 
     def module(self, scale: str) -> Aggregate:
         """The column's aggregate; ``scale`` (paper | atk) applies to those with a threshold λ."""
-        return build_aggregate(self.aggregate, **{**self.overrides, **({"scale": scale} if self.uses_lambda else {})})
+        return build_paper_update_aggregate(self.aggregate, **{**self.overrides, **({"scale": scale} if self.uses_lambda else {})})
 
 
 @dataclass

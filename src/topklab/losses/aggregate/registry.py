@@ -54,13 +54,39 @@ def build_aggregate(name: str, **overrides) -> Aggregate:
 
     Examples
     --------
-    >>> build_aggregate("stk", smoothing="elu")
-    STk(k=0.9, smoothing='elu', delta=0.01, lam_constraint='none', scale='paper', kernel='auto', compile_min_n=16384)
+    >>> build_aggregate("stk", smoothing="elu", lam_update="gradient", lam_init=0.0)
+    STk(k=0.9, smoothing='elu', delta=0.01, lam_constraint='none', scale='paper', kernel='auto', compile_min_n=16384, lam_update='gradient', lam_lr=None, lam_init=0.0)
     """
+    return instantiate(aggregate_node(name, **overrides))
+
+
+def aggregate_node(name: str, **overrides) -> DictConfig:
+    """Loss config ``name`` merged with ``overrides`` of its fields (an unknown field is an error)."""
     config = aggregate_config(name)
     unknown = sorted(set(overrides) - set(config) - {"_target_"})
     if unknown:
         raise TopklabError(f"aggregate {name!r} has no field(s) {', '.join(unknown)}; its fields: "
                            f"{', '.join(k for k in config if k != '_target_') or 'none'}")
     aggregate_class(name)
-    return instantiate(OmegaConf.merge(config, overrides))
+    return OmegaConf.merge(config, overrides)
+
+
+def paper_update(config: DictConfig) -> DictConfig:
+    """A copy of loss config ``config`` whose threshold λ (if it has one) is trained by gradient at
+    the model's learning rate (``lam_update=gradient``, ``lam_lr=null``): the paper's SGD-STk, the
+    only update the population executor (the tabular and synthetic tables) implements."""
+    config = config.copy()
+    if "lam_update" in config:
+        config.lam_update, config.lam_lr = "gradient", None
+    return config
+
+
+def build_paper_update_aggregate(name: str, **overrides) -> Aggregate:
+    """:func:`build_aggregate` under :func:`paper_update`, replacing the loss config's own update.
+
+    Examples
+    --------
+    >>> build_paper_update_aggregate("stk").lam_update, build_paper_update_aggregate("average").has_threshold
+    ('gradient', False)
+    """
+    return instantiate(paper_update(aggregate_node(name, **overrides)))

@@ -1,15 +1,21 @@
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
-from topklab.losses.aggregate.base import Aggregate
+from topklab.losses.aggregate.base import Aggregate, check_losses
 from topklab.losses.aggregate.kernels import KERNELS, thresholded
-from topklab.losses.k import validate_k
+from topklab.losses.aggregate.lambda_monitor import LambdaMonitor
+from topklab.losses.aggregate.solve import kth_largest, solve_srelu_threshold
+from topklab.losses.k import resolve_k, validate_k
 from topklab.losses.smoothing import get_smoothing
 from topklab.losses.threshold import get_constraint
 
 SCALES = ("paper", "atk")
+LAM_UPDATES = ("solve", "gradient")
+SOLVABLE = ("srelu", "relu")  # smoothings whose stationarity equation lam_update="solve" can solve
 
 
 class ThresholdedTopK(Aggregate):
@@ -23,6 +29,24 @@ class ThresholdedTopK(Aggregate):
     ``kernel="auto"`` runs the C++ one (CPU) or the ``torch.compile``-d one (GPU) on rows of at
     least ``compile_min_n`` losses and the eager one below that; ``"native"``, ``"compiled"`` and
     ``"eager"`` force one (see :meth:`path_for`).
+
+    How λ follows the losses (``lam_update``):
+
+    - ``"solve"`` (default): on each training call (``self.training`` with gradients enabled) λ is
+      the root of the batch's stationarity equation in λ, found by ``solve_steps`` safeguarded
+      Newton steps warm-started from the last root (:func:`~topklab.losses.aggregate.solve.
+      solve_srelu_threshold`; for MATk the exact k-th largest loss, a selection). λ is then a
+      buffer, not a parameter: the loss's gradient in the losses is exact at the root (envelope
+      theorem) and nothing of λ goes to the optimizer. A running average of the roots (momentum
+      ``lam_momentum``, as BatchNorm's statistics) is the λ used outside training.
+    - ``"gradient"``: λ is an ``nn.Parameter`` trained by the optimizer with the model, the paper's
+      SGD-STk (papers.md §1.5). With ``lam_lr`` the engine gives it its own parameter group at that
+      learning rate (no weight decay, no schedule); ``lam_lr=None`` keeps the model's rate and
+      schedule. Under Adam λ then moves about one learning rate per step, which cannot follow
+      losses that fall by units per epoch (λ below every loss is the Average objective).
+
+    Every training call records whether λ is in band (:mod:`~topklab.losses.aggregate.
+    lambda_monitor`) in ``self.monitor``; after 100 consecutive out-of-band calls the module warns once.
     """
 
     hyperparameters = ("k",)
@@ -33,11 +57,15 @@ class ThresholdedTopK(Aggregate):
         k: int | float,
         smoothing: str,
         delta: float | None = 0.01,
-        lam_init: float = 0.0,
+        lam_init: float | str = "auto",
         lam_constraint: str = "none",
         scale: str = "paper",
         kernel: str = "auto",
         compile_min_n: int = 16384,
+        lam_update: str = "solve",
+        lam_lr: float | None = None,
+        solve_steps: int = 2,
+        lam_momentum: float = 0.1,
     ):
         super().__init__()
         self.k = validate_k(k)
@@ -59,7 +87,103 @@ class ThresholdedTopK(Aggregate):
         self.kernel = kernel
         self.compile_min_n = compile_min_n
         self._constraint = get_constraint(lam_constraint)
-        self.lam = nn.Parameter(torch.tensor(float(self.lam_of(lam_init))))
+        self._check_update(lam_update, lam_lr, solve_steps, lam_momentum, lam_init)
+        self.lam_update, self.lam_lr, self.solve_steps, self.lam_momentum = lam_update, lam_lr, solve_steps, float(lam_momentum)
+        self.lam_init = lam_init
+        start = 0.0 if lam_init == "auto" else float(lam_init)
+        if lam_update == "gradient":
+            self.lam = nn.Parameter(torch.tensor(float(self.lam_of(start))))
+        else:
+            self.register_buffer("lam", torch.tensor(start))       # the running average: λ outside training
+            self.register_buffer("lam_last", torch.tensor(start))  # the last training call's root: the warm start
+        self._started = False  # whether λ has been started (lam_init="auto") and, under "solve", solved once
+        self.monitor = LambdaMonitor()
+
+    def _check_update(self, lam_update, lam_lr, solve_steps, lam_momentum, lam_init) -> None:
+        if lam_update not in LAM_UPDATES:
+            raise ValueError(f"unknown lam_update {lam_update!r}; choose one of: {', '.join(LAM_UPDATES)}")
+        if lam_init != "auto" and (isinstance(lam_init, bool) or not isinstance(lam_init, (int, float))
+                                   or not math.isfinite(lam_init)):
+            raise ValueError(f"lam_init={lam_init!r} must be a finite number or 'auto' (the first training batch's "
+                             f"k-th largest loss)")
+        if lam_lr is not None and (isinstance(lam_lr, bool) or not isinstance(lam_lr, (int, float)) or not lam_lr > 0
+                                   or not math.isfinite(lam_lr)):
+            raise ValueError(f"lam_lr={lam_lr!r} must be a positive number, or null for the model's learning rate")
+        if isinstance(solve_steps, bool) or not isinstance(solve_steps, int) or solve_steps < 1:
+            raise ValueError(f"solve_steps={solve_steps!r} must be an int >= 1 (Newton steps per training call)")
+        if isinstance(lam_momentum, bool) or not isinstance(lam_momentum, (int, float)) or not 0 < lam_momentum <= 1:
+            raise ValueError(f"lam_momentum={lam_momentum!r} must lie in (0, 1] (the running average's weight of "
+                             f"the newest root, as BatchNorm's momentum)")
+        if lam_update == "solve":
+            if self.smoothing not in SOLVABLE:
+                raise ValueError(f"lam_update='solve' needs smoothing in {', '.join(SOLVABLE)}, got {self.smoothing!r}; "
+                                 f"use lam_update='gradient' for the Table 2 ablation's smoothings")
+            if self._constraint.name != "none":
+                raise ValueError(f"lam_constraint={self._constraint.name!r} applies to lam_update='gradient'; "
+                                 f"with lam_update='solve' λ is the root itself (set lam_constraint=none)")
+            if lam_lr is not None:
+                raise ValueError("lam_lr applies to lam_update='gradient'; with lam_update='solve' λ is not trained "
+                                 "(set lam_lr=null)")
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._started = True  # a loaded λ is a started one: no re-initialisation from the next batch
+
+    def forward(self, losses: torch.Tensor) -> torch.Tensor:
+        losses = check_losses(losses)
+        n = losses.numel()
+        k = resolve_k(self.k, n)
+        k_row = losses.new_tensor([k])
+        delta = None if self.delta is None else losses.new_tensor([self.delta])
+        training = self.training and torch.is_grad_enabled()
+        detached = losses.detach()
+        share = None
+        if self.lam_update == "solve":
+            lam, share = self._solve(detached, k, k_row, delta) if training else (self.lam.to(losses.dtype)[None], None)
+        else:
+            if training and not self._started:
+                self._start_gradient(detached, k)
+            lam = self.threshold.to(losses.dtype)[None]
+        value = self.batched(losses[None], k_row, lam, delta).squeeze(0)
+        if training:
+            self._record(detached, lam.detach()[0], k, share)
+        return value
+
+    def _solve(self, losses: torch.Tensor, k: int, k_row: torch.Tensor, delta: torch.Tensor | None):
+        """This batch's root λ (1,) and the smoothed share above it (None where not known yet);
+        updates the warm start and the running average."""
+        n = losses.numel()
+        if self.smoothing == "relu":
+            lam, share = kth_largest(losses, k)[None], None
+        else:
+            if not self._started and self.lam_init == "auto":
+                self.lam_last.copy_(kth_largest(losses, k))
+            lam, count = solve_srelu_threshold(losses[None], k_row, delta, self.lam_last[None], self.solve_steps)
+            share = count[0] / n
+        with torch.no_grad():  # a non-finite batch leaves the stored λ as it was (the engine stops on its loss)
+            root = lam[0].to(self.lam.dtype)
+            finite = torch.isfinite(root)
+            self.lam_last.copy_(torch.where(finite, root, self.lam_last))
+            average = (1.0 - self.lam_momentum) * self.lam + self.lam_momentum * root if self._started else root
+            self.lam.copy_(torch.where(finite, average, self.lam))
+        self._started = True
+        return lam, share
+
+    def _start_gradient(self, losses: torch.Tensor, k: int) -> None:
+        """``lam_init="auto"`` under the gradient update: λ starts at this first batch's k-th largest loss."""
+        if self.lam_init == "auto":
+            with torch.no_grad():
+                self.lam.fill_(self.lam_of(float(kth_largest(losses, k))))
+        self._started = True
+
+    def _record(self, losses: torch.Tensor, lam: torch.Tensor, k: int, share: torch.Tensor | None) -> None:
+        if share is None:
+            delta = losses.new_tensor(self.delta if self.delta is not None else 0.0)
+            share = self._phi.slope(losses - lam, delta, losses.new_ones(())).mean()
+
+        def sample():
+            return (losses > lam).double().mean(), (lam - kth_largest(losses, k)).double()
+        self.monitor.record(share, k, losses.numel(), sample)
 
     @property
     def lam_constraint(self) -> str:
@@ -77,6 +201,16 @@ class ThresholdedTopK(Aggregate):
     def lam_of(self, threshold: float) -> float:
         """The stored value whose effective λ is ``threshold`` (the inverse of :meth:`threshold_of`)."""
         return self._constraint.raw_from_value(float(threshold))
+
+    def parameter_groups(self) -> list[dict]:
+        """λ's optimizer group: no weight decay, and under ``lam_lr`` its own rate with ``constant_lr``
+        (the engine leaves such a group out of the schedule); empty under ``lam_update="solve"``."""
+        if self.lam_update != "gradient":
+            return []
+        group = {"params": [self.lam], "weight_decay": 0.0}
+        if self.lam_lr is not None:
+            group.update(lr=float(self.lam_lr), constant_lr=True)
+        return [group]
 
     def batched(self, losses, k, lam, delta):
         """Per row p: ``(1/n)·Σ_i φ_δp(ℓ_pi − λ_p) + (k_p/n)·λ_p`` (times n/k_p under ``scale="atk"``),
@@ -103,8 +237,14 @@ class ThresholdedTopK(Aggregate):
     def extra_repr(self) -> str:
         return (
             f"k={self.k}, smoothing={self.smoothing!r}, delta={self.delta}, "
-            f"lam_constraint={self.lam_constraint!r}, scale={self.scale!r}{self._kernel_repr()}"
+            f"lam_constraint={self.lam_constraint!r}, scale={self.scale!r}{self._kernel_repr()}{self._update_repr()}"
         )
+
+    def _update_repr(self) -> str:
+        if self.lam_update == "solve":
+            steps = "" if self.smoothing == "relu" else f", solve_steps={self.solve_steps}"
+            return f", lam_update='solve'{steps}, lam_momentum={self.lam_momentum}"
+        return f", lam_update='gradient', lam_lr={self.lam_lr}, lam_init={self.lam_init!r}"
 
     def _kernel_repr(self) -> str:
         return f", kernel={self.kernel!r}" + (f", compile_min_n={self.compile_min_n}" if self.kernel == "auto" else "")
@@ -115,17 +255,29 @@ class MATk(ThresholdedTopK):
 
     ``L_mat-k(λ) = (1/n)·Σ [ℓ_i − λ]_+ + (k/n)·λ``
 
-    trained jointly over the model and λ (put ``loss.parameters()`` in the optimizer).
-    ``min_λ L_mat-k = (k/n)·ATk``: the default scale is the paper's k/n, **not** ATk's 1/k.
+    minimised over the model and λ. ``min_λ L_mat-k = (k/n)·ATk``: the default scale is the
+    paper's k/n, **not** ATk's 1/k. By default (``lam_update="solve"``) λ is the batch's k-th
+    largest loss on each training call, where MATk is exactly (k/n)·ATk; ``lam_update="gradient"``
+    trains λ with the model instead (put ``loss.parameters()`` in the optimizer).
 
     Parameters
     ----------
     k : int >= 1 or float in (0, 1]
         A count, or a fraction of the batch (rounded half-up, at least 1).
-    lam_init : float
-        Initial λ (not given by the paper). Default 0.
+    lam_update : {"solve", "gradient"}
+        How λ follows the losses (see :class:`ThresholdedTopK`): "solve", the exact k-th largest
+        loss of each training batch and a running average of it outside training; "gradient", a
+        parameter trained by the optimizer (the paper's SGD-STk).
+    lam_lr : float > 0 or None
+        "gradient" only: λ's own learning rate in the engine (its own parameter group, no schedule);
+        None = the model's rate and schedule (the paper's setting).
+    lam_init : float or "auto"
+        Initial λ (not given by the paper): "auto" = the first training batch's k-th largest loss.
+        Under "solve" only the first warm start.
+    lam_momentum : float in (0, 1]
+        "solve" only: the running average's weight of each new root (BatchNorm's momentum).
     lam_constraint : {"none", "clamp", "softplus"}
-        How λ >= 0 is kept (not given by the paper); see :mod:`topklab.losses.threshold`.
+        "gradient" only: how λ >= 0 is kept (not given by the paper); see :mod:`topklab.losses.threshold`.
     scale : {"paper", "atk"}
         ``paper`` = Eq. 5 as printed; ``atk`` multiplies by n/k.
     kernel : {"auto", "native", "compiled", "eager"}
@@ -138,21 +290,24 @@ class MATk(ThresholdedTopK):
 
     Examples
     --------
-    >>> loss = MATk(k=2, lam_init=3.0)
-    >>> loss(torch.tensor([1.0, 5.0, 3.0, 0.0]))  # λ = ℓ_[2] = 3 is optimal: (2/4)·ATk = 2
-    tensor(2., grad_fn=<SqueezeBackward1>)
+    >>> loss = MATk(k=2)
+    >>> losses = torch.tensor([1.0, 5.0, 3.0, 0.0], requires_grad=True)
+    >>> loss(losses), loss.threshold  # a training call solves λ = ℓ_[2] = 3: (2/4)·ATk = 2
+    (tensor(2., grad_fn=<SqueezeBackward1>), tensor(3.))
     >>> losses = torch.tensor([[1.0, 5.0, 3.0, 0.0], [1.0, 5.0, 3.0, 0.0]])
     >>> loss.batched(losses, k=torch.tensor([2.0, 1.0]), lam=torch.tensor([3.0, 5.0]), delta=None)  # row by row
     tensor([2.0000, 1.2500])
     """
 
-    def __init__(self, k: int | float, lam_init: float = 0.0, lam_constraint: str = "none", scale: str = "paper",
-                 kernel: str = "auto", compile_min_n: int = 16384):
+    def __init__(self, k: int | float, lam_init: float | str = "auto", lam_constraint: str = "none", scale: str = "paper",
+                 kernel: str = "auto", compile_min_n: int = 16384, lam_update: str = "solve", lam_lr: float | None = None,
+                 lam_momentum: float = 0.1):
         super().__init__(k, smoothing="relu", delta=None, lam_init=lam_init, lam_constraint=lam_constraint, scale=scale,
-                         kernel=kernel, compile_min_n=compile_min_n)
+                         kernel=kernel, compile_min_n=compile_min_n, lam_update=lam_update, lam_lr=lam_lr,
+                         lam_momentum=lam_momentum)
 
     def extra_repr(self) -> str:
-        return f"k={self.k}, lam_constraint={self.lam_constraint!r}, scale={self.scale!r}{self._kernel_repr()}"
+        return f"k={self.k}, lam_constraint={self.lam_constraint!r}, scale={self.scale!r}{self._kernel_repr()}{self._update_repr()}"
 
 
 class STk(ThresholdedTopK):
@@ -160,9 +315,12 @@ class STk(ThresholdedTopK):
 
     ``L_st-k(λ) = (1/n)·Σ SReLU_δ(ℓ_i − λ) + (k/n)·λ``,  SReLU (Eq. 2) = ½(x + √(x²+δ²) − δ)
 
-    Sort-free and O(n). λ is the module parameter ``lam``; train it with the model (SGD-STk).
-    ``L_mat-k − δ/2 <= L_st-k <= L_mat-k`` for every λ, and L_st-k → L_mat-k as δ → 0.
-    The default scale is the paper's k/n, **not** ATk's 1/k.
+    Sort-free and O(n). ``L_mat-k − δ/2 <= L_st-k <= L_mat-k`` for every λ, and L_st-k → L_mat-k
+    as δ → 0. The default scale is the paper's k/n, **not** ATk's 1/k. By default
+    (``lam_update="solve"``) each training call puts λ at the root of ``Σ SReLU'(ℓ_i − λ) = k`` by
+    ``solve_steps`` Newton steps warm-started from the last root, so λ follows the losses however
+    fast training moves them; ``lam_update="gradient"`` is the paper's SGD-STk, λ a parameter
+    trained with the model.
 
     Parameters
     ----------
@@ -173,14 +331,21 @@ class STk(ThresholdedTopK):
         other smoothings.
     smoothing : {"srelu", "elu", "softplus", "leaky_relu"}
         φ in place of ReLU; the others are the Table 2 ablation at PyTorch defaults.
-    lam_init, lam_constraint, scale, kernel, compile_min_n
-        As in :class:`MATk`.
+    solve_steps : int >= 1
+        "solve" only: safeguarded Newton steps per training call (no early exit, so no
+        synchronisation); more steps come closer to the batch's own root. Default 2.
+    lam_update, lam_lr, lam_init, lam_momentum, lam_constraint, scale, kernel, compile_min_n
+        As in :class:`MATk` ("solve" needs smoothing "srelu").
 
     Examples
     --------
-    >>> loss = STk(k=0.5, delta=0.01, lam_init=3.0)
-    >>> round(loss(torch.tensor([1.0, 5.0, 3.0, 0.0])).item(), 4)  # MATk gives 2; STk is within δ/2 below
-    1.9963
+    >>> loss = STk(k=0.5, delta=0.01, solve_steps=20)
+    >>> losses = torch.tensor([1.0, 5.0, 3.0, 0.0], requires_grad=True)
+    >>> value = loss(losses)  # a training call: λ solved between ℓ_[2] = 3 and ℓ_[3] = 1
+    >>> round(value.item(), 4), round(loss.threshold.item(), 3)  # MATk's minimum is 2; STk's lies within δ/2 below
+    (1.995, 2.031)
+    >>> loss.eval()(losses.detach()).item() == value.item()  # outside training: the running average of the roots
+    True
     >>> per_member = loss.batched(torch.tensor([[1.0, 5.0, 3.0, 0.0]] * 2), torch.tensor([2.0, 2.0]),
     ...                           torch.tensor([3.0, 3.0]), delta=torch.tensor([0.01, 1.0]))
     >>> [round(v, 4) for v in per_member.tolist()]  # a wider δ lies further below MATk
@@ -194,11 +359,16 @@ class STk(ThresholdedTopK):
         k: int | float,
         delta: float = 0.01,
         smoothing: str = "srelu",
-        lam_init: float = 0.0,
+        lam_init: float | str = "auto",
         lam_constraint: str = "none",
         scale: str = "paper",
         kernel: str = "auto",
         compile_min_n: int = 16384,
+        lam_update: str = "solve",
+        lam_lr: float | None = None,
+        solve_steps: int = 2,
+        lam_momentum: float = 0.1,
     ):
         super().__init__(k, smoothing=smoothing, delta=delta, lam_init=lam_init, lam_constraint=lam_constraint, scale=scale,
-                         kernel=kernel, compile_min_n=compile_min_n)
+                         kernel=kernel, compile_min_n=compile_min_n, lam_update=lam_update, lam_lr=lam_lr,
+                         solve_steps=solve_steps, lam_momentum=lam_momentum)

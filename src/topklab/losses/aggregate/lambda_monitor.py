@@ -1,0 +1,162 @@
+"""Whether MATk/STk's threshold λ tracks the k-th largest loss, measured on every training call.
+
+Where λ is optimal, the smoothed share of losses above it, the batch mean of φ'(ℓ − λ), equals
+k/n exactly (the stationarity of Eq. 5/6 in λ). A call is **in band** when that share lies within
+a factor 2 of k/n and its complement within a factor 2 of 1 − k/n. A λ below every loss (share 1)
+trains the Average objective; a λ above them all (share 0) trains almost nothing. For k = n
+MATk/STk is the average by definition and the band is undefined (None).
+
+The band is on the smoothed share because, with a δ large against the losses' spread, the hard
+share sits far from k/n even at the optimum. The hard share and λ against the batch's k-th largest
+loss are sampled every ``sample_every`` calls (they need a pass and a selection).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+
+LOW_BAND_FLAG = "λ did not track the k-th loss: this row is not STk"
+FLAG_BELOW = 0.5                # a run with a smaller share of in-band steps is flagged
+WARN_AFTER_CALLS = 100          # the library warns once after this many consecutive out-of-band calls
+
+
+def in_band(share: torch.Tensor, target: float) -> torch.Tensor:
+    """Whether the smoothed ``share`` above λ is within a factor 2 of ``target`` = k/n and its
+    complement within a factor 2 of 1 − k/n (a bool tensor; ``target`` in (0, 1)).
+
+    Examples
+    --------
+    >>> in_band(torch.tensor([0.96, 1.0, 0.93, 0.5]), 0.96).tolist()  # 1.0: nothing below λ (Average)
+    [True, False, True, False]
+    """
+    below, target_below = 1.0 - share, 1.0 - target
+    return ((share <= 2 * target) & (share >= target / 2)
+            & (below <= 2 * target_below) & (below >= target_below / 2))
+
+
+class LambdaMonitor:
+    """Counters of one MATk/STk module, updated without synchronising (on-device sums).
+
+    ``record(share, k, n)`` after each training call; ``pop_epoch()`` returns the epoch's
+    diagnostics (one synchronisation) and starts the next epoch's. Calls before ``burn_in`` (set by
+    the engine to 10 % of the run's calls) count in ``in_band_all`` but not in ``in_band``.
+    """
+
+    def __init__(self, sample_every: int = 50):
+        self.sample_every = sample_every
+        self.burn_in = 0
+        self.calls = 0
+        self._epoch = None
+        self._streak = None
+        self._warned = False
+        self.band_defined = True  # False once a call had k = n
+
+    def _zeros(self, like: torch.Tensor) -> dict:
+        zero = torch.zeros((), dtype=torch.float64, device=like.device)
+        return {name: zero.clone() for name in ("calls", "share_sum", "in_band_all", "counted", "in_band",
+                                                "hard_share_sum", "lam_minus_kth_sum", "samples")}
+
+    def record(self, share: torch.Tensor, k: int, n: int, sample=None) -> None:
+        """One training call: ``share`` the smoothed share above λ (0-d tensor), k of n losses;
+        ``sample`` (on every ``sample_every``-th call) a callable giving ``(hard share, λ − ℓ_[k])``."""
+        if self._epoch is None:
+            self._epoch = self._zeros(share)
+            self._streak = torch.zeros((), dtype=torch.float64, device=share.device)
+        self.calls += 1
+        epoch = self._epoch
+        epoch["calls"] += 1
+        epoch["share_sum"] += share.detach().double()
+        self.band_defined = k < n
+        if k < n:
+            good = in_band(share.detach(), k / n).double()
+            epoch["in_band_all"] += good
+            if self.calls > self.burn_in:
+                epoch["counted"] += 1
+                epoch["in_band"] += good
+            self._streak.mul_(1.0 - good).add_(1.0 - good)
+            if self.calls % WARN_AFTER_CALLS == 0 and not self._warned and bool(self._streak >= WARN_AFTER_CALLS):
+                self._warned = True
+                warnings.warn(f"MATk/STk: λ has been out of band for {WARN_AFTER_CALLS} consecutive training calls "
+                              f"(smoothed share above λ {float(share):.3f}, k/n {k / n:.3f}); the loss is not top-k "
+                              f"(use lam_update='solve', or a larger lam_lr with lam_update='gradient')")
+        if sample is not None and self.calls % self.sample_every == 1 % self.sample_every:
+            hard_share, gap = sample()
+            epoch["hard_share_sum"] += hard_share.double()
+            epoch["lam_minus_kth_sum"] += gap.double()
+            epoch["samples"] += 1
+
+    EPOCH_FIELDS = ("lam_in_band", "lam_in_band_all", "lam_calls", "lam_in_band_counted", "lam_in_band_hits",
+                    "lam_in_band_all_hits", "smoothed_share", "hard_share", "lam_minus_kth")
+
+    def pop_epoch(self) -> dict:
+        """The epoch's diagnostics (None where nothing was measured), then zero the epoch counters:
+
+        - ``lam_in_band``: share of counted calls (after ``burn_in``) in band; ``lam_in_band_all``: of all calls;
+        - ``lam_calls``, ``lam_in_band_counted``, ``lam_in_band_hits``, ``lam_in_band_all_hits``: the counts
+          behind them (a run sums them, :func:`lambda_tracking`);
+        - ``smoothed_share``: mean smoothed share above λ; ``hard_share``: mean sampled share of losses > λ;
+        - ``lam_minus_kth``: mean sampled λ − ℓ_[k] (the batch's k-th largest loss).
+        """
+        if self._epoch is None:
+            return dict.fromkeys(self.EPOCH_FIELDS)
+        values = {name: float(v) for name, v in self._epoch.items()}
+        for v in self._epoch.values():
+            v.zero_()
+
+        def ratio(num, den):
+            return None if den == 0 else num / den
+        banded = self.band_defined
+        return {
+            "lam_in_band": ratio(values["in_band"], values["counted"]) if banded else None,
+            "lam_in_band_all": ratio(values["in_band_all"], values["calls"]) if banded else None,
+            "lam_calls": int(values["calls"]),
+            "lam_in_band_counted": int(values["counted"]) if banded else 0,
+            "lam_in_band_hits": int(values["in_band"]),
+            "lam_in_band_all_hits": int(values["in_band_all"]),
+            "smoothed_share": ratio(values["share_sum"], values["calls"]),
+            "hard_share": ratio(values["hard_share_sum"], values["samples"]),
+            "lam_minus_kth": ratio(values["lam_minus_kth_sum"], values["samples"]),
+        }
+
+    def state_dict(self) -> dict:
+        return {"calls": self.calls, "warned": self._warned}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls, self._warned = int(state["calls"]), bool(state["warned"])
+
+
+def lambda_tracking(history: list[dict]) -> dict:
+    """The run's λ diagnostics from its epoch rows (:meth:`LambdaMonitor.pop_epoch`):
+
+    - ``in_band``: in-band calls after the burn-in over the counted calls (None when k = n or none counted);
+    - ``in_band_all``: in-band calls over all calls;
+    - ``smoothed_share``, ``hard_share``, ``lam_minus_kth``: the last epoch's;
+    - ``flag``: :data:`LOW_BAND_FLAG` when ``in_band`` < :data:`FLAG_BELOW`, else None.
+
+    Examples
+    --------
+    >>> rows = [{"lam_calls": 10, "lam_in_band_counted": 9, "lam_in_band_hits": 2, "lam_in_band_all_hits": 2, "lam_in_band": 0.2}]
+    >>> lambda_tracking(rows)["in_band"], lambda_tracking(rows)["flag"]
+    (0.2222222222222222, 'λ did not track the k-th loss: this row is not STk')
+    """
+    def total(name):
+        return sum(row.get(name) or 0 for row in history)
+    banded = any(row.get("lam_in_band_all") is not None or row.get("lam_in_band") is not None for row in history)
+    counted, calls = total("lam_in_band_counted"), total("lam_calls")
+    in_band = total("lam_in_band_hits") / counted if banded and counted else None
+    last = history[-1] if history else {}
+    return {
+        "in_band": in_band,
+        "in_band_all": total("lam_in_band_all_hits") / calls if banded and calls else None,
+        **{name: last.get(name) for name in ("smoothed_share", "hard_share", "lam_minus_kth")},
+        "flag": flag_for(in_band),
+    }
+
+
+def flag_for(in_band_share: float | None) -> str | None:
+    """:data:`LOW_BAND_FLAG` when the run's share of in-band steps is below :data:`FLAG_BELOW`."""
+    if in_band_share is None or not math.isfinite(in_band_share):
+        return None
+    return LOW_BAND_FLAG if in_band_share < FLAG_BELOW else None

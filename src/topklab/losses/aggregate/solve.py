@@ -1,0 +1,90 @@
+"""λ as the root of the batch's stationarity equation (``lam_update="solve"`` of MATk/STk).
+
+At its optimum over λ, STk's Eq. 6 satisfies ``Σ_i SReLU'_δ(ℓ_i − λ) = k``: the smoothed count of
+losses above λ is k. :func:`solve_srelu_threshold` finds that root per row, sort-free, with a fixed
+number of safeguarded Newton steps warm-started from the last λ: no early exit, so no
+synchronisation and no data-dependent Python branch. MATk's hard-ReLU equation ``#{ℓ_i > λ} = k``
+has an interval of roots, ``[ℓ_[k+1], ℓ_[k])``; :func:`kth_largest` takes its upper end ℓ_[k], the
+exact k-th largest loss (a selection, not sort-free), where MATk equals (k/n)·ATk.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def srelu_slope_and_curvature(z: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(SReLU'(z), SReLU''(z))`` elementwise: ``½(1 + z/r)`` and ``½δ²/r³`` with ``r = √(z² + δ²)``.
+    The slope is computed as ``δ²/(2r(r − z))`` for z < 0, which keeps its relative accuracy in the
+    tail where ``1 + z/r`` cancels."""
+    root = torch.sqrt(z * z + delta * delta)
+    negative = z.clamp(max=0.0)
+    tail = delta * delta / (2.0 * root * (root - negative))
+    slope = torch.where(z < 0, tail, 0.5 * (1.0 + z / root))
+    return slope, 0.5 * delta * delta / root ** 3
+
+
+def solve_srelu_threshold(losses: torch.Tensor, k: torch.Tensor, delta: torch.Tensor, start: torch.Tensor,
+                          steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of ``losses`` (P, n): λ with ``Σ_i SReLU'_δ(ℓ_i − λ) ≈ k``, and that smoothed count.
+
+    Each step evaluates the excess ``e = Σ SReLU'(ℓ − λ) − k`` (decreasing in λ) and its derivative,
+    moves the bracket end on λ's side to λ, and takes Newton's point where it lies strictly inside the
+    bracket, the bracket's midpoint otherwise. The bracket starts as ``[min ℓ − δ√(n/(n−k)),
+    max ℓ + δ√(n/k)]`` (e > 0 and e < 0 there, from ``SReLU'(z) <= δ²/(4z²)`` for z < 0), λ at
+    ``start`` clamped into it. The iterate with the smallest |e| is returned, so more steps never
+    give a worse λ. For k = n the equation has no root (the count stays below n) and λ ends at the
+    bracket's lower end, where STk equals the average to within δ/2.
+
+    Parameters
+    ----------
+    losses : Tensor (P, n), detached
+    k : Tensor (P,), counts in [1, n]
+    delta : Tensor (P,), SReLU widths > 0
+    start : Tensor (P,), the warm start (the last λ)
+    steps : int >= 1, Newton/bisection steps; from a warm start one or two usually reach the root's
+        neighbourhood when the losses move little between calls
+
+    Returns
+    -------
+    (lam (P,), count (P,)): the returned λ and ``Σ_i SReLU'(ℓ_i − λ)`` there (the smoothed count above λ).
+
+    Examples
+    --------
+    >>> losses = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0]], dtype=torch.float64)
+    >>> one = torch.ones(1, dtype=torch.float64)
+    >>> lam, count = solve_srelu_threshold(losses, 2 * one, 0.01 * one, torch.zeros(1, dtype=torch.float64), steps=30)
+    >>> 2.0 < float(lam) < 3.0, round(float(count), 6)
+    (True, 2.0)
+    """
+    with torch.no_grad():
+        n = losses.shape[1]
+        low = losses.amin(1) - delta * torch.sqrt(n / (n - k).clamp(min=0.5))
+        high = losses.amax(1) + delta * torch.sqrt(n / k)
+        lam = torch.minimum(torch.maximum(start.to(losses.dtype), low), high)
+        best, best_excess, best_count = lam, torch.full_like(lam, float("inf")), torch.full_like(lam, float(n))
+        for _ in range(steps + 1):
+            slope, curvature = srelu_slope_and_curvature(losses - lam[:, None], delta[:, None])
+            count = slope.sum(1)
+            excess = count - k
+            better = excess.abs() < best_excess
+            best = torch.where(better, lam, best)
+            best_excess = torch.where(better, excess.abs(), best_excess)
+            best_count = torch.where(better, count, best_count)
+            low = torch.where(excess > 0, lam, low)
+            high = torch.where(excess > 0, high, lam)
+            newton = lam + excess / curvature.sum(1)
+            lam = torch.where((newton > low) & (newton < high), newton, 0.5 * (low + high))
+        return best, best_count
+
+
+def kth_largest(losses: torch.Tensor, k: int) -> torch.Tensor:
+    """ℓ_[k] of 1-D ``losses`` (k a count in [1, n]), a 0-d tensor: the root of MATk's equation where
+    MATk equals (k/n)·ATk.
+
+    Examples
+    --------
+    >>> kth_largest(torch.tensor([1.0, 5.0, 3.0, 0.0]), 2)
+    tensor(3.)
+    """
+    with torch.no_grad():
+        return losses.kthvalue(losses.numel() + 1 - k).values
