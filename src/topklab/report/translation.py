@@ -11,6 +11,8 @@ from topklab.report.vision import by_table
 from topklab.utils.errors import TopklabError
 
 TABLE5_ROWS = ("average", "atk", "stk")  # every translation table compares these (STk paper Table 5)
+DIAGNOSTICS = (("in_band", "λ in band"), ("in_band_all", "in band (all steps)"), ("smoothed_share", "smoothed share > λ"),
+               ("hard_share", "hard share > λ"), ("lam_minus_kth", "λ − ℓ_[k]"))  # summary["lambda_tracking"], last epoch
 
 
 def _cell(values, digits: int = 2) -> str:
@@ -79,7 +81,7 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
     ]
     has_paper = any(published.get(r) for r in present)
     head = ["row", "seeds", "sacreBLEU", "per seed", "BLEU (tok)", "chrF", "avg-last", "val BLEU", "best epoch",
-            "final λ", "s / epoch", "target tokens / s"] + (["paper BLEU"] if has_paper else [])
+            "final λ", "λ in band", "s / epoch", "target tokens / s"] + (["paper BLEU"] if has_paper else [])
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in present:
         summaries = [r["result"]["summary"] for r in rows[row]]
@@ -89,11 +91,13 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
                  _cell(s["metrics"]["test"]["bleu_tok"] for s in summaries),
                  _cell(s["metrics"]["test"]["chrf"] for s in summaries), _cell(averaged),
                  _cell(s["metrics"]["val"]["bleu"] for s in summaries), _cell((s["best_epoch"] for s in summaries), 0),
-                 _cell((s["lambda"] for s in summaries), 3), _cell((s["train_seconds"] / s["epochs"] for s in summaries), 0),
+                 _cell((s["lambda"] for s in summaries), 3), _band_cell(summaries),
+                 _cell((s["train_seconds"] / s["epochs"] for s in summaries), 0),
                  _cell((sum(h["losses_per_s"] for h in s["history"]) / len(s["history"]) for s in summaries), 0)]
         if has_paper:
             cells.append(f"{published[row]['bleu']:.2f}" if row in published else "—")
         lines.append("| " + " | ".join(cells) + " |")
+    lines += _tracking_section(present, rows, labels) + _paired_section(present, rows, labels)
     curves = {row: [r["result"]["summary"] for r in rows[row]] for row in present}
     epochs = max(len(_per_epoch(s, "val_bleu")) for s in curves.values())
     thresholded = [row for row in present if any(v is not None for v in _per_epoch(curves[row], "lambda"))]
@@ -111,6 +115,50 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
             values.append(f"{curve[e]:.4f}" if e < len(curve) and curve[e] is not None else "—")
         lines.append(f"| {e + 1} | " + " | ".join(values) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _band_cell(summaries: list[dict]) -> str:
+    """λ in band over seeds: "—" without a threshold, "not logged" for runs from before the diagnostic."""
+    if all(s.get("lambda") is None for s in summaries):
+        return "—"
+    values = [(s.get("lambda_tracking") or {}).get("in_band") for s in summaries]
+    return "not logged" if all(v is None for v in values) else _cell(values)
+
+
+def _tracking_section(present, rows, labels) -> list[str]:
+    """λ's diagnostics per seed for the rows with a threshold, and the flag of any row whose λ did not track."""
+    tracked = [row for row in present if any(r["result"]["summary"].get("lambda") is not None for r in rows[row])]
+    if not tracked:
+        return []
+    lines = ["", "λ diagnostics per seed (λ in band: the share of training steps after the first 10 % whose smoothed share "
+             "above λ is within a factor 2 of k/n and its complement within a factor 2 of 1 − k/n; shares and λ − ℓ_[k] "
+             "are the last epoch's means, ℓ_[k] the batch's k-th largest token loss, sampled every 50 steps).", "",
+             "| row | seed | " + " | ".join(title for _, title in DIAGNOSTICS) + " | flag |", "|" + "---|" * (len(DIAGNOSTICS) + 3)]
+    for row in tracked:
+        for result in sorted(rows[row], key=lambda r: r["config"]["seed"]):
+            tracking = result["result"]["summary"].get("lambda_tracking") or {}
+            values = ["not logged" if tracking.get(key) is None else f"{tracking[key]:.3f}" for key, _ in DIAGNOSTICS]
+            lines.append(f"| {labels[row]} | {result['config']['seed']} | " + " | ".join(values)
+                         + f" | {tracking.get('flag') or ''} |")
+    return lines
+
+
+def _paired_section(present, rows, labels) -> list[str]:
+    """Test sacreBLEU minus Average's, seed by seed, for every other row sharing seeds with Average."""
+    if "average" not in rows:
+        return []
+    baseline = {r["config"]["seed"]: r["result"]["summary"]["metrics"]["test"]["bleu"] for r in rows["average"]}
+    lines = []
+    for row in (r for r in present if r != "average"):
+        paired = sorted((r["config"]["seed"], r["result"]["summary"]["metrics"]["test"]["bleu"] - baseline[r["config"]["seed"]])
+                        for r in rows[row] if r["config"]["seed"] in baseline)
+        if paired:
+            lines.append(f"| {labels[row]} | {len(paired)} | " + ", ".join(f"{d:+.2f} (seed {s})" for s, d in paired)
+                         + f" | {_cell([d for _, d in paired])} |")
+    if not lines:
+        return []
+    return ["", "Paired by seed: test sacreBLEU minus Average's.", "", "| row | seeds | per seed | mean ± std |",
+            "|---|---|---|---|", *lines]
 
 
 def render_translation(results: list[dict], papers: list[dict]) -> dict[str, str]:
