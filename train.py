@@ -33,7 +33,7 @@ def main(cfg: DictConfig) -> float:
     hydra_cfg = HydraConfig.get()
     # A TopklabError is not caught here: hydra.callbacks.jobs (topklab.launch.callback) turns it into
     # `error: ...` + exit 2 for a single run, and into a recorded failure for a sweep job.
-    summary = train(cfg, hydra_cfg.runtime.output_dir, job_name=hydra_cfg.job.name)
+    summary = train(cfg, hydra_cfg.runtime.output_dir, job_name=hydra_cfg.job.name, overrides=list(hydra_cfg.overrides.task))
     value = optimized_value(cfg, summary)
     print(format_summary(summary))
     print(f"run record: {hydra_cfg.runtime.output_dir}")

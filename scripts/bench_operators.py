@@ -1,7 +1,7 @@
 """Every differentiable top-k operator of ``configs/operator/`` side by side: speed, memory,
 exactness and quality, measured in one run.
 
-    python scripts/bench_operators.py --quick                    # < 1 min: our odd-even network vs difftopk's
+    python scripts/bench_operators.py --quick                    # < 1 min: our odd-even network vs difftopk's dense odd-even path
     python scripts/bench_operators.py [--device cpu|cuda] [--operators NAME ...] [--sizes 5 10 ...]
                                       [--large-sizes 10000 ...] [--repeats 20] [--train-epochs 10]
                                       [--no-train] [--out-dir results/bench] [--tag NAME]
@@ -229,7 +229,7 @@ def main(argv=None) -> int:
     if args.quick:
         result = quick(args)
         print(f"top-k CE (P_K = [.2]*5, batch {result['batch']}, n = {result['classes']}) forward+backward: "
-              f"ours {result['ours_ms']:.1f} ms, difftopk {result['difftopk_ms']:.1f} ms "
+              f"ours {result['ours_ms']:.1f} ms, difftopk's dense odd-even path {result['difftopk_ms']:.1f} ms "
               f"(median of {result['rounds']}, {torch.get_num_threads()} threads); "
               f"max |P_topk difference| {result['max_abs_difference']:.1e}")
         print(f"speedup vs difftopk: {result['speedup']:.1f}")
@@ -313,7 +313,7 @@ def render(out: dict, plot_name: str) -> str:
     h = out["head_to_head"]
     lines = [f"# Differentiable top-k operators side by side ({out['device']}, {out['threads']} torch threads)", "",
              f"Produced by `{out['command']}` (torch {out['torch']}); each operator at its `configs/operator/` defaults.", "",
-             "## Our odd-even DiffSortNet against difftopk's", "",
+             "## Our odd-even DiffSortNet against difftopk's dense odd-even path", "",
              f"Top-k cross-entropy, P_K = [.2]*5, logits (128, 100), logistic_phi, β = 0.5, λ_ART = 0.5, forward+backward, "
              f"median of {h['rounds']} alternating rounds: **ours {h['ours_ms']:.1f} ms, difftopk {h['difftopk_ms']:.1f} ms, "
              f"speedup {h['speedup']:.1f}×**; largest |P_topk difference| {h['max_abs_difference']:.1e}.", "",

@@ -31,11 +31,13 @@ def dftopk_by_sorting(row: list[float], k: int, tau: float) -> list[float]:
     return [1.0 / (1.0 + math.exp(-(x - threshold) / tau)) for x in row]
 
 
-def soft_ot_by_plain_sinkhorn(row: np.ndarray, anchors, masses, epsilon: float, rounds: int = 20000) -> np.ndarray:
-    """Xie et al.'s plan with the textbook (not log-domain) Sinkhorn scaling, μ = 1/n."""
+def soft_ot_by_plain_sinkhorn(row: np.ndarray, anchors, masses, epsilon: float, rounds: int = 20000,
+                              divisor: float | None = None) -> np.ndarray:
+    """Xie et al.'s plan with the textbook (not log-domain) Sinkhorn scaling, μ = 1/n; the cost is
+    divided by ``divisor`` (default: the row's own largest entry)."""
     n = len(row)
     cost = (row[:, None] - np.asarray(anchors)[None, :]) ** 2
-    kernel = np.exp(-cost / cost.max() / epsilon)
+    kernel = np.exp(-cost / (cost.max() if divisor is None else divisor) / epsilon)
     mu, nu = np.full(n, 1.0 / n), np.asarray(masses)
     v = np.ones(len(anchors))
     for _ in range(rounds):
@@ -86,9 +88,36 @@ def test_soft_topk_ot_matches_a_plain_sinkhorn(k):
     assert np.allclose(operator.permutation(torch.tensor(row[None]), k)[0].numpy(), n * plan[:, :k], atol=1e-8)
 
 
+def test_soft_topk_ot_follows_the_authors_semantics_batch_maximum_as_a_constant():
+    """Forward: the cost divided by the batch's largest entry (rows depend on each other; ``row`` keeps
+    them apart). Gradient: that divisor is a constant, as the authors' ``C / C.max().detach()`` —
+    checked against central differences of the plain Sinkhorn with the divisor held at its value."""
+    rng = np.random.default_rng(3)
+    rows = rng.normal(size=(3, 6)) * np.array([[1.0], [3.0], [0.5]])
+    k, epsilon, n = 2, 0.3, 6
+    divisor = max(((-r[:, None] - np.array([0.0, 1.0])) ** 2).max() for r in rows)
+    operator = SoftTopKOT(epsilon=epsilon, max_iter=3000, tol=0.0)
+    scores = torch.tensor(rows, requires_grad=True)
+    ours = operator.soft_topk(scores, k)
+    expected = np.stack([n * soft_ot_by_plain_sinkhorn(-r, [0.0, 1.0], [k / n, (n - k) / n], epsilon, 3000, divisor)[:, 0]
+                         for r in rows])
+    assert np.allclose(ours.detach().numpy(), expected, atol=1e-8)
+    per_row = SoftTopKOT(epsilon=epsilon, max_iter=3000, tol=0.0, normalise="row").soft_topk(scores, k)
+    assert not np.allclose(per_row.detach().numpy(), expected, atol=1e-3)
+    weights = rng.normal(size=(3, 6))
+    (ours * torch.tensor(weights)).sum().backward()
+    step = 1e-6
+    for b, j in ((0, 1), (1, 4), (2, 0)):
+        def objective(delta):
+            shifted = rows[b].copy()
+            shifted[j] += delta
+            plan = soft_ot_by_plain_sinkhorn(-shifted, [0.0, 1.0], [k / n, (n - k) / n], epsilon, 3000, divisor)
+            return float(weights[b] @ (n * plan[:, 0]))
+        assert scores.grad[b, j].item() == pytest.approx((objective(step) - objective(-step)) / (2 * step), abs=1e-6)
+
+
 @pytest.mark.parametrize("operator,output", [
     (LapSum(0.7), "soft"), (LapSum(0.7), "permutation"), (DFTopK(0.5), "soft"),
-    (SoftTopKOT(0.3, max_iter=30, tol=0.0), "soft"), (SoftTopKOT(0.3, max_iter=30, tol=0.0), "permutation"),
 ])
 def test_closed_form_operators_gradcheck_float64(operator, output):
     torch.manual_seed(2)

@@ -211,3 +211,35 @@ def test_difftopk_network_operator_is_difftopks_output_in_our_column_order():
 def test_bad_operator_input_is_one_line(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_sinkhorn_sort_stops_on_its_tolerance_and_says_when_the_budget_ends_unconverged():
+    import warnings
+
+    from topklab.operators import SinkhornSort
+    from topklab.utils.errors import TopklabError
+
+    scores = torch.randn(4, 10, generator=torch.Generator().manual_seed(0))
+    early = SinkhornSort(inverse_temperature=1.0, iterations=500, tol=1e-4)
+    plan = early.sort(scores)
+    assert early.last_error <= 1e-4 and float((plan.sum(2) - 1).abs().max()) <= 1e-4 + 1e-6
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sharp = SinkhornSort(inverse_temperature=1e5, iterations=300)
+        sharp.sort(scores)
+        sharp.sort(scores)
+    assert sharp.last_error > 0.5 and sum("did not converge" in str(w.message) for w in caught) == 1
+    with pytest.raises(TopklabError, match="did not converge: after 300 iterations"):
+        SinkhornSort(inverse_temperature=1e5, iterations=300, unconverged="raise").sort(scores)
+    with pytest.raises(ValueError, match="unconverged"):
+        SinkhornSort(unconverged="maybe")
+
+
+def test_only_the_unbounded_operators_give_entries_above_one():
+    """NeuralSort and SoftSort say ``bounded = False``: near-equal scores give an entry above 1."""
+    from topklab.operators import DFTopK, LapSum, SoftTopKOT
+
+    close = torch.tensor([[0.0, 0.01, 0.02, 0.03, 1.0, -1.0]])
+    assert float(NeuralSort(0.01).soft_topk(close, 4).max()) > 1.0 and not NeuralSort.bounded and not SoftSort.bounded
+    for operator in (DFTopK(0.01), LapSum(0.01), SoftTopKOT(0.01), SinkhornSort(100.0, 1000)):  # Sinkhorn: up to its tol
+        assert operator.bounded and float(operator.soft_topk(close, 4).max()) <= 1.0 + 1e-3

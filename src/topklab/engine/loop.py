@@ -73,9 +73,10 @@ class Engine:
     micro_batch_size : int >= 1 or None, run each batch as forward/backward passes over chunks of
         this many samples and step once (gradient accumulation: one optimizer step per batch of
         ``batch_size``); chunk c's objective is weighted by n_c / n. That is the batch's objective
-        exactly for Average and STk (λ + (1/k)·Σφ(ℓ − λ) with k a fraction of the batch is a sum
-        over samples) and per chunk for ATk/MATk, whose top-k is taken within a chunk (as PEL/LIFT's
-        accumulation takes every batch-level aggregate). None: the whole batch at once
+        exactly for Average and for MATk/STk with a trainable λ (``lam_update=gradient``: λ +
+        (1/k)·Σφ(ℓ − λ) with k a fraction of the batch is a sum over samples), and per chunk for
+        ATk and for a solved λ (``lam_update=solve``), whose top-k or root is taken within a chunk
+        (as PEL/LIFT's accumulation takes every batch-level aggregate). None: the whole batch at once
     drop_last : bool, drop an incomplete last training batch
     eval_every_steps : int >= 1 or None, validate every this many steps (the STk paper's tabular
         protocol: 1); None validates at the end of each epoch
@@ -402,7 +403,8 @@ class Engine:
                        "lambda": module.objective.threshold, "best_step": state["best"].get(select[0], {}).get("step"), **cost,
                        "peak_memory_mb": peak_mb, "elapsed_s": state["train_seconds"],
                        **(exchange.epoch_summary() if exchange is not None else {}),
-                       **(monitor.pop_epoch() if monitor is not None else {})}
+                       **(monitor.pop_epoch() if monitor is not None else {}),
+                       **(module.model.pop_epoch_diagnostics() if hasattr(module.model, "pop_epoch_diagnostics") else {})}
                 state["history"].append(row)
                 state.update(epoch=epoch + 1, batch=0, finished=state["finished"] or epoch + 1 == self.epochs)
                 running.zero_()

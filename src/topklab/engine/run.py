@@ -15,7 +15,9 @@ from topklab.engine.build import build, build_for_data
 from topklab.engine.checkpoint import CheckpointStore, run_key
 from topklab.engine.objective import Objective, TrainingModule
 from topklab.engine.distributed import Distributed
+from topklab.engine.loop import resolve_device
 from topklab.engine.record import RunRecord, SilentRecord
+from topklab.engine.result_guard import check_replaceable, destination, identity
 from topklab.loggers import NullLogger
 from topklab.losses.k import resolve_k
 from topklab.report import make_result
@@ -79,8 +81,12 @@ def build_run(cfg: DictConfig):
     return data, model, objective, task, engine
 
 
-def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None) -> dict:
+def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None, overrides: list[str] | None = None) -> dict:
     """Train one model as configured; write the run record to ``run_dir``; return the summary.
+
+    ``overrides``: the command line's overrides (train.py passes them), which decide whether the
+    result may go to the row's file under results/ (:mod:`topklab.engine.result_guard`); None
+    writes ``cfg.result_file`` as given (after the same check that it replaces nothing different).
 
     Raises :class:`TopklabError` (after removing the partial record) on bad input. Under
     ``torchrun`` every rank trains; only the main rank writes the record, logs and the result.
@@ -89,6 +95,7 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None) -> 
     record = RunRecord(run_dir, job_name) if dist.is_main else SilentRecord(run_dir, job_name)
     logger = None
     try:
+        result_path = plan_result(cfg, overrides, record.run_dir) if cfg.get("result_file") and dist.is_main else None
         data, model, objective, task, engine = build_run(cfg)
         module = TrainingModule(model, objective)
         optimizer = build(cfg.optim, "optim")(module.parameter_groups())
@@ -122,9 +129,20 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None) -> 
         "loader": getattr(data, "loader", None), **result,
     }
     record.write_summary(summary)
-    if cfg.get("result_file") and dist.is_main:
-        write_result(cfg, summary, record)
+    if result_path is not None:
+        write_result(cfg, summary, record, result_path)
     return summary
+
+
+def plan_result(cfg: DictConfig, overrides: list[str] | None, run_dir: Path) -> Path:
+    """Where the result will go (said in one line when not ``cfg.result_file``), checked before
+    training so that a refusal costs nothing."""
+    device = resolve_device(cfg.engine.device)
+    path, note = destination(cfg.result_file, cfg.paths.root_dir, overrides, run_dir, device)
+    if note:
+        print(note)
+    check_replaceable(path, portable_config(cfg), identity(device), bool(cfg.get("force_result")))
+    return path
 
 
 def optimized_value(cfg: DictConfig, summary: dict) -> float:
@@ -137,12 +155,11 @@ def optimized_value(cfg: DictConfig, summary: dict) -> float:
     return float(val[name])
 
 
-def write_result(cfg: DictConfig, summary: dict, record: RunRecord) -> Path:
+def write_result(cfg: DictConfig, summary: dict, record: RunRecord, path: Path) -> Path:
     """The run's compact, portable result at ``cfg.result_file`` (``results/<family>/<table>/<row>/
     seed<k>.json`` for an experiment row, family vision, translation or language_modeling): the summary, the config
     without machine paths, the provenance and the command, in :mod:`topklab.report.schema`'s
     envelope, written atomically."""
-    path = Path(cfg.result_file)
     table, row = path.parent.parent.name, path.parent.name
     family = summary["task"] if summary["task"] in ("translation", "language_modeling") else "vision"  # the data's envelope family
     portable_summary = {k: v for k, v in summary.items() if k != "logger_id"}  # a CSV logger's id is a path

@@ -100,8 +100,14 @@ class TransformerLM(nn.Module):
             groups.append({"params": [router.lam], "weight_decay": 0.0, **({"lr": router.lam_lr} if router.lam_lr else {})})
         return groups
 
+    def pop_epoch_diagnostics(self) -> dict:
+        """The share of real tokens each routed layer processed in training since the last call
+        (``train_routed_fraction_layer<i>``; the engine adds them to each epoch's row)."""
+        return {f"train_routed_fraction_layer{i}": router.pop_training_fraction() for i, router in self.routers.items()}
+
     def auxiliary_loss(self) -> torch.Tensor:
-        """The routers' training terms of the last forward (the STk threshold's objective; else 0)."""
+        """The routers' training terms of the last forward (the top-k predictor's BCE, the STk
+        threshold's objective under the gradient update; else 0)."""
         return sum((r.auxiliary_loss for r in self.routers.values()), torch.zeros(()))
 
     def forward(self, batch) -> torch.Tensor:

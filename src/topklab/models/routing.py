@@ -1,22 +1,26 @@
 """Token routers for Mixture-of-Depths blocks: which tokens of a sequence a block processes.
 
-Every router scores each token with one linear map, ``s_i = w·x_i + b``, and gates a routed token's
-block update by ``σ(s_i)`` (so the router gets a gradient from the task); they differ only in the
-rule that selects the tokens (Raposo et al. 2024, "Mixture-of-Depths"; the gate choice is ours, see
-the README's choices table):
+Every router scores each token with one linear map of the LayerNorm-ed token, ``s_i = w·LN(x_i) + b``
+(``input_norm``: the scores keep a fixed scale while the residual stream grows, so a threshold on
+them stays meaningful), and gates a routed token's block update by ``σ(s_i)`` (so the router gets a
+gradient from the task); they differ in the rule that selects the tokens (Raposo et al. 2024,
+"Mixture-of-Depths"; the gate and the normalisation are ours, see the README's choices table):
 
-- :class:`TopKRouter`: the ⌈c·L⌉ highest-scoring tokens of each sequence of L tokens (MoD). The
-  choice for a token depends on later tokens, so it is not causal: token-by-token decoding cannot
-  make it.
+- :class:`TopKRouter`: in training, the round(c·N) highest-scoring of the batch's N real tokens
+  (``scope="batch"``, so the routed share is c over the batch) or each sequence's ⌈c·L⌉ (MoD's
+  ``scope="sequence"``). That choice depends on later tokens; at inference a causal predictor
+  decides instead (MoD's auxiliary predictor: a linear map of the detached router input, trained by
+  binary cross-entropy to tell whether a token is selected).
 - :class:`ProbabilityThresholdRouter`: tokens with ``σ(s_i) > p`` (MoDification's threshold-p).
   Causal; nothing holds the fraction routed near a target.
-- :class:`STkThresholdRouter`: tokens with ``s_i > λ``, where λ is one trainable scalar trained by the
-  STk objective of the (detached) scores, ``(1/n)Σ SReLU_δ(s_i − λ) + c·λ`` (Xia et al. 2024, Eq. 6
-  with k/n = c), whose minimiser is the (1 − c)-quantile of the scores: a fraction c passes, without a
-  sort, and causally (λ is a fixed number at inference).
+- :class:`STkThresholdRouter`: tokens with ``s_i > λ``, λ the STk threshold of the scores with
+  k/n = c (Xia et al. 2024, Eq. 6): by default solved per training batch (Σ SReLU'_δ(s_i − λ) = c·n,
+  sort-free) with a running average for inference; or a trainable scalar (the paper's update).
+  Causal: λ is a fixed number at inference.
 
 ``router(x, real) -> (selected, gate)`` with ``x`` (B, L, d), ``real`` (B, L) bool; after a call,
-``router.auxiliary_loss`` holds the term the training objective adds (0 for the first two).
+``router.auxiliary_loss`` holds the term the training objective adds. Each router counts the tokens
+it routed in training (:meth:`TokenRouter.pop_training_fraction`).
 """
 from __future__ import annotations
 
@@ -25,7 +29,12 @@ import math
 import torch
 from torch import nn
 
+from topklab.losses.aggregate.solve import solve_srelu_threshold
 from topklab.losses.smoothing import srelu
+
+LAM_UPDATES = ("solve", "gradient")
+SCOPES = ("batch", "sequence")
+INFERENCE = ("predictor", "top_k")
 
 
 def _capacity(value: float) -> float:
@@ -35,52 +44,97 @@ def _capacity(value: float) -> float:
 
 
 class TokenRouter(nn.Module):
-    """Shared part: the linear score and the σ gate."""
+    """Shared part: the (normalised) linear score, the σ gate and the training counters."""
 
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, input_norm: bool = True):
         super().__init__()
+        self.norm = nn.LayerNorm(dim) if input_norm else nn.Identity()
         self.score = nn.Linear(dim, 1)  # PyTorch's default init: a zero router would route nothing past a threshold
         self.auxiliary_loss = torch.zeros(())
+        self._routed = self._real = None
 
     def scores(self, x: torch.Tensor) -> torch.Tensor:
-        return self.score(x).squeeze(-1).float()
+        return self.score(self.norm(x)).squeeze(-1).float()
 
-    def select(self, scores: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    def select(self, x: torch.Tensor, scores: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         scores = self.scores(x)
-        return self.select(scores, real) & real, torch.sigmoid(scores)
+        selected = self.select(x, scores, real) & real
+        if self.training:
+            routed, count = selected.sum().double(), real.sum().double()
+            self._routed = routed if self._routed is None else self._routed + routed
+            self._real = count if self._real is None else self._real + count
+        return selected, torch.sigmoid(scores)
+
+    def pop_training_fraction(self) -> float | None:
+        """The share of real tokens routed in training since the last call (one synchronisation)."""
+        if self._routed is None:
+            return None
+        fraction = float(self._routed / self._real.clamp(min=1))
+        self._routed = self._real = None
+        return fraction
 
 
 class TopKRouter(TokenRouter):
-    """The ⌈capacity · L_b⌉ highest scores of each sequence b (L_b its real tokens); ties go to the
-    earlier position.
+    """The highest scores: round(c·N) of the batch's N real tokens (``scope="batch"``) or ⌈c·L_b⌉ of
+    each sequence b (``scope="sequence"``, MoD's rule, which routes more than c of short sentences);
+    ties go to the earlier position. At inference (``inference="predictor"``, the default) a causal
+    predictor selects instead: ``v·sg(LN(x_i)) + a > 0``, trained on the auxiliary term
+    ``BCE(v·sg(LN(x)) + a, selected)`` over the real tokens (MoD's auxiliary predictor, §3.5).
 
     Parameters
     ----------
     dim : int, model width (given by the model)
-    capacity : float in (0, 1], the fraction of each sequence's tokens the block processes
+    capacity : float in (0, 1], the fraction of tokens the block processes
+    scope : {"batch", "sequence"}, where the top-k is taken in training
+    inference : {"predictor", "top_k"}, the selection outside training: the causal predictor, or the
+        top-k itself (not causal: token-by-token decoding cannot make it)
+    input_norm : bool, LayerNorm on the router input
 
     Examples
     --------
     >>> router = TopKRouter(dim=4, capacity=0.5)
     >>> selected, gate = router(torch.randn(2, 6, 4), torch.ones(2, 6, dtype=torch.bool))
-    >>> selected.sum(1).tolist()
-    [3, 3]
+    >>> int(selected.sum()), router.pop_training_fraction()   # half of the batch's 12 tokens
+    (6, 0.5)
     """
 
-    causal = False
-
-    def __init__(self, dim: int, capacity: float = 0.125):
-        super().__init__(dim)
+    def __init__(self, dim: int, capacity: float = 0.125, scope: str = "batch", inference: str = "predictor",
+                 input_norm: bool = True):
+        super().__init__(dim, input_norm)
         self.capacity = _capacity(capacity)
+        if scope not in SCOPES:
+            raise ValueError(f"router.scope={scope!r}; choose one of {', '.join(SCOPES)}")
+        if inference not in INFERENCE:
+            raise ValueError(f"router.inference={inference!r}; choose one of {', '.join(INFERENCE)}")
+        self.scope, self.inference = scope, inference
+        self.predictor = nn.Linear(dim, 1) if inference == "predictor" else None
 
-    def select(self, scores: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-        counts = torch.ceil(self.capacity * real.sum(1)).long()
-        ranked = scores.masked_fill(~real, -math.inf).argsort(dim=1, descending=True, stable=True)
-        rank = torch.empty_like(ranked).scatter_(1, ranked, torch.arange(scores.shape[1], device=scores.device).expand_as(ranked))
-        return rank < counts[:, None]
+    @property
+    def causal(self) -> bool:
+        return self.inference == "predictor"
+
+    def select(self, x: torch.Tensor, scores: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        if not self.training and self.predictor is not None:
+            return self.predictor(self.norm(x).detach()).squeeze(-1) > 0
+        selected = self.top_k(scores, real)
+        if self.training and self.predictor is not None:
+            logits = self.predictor(self.norm(x).detach()).squeeze(-1).float()
+            self.auxiliary_loss = nn.functional.binary_cross_entropy_with_logits(logits[real], selected[real].float())
+        return selected
+
+    def top_k(self, scores: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        masked = scores.detach().masked_fill(~real, -math.inf)
+        if self.scope == "sequence":
+            counts = torch.ceil(self.capacity * real.sum(1)).long()
+            ranked = masked.argsort(dim=1, descending=True, stable=True)
+            rank = torch.empty_like(ranked).scatter_(1, ranked, torch.arange(scores.shape[1], device=scores.device).expand_as(ranked))
+            return rank < counts[:, None]
+        count = int(torch.round(self.capacity * real.sum()))
+        order = masked.flatten().argsort(descending=True, stable=True)[:count]
+        return torch.zeros(scores.numel(), dtype=torch.bool, device=scores.device).index_fill_(0, order, True).view_as(scores)
 
 
 class ProbabilityThresholdRouter(TokenRouter):
@@ -94,80 +148,117 @@ class ProbabilityThresholdRouter(TokenRouter):
     Examples
     --------
     >>> router = ProbabilityThresholdRouter(dim=4, probability=0.5)
-    >>> _ = router.score.bias.data.fill_(1.0)
+    >>> _ = router.score.weight.data.zero_(), router.score.bias.data.fill_(1.0)
     >>> router(torch.zeros(1, 3, 4), torch.ones(1, 3, dtype=torch.bool))[0].tolist()
     [[True, True, True]]
     """
 
     causal = True
 
-    def __init__(self, dim: int, probability: float = 0.5):
-        super().__init__(dim)
+    def __init__(self, dim: int, probability: float = 0.5, input_norm: bool = True):
+        super().__init__(dim, input_norm)
         if not 0 < probability < 1:
             raise ValueError(f"router.probability={probability} must lie in (0, 1)")
         self.probability = float(probability)
 
-    def select(self, scores: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    def select(self, x: torch.Tensor, scores: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(scores) > self.probability
 
 
 class STkThresholdRouter(TokenRouter):
-    """Tokens scoring above a learned threshold λ trained so that a fraction ``capacity`` passes.
+    """Tokens scoring above the STk threshold λ of the scores at k/n = ``capacity``.
 
-    The auxiliary term (added to the training objective; λ is its only trainable input, the scores
-    are detached) is the STk loss of the scores with k/n = c (Eq. 6 of Xia et al. 2024)::
+    λ minimises the STk loss of the batch's real scores (Eq. 6 of Xia et al. 2024 with k/n = c)::
 
         A(λ) = (1/n) Σ_i SReLU_δ(s_i − λ) + c·λ,     ∂A/∂λ = c − (1/n) Σ_i SReLU'_δ(s_i − λ)
 
-    over the n real tokens of the batch: λ moves until a smoothed fraction c of them lies above it.
-
-    With Adam, λ moves about its learning rate per step whatever the gradient, while the scores it
-    must follow move with the router's weights; at the model's learning rate λ lags far behind
-    (``routing/stk_threshold_c0125_lam0_model_lr``). Hence λ starts at the (1 − c)-quantile of the
-    first training batch's scores (one sort, once; ``lam_init="auto"``) and has its own learning rate.
+    so a smoothed fraction c of the tokens lies above it. ``lam_update="solve"`` (the default) finds
+    that root on every training batch (``solve_steps`` warm-started safeguarded Newton steps, sort-free;
+    :func:`~topklab.losses.aggregate.solve.solve_srelu_threshold`) and keeps a running average of it
+    (momentum ``lam_momentum``) for inference, as BatchNorm keeps its statistics: the routed share is
+    c in training and stays causal at inference. ``lam_update="gradient"`` makes λ a parameter trained
+    on A by the optimizer (the paper's update; under Adam λ moves about its learning rate per step,
+    slower than the scores it must follow: the ablation row).
 
     Parameters
     ----------
     dim : int, model width (given by the model)
     capacity : float in (0, 1], the target fraction of tokens processed
     delta : float > 0, SReLU width δ in score units (smaller = a sharper count; the paper's 0.01)
-    lam_init : float or "auto", λ's first value; ``auto``: the (1 − c)-quantile of the scores of the first
-        training batch (per process). Not given by the paper.
-    lam_lr : float > 0 or None, λ's learning rate in its own parameter group (without weight decay, under
-        the run's schedule); None: the optimizer's. Not given by the paper.
+    lam_update : {"solve", "gradient"}, see above
+    lam_init : float or "auto", λ's first value (the first warm start under "solve"); ``auto``: the
+        (1 − c)-quantile of the first training batch's scores (per process). Not given by the paper.
+    lam_lr : float > 0 or None, "gradient" only: λ's learning rate in its own parameter group
+        (without weight decay, under the run's schedule); None: the optimizer's.
+    solve_steps : int >= 1, lam_momentum : float in (0, 1], "solve" only
+    input_norm : bool, LayerNorm on the router input
 
     Examples
     --------
-    >>> router = STkThresholdRouter(dim=4, capacity=0.25, lam_init=0.0)
-    >>> _ = router.score.weight.data.zero_(), router.score.bias.data.zero_()
-    >>> selected, gate = router(torch.randn(2, 8, 4), torch.ones(2, 8, dtype=torch.bool))
-    >>> router.auxiliary_loss.backward(); router.lam.grad.item()   # all scores 0 = λ: half pass smoothly
+    >>> router = STkThresholdRouter(dim=4, capacity=0.25)
+    >>> selected, gate = router(torch.randn(4, 16, 4), torch.ones(4, 16, dtype=torch.bool))
+    >>> router.pop_training_fraction()   # the solved λ lets a quarter of the batch through
+    0.25
+    >>> paper = STkThresholdRouter(dim=4, capacity=0.25, lam_update="gradient", lam_init=0.0)
+    >>> _ = paper.score.weight.data.zero_(), paper.score.bias.data.zero_()
+    >>> _ = paper(torch.randn(2, 8, 4), torch.ones(2, 8, dtype=torch.bool))
+    >>> paper.auxiliary_loss.backward(); paper.lam.grad.item()   # all scores 0 = λ: half pass smoothly
     -0.25
     """
 
     causal = True
 
-    def __init__(self, dim: int, capacity: float = 0.125, delta: float = 0.01, lam_init: float | str = "auto",
-                 lam_lr: float | None = None):
-        super().__init__(dim)
+    def __init__(self, dim: int, capacity: float = 0.125, delta: float = 0.01, lam_update: str = "solve",
+                 lam_init: float | str = "auto", lam_lr: float | None = None, solve_steps: int = 2,
+                 lam_momentum: float = 0.1, input_norm: bool = True):
+        super().__init__(dim, input_norm)
         self.capacity = _capacity(capacity)
         if not delta > 0:
             raise ValueError(f"router.delta={delta} must be > 0")
+        if lam_update not in LAM_UPDATES:
+            raise ValueError(f"router.lam_update={lam_update!r}; choose one of {', '.join(LAM_UPDATES)}")
         if lam_init != "auto" and not (isinstance(lam_init, (int, float)) and math.isfinite(lam_init)):
             raise ValueError(f"router.lam_init={lam_init!r} must be a finite number or 'auto'")
-        if lam_lr is not None and not lam_lr > 0:
-            raise ValueError(f"router.lam_lr={lam_lr} must be > 0, or null for the optimizer's learning rate")
-        self.delta, self.lam_lr = float(delta), lam_lr
-        self.lam = nn.Parameter(torch.tensor(0.0 if lam_init == "auto" else float(lam_init)))
+        if lam_lr is not None and (lam_update != "gradient" or not lam_lr > 0):
+            raise ValueError(f"router.lam_lr={lam_lr} must be > 0 with lam_update=gradient (null: the optimizer's rate)")
+        if isinstance(solve_steps, bool) or not isinstance(solve_steps, int) or solve_steps < 1:
+            raise ValueError(f"router.solve_steps={solve_steps!r} must be an int >= 1")
+        if not 0 < lam_momentum <= 1:
+            raise ValueError(f"router.lam_momentum={lam_momentum} must lie in (0, 1]")
+        self.delta, self.lam_update, self.lam_lr = float(delta), lam_update, lam_lr
+        self.solve_steps, self.lam_momentum = solve_steps, float(lam_momentum)
+        start = torch.tensor(0.0 if lam_init == "auto" else float(lam_init))
+        if lam_update == "gradient":
+            self.lam = nn.Parameter(start)
+        else:
+            self.register_buffer("lam", start.clone())   # the running average: λ at inference
+            self.register_buffer("lam_last", start.clone())  # the last batch's root: the warm start
         self.register_buffer("lam_started", torch.tensor(lam_init != "auto"))  # in the checkpoint: a resume keeps λ
 
-    def select(self, scores: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    def select(self, x: torch.Tensor, scores: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         if self.training:
             real_scores = scores.detach()[real]
             if not self.lam_started:
                 with torch.no_grad():
-                    self.lam.copy_(torch.quantile(real_scores, 1 - self.capacity))
-                self.lam_started.fill_(True)
+                    first = torch.quantile(real_scores, 1 - self.capacity)
+                    self.lam.copy_(first)
+                    if self.lam_update == "solve":
+                        self.lam_last.copy_(first)
+            if self.lam_update == "solve":
+                return scores > self._solve(real_scores)
+            self.lam_started.fill_(True)
             below = srelu(real_scores - self.lam, self.delta)
             self.auxiliary_loss = below.mean() + self.capacity * self.lam
         return scores > self.lam.detach()
+
+    def _solve(self, real_scores: torch.Tensor) -> torch.Tensor:
+        """This batch's root (and the running average's update)."""
+        one = real_scores.new_ones(1)
+        lam, _ = solve_srelu_threshold(real_scores[None], self.capacity * real_scores.numel() * one, self.delta * one,
+                                       self.lam_last.to(real_scores.dtype)[None], self.solve_steps)
+        with torch.no_grad():
+            root = lam[0].to(self.lam.dtype)
+            self.lam_last.copy_(root)
+            self.lam.copy_(torch.where(self.lam_started, (1 - self.lam_momentum) * self.lam + self.lam_momentum * root, root))
+            self.lam_started.fill_(True)
+        return lam[0]

@@ -3,14 +3,18 @@
 Conventions, the same for every operator:
 
 - ``scores`` is a float tensor of shape (batch, n); a larger score is more likely to be selected.
-- ``soft_topk(scores, k)`` returns ``p`` of shape (batch, n) with entries in [0, 1]: the relaxed
-  indicator of the k largest scores. Its hard limit is 1 on the k largest and 0 elsewhere.
+- ``soft_topk(scores, k)`` returns ``p`` of shape (batch, n): the relaxed indicator of the k
+  largest scores, with entries in [0, 1] where the operator is ``bounded``. Its hard limit is 1 on
+  the k largest and 0 elsewhere. NeuralSort and SoftSort are not bounded: their relaxed
+  permutations are stochastic per rank (each column sums to 1 over the items) but not per item,
+  so an item close to several ranks can collect more than 1 (e.g. 1.045 for NeuralSort at τ =
+  0.01 on near-equal scores); neither paper clamps it, and neither do we.
 - ``permutation(scores, k)`` returns ``P`` of shape (batch, n, k): ``P[b, i, j]`` is the relaxed
   probability that item i is the (j+1)-th largest, so column 0 is the top-1. Its hard limit is the
   one-hot rank of the k largest items. Summing the k columns gives a soft top-k indicator.
 
 Each operator states what it promises through class attributes: ``gives_permutation``,
-``sums_to_k`` (Σ p = k exactly), ``sparse`` (p has exact zeros and ones away from ties) and
+``sums_to_k`` (Σ p = k exactly), ``bounded`` (0 <= p <= 1; for the Sinkhorn-based operators up to their row-sum tolerance), ``sparse`` (p has exact zeros and ones away from ties) and
 ``stochastic`` (a Monte-Carlo estimate, seeded).
 """
 from __future__ import annotations
@@ -45,6 +49,7 @@ class TopKOperator(nn.Module):
 
     gives_permutation = False
     sums_to_k = False
+    bounded = True      # every entry of p lies in [0, 1] (NeuralSort, SoftSort: False; see the module docstring)
     sparse = False
     stochastic = False
 

@@ -37,6 +37,7 @@ class NeuralSort(TopKOperator):
 
     gives_permutation = True
     sums_to_k = True
+    bounded = False  # per-rank stochastic, not per item: an entry of p can exceed 1 (see operators.base)
 
     def __init__(self, tau: float = 1.0):
         super().__init__()

@@ -8,6 +8,8 @@ import torch
 
 from topklab.operators.base import TopKOperator, check_scores, positive
 
+NORMALISE = ("batch", "row")  # what the cost is divided by: the batch's largest entry (the authors') or each row's
+
 
 def _fill_negative_infinity(scores: torch.Tensor) -> torch.Tensor:
     """−inf scores (masked items) replaced, as in the authors' code, by ``min − (max − min)`` of the
@@ -48,7 +50,8 @@ class SoftTopKOT(TopKOperator):
     to anchors, solved by log-domain Sinkhorn; gradients by autograd through the iterations.
 
     :meth:`soft_topk` (the authors' ``TopK_custom``) transports onto two anchors 0 and 1 with
-    masses ``k/n`` and ``(n − k)/n``, cost ``C_ij = (s_i − a_j)²`` divided by its maximum, and
+    masses ``k/n`` and ``(n − k)/n``, cost ``C_ij = (s_i − a_j)²`` divided by its largest entry
+    over the whole batch, as a constant (the authors' ``C / C.max().detach()``), and
     returns ``p = n·Γ[:, anchor 0]``. The authors' operator selects the k *smallest* inputs (they
     use it on kNN distances), so it is applied to ``s = −x``: the k largest scores go to anchor 0.
 
@@ -75,6 +78,10 @@ class SoftTopKOT(TopKOperator):
         Stop once every row sum is within this relative error; 0 always runs ``max_iter`` rounds
         (a fixed number of rounds makes the output a smooth function of the scores, as gradcheck
         needs). Default 1e-5.
+    normalise : {"batch", "row"}
+        The cost is divided by the largest entry of the batch (the authors'; a row's output then
+        depends on the other rows) or of its own row (each row on its own scale). Either way the
+        divisor is a constant for the gradient, as in the authors' code.
 
     Examples
     --------
@@ -98,8 +105,11 @@ class SoftTopKOT(TopKOperator):
     gives_permutation = True
     sums_to_k = True
 
-    def __init__(self, epsilon: float = 0.1, max_iter: int = 200, tol: float = 1e-5):
+    def __init__(self, epsilon: float = 0.1, max_iter: int = 200, tol: float = 1e-5, normalise: str = "batch"):
         super().__init__()
+        if normalise not in NORMALISE:
+            raise ValueError(f"normalise={normalise!r}; choose one of {', '.join(NORMALISE)}")
+        self.normalise = normalise
         self.epsilon = positive(epsilon, "epsilon", "smaller = sharper")
         if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
             raise ValueError(f"max_iter={max_iter!r} must be an int >= 1 (Sinkhorn rounds)")
@@ -109,12 +119,13 @@ class SoftTopKOT(TopKOperator):
         self.tol = float(tol)
 
     def extra_repr(self) -> str:
-        return f"epsilon={self.epsilon}, max_iter={self.max_iter}, tol={self.tol}"
+        return f"epsilon={self.epsilon}, max_iter={self.max_iter}, tol={self.tol}, normalise={self.normalise!r}"
 
     def _plan(self, points: torch.Tensor, anchors: list[float], masses: list[float]) -> torch.Tensor:
         anchors_ = points.new_tensor(anchors)
         cost = (points[:, :, None] - anchors_).square()
-        cost = cost / cost.amax(dim=(1, 2), keepdim=True).clamp_min(torch.finfo(cost.dtype).tiny)
+        largest = cost.amax() if self.normalise == "batch" else cost.amax(dim=(1, 2), keepdim=True)
+        cost = cost / largest.detach().clamp_min(torch.finfo(cost.dtype).tiny)  # a constant, as the authors
         return log_sinkhorn(cost, points.new_tensor(masses), self.epsilon, self.max_iter, self.tol)
 
     def soft_topk(self, scores: torch.Tensor, k: int) -> torch.Tensor:

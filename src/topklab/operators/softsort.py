@@ -35,6 +35,7 @@ class SoftSort(TopKOperator):
 
     gives_permutation = True
     sums_to_k = True
+    bounded = False  # per-rank stochastic, not per item: an entry of p can exceed 1 (see operators.base)
 
     def __init__(self, tau: float = 1.0, power: float = 1.0):
         super().__init__()

@@ -49,6 +49,24 @@ def _fmt(value, digits: int = 2, scale: float = 1.0) -> str:
     return "—" if value is None else f"{value * scale:.{digits}f}"
 
 
+def _causal(result: dict) -> bool:
+    """Whether the row's test perplexity is causal: every router but a top-k without its predictor."""
+    router = (result["config"].get("model") or {}).get("router") or {}
+    return not (router.get("_target_", "").endswith("TopKRouter") and router.get("inference", "top_k") == "top_k")
+
+
+def _per_layer(summaries: list[dict], split: str) -> str:
+    """Routed shares per routed layer, means over seeds ("—" dense, "not logged" before they were logged)."""
+    if split == "test":
+        layers = [s["metrics"]["test"].get("routed_fraction_per_layer") for s in summaries]
+    else:
+        layers = [[v for k, v in sorted(s["history"][-1].items()) if k.startswith("train_routed_fraction_layer")]
+                  for s in summaries]
+    if any(not v for v in layers):
+        return "—" if all(s["metrics"]["test"].get("routed_fraction") is None for s in summaries) else "not logged"
+    return " / ".join(f"{statistics.mean(column):.3f}" for column in zip(*layers))
+
+
 def render_routing(results: list[dict], bench: dict | None, configs: Path | None = None) -> str:
     """Markdown of ``results/tables/routing.md``.
 
@@ -66,8 +84,11 @@ def render_routing(results: list[dict], bench: dict | None, configs: Path | None
               "(as in training) and cannot be reproduced by decoding. *Step (run)*: median training step of the",
               "run itself (two runs shared the 2 cores, so compare within the table only); *step vs dense*: the",
               "side-by-side benchmark below.", "",
-              "| row | causal | routed (test) | val ppl | test ppl | Δ test ppl vs dense | step (run), s |",
-              "|---|---|---|---|---|---|---|"]
+              "*Routed per layer*: the share of real tokens layers 1 / 3 processed in training (the last epoch, in",
+              "training mode) and on test; the target is c.", "",
+              "| row | causal | routed (test) | routed per layer, train | routed per layer, test | val ppl | test ppl "
+              "| Δ test ppl vs dense | step (run), s |",
+              "|---|---|---|---|---|---|---|---|---|"]
     by_row = _by_row(results)
     mean = statistics.mean
 
@@ -81,7 +102,8 @@ def render_routing(results: list[dict], bench: dict | None, configs: Path | None
         routed = [s["metrics"]["test"].get("routed_fraction") for s in summaries]
         routed_cell = "1 (dense)" if None in routed else f"{mean(routed):.3f}"
         delta = "—" if row == "dense" or dense_ppl is None else f"{mean(test_ppl(row)) - dense_ppl:.2f}"
-        lines.append(f"| {by_row[row][0]['result']['label']} | {'no' if row.startswith('top_k') else 'yes'} | {routed_cell} "
+        lines.append(f"| {by_row[row][0]['result']['label']} | {'yes' if _causal(by_row[row][0]) else 'no'} | {routed_cell} "
+                     f"| {_per_layer(summaries, 'train')} | {_per_layer(summaries, 'test')} "
                      f"| {mean(s['metrics']['val']['perplexity'] for s in summaries):.2f} | {_spread(test_ppl(row))} "
                      f"| {delta} | {mean(s['cost']['step_time_s'] for s in summaries):.3f} |")
     if bench is not None:
