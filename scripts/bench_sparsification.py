@@ -7,8 +7,11 @@ For each P and keep ratio (k = ⌈ratio·P⌉) on gradient-like magnitudes (|N(0
 heavy tail), the selectors of ``configs/gradient_exchange/`` at their defaults are timed in turn
 (interleaved, one warm-up call excluded, the median of ``--repeats``): ``torch.topk``, DGC's sampled
 threshold, and the STk threshold twice: cold (no previous λ) and warm (λ from the same vector before a
-1 % multiplicative perturbation, as between training steps). Each row gives the time, the ratio to
-``torch.topk`` measured in the same run, the count sent relative to k, and the recall of the true top-k.
+1 % multiplicative perturbation, as between training steps), and ``x.abs().sum()``, one read of the
+vector: the memory-bandwidth floor. Each row gives the time, its ratio to ``torch.topk`` and to the
+floor measured in the same run, ns per element, the passes over the vector (STk), the count sent
+relative to k, the recall of the true top-k, and for the sampled threshold the 5th-95th percentile of
+sent/k over 20 messages.
 Writes a result envelope (JSON) with the command and provenance; ``python -m topklab.report tables``
 renders it into results/tables/gradient_sparsification.md.
 """
@@ -22,6 +25,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+SENT_DRAWS = 20          # sampled-threshold messages drawn per size (each on a 1 %-perturbed vector) for the sent/k percentiles
+STK_PASSES_PER_STEP = 6  # elementwise passes over the magnitudes per Newton step of the STk selector (z, r, z/r + sum, r⁻³ + sum)
 os.environ.setdefault("TOPKLAB_ROOT", str(ROOT))
 
 
@@ -50,10 +55,16 @@ def measure(n: int, ratio: float, repeats: int, device) -> list[dict]:
         return selector
 
     warm = warm_stk()
+    last_cold = {}
+
+    def cold_stk():
+        last_cold["selector"] = STkThresholdSelector()
+        return last_cold["selector"](values, k)
     selectors = {"exact top-k": lambda: ExactTopK()(values, k),
-                 "sampled threshold (DGC)": lambda: SampledThreshold(seed=0)(values, k),
-                 "STk threshold, cold": lambda: STkThresholdSelector()(values, k),
-                 "STk threshold, warm": None}
+                 "sampled threshold (DGC's rule)": lambda: SampledThreshold(seed=0)(values, k),
+                 "STk threshold, cold": cold_stk,
+                 "STk threshold, warm": None,
+                 "bandwidth floor: x.abs().sum()": lambda: values.abs().sum()}
     times = {name: [] for name in selectors}
     chosen = {}
     for repeat in range(repeats + 1):
@@ -65,14 +76,26 @@ def measure(n: int, ratio: float, repeats: int, device) -> list[dict]:
             if repeat:
                 times[name].append(seconds)
             chosen[name] = indices
+    sent = sorted(len(SampledThreshold(seed=seed)(values * (1 + 0.01 * torch.randn(n, generator=torch.Generator().manual_seed(seed))
+                                                               .to(device)), k)) / k for seed in range(SENT_DRAWS))
+    passes = {"STk threshold, cold": STK_PASSES_PER_STEP * last_cold["selector"].iterations + 2,
+              "STk threshold, warm": STK_PASSES_PER_STEP * warm.iterations + 2}
     rows = []
     for name in selectors:
         indices = chosen[name]
-        rows.append({"n": n, "ratio": ratio, "k": k, "selector": name, "seconds": statistics.median(times[name]),
-                     "count_over_k": len(indices) / k, "recall": float(true_top[indices].sum()) / k})
-    exact = rows[0]["seconds"]
+        row = {"n": n, "ratio": ratio, "k": k, "selector": name, "seconds": statistics.median(times[name])}
+        if name.startswith("bandwidth"):
+            row.update(count_over_k=None, recall=None)
+        else:
+            row.update(count_over_k=len(indices) / k, recall=float(true_top[indices].sum()) / k)
+        if name in passes:
+            row["passes"] = passes[name]
+        if name.startswith("sampled"):
+            row["sent_over_k_p5_p95"] = [sent[int(0.05 * (SENT_DRAWS - 1))], sent[int(0.95 * (SENT_DRAWS - 1))]]
+        rows.append(row)
+    exact, floor = rows[0]["seconds"], rows[-1]["seconds"]
     for row in rows:
-        row["vs_topk"] = row["seconds"] / exact
+        row.update(vs_topk=row["seconds"] / exact, vs_floor=row["seconds"] / floor, ns_per_element=row["seconds"] / n * 1e9)
     return rows
 
 
@@ -97,8 +120,10 @@ def main(argv=None) -> int:
         for ratio in args.ratios:
             for row in measure(n, ratio, args.repeats, device):
                 rows.append(row)
-                print(f"P={n:>11,} keep {ratio:.1%}  {row['selector']:<24} {row['seconds'] * 1e3:9.2f} ms "
-                      f"({row['vs_topk']:.2f}x topk)  sent/k {row['count_over_k']:.3f}  recall {row['recall']:.3f}", flush=True)
+                quality = "" if row["recall"] is None else f"  sent/k {row['count_over_k']:.3f}  recall {row['recall']:.3f}"
+                print(f"P={n:>11,} keep {ratio:.1%}  {row['selector']:<30} {row['seconds'] * 1e3:9.2f} ms "
+                      f"({row['vs_topk']:.2f}x topk, {row['vs_floor']:.1f}x floor, {row['ns_per_element']:.2f} ns/element"
+                      f"{'' if 'passes' not in row else ', ' + str(row['passes']) + ' passes'}){quality}", flush=True)
     out = write_bench(ROOT, "sparsification", device, rows,
                       {"sizes": args.sizes, "ratios": args.ratios, "repeats": args.repeats}, args.out)
     print(f"wrote {out}")

@@ -40,7 +40,7 @@ SYNTHETIC_ROW, SYNTHETIC_LABEL = "stk/table2/stk_srelu", "STk (SReLU)"
 def engine_stream(row: str, steps: int, workdir: Path) -> LossStream:
     """The first ``steps`` training calls of an engine row (its own recipe, optimizer and schedule)."""
     cfg = compose_run([f"experiment={row}", "logger=none", "result_file=null", f"engine.max_steps={steps}",
-                       "engine.checkpoint=false", "engine.progress=false"])
+                       "engine.checkpoint=false", "++engine.average_last=0", "engine.progress=false"])
     data, model, objective, task, engine = build_run(cfg)
     module = TrainingModule(model, objective)
     optimizer = build(cfg.optim, "optim")(module.parameter_groups())

@@ -104,3 +104,40 @@ def test_doctests():
 
     for module in (exchange, selectors):
         assert doctest.testmod(module).failed == 0
+
+
+def test_fp16_loss_scale_is_divided_out_and_an_overflow_leaves_the_residuals():
+    from functools import partial
+
+    from topklab.sparsification import ExactTopK, SparseGradientExchange
+
+    def step(exchange, weight, gradients, scale):
+        for worker, gradient in enumerate(gradients):
+            weight.grad = torch.tensor(gradient) * scale
+            exchange.collect(worker, scale=scale)
+        exchange.apply(scale=scale)
+        return weight.grad / scale
+
+    plain, scaled = (SparseGradientExchange(workers=2, keep_ratio=0.5, selector=partial(ExactTopK)) for _ in range(2))
+    weights = [torch.nn.Parameter(torch.zeros(4)) for _ in range(2)]
+    plain.attach([weights[0]])
+    scaled.attach([weights[1]])
+    gradients = [[4.0, 0.0, 1.0, 0.5], [0.0, 2.0, 0.0, 3.0]]
+    assert torch.equal(step(plain, weights[0], gradients, 1.0), step(scaled, weights[1], gradients, 1024.0))
+    assert torch.equal(plain.residual, scaled.residual)
+    before = scaled.residual.clone()
+    skipped = step(scaled, weights[1], [[float("inf"), 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]], 1024.0)
+    assert not bool(torch.isfinite(skipped).any()) and torch.equal(scaled.residual, before)
+
+
+def test_the_bracketed_sampled_threshold_never_sends_fewer_than_k_and_dgc_s_rule_can():
+    from topklab.sparsification.selectors import SampledThreshold
+
+    generator = torch.Generator().manual_seed(0)
+    counts = {"bracketed": [], "dgc": []}
+    for _ in range(40):
+        magnitudes = torch.randn(200_000, generator=generator).abs() ** 3
+        for mode in counts:
+            counts[mode].append(len(SampledThreshold(seed=1, adaptation=mode)(magnitudes, 200)))
+    assert counts["bracketed"] == [200] * 40
+    assert min(counts["dgc"]) < 0.9 * 200

@@ -356,11 +356,11 @@ class Engine:
                                     last_good_state=snapshot())
                             weight = (part.stop - part.start) / len(y)
                             scaler.scale(chunk_objective * weight).backward()
-                        if exchange is not None:
-                            exchange.collect(c)
+                        if exchange is not None:  # in the loss's own units: the fp16 loss scale divided out
+                            exchange.collect(c, scale=scaler.get_scale() if scaler.is_enabled() else 1.0)
                         objective += chunk_objective.detach().double() * weight
                     if exchange is not None:
-                        exchange.apply()
+                        exchange.apply(scale=scaler.get_scale() if scaler.is_enabled() else 1.0)
                     if self.clip_grad_norm:
                         scaler.unscale_(optimizer)
                         torch.nn.utils.clip_grad_norm_(module.parameters(), self.clip_grad_norm)

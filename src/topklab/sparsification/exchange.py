@@ -63,6 +63,7 @@ class SparseGradientExchange(nn.Module):
         self.parameters_to_sync: list[nn.Parameter] = []
         self.register_buffer("residual", torch.zeros(0))
         self.register_buffer("aggregate", torch.zeros(0))
+        self.overflow, self.pending = False, []  # fp16: a step's messages wait until no worker overflowed
         self.reset_counters()
 
     def attach(self, parameters) -> None:
@@ -86,11 +87,23 @@ class SparseGradientExchange(nn.Module):
         return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
                           for p in self.parameters_to_sync])
 
-    def collect(self, worker: int) -> None:
-        """Worker ``worker``'s message from the gradient now in ``.grad`` (which is then cleared)."""
-        gradient = self._flat_gradient()
+    def collect(self, worker: int, scale: float = 1.0) -> None:
+        """Worker ``worker``'s message from the gradient now in ``.grad`` (which is then cleared).
+
+        ``scale``: the loss scale of fp16 mixed precision (GradScaler's), divided out so that the
+        residual holds true gradients. Under a scale the messages wait for :meth:`apply`: if any
+        worker's gradient is non-finite (the scaler's overflow) no residual changes and the scaler
+        gets a non-finite gradient, so it skips the step as it would without the exchange."""
+        gradient = self._flat_gradient() / scale
         for p in self.parameters_to_sync:
             p.grad = None
+        if scale != 1.0:
+            self.overflow = self.overflow or not bool(torch.isfinite(gradient).all())
+            self.pending.append((worker, gradient))
+            return
+        self._send(worker, gradient)
+
+    def _send(self, worker: int, gradient: torch.Tensor) -> None:
         if self.keep_ratio == 1:
             self.aggregate += gradient
             self.sent += gradient.numel()
@@ -107,13 +120,21 @@ class SparseGradientExchange(nn.Module):
             residual.zero_()
         self.sent += indices.numel()
 
-    def apply(self) -> None:
-        """Write the summed messages into ``.grad`` and start the next step."""
+    def apply(self, scale: float = 1.0) -> None:
+        """Write the summed messages into ``.grad`` (times the fp16 loss ``scale``, which the scaler
+        divides out again; all non-finite after an overflow, so the scaler skips the step) and start
+        the next step."""
+        if not self.overflow:
+            for worker, gradient in self.pending:
+                self._send(worker, gradient)
+        self.pending = []
         offset = 0
         for p in self.parameters_to_sync:
-            p.grad = self.aggregate[offset:offset + p.numel()].view_as(p).to(p.dtype).clone()
+            update = self.aggregate[offset:offset + p.numel()].view_as(p) * scale
+            p.grad = (torch.full_like(update, math.inf) if self.overflow else update).to(p.dtype)
             offset += p.numel()
         self.aggregate.zero_()
+        self.overflow = False
         self.messages += self.workers
 
     def reset_counters(self) -> None:

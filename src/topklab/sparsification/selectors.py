@@ -41,19 +41,29 @@ class ExactTopK(nn.Module):
 
 
 class SampledThreshold(nn.Module):
-    """DGC's sampled threshold (Lin et al. 2018; the adaptation bounds of its reference code).
+    """DGC's sampled threshold (Lin et al. 2018), with an adaptation that cannot send fewer than k.
 
     Draw ``max(1, ⌊sample_ratio·n⌋)`` magnitudes uniformly with replacement, take the threshold τ as
-    the ``⌈(k/n)·samples⌉``-th largest of them, and count ``|g| >= τ``. While the count is above
-    ``upper·k`` raise τ by the factor ``upper``; while below ``lower·k`` lower it by ``lower`` (at
-    most ``max_adaptation_iters`` times). Candidates above k are trimmed to the k largest by an exact
-    top-k among them (a small one); fewer than k are sent as they are.
+    the ``⌈(k/n)·samples⌉``-th largest of them, and count the candidates ``|g| >= τ``; then adapt τ
+    (at most ``max_adaptation_iters`` times) and trim the candidates to the k largest by an exact
+    top-k among them. Two adaptations:
+
+    - ``"bracketed"`` (default): accept a count in [k, ``upper``·k]; otherwise move τ to the
+      geometric midpoint of the tightest thresholds known to give too many and too few candidates
+      (×``upper`` or ×``lower`` while one side is unknown). The candidates sent come from the
+      tightest threshold seen with at least k of them (τ = 0, every entry, if none), so a message is
+      always exactly k entries.
+    - ``"dgc"``: the reference code's ``resample=False`` rule, τ ×``upper`` while the count exceeds
+      ``upper``·k and ×``lower`` while it is under ``lower``·k. Near a small quantile one factor
+      changes the count several-fold, so the loop can oscillate and stop below k (it then sends
+      fewer than k).
 
     Parameters
     ----------
     sample_ratio : float in (0, 1], the fraction of entries sampled (DGC: 0.01)
-    upper, lower : floats > 1 and in (0, 1), the accepted band of counts around k (DGC: 1.3, 0.8)
+    upper, lower : floats > 1 and in (0, 1), the adaptation factors and DGC's band (DGC: 1.3, 0.8)
     max_adaptation_iters : int >= 0 (DGC: 10)
+    adaptation : {"bracketed", "dgc"}, see above
     seed : int or None, seeds this selector's own random stream (checkpointed); None draws the seed
         from torch's global generator (seeded by the run), so each worker's selector gets its own
 
@@ -61,12 +71,12 @@ class SampledThreshold(nn.Module):
     --------
     >>> values = torch.arange(1000, dtype=torch.float32)
     >>> indices = SampledThreshold(sample_ratio=0.5, seed=0)(values, 10)
-    >>> len(indices) <= 10, int(values[indices].min()) >= 900
-    (True, True)
+    >>> len(indices), int(values[indices].min())
+    (10, 990)
     """
 
     def __init__(self, sample_ratio: float = 0.01, upper: float = 1.3, lower: float = 0.8,
-                 max_adaptation_iters: int = 10, seed: int | None = None):
+                 max_adaptation_iters: int = 10, adaptation: str = "bracketed", seed: int | None = None):
         super().__init__()
         if not 0 < sample_ratio <= 1:
             raise ValueError(f"sample_ratio={sample_ratio} must lie in (0, 1]")
@@ -74,7 +84,10 @@ class SampledThreshold(nn.Module):
             raise ValueError(f"upper={upper} must be > 1 and lower={lower} in (0, 1)")
         if isinstance(max_adaptation_iters, bool) or not isinstance(max_adaptation_iters, int) or max_adaptation_iters < 0:
             raise ValueError(f"max_adaptation_iters={max_adaptation_iters!r} must be an int >= 0")
+        if adaptation not in ("bracketed", "dgc"):
+            raise ValueError(f"adaptation={adaptation!r}; choose bracketed or dgc")
         self.sample_ratio, self.upper, self.lower, self.max_adaptation_iters = sample_ratio, upper, lower, max_adaptation_iters
+        self.adaptation = adaptation
         if seed is None:
             seed = int(torch.randint(2**62, ()))
         self.register_buffer("generator_state", torch.Generator().manual_seed(seed).get_state())
@@ -86,8 +99,15 @@ class SampledThreshold(nn.Module):
         samples = max(1, int(self.sample_ratio * n))
         drawn = magnitudes[torch.randint(0, n, (samples,), generator=generator).to(magnitudes.device)]
         self.generator_state = generator.get_state()
-        threshold = drawn.topk(min(samples, math.ceil(k / n * samples)), sorted=False).values.min()
+        threshold = float(drawn.topk(min(samples, math.ceil(k / n * samples)), sorted=False).values.min())
         candidates = (magnitudes >= threshold).nonzero().view(-1)
+        adapt = self._bracketed if self.adaptation == "bracketed" else self._dgc
+        candidates = adapt(magnitudes, k, threshold, candidates)
+        if len(candidates) > k:
+            candidates = candidates[magnitudes[candidates].topk(k, sorted=False).indices]
+        return candidates
+
+    def _dgc(self, magnitudes, k, threshold, candidates):
         for _ in range(self.max_adaptation_iters):
             if len(candidates) > self.upper * k:
                 threshold = threshold * self.upper
@@ -96,9 +116,29 @@ class SampledThreshold(nn.Module):
             else:
                 break
             candidates = (magnitudes >= threshold).nonzero().view(-1)
-        if len(candidates) > k:
-            candidates = candidates[magnitudes[candidates].topk(k, sorted=False).indices]
         return candidates
+
+    def _bracketed(self, magnitudes, k, threshold, candidates):
+        enough, too_high = None, None  # (threshold, candidates) with >= k candidates; a threshold with < k
+        for _ in range(self.max_adaptation_iters + 1):
+            if len(candidates) >= k:
+                if enough is None or threshold > enough[0]:
+                    enough = (threshold, candidates)
+                if len(candidates) <= self.upper * k:
+                    break
+            else:
+                too_high = threshold if too_high is None else min(too_high, threshold)
+            if threshold <= 0:
+                break
+            low = enough[0] if enough is not None else None
+            if low is not None and too_high is not None:
+                threshold = math.sqrt(max(low, 1e-300) * too_high)
+            else:
+                threshold = threshold * (self.upper if too_high is None else self.lower)
+            candidates = (magnitudes >= threshold).nonzero().view(-1)
+        if enough is None:
+            return torch.arange(magnitudes.numel(), device=magnitudes.device)
+        return enough[1]
 
 
 class STkThresholdSelector(nn.Module):
