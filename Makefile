@@ -128,7 +128,7 @@ comma := ,
 empty :=
 space := $(empty) $(empty)
 SPARSIFICATION_ROWS := $(subst $(space),$(comma),$(foreach row,dense dense_1worker exact_topk_1pct exact_topk_01pct sampled_threshold_1pct sampled_threshold_01pct stk_threshold_1pct stk_threshold_01pct,sparsification/$(row)))
-SPARSIFICATION_SEEDS ?= 0
+SPARSIFICATION_SEEDS ?= 0,1,2
 reproduce-sparsification: setup data
 	OMP_NUM_THREADS=1 $(PY) train.py -m experiment=$(SPARSIFICATION_ROWS) seed=$(SPARSIFICATION_SEEDS) hydra/launcher=joblib hydra.launcher.n_jobs=2
 
@@ -137,7 +137,7 @@ reproduce-sparsification: setup data
 # and the λ ablation stk_threshold_c0125_lam0_model_lr (11 runs of 2 epochs, about 4-6 min each, two jobs of one thread
 # at a time), into results/routing/multi30k_en/<row>/seed<k>.json.
 ROUTING_ROWS := $(subst $(space),$(comma),$(foreach row,dense $(foreach c,c0125 c025 c05,top_k_$(c) threshold_p_$(c) stk_threshold_$(c)) stk_threshold_c0125_lam0_model_lr,routing/$(row)))
-ROUTING_SEEDS ?= 0
+ROUTING_SEEDS ?= 0,1,2
 reproduce-routing: setup
 	OMP_NUM_THREADS=1 $(PY) train.py -m experiment=$(ROUTING_ROWS) seed=$(ROUTING_SEEDS) hydra/launcher=joblib hydra.launcher.n_jobs=2
 

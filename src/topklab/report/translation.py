@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
+from topklab.report.tracking import band_cell, flagged_rows
 from topklab.report.vision import by_table
 from topklab.utils.errors import TopklabError
 
@@ -91,12 +92,15 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
                  _cell(s["metrics"]["test"]["bleu_tok"] for s in summaries),
                  _cell(s["metrics"]["test"]["chrf"] for s in summaries), _cell(averaged),
                  _cell(s["metrics"]["val"]["bleu"] for s in summaries), _cell((s["best_epoch"] for s in summaries), 0),
-                 _cell((s["lambda"] for s in summaries), 3), _band_cell(summaries),
+                 _cell((s["lambda"] for s in summaries), 3), band_cell(summaries),
                  _cell((s["train_seconds"] / s["epochs"] for s in summaries), 0),
                  _cell((sum(h["losses_per_s"] for h in s["history"]) / len(s["history"]) for s in summaries), 0)]
         if has_paper:
             cells.append(f"{published[row]['bleu']:.2f}" if row in published else "—")
         lines.append("| " + " | ".join(cells) + " |")
+    flagged = flagged_rows({row: rows[row] for row in present}, labels)
+    if flagged:
+        lines += ["", f"**λ did not track the k-th loss, so these rows are not STk:** {', '.join(flagged)}."]
     lines += _tracking_section(present, rows, labels) + _paired_section(present, rows, labels)
     curves = {row: [r["result"]["summary"] for r in rows[row]] for row in present}
     epochs = max(len(_per_epoch(s, "val_bleu")) for s in curves.values())
@@ -115,14 +119,6 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
             values.append(f"{curve[e]:.4f}" if e < len(curve) and curve[e] is not None else "—")
         lines.append(f"| {e + 1} | " + " | ".join(values) + " |")
     return "\n".join(lines) + "\n"
-
-
-def _band_cell(summaries: list[dict]) -> str:
-    """λ in band over seeds: "—" without a threshold, "not logged" for runs from before the diagnostic."""
-    if all(s.get("lambda") is None for s in summaries):
-        return "—"
-    values = [(s.get("lambda_tracking") or {}).get("in_band") for s in summaries]
-    return "not logged" if all(v is None for v in values) else _cell(values)
 
 
 def _tracking_section(present, rows, labels) -> list[str]:

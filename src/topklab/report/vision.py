@@ -9,6 +9,7 @@ import statistics
 
 from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
+from topklab.report.tracking import band_cell, flagged_rows
 from topklab.utils.errors import TopklabError
 
 METRICS = ("top1", "top5", "many", "medium", "few", "ece")  # ECE: shown when the results have it
@@ -86,15 +87,22 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
     ]
     has_paper = any(published.get(r) for r in present)
     metrics = [m for m in METRICS if m != "ece" or any("ece" in r["result"]["summary"]["metrics"]["test"] for r in runs)]
-    head = ["row", "seeds"] + [METRIC_NAMES[m] for m in metrics] + (["paper top-1", "paper top-5"] if has_paper else [])
+    thresholded = any(r["result"]["summary"].get("lambda") is not None for r in runs)
+    head = (["row", "seeds"] + [METRIC_NAMES[m] for m in metrics] + (["λ in band"] if thresholded else [])
+            + (["paper top-1", "paper top-5"] if has_paper else []))
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in present:
         summaries = [r["result"]["summary"] for r in rows[row]]
         cells = [labels[row], str(len(summaries))] + [cell(selected_test(s, m) for s in summaries) for m in metrics]
+        if thresholded:
+            cells.append(band_cell(summaries))
         if has_paper:
             values = published.get(row, {})
             cells += [f"{values[m]:.2f}" if m in values else "—" for m in ("top1", "top5")]
         lines.append("| " + " | ".join(cells) + " |")
+    flagged = flagged_rows({row: rows[row] for row in present}, labels)
+    if flagged:
+        lines += ["", f"**λ did not track the k-th loss, so these rows are not STk:** {', '.join(flagged)}."]
     lines += per_seed_table(present, rows, labels)
     counts = first["result"]["summary"].get("class_counts")
     if counts and len(counts) <= 20:
