@@ -102,14 +102,15 @@ def replay(stream: LossStream, aggregate, optimizer=None, scheduler=None, skip: 
     - ``in_band``: share of calls after the first ``skip`` whose smoothed share above the λ they
       used (Σ ∂L/∂ℓ_i, scale "paper") is in band;
     - ``eval_in_band``: for ``lam_update="solve"``, the share of calls in the last half at which the
-      running-average λ is in band on the next batch (None otherwise);
+      running-average λ is in band on the next batch (None otherwise), and ``eval_share_below``,
+      the mean share of that batch's losses below it;
     - ``hard_below``: mean share of losses below λ over the counted calls;
     - ``gradient_gap``: mean over counted calls of max_i |∂L/∂ℓ_i − 1/n|·n, how far the gradient is
       from Average's (0 when λ lies below every loss; about 1 when some losses lie well below λ).
 
     ``optimizer`` (over ``aggregate.parameters()``) and ``scheduler`` are stepped after each call.
     """
-    counted, hits, eval_hits, eval_calls, below, gap = 0, 0, 0, 0, 0.0, 0.0
+    counted, hits, eval_hits, eval_calls, below, gap, eval_below = 0, 0, 0, 0, 0.0, 0.0, 0.0
     first_counted = int(len(stream.steps) * skip)
     aggregate.train()
     for step in range(len(stream.steps)):
@@ -133,8 +134,11 @@ def replay(stream: LossStream, aggregate, optimizer=None, scheduler=None, skip: 
         gap += float((losses.grad.double() - 1 / n).abs().max()) * n
         if aggregate.lam_update == "solve" and step >= len(stream.steps) // 2 and step + 1 < len(stream.steps):
             eval_calls += 1
-            eval_hits += bool(_eval_in_band(aggregate, stream.batch(step + 1), k / n))
+            upcoming = stream.batch(step + 1)
+            eval_hits += bool(_eval_in_band(aggregate, upcoming, k / n))
+            eval_below += float((upcoming < float(aggregate.lam)).double().mean())
     return {"in_band": hits / counted if counted else None, "eval_in_band": eval_hits / eval_calls if eval_calls else None,
+            "eval_share_below": eval_below / eval_calls if eval_calls else None,
             "hard_below": below / counted if counted else None, "gradient_gap": gap / counted if counted else None,
             "calls": len(stream.steps)}
 
