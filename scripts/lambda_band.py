@@ -46,11 +46,11 @@ def tabular_rows(preset: str) -> list[dict]:
         stream = record_cell(cell_file, ROOT)
         setting = stream.source["setting"]
         delta = setting["delta"] if aggregate == "stk" else None
+        smoothing = SMOOTHING_OF.get(aggregate, "srelu")
         rows.append({"family": "tabular", "row": str(cell_file.relative_to(ROOT / "results" / "tabular" / preset)),
                      "aggregate": aggregate, "setting": setting, "calls": len(stream.steps),
-                     "in_band": stream.recorded_in_band(setting["k"], SMOOTHING_OF.get(aggregate, "srelu"), delta),
-                     "share_below": stream.recorded_share_below()})
-        print(f"{rows[-1]['row']}: λ in band {rows[-1]['in_band']:.3f} over {rows[-1]['calls']} calls", flush=True)
+                     **_band(stream, setting["k"], smoothing, delta)})
+        _say(rows[-1])
     return rows
 
 
@@ -68,29 +68,64 @@ def synthetic_rows(table: str) -> list[dict]:
         delta = stream.source["setting"]["delta"] if smoothing == "srelu" else None
         rows.append({"family": "synthetic", "row": f"{table}: {label}", "aggregate": column.aggregate,
                      "setting": {**stream.source["setting"], "smoothing": smoothing}, "calls": len(stream.steps),
-                     "in_band": stream.recorded_in_band(k, smoothing, delta), "share_below": stream.recorded_share_below()})
-        print(f"{rows[-1]['row']}: λ in band {rows[-1]['in_band']:.3f} over {rows[-1]['calls']} calls", flush=True)
+                     **_band(stream, k, smoothing, delta)})
+        _say(rows[-1])
     return rows
 
 
+def _band(stream, k, smoothing: str, delta) -> dict:
+    return {"in_band": stream.recorded_in_band(k, smoothing, delta),
+            "optimum_in_band": stream.recorded_in_band(k, smoothing, delta, optimal=True),
+            "share_below": stream.recorded_share_below()}
+
+
+def verdict(row: dict) -> str:
+    """How a row's λ did: "k = n" (Average by definition), "tracked", "did not track" (λ out of band
+    where the batch's own optimum is in band), "unattainable" (ties keep even the optimum out of band),
+    or "tracked (optimum not defined)" for ELU / SoftPlus / Leaky-ReLU."""
+    if row["in_band"] is None:
+        return "k = n"
+    if row["in_band"] >= FLAG_BELOW:
+        return "tracked"
+    if row["optimum_in_band"] is not None and row["optimum_in_band"] < FLAG_BELOW:
+        return "unattainable (ties at ℓ_[k])"
+    return "did not track"
+
+
+def _fmt(value) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def _say(row: dict) -> None:
+    print(f"{row['row']}: λ in band {_fmt(row['in_band'])}, optimum {_fmt(row['optimum_in_band'])} over "
+          f"{row['calls']} calls: {verdict(row)}", flush=True)
+
+
 def render(rows: list[dict], command: str) -> str:
-    degenerate = [r["row"] for r in rows if r["in_band"] < FLAG_BELOW]
-    values = sorted(r["in_band"] for r in rows)
+    scored = [r for r in rows if r["in_band"] is not None]
+    values = sorted(r["in_band"] for r in scored)
+    by_verdict = {v: [r["row"] for r in rows if verdict(r) == v] for v in ("did not track", "unattainable (ties at ℓ_[k])")}
     lines = ["# λ in band in the committed tabular and synthetic tables (the paper's update)", "",
              f"`{command}`: each MATk/STk cell's selected setting retrained on split 0 (Table 2: repeat 0 at the column's "
              f"selected k), recording the λ every training call used. λ in band: the share of calls after the first 10 % "
              f"whose smoothed share above λ (the mean of φ'(ℓ − λ); MATk: the hard share) is within a factor 2 of k/n and "
-             f"its complement within a factor 2 of 1 − k/n. For ELU and SoftPlus the smoothing's slope is wide, so their "
-             f"smoothed share can be in band while the hard share below λ is far from 1 − k/n.", "",
-             f"Distribution over {len(rows)} rows: min {values[0]:.3f}, median {values[len(values) // 2]:.3f}, "
-             f"max {values[-1]:.3f}; {sum(v >= 0.9 for v in values)} rows at ≥ 0.9.  ",
-             f"**Degenerate (λ in band < {FLAG_BELOW}):** {', '.join(degenerate) if degenerate else 'none'}.", "",
-             "| row | aggregate | k | δ | η | calls | λ in band | share below λ |", "|---|---|---|---|---|---|---|---|"]
+             f"its complement within a factor 2 of 1 − k/n. *Optimum in band*: the same for each batch's own optimal λ* "
+             f"(STk: the root of its equation; MATk: the midpoint of ℓ_[k+1] and ℓ_[k]); where it is out of band too, "
+             f"ties at ℓ_[k] (hinge losses at exactly 0, batches of 16) make the band unreachable and the row is not a "
+             f"tracking failure. For ELU and SoftPlus the smoothing's slope is wide, so their smoothed share can be in "
+             f"band while the hard share below λ is far from 1 − k/n. k = n (the whole batch) is Average by definition.", "",
+             f"Distribution over the {len(scored)} rows with k < n: min {values[0]:.3f}, median {values[len(values) // 2]:.3f}, "
+             f"max {values[-1]:.3f}; {sum(v >= 0.9 for v in values)} at ≥ 0.9, {sum(v < FLAG_BELOW for v in values)} "
+             f"below {FLAG_BELOW}.  ",
+             f"**λ did not track (flagged):** {', '.join(by_verdict['did not track']) or 'none'}.  ",
+             f"**Band unattainable (ties):** {', '.join(by_verdict['unattainable (ties at ℓ_[k])']) or 'none'}.", "",
+             "| row | aggregate | k | δ | η | calls | λ in band | optimum in band | share below λ | verdict |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r["setting"]
         delta = s.get("delta") if r["aggregate"] == "stk" and s.get("smoothing", "srelu") == "srelu" else "—"
         lines.append(f"| {r['row']} | {r['aggregate']} | {s['k']} | {delta} | {s['lr']} | {r['calls']} | "
-                     f"{r['in_band']:.3f} | {r['share_below']:.3f} |")
+                     f"{_fmt(r['in_band'])} | {_fmt(r['optimum_in_band'])} | {r['share_below']:.3f} | {verdict(r)} |")
     return "\n".join(lines) + "\n"
 
 

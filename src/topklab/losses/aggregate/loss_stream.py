@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from topklab.losses.aggregate.lambda_monitor import in_band
+from topklab.losses.aggregate.solve import solve_srelu_threshold
 from topklab.losses.k import resolve_k
 from topklab.losses.smoothing import get_smoothing
 
@@ -61,18 +62,38 @@ class LossStream:
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), separators=(",", ":")) + "\n")
 
-    def recorded_in_band(self, k, smoothing: str, delta: float | None, skip: float = 0.1) -> float:
+    def recorded_in_band(self, k, smoothing: str, delta: float | None, skip: float = 0.1,
+                         optimal: bool = False) -> float | None:
         """λ in band in the recorded run itself (from :attr:`lams`): the smoothed share above λ is
-        the mean of ``smoothing``'s slope at ℓ − λ (SReLU of width ``delta``; ReLU's is the hard share)."""
+        the mean of ``smoothing``'s slope at ℓ − λ (SReLU of width ``delta``; ReLU's is the hard share).
+        ``optimal``: the same for each batch's own optimal λ* instead (SReLU: the root of its equation;
+        ReLU: the midpoint of ℓ_[k+1] and ℓ_[k]), which shows whether the band can be reached at all
+        (ties at ℓ_[k], as hinge losses at 0, can put even λ* outside it). None where k = n (or
+        ``optimal`` for another smoothing): MATk/STk is then Average and the band is undefined."""
+        if optimal and smoothing not in ("srelu", "relu"):
+            return None
         phi = get_smoothing(smoothing)
+        width = torch.tensor(0.0 if delta is None else delta, dtype=torch.float64)
         hits = []
         for step in range(int(len(self.steps) * skip), len(self.steps)):
             losses = self.batch(step)
             n = losses.numel()
-            width = torch.tensor(0.0 if delta is None else delta, dtype=torch.float64)
-            share = phi.slope(losses - self.lams[step], width, torch.ones((), dtype=torch.float64)).mean()
-            hits.append(bool(in_band(share, resolve_k(k, n) / n)))
-        return sum(hits) / len(hits)
+            count = resolve_k(k, n)
+            if count >= n:
+                continue
+            lam = self._optimum(losses, count, smoothing, width) if optimal else self.lams[step]
+            share = phi.slope(losses - lam, width, torch.ones((), dtype=torch.float64)).mean()
+            hits.append(bool(in_band(share, count / n)))
+        return sum(hits) / len(hits) if hits else None
+
+    @staticmethod
+    def _optimum(losses: torch.Tensor, count: int, smoothing: str, width: torch.Tensor) -> float:
+        if smoothing == "relu":
+            top = losses.topk(count + 1).values
+            return float(0.5 * (top[-1] + top[-2]))
+        one = torch.ones(1, dtype=torch.float64)
+        lam, _ = solve_srelu_threshold(losses[None], count * one, width * one, float(losses.median()) * one, 60)
+        return float(lam[0])
 
     def recorded_share_below(self, skip: float = 0.1) -> float:
         """The mean hard share of losses below the recorded λ, over the calls after the first ``skip``."""
