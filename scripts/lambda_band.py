@@ -135,7 +135,7 @@ def main(cfg: DictConfig) -> None:
     rows = (tabular_rows(cfg.preset) if cfg.tabular else []) + (synthetic_rows(cfg.synthetic_table) if cfg.synthetic else [])
     if not rows:
         raise TopklabError("nothing selected: set tabular=true or synthetic=true")
-    command = "python " + " ".join(Path(a).name if i == 0 else a for i, a in enumerate(sys.argv))
+    command = "python scripts/lambda_band.py" + "".join(f" {a}" for a in sys.argv[1:])
     out = Path(cfg.out_dir)
     result = make_result("bench", "lambda_band", {"rows": rows}, command=command, config=portable_config(cfg),
                          provenance=collect(ROOT))
