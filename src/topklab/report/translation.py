@@ -78,7 +78,9 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
         f"Commands: {'; '.join(f'`{c}`' for c in commands[:3])}{' …' if len(commands) > 3 else ''}.  ",
         f"sacreBLEU signature: `{test['bleu_signature']}`; BLEU (tok) is BLEU on the corpus's own whitespace tokens "
         f"(tokenize=none: fairseq-style tokenised BLEU for pre-tokenised corpora). avg-last is the test sacreBLEU of "
-        f"the mean of the last {engine.get('average_last') or 0} epoch weights.", "",
+        f"the mean of the last {engine.get('average_last') or 0} epoch weights. *s / epoch* and *target tokens / s* are "
+        f"each run's own wall time while it shared the CPU with other jobs (two one-thread runs at a time): not a "
+        f"benchmark; `scripts/bench_step_share.py` compares the aggregates' cost side by side.", "",
     ]
     has_paper = any(published.get(r) for r in present)
     head = ["row", "seeds", "sacreBLEU", "per seed", "BLEU (tok)", "chrF", "avg-last", "val BLEU", "best epoch",
