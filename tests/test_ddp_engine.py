@@ -1,6 +1,7 @@
 """`torchrun --nproc_per_node 2 train.py ...` (gloo on CPU) trains the same model as one process:
 the engine shards each global batch by rank, DDP averages the gradients of the model and λ, and
-evaluation outputs are gathered. ATk needs objective.gather_losses=true for the global top-k."""
+evaluation outputs are gathered. ATk and a solved λ need objective.gather_losses=true for the global
+top-k or root."""
 import json
 import os
 import subprocess
@@ -30,10 +31,18 @@ def same_training(a: dict, b: dict) -> bool:
 
 @pytest.mark.parametrize("loss", ["loss=stk", pytest.param("loss=matk", marks=pytest.mark.slow)])
 def test_two_ranks_train_like_one_process_for_sums_over_samples(tmp_path, loss):
-    one = run(tmp_path, "one", loss, "loss.k=0.5")
-    two = run(tmp_path, "two", loss, "loss.k=0.5", ranks=2)
+    """With a trained λ (the paper's update) MATk/STk is a sum over samples: each rank's share is exact."""
+    one = run(tmp_path, "one", loss, "loss.k=0.5", "loss.lam_update=gradient")
+    two = run(tmp_path, "two", loss, "loss.k=0.5", "loss.lam_update=gradient", ranks=2)
     assert same_training(one, two)
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
+
+
+def test_a_solved_lambda_needs_the_gathered_losses_under_ddp(tmp_path):
+    """λ solved per batch is the root of the losses a rank sees: the global batch's with gather_losses."""
+    one = run(tmp_path, "one", "loss=stk", "loss.k=0.5")
+    gathered = run(tmp_path, "gathered", "loss=stk", "loss.k=0.5", "objective.gather_losses=true", ranks=2)
+    assert same_training(one, gathered)
 
 
 def test_atk_needs_the_gathered_losses_under_ddp(tmp_path):

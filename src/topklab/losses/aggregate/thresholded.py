@@ -170,9 +170,14 @@ class ThresholdedTopK(Aggregate):
         return lam, share
 
     def _start_gradient(self, losses: torch.Tensor, k: int) -> None:
-        """``lam_init="auto"`` under the gradient update: λ starts at this first batch's k-th largest loss."""
+        """``lam_init="auto"`` under the gradient update: λ starts at this first batch's k-th largest
+        loss (under torch.distributed, of the whole batch over the ranks, so that every replica starts
+        alike and as one process would)."""
         if self.lam_init == "auto":
             with torch.no_grad():
+                if torch.distributed.is_available() and torch.distributed.is_initialized():
+                    losses = _every_rank(losses)
+                    k = resolve_k(self.k, losses.numel())
                 self.lam.fill_(self.lam_of(float(kth_largest(losses, k))))
         self._started = True
 
@@ -248,6 +253,18 @@ class ThresholdedTopK(Aggregate):
 
     def _kernel_repr(self) -> str:
         return f", kernel={self.kernel!r}" + (f", compile_min_n={self.compile_min_n}" if self.kernel == "auto" else "")
+
+
+def _every_rank(losses: torch.Tensor) -> torch.Tensor:
+    """The 1-D losses of every rank, concatenated in rank order (ranks may hold different counts)."""
+    world = torch.distributed.get_world_size()
+    counts = [torch.zeros((), dtype=torch.long, device=losses.device) for _ in range(world)]
+    torch.distributed.all_gather(counts, torch.tensor(losses.numel(), device=losses.device))
+    longest = int(max(counts))
+    padded = torch.cat([losses, losses.new_zeros(longest - losses.numel())])
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    torch.distributed.all_gather(parts, padded)
+    return torch.cat([part[:int(count)] for part, count in zip(parts, counts)])
 
 
 class MATk(ThresholdedTopK):
