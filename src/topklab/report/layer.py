@@ -124,7 +124,7 @@ def render_sparsification(results: list[dict], bench: dict | None, configs: Path
     Examples
     --------
     >>> render_sparsification([], None).splitlines()[0]
-    '# Top-k gradient sparsification with error feedback: exact top-k, sampled threshold (DGC\'s rule), STk threshold'
+    "# Top-k gradient sparsification with error feedback: exact top-k, sampled threshold (DGC's rule), STk threshold"
     """
     lines = _header("Top-k gradient sparsification with error feedback: exact top-k, sampled threshold (DGC's rule), STk threshold",
                     "make reproduce-sparsification", results, _expected_rows("sparsification", configs), "sparsification")
