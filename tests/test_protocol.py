@@ -252,3 +252,46 @@ def test_make_reproduce_tabular_runs_every_row_once_the_longest_first():
                          text=True, check=True).stdout
     rows = next(arg for arg in dry.split() if arg.startswith("row=")).removeprefix("row=").split(",")
     assert rows[0] == "stk/table6/cpusmall" and sorted(rows) == sorted(tabular_rows(CONFIG_DIR))
+
+
+def test_a_solved_lambda_protocol_trains_and_keeps_the_papers_fingerprint_apart(wisconsin):
+    """preset.lam_update=solve: every member's λ is its batch's root (not trained); the paper's update
+    leaves the fingerprint as stored before the field existed, so committed cells still load."""
+    import dataclasses
+
+    paper = tiny_protocol()
+    solved = dataclasses.replace(paper, lam_update="solve")
+    assert "lam_update" not in paper.fingerprint("stk") and solved.fingerprint("stk")["lam_update"] == "solve"
+    record = run_cell(Cell("table3", "wisconsin", "logistic", "stk"), wisconsin, Logistic(), solved)
+    assert all(np.isfinite(record["per_split"]["lambda"])) and record["fingerprint"]["protocol"]["lam_update"] == "solve"
+    with pytest.raises(TopklabError, match="lam_update"):
+        dataclasses.replace(paper, lam_update="adam")
+
+
+def test_the_population_solves_each_members_lambda_on_its_batch():
+    import torch
+
+    from topklab.engine.functional_optim import Adagrad
+    from topklab.engine.population import DataGroup, Members, Metric, PopulationExecutor
+    from topklab.engine.stacked import StackedLinear
+    from topklab.losses import STk, Square
+    from topklab.tasks.metrics import rmse
+
+    x = torch.linspace(-1, 1, 64)[:, None]
+    group = DataGroup(x, 2 * x[:, 0] + 0.3 * torch.sin(9 * x[:, 0]), x[::2], 2 * x[::2, 0])
+    aggregate = STk(0.5, lam_update="solve", solve_steps=30)
+    seen = []
+    solve_rows = aggregate.solve_rows
+
+    def recorded(losses, k, delta, start):
+        root = solve_rows(losses, k, delta, start)
+        seen.append((losses, k, delta, root))
+        return root
+    aggregate.solve_rows = recorded
+    executor = PopulationExecutor(aggregate, Square(), StackedLinear(1), Adagrad(), Metric("rmse", rmse, False),
+                                  max_epochs=3, batch_size=16, patience=None)
+    executor.fit([group], Members(split=[0, 0], seed=[0, 1], k=[0.25, 0.75], lr=0.5, delta=[0.01, 0.1]), report=("val",))
+    losses, k, delta, root = seen[-1]
+    z = losses - root[:, None]
+    count = (0.5 * (1 + z / torch.sqrt(z * z + delta[:, None] ** 2))).sum(1)
+    assert torch.allclose(count, k, atol=1e-3) and k.tolist() == [4.0, 12.0]

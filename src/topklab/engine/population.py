@@ -212,9 +212,9 @@ class PopulationExecutor:
         if not isinstance(aggregate, Aggregate):
             raise TopklabError(f"aggregate={aggregate!r} is not an Aggregate module; build one with "
                                f"topklab.losses.build_aggregate(name)")
-        if getattr(aggregate, "lam_update", "gradient") != "gradient" or getattr(aggregate, "lam_lr", None) is not None:
-            raise TopklabError(f"the population executor trains λ by gradient at each member's lr (the paper's SGD-STk); "
-                               f"build the aggregate with lam_update='gradient' and lam_lr=None, not {aggregate!r}")
+        if getattr(aggregate, "lam_lr", None) is not None:
+            raise TopklabError(f"the population executor trains λ at each member's lr; build the aggregate with "
+                               f"lam_lr=None, not {aggregate!r}")
         for name, value in (("max_epochs", max_epochs), ("batch_size", batch_size), ("eval_every", eval_every),
                             ("eval_chunk", eval_chunk), ("patience", 1 if patience is None else patience)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -278,7 +278,8 @@ class PopulationExecutor:
 
         tracker = EarlyStopping(torch.empty(len(members), dtype=torch.float64).index_copy_(0, rows.ids, score()),
                                 self.patience, self.min_delta)
-        trained = list(self.model.names) + (["lam"] if self.aggregate.has_threshold else [])
+        solved = self.aggregate.has_threshold and self.aggregate.lam_update == "solve"
+        trained = list(self.model.names) + (["lam"] if self.aggregate.has_threshold and not solved else [])
         rows.state = self.optimizer.init({name: rows.params[name] for name in trained})
         steps = torch.zeros(len(members), dtype=torch.long)
         diverged = torch.zeros(len(members), dtype=torch.bool)
@@ -292,6 +293,12 @@ class PopulationExecutor:
                 leaves = {name: t.detach().requires_grad_(name in trained) for name, t in rows.params.items()}
                 outputs, targets = layout.train_outputs(leaves, rows.ids, xtr, ytr, positions)
                 losses = self.individual(outputs, targets).reshape(len(rows.ids), -1)
+                if solved:  # each running member's root on its batch, warm-started from its last (a constant)
+                    with torch.no_grad():
+                        root = self.aggregate.solve_rows(losses.detach(), rows.settings["k", positions.shape[1]],
+                                                         rows.settings["delta"], rows.params["lam"])
+                        keep = rows.running & torch.isfinite(root)
+                        rows.params["lam"] = leaves["lam"] = torch.where(keep, root, rows.params["lam"])
                 objective = self._objective(leaves, losses, rows.settings, rows.settings["k", positions.shape[1]],
                                             penalties)
                 finite = torch.isfinite(objective)

@@ -10,12 +10,14 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
+from hydra.utils import instantiate
 from torch import nn
 
 from topklab.engine.functional_optim import Adagrad
 from topklab.engine.population import Gathered, Members, Metric, PopulationExecutor
 from topklab.engine.stacked import StackedMLP
-from topklab.losses.aggregate import Aggregate, build_paper_update_aggregate
+from topklab.losses.aggregate import Aggregate
+from topklab.losses.aggregate.registry import aggregate_node, with_lam_update
 from topklab.protocol.grid import Grid
 from topklab.tasks.metrics import TASK_METRIC
 from topklab.utils.errors import TopklabError
@@ -53,6 +55,9 @@ class Protocol:
         validation improved by less than 1e-6 after 50 steps
     hidden : int, hidden units of the 2-layer MLP (paper: 10)
     lam_init : float, initial λ of MATk/STk (the paper is silent; our choice)
+    lam_update : "gradient" (the paper's SGD-STk, λ trained at each member's η) or "solve" (λ the root
+        of each member's batch, :meth:`~topklab.losses.aggregate.thresholded.ThresholdedTopK.solve_rows`);
+        "gradient" leaves the fingerprint as it was before this field
     max_members : int, largest population trained at once (bounds memory)
     """
 
@@ -67,6 +72,7 @@ class Protocol:
     hidden: int = 10
     lam_init: float = 0.0
     max_members: int = 70_000
+    lam_update: str = "gradient"
 
     def __post_init__(self):
         for name in ("n_splits", "max_epochs", "batch_size", "patience", "eval_every", "hidden", "max_members"):
@@ -77,11 +83,15 @@ class Protocol:
             raise TopklabError(f"preset.seed={self.seed!r} must be an int >= 0")
         if not self.min_delta >= 0:
             raise TopklabError(f"preset.min_delta={self.min_delta!r} must be >= 0")
+        if self.lam_update not in ("gradient", "solve"):
+            raise TopklabError(f"preset.lam_update={self.lam_update!r}; choose gradient (the paper's) or solve")
 
     def fingerprint(self, aggregate: str) -> dict:
         """Everything that determines a cell's numbers (stored with it, compared on resume)."""
         fields = asdict(self)
         fields.pop("max_members")
+        if fields["lam_update"] == "gradient":  # the paper's update, the protocol's as stored before the field existed
+            fields.pop("lam_update")
         fields["grid"] = self.grid.combos(aggregate)
         return fields
 
@@ -150,7 +160,8 @@ def run_cell(cell: Cell, dataset, individual: nn.Module, protocol: Protocol, set
     member_steps = 0
     rows = [(c, s) for c in range(len(combos)) for s in range(protocol.n_splits)]
     per_population = max(protocol.n_splits, protocol.max_members // protocol.n_splits * protocol.n_splits)
-    aggregate = build_paper_update_aggregate(cell.aggregate) if aggregate is None else aggregate
+    if aggregate is None:
+        aggregate = instantiate(with_lam_update(aggregate_node(cell.aggregate), protocol.lam_update))
     executor = PopulationExecutor(
         aggregate, individual, StackedMLP(splits[0].n_features, protocol.hidden), Adagrad(),
         Metric(metric, TASK_METRIC[dataset.task][1], higher_is_better=False), max_epochs=protocol.max_epochs,

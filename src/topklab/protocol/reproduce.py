@@ -18,7 +18,7 @@ from topklab.protocol.grid import Grid
 from topklab.protocol.store import CellStore
 from topklab.cli import config_groups
 from topklab.engine.build import build, compose_run
-from topklab.losses.aggregate.registry import paper_update
+from topklab.losses.aggregate.registry import with_lam_update
 from topklab.utils.errors import TopklabError
 from topklab.utils.provenance import check_cpu_capability, collect
 
@@ -110,7 +110,7 @@ def reproduce(cfg: DictConfig) -> list[dict]:
             dataset = build(cell_cfg.dataset, "dataset")
             individual = build(cell_cfg.individual, "individual")
             record = run_cell(cell, dataset, individual, protocol, settings=settings, on_retire=bar.update,
-                              aggregate=build(paper_update(cell_cfg.loss), "loss"))
+                              aggregate=build(with_lam_update(cell_cfg.loss, protocol.lam_update), "loss"))
             record["preset"] = cfg.preset.name
             record["command"] = command
             record["provenance"] = provenance

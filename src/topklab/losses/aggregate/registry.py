@@ -71,22 +71,23 @@ def aggregate_node(name: str, **overrides) -> DictConfig:
     return OmegaConf.merge(config, overrides)
 
 
-def paper_update(config: DictConfig) -> DictConfig:
-    """A copy of loss config ``config`` whose threshold λ (if it has one) is trained by gradient at
-    the model's learning rate (``lam_update=gradient``, ``lam_lr=null``): the paper's SGD-STk, the
-    only update the population executor (the tabular and synthetic tables) implements."""
+def with_lam_update(config: DictConfig, lam_update: str = "gradient") -> DictConfig:
+    """A copy of loss config ``config`` whose threshold λ (if it has one) follows ``lam_update``, with
+    λ at the members' own learning rate (``lam_lr=null``): what the population executor (the tabular
+    and synthetic tables) implements; ``gradient`` is the paper's SGD-STk."""
     config = config.copy()
     if "lam_update" in config:
-        config.lam_update, config.lam_lr = "gradient", None
+        config.lam_update, config.lam_lr = lam_update, None
     return config
 
 
 def build_paper_update_aggregate(name: str, **overrides) -> Aggregate:
-    """:func:`build_aggregate` under :func:`paper_update`, replacing the loss config's own update.
+    """:func:`build_aggregate` with the paper's update (:func:`with_lam_update`), replacing the loss
+    config's own.
 
     Examples
     --------
     >>> build_paper_update_aggregate("stk").lam_update, build_paper_update_aggregate("average").has_threshold
     ('gradient', False)
     """
-    return instantiate(paper_update(aggregate_node(name, **overrides)))
+    return instantiate(with_lam_update(aggregate_node(name, **overrides)))

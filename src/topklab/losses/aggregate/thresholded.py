@@ -149,6 +149,23 @@ class ThresholdedTopK(Aggregate):
             self._record(detached, lam.detach()[0], k, share)
         return value
 
+    def solve_rows(self, losses: torch.Tensor, k: torch.Tensor, delta: torch.Tensor | None,
+                   start: torch.Tensor) -> torch.Tensor:
+        """Each row's root (P,) of ``losses`` (P, n) at counts ``k`` (P,): SReLU's by ``solve_steps``
+        Newton steps warm-started from ``start``, ReLU's the row's k-th largest loss (a sort).
+
+        Examples
+        --------
+        >>> MATk(k=2).solve_rows(torch.tensor([[1.0, 5.0, 3.0, 0.0], [4.0, 3.0, 2.0, 1.0]]),
+        ...                      torch.tensor([2.0, 1.0]), None, torch.zeros(2))
+        tensor([3., 4.])
+        """
+        if self.smoothing == "relu":
+            descending = losses.sort(dim=1, descending=True).values
+            return descending.gather(1, (k.long() - 1).view(-1, 1)).view(-1)
+        lam, _ = solve_srelu_threshold(losses, k, delta, start, self.solve_steps)
+        return lam
+
     def _solve(self, losses: torch.Tensor, k: int, k_row: torch.Tensor, delta: torch.Tensor | None):
         """This batch's root λ (1,) and the smoothed share above it (None where not known yet);
         updates the warm start and the running average."""
