@@ -137,7 +137,8 @@ def main(cfg: DictConfig) -> None:
         raise TopklabError("nothing selected: set tabular=true or synthetic=true")
     command = "python scripts/lambda_band.py" + "".join(f" {a}" for a in sys.argv[1:])
     out = Path(cfg.out_dir)
-    result = make_result("bench", "lambda_band", {"rows": rows}, command=command, config=portable_config(cfg),
+    config = {k: v for k, v in portable_config(cfg).items() if k != "out_dir"}  # a machine path
+    result = make_result("bench", "lambda_band", {"rows": rows}, command=command, config=config,
                          provenance=collect(ROOT))
     write_result(out / "lambda_band_cpu.json", result)
     atomic_write_text(out / "lambda_band_cpu.md", render(rows, command))
