@@ -18,6 +18,7 @@ import math
 import torch
 from torch import nn
 
+from topklab.losses.aggregate.solve import srelu_slope_and_curvature
 from topklab.losses.smoothing import srelu
 from topklab.operators.base import TopKOperator, check_scores, positive
 
@@ -36,11 +37,7 @@ def srelu_slope(z: torch.Tensor, delta: float) -> torch.Tensor:
     >>> srelu_slope(torch.tensor([-1.0, 0.0, 1.0], dtype=torch.float64), 0.01)
     tensor([2.4998e-05, 5.0000e-01, 9.9998e-01], dtype=torch.float64)
     """
-    negative = z.clamp(max=0.0)  # the tail branch only ever sees z <= 0 (finite everywhere)
-    root_negative = torch.sqrt(negative * negative + delta * delta)
-    tail = (delta * delta) / (2.0 * root_negative * (root_negative - negative))
-    head = 0.5 * (1.0 + z / torch.sqrt(z * z + delta * delta))
-    return torch.where(z < 0, tail, head)
+    return srelu_slope_and_curvature(z, torch.as_tensor(delta, dtype=z.dtype))[0]
 
 
 def solve_threshold(scores: torch.Tensor, k: int, delta: float, tol: float = 1e-9,
