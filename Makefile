@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 KERNLAB_RDA := .data/kernlab/usr/lib/R/site-library/kernlab/data/spam.rda
 
-.PHONY: setup data sparse demo test test-slow test-all reproduce-tabular tables bench-population \
+.PHONY: setup data sparse demo gpu-wheels test test-slow test-all reproduce-tabular tables bench-population \
         reproduce-synthetic reproduce-fmnistlt reproduce-multi30k reproduce-translation-table5 \
         reproduce-translation-table8 reproduce-vision-table5 reproduce-vision-table7 reproduce-vision-table8 \
         bench-peft bench-operators reproduce-sinkhorn-beta table1 bench-topk bench-step-share figures clean \
@@ -71,6 +71,11 @@ sparse: setup
 
 demo: setup
 	$(PY) train.py
+
+# A GPU machine that reaches no registry (README "On a GPU machine without registry access"): make the
+# wheels its image lacks here, copy the repository with .whl/ there, then scripts/gpu_check.sh <stage>.
+gpu-wheels:
+	PYTHON=$(PYTHON) scripts/offline_wheels.sh .whl
 
 # On a CUDA machine the gpu-marked tests run too; elsewhere they are skipped with the reason.
 test: setup
