@@ -2,14 +2,16 @@
 # The GPU checks (README "On a GPU machine without registry access"), one stage per call, on a CUDA
 # machine whose Python already holds torch: run from the repository root after
 # `scripts/offline_wheels.sh .whl` was run where a registry is reachable and .whl/ was copied along.
-#   scripts/gpu_check.sh tests    OUT   the gpu-marked tests, then the default suite (16 workers)
-#   scripts/gpu_check.sh bench    OUT   bench_topk (n = 1e5 … 1e8) and the ResNet-32 epoch, both data paths
-#   scripts/gpu_check.sh peft     OUT   bench_peft, batch 128, fp16 and bf16 (channels-last)
-#   scripts/gpu_check.sh multi30k OUT   the Multi30k Average / ATk / STk rows, seed 0, side by side on the GPU
-# Logs and written results go to a scratch folder, packed into OUT/<stage>.tar.gz (default OUT: results/bench).
+#   scripts/gpu_check.sh STAGE [STAGE ...]   with OUT=<folder> (default results/bench)
+#   tests     the gpu-marked tests, then the default suite (16 workers, one thread each)
+#   topk      bench_topk, n = 1e5 … 1e8
+#   cifar     the ResNet-32 CIFAR-100-LT epoch, the device loader against a DataLoader
+#   peft      bench_peft, batch 128, fp16 and bf16 (channels-last)
+#   multi30k  the Multi30k Average / ATk / STk rows, seed 0, side by side on the GPU
+# Logs and written results go to a scratch folder, packed into OUT/<stages>.tar.gz.
 set -uo pipefail
-stage=${1:?stage: tests | bench | peft | multi30k}
-pack=$(realpath -m "${2:-results/bench}")
+[ $# -ge 1 ] || { echo "error: name a stage: tests | topk | cifar | peft | multi30k" >&2; exit 2; }
+pack=$(realpath -m "${OUT:-results/bench}")
 out=$(mktemp -d)
 mkdir -p "$pack"
 eval "$(scripts/offline_setup.sh "${WHEELS:-.whl}")" || exit 2
@@ -19,18 +21,22 @@ export PYTHONUNBUFFERED=1 TOPKLAB_ROOT=$(pwd)
     python3 -c "import torch, triton, timm, hydra; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'triton', triton.__version__, 'timm', timm.__version__, 'hydra', hydra.__version__, torch.cuda.get_device_name(0))"
     git rev-parse HEAD 2>/dev/null || echo "no .git here: provenance records no commit"
-} 2>&1 | tee "$out/$stage-machine.txt"
+} 2>&1 | tee "$out/machine.txt"
+for stage in "$@"; do
 case $stage in
 tests)
-    timeout 150 python3 -m pytest -q -m gpu -rA -p no:cacheprovider 2>&1 | tee "$out/tests-gpu.log"
-    timeout 360 python3 -m pytest -q -m "not slow" -n 16 -p no:cacheprovider 2>&1 | tail -80 >"$out/tests-default.log"
-    tail -30 "$out/tests-default.log" ;;
-bench)
-    timeout 330 python3 scripts/bench_topk.py --device cuda --max-exp 8 --out-dir "$out" 2>&1 | tail -40
-    timeout 240 python3 scripts/bench_cifar_epoch.py --device cuda --epochs 3 --workers 8 --out-dir "$out" 2>&1 | tail -12 ;;
+    timeout 150 python3 -m pytest -q -m gpu -rA -p no:cacheprovider 2>&1 | tee "$out/tests-gpu.log" | tail -15
+    OMP_NUM_THREADS=1 timeout 280 python3 -m pytest -v -m "not slow" -n 16 -p no:cacheprovider -W ignore::pytest.PytestWarning \
+        >"$out/tests-default.log" 2>&1
+    grep -E "(FAILED|ERROR) tests/" "$out/tests-default.log" | sed 's/^\[gw[0-9]*\] *\[ *[0-9]*%\] *//' | sort | head -60
+    grep -cE "PASSED tests/" "$out/tests-default.log"; tail -3 "$out/tests-default.log" ;;
+topk)
+    timeout 220 python3 scripts/bench_topk.py --device cuda --max-exp 8 --min-time 0.2 --out-dir "$out" 2>&1 | tail -30 ;;
+cifar)
+    timeout 220 python3 scripts/bench_cifar_epoch.py --device cuda --epochs 3 --workers 8 --out-dir "$out" 2>&1 | tail -12 ;;
 peft)
     for amp in fp16 bf16; do
-        timeout 270 python3 scripts/bench_peft.py --device cuda --batch 128 --steps 20 --amp $amp --channels-last \
+        timeout 150 python3 scripts/bench_peft.py --device cuda --batch 128 --steps 20 --amp $amp --channels-last \
             --tuners adaptformer lora vpt_deep full --out-dir "$out" --tag "cuda_$amp" 2>&1 | tail -25
     done ;;
 multi30k)
@@ -43,6 +49,8 @@ multi30k)
     wait
     tail -3 "$out"/multi30k-*.log
     cp -r results/translation "$out/" 2>/dev/null ;;
-*) echo "error: unknown stage $stage (tests | bench | peft | multi30k)" >&2; exit 2 ;;
+*) echo "error: unknown stage $stage (tests | topk | cifar | peft | multi30k)" >&2; exit 2 ;;
 esac
-tar -czf "$pack/$stage.tar.gz" -C "$out" . && ls -la "$out" "$pack"
+done
+name=$(IFS=-; echo "$*")
+tar -czf "$pack/$name.tar.gz" -C "$out" . && ls "$out"

@@ -11,16 +11,18 @@ from topklab.losses import STk
 pytestmark = pytest.mark.gpu
 
 
-def test_stk_on_cuda_matches_the_cpu_in_float64():
+@pytest.mark.parametrize("lam_update", ["solve", "gradient"])
+def test_stk_on_cuda_matches_the_cpu_in_float64(lam_update):
     losses = torch.rand(4097, dtype=torch.float64)
     values, grads = [], []
     for device in ("cpu", "cuda"):
-        aggregate = STk(k=0.9, delta=0.01).double().to(device)
-        x = losses.to(device).requires_grad_(True)
+        aggregate = STk(k=0.9, delta=0.01, lam_update=lam_update).double().to(device)
+        x = losses.to(device).clone().requires_grad_(True)  # a fresh leaf per device (.to("cpu") is the tensor itself)
         value = aggregate(x)
         value.backward()
         values.append(value.detach().cpu())
-        grads.append((x.grad.cpu(), aggregate.threshold.grad.cpu()))
+        lam = aggregate.threshold.grad if lam_update == "gradient" else aggregate.lam_last
+        grads.append((x.grad.cpu(), lam.detach().cpu()))
     assert torch.allclose(values[0], values[1], rtol=1e-10)
     assert torch.allclose(grads[0][0], grads[1][0], rtol=1e-9) and torch.allclose(grads[0][1], grads[1][1], rtol=1e-9)
 
@@ -53,7 +55,7 @@ def test_diffsortnet_on_cuda_matches_the_cpu_in_float64(network):
     weights = torch.randn(8, 37, 5, dtype=torch.float64)
     results = []
     for device in ("cpu", "cuda"):
-        x = scores.to(device).requires_grad_(True)
+        x = scores.to(device).clone().requires_grad_(True)
         P = DiffSortNet(network, 0.5, "logistic_phi", 0.5).permutation(x, 5)
         (P * weights.to(device)).sum().backward()
         results.append((P.detach().cpu(), x.grad.cpu()))
