@@ -252,6 +252,7 @@ def main() -> None:
     parser.add_argument("--max-exp", type=int, default=7, help="largest n = 10^max-exp (8 on a GPU)")
     parser.add_argument("--min-time", type=float, default=0.3, help="seconds of repeats per point")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's default)")
+    parser.add_argument("--losses", nargs="+", choices=list(LOSSES), help="a subset of the rows (default: all)")
     parser.add_argument("--out-dir", default=str(ROOT / "results" / "bench"))
     parser.add_argument("--worker", nargs=2, metavar=("LOSS", "POINTS"), help=argparse.SUPPRESS)
     parser.add_argument("--no-memory", action="store_true", help=argparse.SUPPRESS)
@@ -278,7 +279,7 @@ def main() -> None:
 
     ns = [10 ** exponent for exponent in range(args.min_exp, args.max_exp + 1)]
     results = []
-    for name in (QUICK_LOSSES if args.quick else LOSSES):
+    for name in (QUICK_LOSSES if args.quick else args.losses or LOSSES):
         points = [(n, label, k) for n in ns for label, k in (k_values(n).items() if name in USES_K else [("-", 1)])]
         batches = [points] if args.quick else [[point] for point in points]
         for batch in batches:
@@ -294,7 +295,7 @@ def main() -> None:
     machine = hardware()
     label = ", ".join(machine["gpus"]) if device == "cuda" else (machine.get("processor") or machine["machine"])
     settings = {"device": args.device, "quick": args.quick, "min_exp": args.min_exp, "max_exp": args.max_exp,
-                "min_time": args.min_time, "threads": args.threads}
+                "min_time": args.min_time, "threads": args.threads, "losses": args.losses}
     command = " ".join(["python", "scripts/bench_topk.py", *sys.argv[1:]])
     write_result(out_dir / f"{stem}.json", make_result("bench", stem, {"results": results}, command=command,
                                                        config=settings, provenance=collect(ROOT)))

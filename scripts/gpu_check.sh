@@ -31,12 +31,13 @@ tests)
     grep -E "(FAILED|ERROR) tests/" "$out/tests-default.log" | sed 's/^\[gw[0-9]*\] *\[ *[0-9]*%\] *//' | sort | head -60
     grep -cE "PASSED tests/" "$out/tests-default.log"; tail -3 "$out/tests-default.log" ;;
 topk)
-    timeout 220 python3 scripts/bench_topk.py --device cuda --max-exp 8 --min-time 0.2 --out-dir "$out" 2>&1 | tail -30 ;;
+    timeout 170 python3 scripts/bench_topk.py --device cuda --min-exp 5 --max-exp 8 --min-time 0.2 --out-dir "$out" \
+        --losses Average "ATk (topk)" "MATk (eager)" "MATk (compiled)" "STk (eager)" "STk (compiled)" 2>&1 | tail -30 ;;
 cifar)
-    timeout 220 python3 scripts/bench_cifar_epoch.py --device cuda --epochs 3 --workers 8 --out-dir "$out" 2>&1 | tail -12 ;;
+    timeout 130 python3 scripts/bench_cifar_epoch.py --device cuda --epochs 3 --workers 8 --out-dir "$out" 2>&1 | tail -12 ;;
 peft)
     for amp in fp16 bf16; do
-        timeout 150 python3 scripts/bench_peft.py --device cuda --batch 128 --steps 20 --amp $amp --channels-last \
+        timeout 140 python3 scripts/bench_peft.py --device cuda --batch 128 --steps 20 --amp $amp --channels-last \
             --tuners adaptformer lora vpt_deep full --out-dir "$out" --tag "cuda_$amp" 2>&1 | tail -25
     done ;;
 multi30k)
