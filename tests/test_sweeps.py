@@ -96,8 +96,11 @@ def test_visible_gpus_follow_cuda_visible_devices(monkeypatch, env, expected):
 
 
 def test_pin_gpu_takes_a_free_device_and_keeps_it(monkeypatch, tmp_path):
+    import torch
+
     monkeypatch.setattr(gpu, "_SLOT", {})
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # a fresh job process (on a GPU machine this
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")                     # test process may have started CUDA already)
     monkeypatch.setenv(gpu.PINNED, "")
     held = gpu._try_lock(tmp_path / "gpu-3.lock")  # another live process of the sweep holds GPU 3
     try:
@@ -106,4 +109,14 @@ def test_pin_gpu_takes_a_free_device_and_keeps_it(monkeypatch, tmp_path):
         assert gpu.pin_gpu("3", ["3", "5"], tmp_path) == "5"  # a process is pinned once
     finally:
         os.close(held)
-        os.close(gpu._SLOT["lock"])
+        if gpu._SLOT.get("lock") is not None:
+            os.close(gpu._SLOT["lock"])
+
+
+def test_a_process_that_started_cuda_is_not_pinned(monkeypatch, tmp_path):
+    import torch
+
+    monkeypatch.setattr(gpu, "_SLOT", {})
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert gpu.pin_gpu("3", ["3", "5"], tmp_path) is None and os.environ["CUDA_VISIBLE_DEVICES"] == ""

@@ -109,7 +109,7 @@ def test_gradient_clipping_bounds_an_sgd_step(compose_cfg, corpora, clip):
     module = TrainingModule(model, objective)
     before = torch.cat([p.detach().flatten().clone() for p in module.parameters()])
     engine.fit(module, build(cfg.optim, "optim")(module.parameter_groups()), data, task, cfg.seed)
-    step = torch.cat([p.detach().flatten() for p in module.parameters()]) - before
+    step = torch.cat([p.detach().flatten().cpu() for p in module.parameters()]) - before  # fit may move it to CUDA
     assert (float(step.norm()) <= 1.001e-3) == bool(clip)  # SGD at lr 1 moves by the (clipped) gradient
 
 

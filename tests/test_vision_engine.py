@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from conftest import ROOT
 from topklab.cli import config_groups
@@ -89,7 +90,7 @@ def test_rerunning_a_finished_run_reports_it_without_training_more(compose_cfg, 
 
 def train_command(tmp_path, fmnist_root, *extra):
     return [sys.executable, str(ROOT / "train.py"), *TINY_FMNIST, f"dataset.root={fmnist_root}", "engine.epochs=4",
-            "engine.checkpoint_every=1", f"paths.log_dir={tmp_path}/logs", "loss=stk", *extra]
+            "engine.checkpoint_every=1", "engine.deterministic=true", f"paths.log_dir={tmp_path}/logs", "loss=stk", *extra]
 
 
 SPARSE_EXCHANGE = ["gradient_exchange@engine.gradient_exchange=sampled_threshold", "engine.gradient_exchange.workers=2"]
@@ -210,3 +211,16 @@ def test_the_cifar100lt_rows_decay_as_ldam_drw(compose_cfg):
     schedule = dict(compose_cfg("experiment=stk/cifar100lt/la_stk").engine.schedule)
     factor = LRFactor(steps_per_epoch=10, epochs=200, **schedule)
     assert [factor(e * 10) for e in (100, 161, 181)] == [1.0, pytest.approx(0.01), pytest.approx(1e-4)]  # LDAM-DRW's code
+
+
+def test_deterministic_algorithms_hold_within_the_run_and_are_restored_after():
+    from topklab.utils.seed import deterministic_algorithms
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)
+    with deterministic_algorithms(True):
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"]
+    assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark) == before
+    with deterministic_algorithms(False):
+        assert torch.are_deterministic_algorithms_enabled() == before[0]

@@ -109,6 +109,9 @@ class Engine:
     profiler : dict(enabled, wait, warmup, active), torch.profiler over the first steps; the Chrome
         trace goes to ``<run dir>/profile/trace.json``
     progress : bool, a tqdm bar per epoch
+    deterministic : bool, deterministic kernels only and cuDNN without autotuning for the run
+        (:func:`~topklab.utils.seed.deterministic_algorithms`): a CUDA run then repeats bit for bit
+        and resumes exactly, at some speed; a CPU run is deterministic either way
     finite_check : auto | step | epoch, when a non-finite loss is caught: at every step (the state
         kept in ``last_good.pt`` is the one before the failing update) or at epoch ends and
         checkpoints only (no per-step device sync; ``last_good.pt`` is then the last finite
@@ -126,7 +129,7 @@ class Engine:
                  final_splits=("val", "test"), device: str = "auto", amp: str = "none", channels_last="auto",
                  schedule: dict | None = None, clip_grad_norm: float = 0.0, average_last: int = 0, checkpoint: bool = True, checkpoint_every: int = 0, resume: bool = True,
                  max_steps: int | None = None, profiler: dict | None = None, progress: bool = True,
-                 gradient_exchange=None, finite_check: str = "auto"):
+                 gradient_exchange=None, finite_check: str = "auto", deterministic: bool = False):
         _positive_int("epochs", epochs)
         _positive_int("batch_size", batch_size)
         for name, value in (("eval_batch_size", eval_batch_size), ("micro_batch_size", micro_batch_size),
@@ -163,7 +166,7 @@ class Engine:
         LRFactor(steps_per_epoch=1, epochs=epochs, **self.schedule)  # validates the fields now
         self.checkpoint, self.checkpoint_every, self.resume, self.max_steps = checkpoint, checkpoint_every, resume, max_steps
         self.profiler = {"enabled": False, "wait": 1, "warmup": 1, "active": 3, **(profiler or {})}
-        self.progress, self.finite_check = progress, finite_check
+        self.progress, self.finite_check, self.deterministic = progress, finite_check, bool(deterministic)
         if gradient_exchange is not None and micro_batch_size:
             raise ValueError("engine.gradient_exchange already splits each batch into its workers' shards; "
                              "set engine.micro_batch_size=null")

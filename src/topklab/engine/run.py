@@ -24,7 +24,7 @@ from topklab.report import make_result
 from topklab.report import write_result as write_envelope
 from topklab.utils.errors import NonFiniteLossError, TopklabError
 from topklab.utils.provenance import check_cpu_capability, portable_config
-from topklab.utils.seed import seed_everything
+from topklab.utils.seed import deterministic_algorithms, seed_everything
 
 
 def smallest_batch(data, batch_size: int, drop_last: bool) -> int:
@@ -106,8 +106,9 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None, ove
         workdir = Path(cfg.paths.checkpoint_dir) / run_key(cfg)
         logger.start(record.run_dir, OmegaConf.to_container(cfg, resolve=True),
                      resume_id=CheckpointStore(workdir).info().get("logger_id"))
-        result = engine.fit(module, optimizer, data, task, cfg.seed, on_epoch_end=record.add_epoch, on_eval=logger.log,
-                            workdir=workdir, run_dir=record.run_dir, logger_id=logger.id, dist=dist)
+        with deterministic_algorithms(engine.deterministic):
+            result = engine.fit(module, optimizer, data, task, cfg.seed, on_epoch_end=record.add_epoch, on_eval=logger.log,
+                                workdir=workdir, run_dir=record.run_dir, logger_id=logger.id, dist=dist)
         dist.barrier()  # no rank tears the process group down while another still talks to it (gloo aborts then)
     except NonFiniteLossError as err:
         record.discard(keep=("last_good.pt",))

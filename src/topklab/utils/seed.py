@@ -1,7 +1,9 @@
 """One training seed fanned out to python, numpy and torch; RNG state capture for resume."""
 from __future__ import annotations
 
+import os
 import random
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -47,3 +49,24 @@ class SeededNormal:
         if key not in self._generators:
             self._generators[key] = torch.Generator(device=like.device).manual_seed(self.seed)
         return torch.randn(shape, generator=self._generators[key], device=like.device, dtype=like.dtype)
+
+
+@contextmanager
+def deterministic_algorithms(enabled: bool):
+    """Within the block, torch's deterministic kernels only (a warning where an op has none) and
+    cuDNN without autotuning, so that a CUDA run repeats bit for bit and a resumed one ends where
+    the uninterrupted one does; the previous settings come back after it. A CPU run is already
+    deterministic."""
+    if not enabled:
+        yield
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for repeatable matmuls
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
