@@ -281,7 +281,8 @@ def main() -> None:
     results = []
     for name in (QUICK_LOSSES if args.quick else args.losses or LOSSES):
         points = [(n, label, k) for n in ns for label, k in (k_values(n).items() if name in USES_K else [("-", 1)])]
-        batches = [points] if args.quick else [[point] for point in points]
+        # one process per point measures a CPU point's own peak RSS; CUDA measures in-process (and compiles once)
+        batches = [points] if args.quick or args.device.startswith("cuda") else [[point] for point in points]
         for batch in batches:
             rows = run_worker(name, [(n, k) for n, _, k in batch], args, measure_memory=not args.quick)
             for (n, label, _), row in zip(batch, rows):

@@ -24,6 +24,7 @@ from topklab.engine.checkpoint import CheckpointStore
 from topklab.engine.distributed import Distributed, gather_concat, shard_slice
 from topklab.engine.objective import TrainingModule
 from topklab.engine.profiling import StepProfile, peak_memory_bytes, torch_profiler
+from topklab.engine.run_identity import check_resumable, segment_identity
 from topklab.engine.schedules import LRFactor
 from topklab.engine.stopping import REPORT_STATES, EarlyStopping
 from topklab.losses.aggregate.lambda_monitor import lambda_tracking
@@ -104,7 +105,10 @@ class Engine:
         ``checkpoint``, since the epoch weights are kept beside it)
     checkpoint : bool, keep a resumable checkpoint under the run key (written each epoch end)
     checkpoint_every : int >= 0, also checkpoint every this many steps (0: at epoch ends only)
-    resume : bool, continue from the run key's checkpoint when one exists
+    resume : bool or "force", continue from the run key's checkpoint when one exists, provided the code
+        that shapes training and the machine settings that change its numbers (device, threads, CPU
+        kernels, torch) are those it was written with (:mod:`~topklab.engine.run_identity`); "force"
+        resumes under other ones. Each segment of a run is kept in the summary's ``segments``
     max_steps : int >= 1 or None, stop after this many steps (smoke runs, profiling)
     profiler : dict(enabled, wait, warmup, active), torch.profiler over the first steps; the Chrome
         trace goes to ``<run dir>/profile/trace.json``
@@ -147,6 +151,8 @@ class Engine:
             raise ValueError("engine.min_delta, engine.checkpoint_every and engine.clip_grad_norm must be >= 0")
         if isinstance(average_last, bool) or not isinstance(average_last, int) or average_last < 0:
             raise ValueError(f"engine.average_last={average_last!r} must be an int >= 0")
+        if resume not in (True, False, "force"):
+            raise ValueError(f"engine.resume={resume!r}; choose true, false or force")
         if average_last and not checkpoint:
             raise ValueError("engine.average_last needs engine.checkpoint=true (the epoch weights are kept beside it)")
         if select_metrics is not None and not list(select_metrics):
@@ -236,8 +242,10 @@ class Engine:
         def snapshot() -> dict:
             return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
 
+        identity = segment_identity(device)
         state = {"epoch": 0, "batch": 0, "step": 0, "loss_sum": 0.0, "history": [], "best": {}, "trackers": None,
-                 "train_seconds": 0.0, "logger_id": logger_id, "finished": False, "early_stopped": False}
+                 "train_seconds": 0.0, "logger_id": logger_id, "finished": False, "early_stopped": False,
+                 "segments": [{**identity, "from_step": 0}]}
         trackers = {m: EarlyStopping(torch.tensor([-float("inf")], dtype=torch.float64), self.patience if i == 0 else None, self.min_delta)
                     for i, m in enumerate(select)}
         store = CheckpointStore(workdir) if workdir is not None and self.checkpoint else None
@@ -247,6 +255,9 @@ class Engine:
             return batch[shard_slice(len(batch), dist.rank, dist.world_size)] if dist.is_distributed else batch
         if store is not None and self.resume and store.exists():
             saved = store.load()
+            segments = saved["progress"].get("segments")
+            check_resumable({k: v for k, v in segments[-1].items() if k != "from_step"} if segments else None, identity,
+                            store.directory, force=self.resume == "force")
             module.load_state_dict(saved["module"])
             optimizer.load_state_dict(saved["optimizer"])
             scheduler.load_state_dict(saved["scheduler"])
@@ -255,6 +266,7 @@ class Engine:
             if exchange is not None:
                 exchange.load_state_dict(saved["exchange"])
             state = saved["progress"]
+            state["segments"] = [*(segments or []), {**identity, "from_step": state["step"]}]
             state["logger_id"] = logger_id or state.get("logger_id")
             if monitor is not None and "lambda_monitor" in state:
                 monitor.load_state_dict(state["lambda_monitor"])
@@ -313,7 +325,7 @@ class Engine:
                         "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
                         "progress": state, **({"exchange": exchange.state_dict()} if exchange is not None else {})},
                        {"epoch": state["epoch"], "batch": state["batch"], "step": state["step"],
-                        "logger_id": state["logger_id"], "finished": state["finished"]})
+                        "logger_id": state["logger_id"], "finished": state["finished"], "segments": state["segments"]})
 
         if state["step"] == 0 and hasattr(module.model, "initialise_from_data"):  # e.g. a head from class means
             module.eval()
@@ -464,7 +476,7 @@ class Engine:
             "best_step": primary["step"], "best_epoch": primary["epoch"], "steps": state["step"], "epochs": state["epoch"],
             "early_stopped": state["early_stopped"], "lambda": module.objective.threshold,
             "lambda_tracking": lambda_tracking(state["history"]) if hasattr(module.objective.aggregate, "monitor") else None,
-            "train_seconds": state["train_seconds"], "device": str(device), "amp": self.amp,
+            "train_seconds": state["train_seconds"], "segments": state["segments"], "device": str(device), "amp": self.amp,
             "channels_last": channels_last,
             "cost": {k: last[k] for k in ("step_time_s", "images_per_s", "losses_per_s", "data_wait_share", "loss_share",
                                           "peak_memory_mb")},

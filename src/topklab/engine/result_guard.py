@@ -16,7 +16,7 @@ import torch
 
 from topklab.utils.errors import TopklabError
 
-ROW_OWN_KEYS = ("experiment", "seed", "recipe", "force_result", "logger", "engine.progress")  # overrides a row's result allows
+ROW_OWN_KEYS = ("experiment", "seed", "recipe", "force_result", "logger", "engine.progress", "engine.resume")  # overrides a row's result allows
 ROW_OWN_PREFIXES = ("hydra", "paths.", "logger.")
 IGNORED_CONFIG_KEYS = ("logger", "force_result")  # config keys that do not change a result
 
