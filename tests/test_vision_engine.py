@@ -2,6 +2,7 @@
 profiling, exact resume after a kill, the profiler config, and every vision experiment row."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -131,6 +132,41 @@ def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnis
     b = json.loads(interrupted.read_text())["result"]["summary"]
     assert b["metrics"] == a["metrics"]
     assert (b["best_epoch"], b["steps"], b["lambda"]) == (a["best_epoch"], a["steps"], a["lambda"])
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)],
+                         ids=["SIGTERM", "Ctrl-C"])
+def test_a_signal_saves_a_checkpoint_and_the_rerun_resumes_exactly(tmp_path, fmnist_root, number):
+    """SIGTERM (a scheduler's notice) or Ctrl-C mid-epoch: the step ends, the checkpoint is written, the
+    process stops with one line and 128 + the signal's number; the same command then finishes with
+    the metrics of an uninterrupted run."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    reference, interrupted = tmp_path / "reference.json", tmp_path / "interrupted.json"
+    subprocess.run(train_command(tmp_path / "a", fmnist_root, f"result_file={reference}", "engine.checkpoint_every=0"),
+                   env=env, check=True, capture_output=True)
+    command = train_command(tmp_path / "b", fmnist_root, f"result_file={interrupted}", "engine.checkpoint_every=0")
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        if list((tmp_path / "b" / "logs" / "checkpoints").glob("*/run.json")):  # epoch 1 done: training, handlers set
+            os.killpg(process.pid, number)
+            break
+        time.sleep(0.005)
+    _, stderr = process.communicate()
+    assert process.returncode == 128 + number, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert re.fullmatch(rf"error: {signal.Signals(number).name} at epoch [234], step \d+: checkpoint saved in .*; "
+                        r"rerun the same command to resume", last), last
+    assert not interrupted.exists()
+    stopped_at = json.loads(next((tmp_path / "b" / "logs" / "checkpoints").glob("*/run.json")).read_text())["step"]
+    assert 5 <= stopped_at < 20  # after epoch 1's checkpoint, before the run's end (5 steps per epoch)
+    resumed = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    a = json.loads(reference.read_text())["result"]["summary"]
+    b = json.loads(interrupted.read_text())["result"]["summary"]
+    assert b["metrics"] == a["metrics"] and (b["best_epoch"], b["steps"]) == (a["best_epoch"], a["steps"])
+    assert [segment["from_step"] for segment in b["segments"]] == [0, stopped_at]
 
 
 def experiment_rows():

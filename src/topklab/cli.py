@@ -182,6 +182,6 @@ def preflight(argv: list[str], config_dir: Path) -> None:
 
 
 def fail(err: Exception | str) -> None:
-    """Print ``error: <err>`` on stderr and exit with code 2."""
+    """Print ``error: <err>`` on stderr and exit with code 2 (an interrupted run: 128 + the signal)."""
     print(f"error: {err}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(getattr(err, "exit_code", 2))

@@ -13,6 +13,7 @@ logger id) is in the checkpoint. Reported metrics come from the best-validation 
 from __future__ import annotations
 
 import contextlib
+import signal
 import time
 from pathlib import Path
 from typing import Callable
@@ -22,13 +23,14 @@ from tqdm import tqdm
 
 from topklab.engine.checkpoint import CheckpointStore
 from topklab.engine.distributed import Distributed, gather_concat, shard_slice
+from topklab.engine.interrupt import pending_signal
 from topklab.engine.objective import TrainingModule
 from topklab.engine.profiling import StepProfile, peak_memory_bytes, torch_profiler
 from topklab.engine.run_identity import check_resumable, segment_identity
 from topklab.engine.schedules import LRFactor
 from topklab.engine.stopping import REPORT_STATES, EarlyStopping
 from topklab.losses.aggregate.lambda_monitor import lambda_tracking
-from topklab.utils.errors import NonFiniteLossError, TopklabError
+from topklab.utils.errors import Interrupted, NonFiniteLossError, TopklabError
 from topklab.utils.seed import rng_state, set_rng_state
 
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -239,6 +241,14 @@ class Engine:
             module.train()
             return task.metrics(outputs, data.targets(split))
 
+        def interrupted() -> bool:
+            """A signal reached this process (under DDP: any rank), checked once per step."""
+            if not dist.is_distributed:
+                return pending_signal() is not None
+            flag = torch.tensor([float(pending_signal() is not None)], device=dist.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            return bool(flag.item())
+
         def snapshot() -> dict:
             return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
 
@@ -397,6 +407,14 @@ class Engine:
                         state["train_seconds"] += time.perf_counter() - epoch_start
                         epoch_start = time.perf_counter()
                         save_checkpoint()
+                    if interrupted():
+                        state["train_seconds"] += time.perf_counter() - epoch_start
+                        save_checkpoint()
+                        number = pending_signal() or signal.SIGTERM
+                        saved = f"checkpoint saved in {store.directory}; rerun the same command to resume" \
+                            if store is not None else "nothing saved (engine.checkpoint=false)"
+                        raise Interrupted(f"{signal.Signals(number).name} at epoch {epoch + 1}, step {state['step']}: "
+                                          f"{saved}", number)
                     if self.max_steps is not None and state["step"] >= self.max_steps:
                         state["finished"] = True
                         break

@@ -15,6 +15,7 @@ from topklab.engine.build import build, build_for_data
 from topklab.engine.checkpoint import CheckpointStore, run_key
 from topklab.engine.objective import Objective, TrainingModule
 from topklab.engine.distributed import Distributed
+from topklab.engine.interrupt import deferred_signals
 from topklab.engine.loop import resolve_device
 from topklab.engine.record import RunRecord, SilentRecord
 from topklab.engine.result_guard import check_replaceable, destination, identity
@@ -106,7 +107,7 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None, ove
         workdir = Path(cfg.paths.checkpoint_dir) / run_key(cfg)
         logger.start(record.run_dir, OmegaConf.to_container(cfg, resolve=True),
                      resume_id=CheckpointStore(workdir).info().get("logger_id"))
-        with deterministic_algorithms(engine.deterministic):
+        with deterministic_algorithms(engine.deterministic), deferred_signals():
             result = engine.fit(module, optimizer, data, task, cfg.seed, on_epoch_end=record.add_epoch, on_eval=logger.log,
                                 workdir=workdir, run_dir=record.run_dir, logger_id=logger.id, dist=dist)
         dist.barrier()  # no rank tears the process group down while another still talks to it (gloo aborts then)
