@@ -43,6 +43,14 @@ class CheckpointStore:
     def path(self) -> Path:
         return self.directory / "last.pt"
 
+    def remove_stale_temporaries(self) -> list[Path]:
+        """Delete the half-written files (``.<name>.*.tmp``) that a process killed during a write
+        left here; the caller is the run that owns this directory."""
+        stale = sorted(self.directory.glob(".*.tmp")) if self.directory.is_dir() else []
+        for path in stale:
+            path.unlink(missing_ok=True)
+        return stale
+
     def exists(self) -> bool:
         return self.path.is_file()
 

@@ -259,6 +259,8 @@ class Engine:
         trackers = {m: EarlyStopping(torch.tensor([-float("inf")], dtype=torch.float64), self.patience if i == 0 else None, self.min_delta)
                     for i, m in enumerate(select)}
         store = CheckpointStore(workdir) if workdir is not None and self.checkpoint else None
+        if store is not None and dist.is_main:
+            store.remove_stale_temporaries()
 
         def local(batch: torch.Tensor) -> torch.Tensor:
             """This rank's contiguous slice of a global batch (the whole batch in one process)."""

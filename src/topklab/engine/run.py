@@ -5,6 +5,7 @@ run record (``outputs/``) → portable result (``results/``) → report.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -57,9 +58,27 @@ def project_root() -> Path:
     return Path(os.environ.get("TOPKLAB_ROOT", ".")).resolve()
 
 
+def check_run_settings(cfg: DictConfig) -> None:
+    """One-line errors for run-wide values that the builders would reject with a traceback: a seed
+    that is not a whole number, and an optimizer rate, weight decay or momentum out of range."""
+    seed = cfg.seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise TopklabError(f"seed={seed!r} must be an integer >= 0")
+    optim = cfg.get("optim") or {}
+    for key, lowest in (("lr", 0.0), ("weight_decay", 0.0), ("momentum", 0.0)):
+        value = optim.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < lowest \
+                or (key == "lr" and value == 0):
+            bound = "a finite number > 0" if key == "lr" else "a finite number >= 0"
+            raise TopklabError(f"optim.{key}={value!r} must be {bound}")
+
+
 def build_run(cfg: DictConfig):
     """The seams of one run, in the order that fixes the model's initialisation (seed first):
     ``(data, model, objective, task, engine)``."""
+    check_run_settings(cfg)
     check_cpu_capability(cfg.get("cpu_capability"))
     seed_everything(cfg.seed)
     data = build(cfg.dataset, "dataset").splits()
