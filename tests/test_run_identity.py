@@ -84,3 +84,34 @@ def test_a_run_removes_the_temporaries_a_killed_write_left(compose_cfg, tmp_path
         path.write_bytes(b"half")
     train(cfg, tmp_path / "run")
     assert not any(path.exists() for path in stale) and (workdir / "last.pt").is_file()
+
+
+def test_an_unwritable_checkpoint_folder_stops_the_run_before_training(compose_cfg, tmp_path, fmnist_root):  # noqa: F811
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")  # a file where a folder must go: refused even to root, unlike chmod
+    cfg = compose_cfg(*TINY_FMNIST, f"dataset.root={fmnist_root}", "engine.epochs=1", "result_file=null",
+                      f"paths.checkpoint_dir={blocker}/checkpoints")
+    with pytest.raises(TopklabError, match=f"cannot write to {blocker}/checkpoints .*another paths.checkpoint_dir"):
+        train(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_corrupt_run_record_in_the_checkpoint_folder_is_one_line(compose_cfg, tmp_path, fmnist_root):  # noqa: F811
+    from topklab.engine.checkpoint import run_key
+
+    cfg = compose_cfg(*TINY_FMNIST, f"dataset.root={fmnist_root}", "engine.epochs=1", "result_file=null",
+                      "engine.resume=false")
+    workdir = tmp_path / "checkpoints" / run_key(cfg)
+    workdir.mkdir(parents=True)
+    (workdir / "run.json").write_text('{"epoch": 3, "ste')
+    with pytest.raises(TopklabError, match="run.json is corrupt .*delete .* to start this run afresh"):
+        train(cfg, tmp_path / "run")
+
+
+def test_an_unwritable_result_folder_stops_the_run_before_training(compose_cfg, tmp_path, fmnist_root):  # noqa: F811
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    cfg = compose_cfg(*TINY_FMNIST, f"dataset.root={fmnist_root}", "engine.epochs=1", f"result_file={blocker}/r/seed0.json")
+    with pytest.raises(TopklabError, match="cannot write to .*another result_file"):
+        train(cfg, tmp_path / "run")
+    assert not list((tmp_path / "checkpoints").glob("*/last.pt"))

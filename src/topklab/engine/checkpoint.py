@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from topklab.utils.io import atomic_torch_save, atomic_write_json
 from topklab.utils.errors import TopklabError
+from topklab.utils.io import atomic_torch_save, atomic_write_json
 
 NOT_IN_KEY = ("paths", "logger", "result_file", "row", "optimized_metric")
 ENGINE_NOT_IN_KEY = ("progress", "resume", "checkpoint", "checkpoint_every")
@@ -56,7 +56,15 @@ class CheckpointStore:
 
     def info(self) -> dict:
         meta = self.directory / "run.json"
-        return json.loads(meta.read_text()) if meta.is_file() else {}
+        if not meta.is_file():
+            return {}
+        try:
+            info = json.loads(meta.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise TopklabError(f"{meta} is corrupt ({err}); delete {self.directory} to start this run afresh") from None
+        if not isinstance(info, dict):
+            raise TopklabError(f"{meta} is not a run record; delete {self.directory} to start this run afresh")
+        return info
 
     def save(self, state: dict, info: dict) -> None:
         atomic_torch_save(self.path, state)

@@ -25,6 +25,7 @@ from topklab.losses.k import resolve_k
 from topklab.report import make_result
 from topklab.report import write_result as write_envelope
 from topklab.utils.errors import NonFiniteLossError, TopklabError
+from topklab.utils.io import check_writable
 from topklab.utils.provenance import check_cpu_capability, portable_config
 from topklab.utils.seed import deterministic_algorithms, seed_everything
 
@@ -116,6 +117,9 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None, ove
     logger = None
     try:
         result_path = plan_result(cfg, overrides, record.run_dir) if cfg.get("result_file") and dist.is_main else None
+        if dist.is_main:
+            check_writable([*([(Path(cfg.paths.checkpoint_dir), "paths.checkpoint_dir")] if cfg.engine.get("checkpoint") else []),
+                            *([(result_path.parent, "result_file")] if result_path is not None else [])])
         data, model, objective, task, engine = build_run(cfg)
         module = TrainingModule(model, objective)
         optimizer = build(cfg.optim, "optim")(module.parameter_groups())

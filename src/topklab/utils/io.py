@@ -38,3 +38,18 @@ def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
     import torch
 
     return _atomic(path, lambda handle: torch.save(obj, handle), "wb")
+
+
+def check_writable(folders: list[tuple[Path, str]]) -> None:
+    """Create each folder and a scratch file in it, before any work is done there; a folder that
+    cannot take one is a one-line :class:`~topklab.utils.errors.TopklabError` naming the setting."""
+    from topklab.utils.errors import TopklabError
+
+    for folder, setting in folders:
+        try:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as err:
+            raise TopklabError(f"cannot write to {folder} ({err.strerror or err}); make it writable or choose "
+                               f"another {setting}") from None
