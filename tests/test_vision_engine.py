@@ -1,5 +1,6 @@
 """The image-classification engine end to end on tiny on-disk datasets: records, selection,
 profiling, exact resume after a kill, the profiler config, and every vision experiment row."""
+import csv
 import json
 import os
 import re
@@ -142,9 +143,10 @@ def test_a_signal_saves_a_checkpoint_and_the_rerun_resumes_exactly(tmp_path, fmn
     the metrics of an uninterrupted run."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     reference, interrupted = tmp_path / "reference.json", tmp_path / "interrupted.json"
-    subprocess.run(train_command(tmp_path / "a", fmnist_root, f"result_file={reference}", "engine.checkpoint_every=0"),
-                   env=env, check=True, capture_output=True)
-    command = train_command(tmp_path / "b", fmnist_root, f"result_file={interrupted}", "engine.checkpoint_every=0")
+    subprocess.run(train_command(tmp_path / "a", fmnist_root, f"result_file={reference}", "engine.checkpoint_every=0",
+                                 "logger=csv"), env=env, check=True, capture_output=True)
+    command = train_command(tmp_path / "b", fmnist_root, f"result_file={interrupted}", "engine.checkpoint_every=0",
+                            "logger=csv")
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
     deadline = time.time() + 300
@@ -167,6 +169,13 @@ def test_a_signal_saves_a_checkpoint_and_the_rerun_resumes_exactly(tmp_path, fmn
     b = json.loads(interrupted.read_text())["result"]["summary"]
     assert b["metrics"] == a["metrics"] and (b["best_epoch"], b["steps"]) == (a["best_epoch"], a["steps"])
     assert [segment["from_step"] for segment in b["segments"]] == [0, stopped_at]
+
+    def logged(name):  # the resumed run's log.csv is rebuilt from the checkpoint: the uninterrupted run's rows
+        (path,) = (tmp_path / name / "logs").rglob("log.csv")
+        rows = list(csv.DictReader(path.open()))
+        return [{k: v for k, v in row.items() if k in ("epoch", "step", "train_loss", "lambda") or k.startswith("val_")}
+                for row in rows]
+    assert logged("b") == logged("a") and len(logged("a")) == 4
 
 
 def experiment_rows():

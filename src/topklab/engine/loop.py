@@ -182,9 +182,14 @@ class Engine:
 
     def fit(self, module: TrainingModule, optimizer: torch.optim.Optimizer, data, task, seed: int,
             on_epoch_end: Callable[[dict], None] = lambda row: None, on_eval: Callable[[dict], None] = lambda row: None,
+            replay_logged: Callable[[list[dict]], None] = lambda rows: None,
             workdir: str | Path | None = None, run_dir: str | Path | None = None, logger_id: str | None = None,
             dist: Distributed | None = None) -> dict:
         """Train, select, and score the selected states; returns the run's summary fields.
+
+        ``on_eval`` receives each logged row; the rows are kept in the checkpoint, and a resumed run
+        hands all of them to ``replay_logged`` first, so a log rebuilt from them equals an
+        uninterrupted run's whatever moment the kill came.
 
         Under ``torchrun`` (``dist`` from :meth:`Distributed.from_env`), every rank draws the same
         global batch and trains on its contiguous slice with DistributedDataParallel; evaluation
@@ -255,7 +260,7 @@ class Engine:
         identity = segment_identity(device)
         state = {"epoch": 0, "batch": 0, "step": 0, "loss_sum": 0.0, "history": [], "best": {}, "trackers": None,
                  "train_seconds": 0.0, "logger_id": logger_id, "finished": False, "early_stopped": False,
-                 "segments": [{**identity, "from_step": 0}]}
+                 "segments": [{**identity, "from_step": 0}], "logged": []}
         trackers = {m: EarlyStopping(torch.tensor([-float("inf")], dtype=torch.float64), self.patience if i == 0 else None, self.min_delta)
                     for i, m in enumerate(select)}
         store = CheckpointStore(workdir) if workdir is not None and self.checkpoint else None
@@ -286,6 +291,12 @@ class Engine:
                 tracker.load_state_dict(state["trackers"][metric])
             for row in state["history"]:
                 on_epoch_end(row)
+            state.setdefault("logged", [])
+            replay_logged(state["logged"])
+
+        def log(row: dict) -> None:
+            state["logged"].append(row)
+            on_eval(row)
 
         def record_validation(val: dict, epoch: int) -> bool:
             """Update every metric's best state; True when the first metric's patience ran out."""
@@ -299,7 +310,7 @@ class Engine:
                                              "state": best_state}
                 stop = stop or (i == 0 and bool(out_of_patience))
             if self.eval_every_steps:  # epoch-level validation logs the whole epoch row instead
-                on_eval({"step": state["step"], "epoch": epoch,
+                log({"step": state["step"], "epoch": epoch,
                          **{f"val_{k}": v for k, v in task.scalar_metrics(val).items()}, "lambda": module.objective.threshold})
             return stop
 
@@ -448,7 +459,7 @@ class Engine:
                 save_checkpoint()
                 on_epoch_end(row)
                 if not self.eval_every_steps:
-                    on_eval(row)
+                    log(row)
                 if state["finished"]:
                     break
         if select[0] not in state["best"]:  # validation every N steps never came round

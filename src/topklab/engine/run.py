@@ -132,6 +132,7 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None, ove
                      resume_id=CheckpointStore(workdir).info().get("logger_id"))
         with deterministic_algorithms(engine.deterministic), deferred_signals():
             result = engine.fit(module, optimizer, data, task, cfg.seed, on_epoch_end=record.add_epoch, on_eval=logger.log,
+                                replay_logged=logger.replay,
                                 workdir=workdir, run_dir=record.run_dir, logger_id=logger.id, dist=dist)
         dist.barrier()  # no rank tears the process group down while another still talks to it (gloo aborts then)
     except NonFiniteLossError as err:

@@ -5,7 +5,9 @@ from pathlib import Path
 
 
 class CSVLogger:
-    """Appends every logged row (one per evaluation) to ``<run_dir>/<filename>``.
+    """Writes every logged row (one per evaluation) to ``<run_dir>/<filename>``, begun afresh by each
+    process; a resumed run first replays the rows its checkpoint kept, so the file equals an
+    uninterrupted run's.
 
     Columns are fixed by the first row; later keys not in it are an error, missing ones blank.
     """
@@ -19,7 +21,7 @@ class CSVLogger:
     def start(self, run_dir, config: dict, resume_id: str | None = None) -> None:
         self.path = Path(run_dir) / self.filename
         self.id = str(self.path)
-        self._handle = open(self.path, "a", newline="")
+        self._handle = open(self.path, "w", newline="")
 
     def log(self, row: dict) -> None:
         if self._writer is None:
@@ -28,6 +30,10 @@ class CSVLogger:
                 self._writer.writeheader()
         self._writer.writerow(row)
         self._handle.flush()
+
+    def replay(self, rows: list[dict]) -> None:
+        for row in rows:
+            self.log(row)
 
     def close(self) -> None:
         if self._handle is not None:

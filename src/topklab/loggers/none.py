@@ -12,5 +12,8 @@ class NullLogger:
     def log(self, row: dict) -> None:
         pass
 
+    def replay(self, rows: list[dict]) -> None:
+        pass
+
     def close(self) -> None:
         pass

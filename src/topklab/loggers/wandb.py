@@ -52,6 +52,9 @@ class WandbLogger:
     def log(self, row: dict) -> None:
         self._run.log(row)
 
+    def replay(self, rows: list[dict]) -> None:
+        """A resumed wandb run keeps its own history (``resume="allow"``): nothing to rebuild."""
+
     def close(self) -> None:
         if self._run is not None:
             self._run.finish()
