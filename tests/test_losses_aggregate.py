@@ -343,3 +343,11 @@ def test_registry_errors_list_the_choices():
         aggregate_class("atk2")
     with pytest.raises(TopklabError, match="aggregate 'average' has no field\\(s\\) scale; its fields: none"):
         build_aggregate("average", scale="atk")
+
+
+@pytest.mark.parametrize("method", ["topk", "sort"])
+def test_atk_ignores_a_minus_infinite_loss_beyond_k(method):
+    losses = torch.tensor([-math.inf, 1.0, 5.0, 3.0], dtype=torch.float64, requires_grad=True)
+    value = ATk(k=2, method=method)(losses)
+    value.backward()
+    assert value.item() == 4.0 and torch.equal(losses.grad, torch.tensor([0.0, 0.0, 0.5, 0.5], dtype=torch.float64))

@@ -48,7 +48,7 @@ class ATk(Aggregate):
         else:
             ranked = torch.topk(losses, int(k.max()), dim=1).values
         keep = torch.arange(ranked.shape[1], device=losses.device)[None, :] < k[:, None]
-        return (ranked * keep).sum(1) / k
+        return torch.where(keep, ranked, torch.zeros_like(ranked)).sum(1) / k  # a -inf beyond k stays out (0·-inf is NaN)
 
     def extra_repr(self) -> str:
         return f"k={self.k}, method={self.method!r}"
