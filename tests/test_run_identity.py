@@ -76,7 +76,7 @@ def test_docstring_examples():
 def test_a_run_removes_the_temporaries_a_killed_write_left(compose_cfg, tmp_path, fmnist_root):  # noqa: F811
     from topklab.engine.checkpoint import run_key
 
-    cfg = compose_cfg(*TINY_FMNIST, f"dataset.root={fmnist_root}", "engine.epochs=1", "result_file=null")
+    cfg = compose_cfg(*TINY_FMNIST, f"dataset.root={fmnist_root}", "engine.epochs=1", "loss=stk", "result_file=null")
     workdir = tmp_path / "checkpoints" / run_key(cfg)
     workdir.mkdir(parents=True)
     stale = [workdir / ".last.pt.k2j4.tmp", workdir / ".run.json.x9.tmp"]
