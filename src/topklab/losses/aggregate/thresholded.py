@@ -13,6 +13,8 @@ from topklab.losses.k import resolve_k, validate_k
 from topklab.losses.smoothing import get_smoothing
 from topklab.losses.threshold import get_constraint
 
+MAX_DELTA = 1e18  # δ² must stay finite in float32 (3.4e38) with room for the losses beside it
+
 SCALES = ("paper", "atk")
 LAM_UPDATES = ("solve", "gradient")
 SOLVABLE = ("srelu", "relu")  # smoothings whose stationarity equation lam_update="solve" can solve
@@ -76,6 +78,9 @@ class ThresholdedTopK(Aggregate):
                              f"use the compiled kernel under kernel=auto)")
         if delta is not None and not (isinstance(delta, (int, float)) and not isinstance(delta, bool) and delta > 0):
             raise ValueError(f"delta={delta!r} must be a positive number (the paper uses 0.01)")
+        if delta is not None and not delta <= MAX_DELTA:
+            raise ValueError(f"delta={delta!r} is too large: SReLU squares it, which overflows float32 beyond "
+                             f"{MAX_DELTA:.0e} (the paper uses 0.01)")
         if scale not in SCALES:
             raise ValueError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
         if smoothing == "srelu" and delta is None:
