@@ -1,5 +1,6 @@
 """A checkpoint knows the code and machine settings that wrote it: a finished or killed run is not
-resumed under other ones without ``engine.resume=force``, and every segment of a run is recorded."""
+resumed under other ones without ``engine.resume=force``, and every segment of a run is recorded.
+Faults around a run's folders (unwritable, corrupt record, stale temporaries, a full disk) are one line."""
 import pytest
 
 import topklab.engine.loop as loop
@@ -115,3 +116,27 @@ def test_an_unwritable_result_folder_stops_the_run_before_training(compose_cfg, 
     with pytest.raises(TopklabError, match="cannot write to .*another result_file"):
         train(cfg, tmp_path / "run")
     assert not list((tmp_path / "checkpoints").glob("*/last.pt"))
+
+
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"),
+                                     RuntimeError("[enforce fail at inline_container.cc:778] . unexpected pos 64 vs 0")])
+def test_a_full_disk_is_one_line_and_leaves_no_temporary(tmp_path, failure):
+    from topklab.utils.io import _atomic
+
+    def write(handle):
+        handle.write("part")
+        raise failure
+
+    with pytest.raises(TopklabError, match=r"no space left on the device of .* while writing last.pt; free some"):
+        _atomic(tmp_path / "last.pt", write, "w")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_another_write_failure_keeps_its_own_error(tmp_path):
+    from topklab.utils.io import _atomic
+
+    def write(handle):
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        _atomic(tmp_path / "last.pt", write, "w")

@@ -1,8 +1,10 @@
 """Atomic writes: a reader never sees a half-written result file."""
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -19,11 +21,23 @@ def _atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str) ->
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if _disk_full(err):
+            from topklab.utils.errors import TopklabError
+
+            raise TopklabError(f"no space left on the device of {path.parent} ({shutil.disk_usage(path.parent).free:,} "
+                               f"bytes free) while writing {path.name}; free some, or point paths.* elsewhere") from None
         raise
     return path
+
+
+def _disk_full(err: BaseException) -> bool:
+    """A write that failed for want of space: ENOSPC, or torch.save's zip writer reporting a short write."""
+    if isinstance(err, OSError):
+        return err.errno == errno.ENOSPC
+    return isinstance(err, RuntimeError) and ("unexpected pos" in str(err) or "file write failed" in str(err))
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
