@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from topklab.engine.result_guard import identity
 from topklab.utils.errors import TopklabError
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
@@ -65,9 +66,7 @@ def _code_version(root: str) -> str:
 
 def segment_identity(device: torch.device) -> dict:
     """The code version and the settings of this process that change a run's numbers."""
-    return {"code": code_version(), "device": device.type, "threads": torch.get_num_threads(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else None,
-            "torch": torch.__version__}
+    return {"code": code_version(), **identity(device), "torch": torch.__version__}
 
 
 def check_resumable(saved: dict | None, current: dict, where: str | Path, force: bool) -> None:
