@@ -118,7 +118,7 @@ def test_bad_input_leaves_no_run_record(compose_cfg, tmp_path, overrides, match)
     (["loss.k=1.5"], "error: loss: k=1.5 as a float is a fraction"),
     (["loss.delta=0"], "error: loss: delta=0 must be a positive number"),
     (["loss.delta=-0.1"], "error: loss: delta=-0.1 must be a positive number"),
-    (["loss.delta=1e300"], "error: loss: delta=1e+300 is too large: SReLU squares it"),
+    (["loss.delta=1e300"], "error: loss: delta=1e+300 is too large: SReLU is computed without overflow for δ up to 1e+12"),
     (["-m", "loss.k=0.5,abc"], "error: loss: k must be an int (a count) or a float in (0, 1]"),
     (["loss=atk", "loss.k=[1,2]"], "error: loss: k must be an int"),
     (["loss.nonexistent=1"], "error: "),

@@ -10,8 +10,39 @@ remain at their defaults" (STk paper, Table 2).
 """
 from __future__ import annotations
 
+import math
+from functools import lru_cache
+
 import torch
 import torch.nn.functional as F
+
+
+@lru_cache(maxsize=None)
+def beyond_square(dtype: torch.dtype) -> float:
+    """The |x| from which SReLU's √(x² + δ²) is taken as |x|: a power of two whose square (plus δ², for
+    any δ up to :data:`~topklab.losses.aggregate.thresholded.MAX_DELTA`) stays finite in ``dtype``,
+    and against which δ²/x² is below the dtype's rounding (2^63 in float32 and bfloat16, 2^511 in
+    float64, 2^7 in float16).
+
+    Examples
+    --------
+    >>> beyond_square(torch.float32) == 2.0 ** 63, beyond_square(torch.float64) == 2.0 ** 511
+    (True, True)
+    """
+    return 2.0 ** (math.frexp(torch.finfo(dtype).max)[1] // 2 - 1)
+
+
+def srelu_root(x: torch.Tensor, delta) -> torch.Tensor:
+    """``√(x² + δ²)``, and ``|x|`` from :func:`beyond_square` on (where x² would overflow, and δ is
+    below rounding against x)."""
+    size = x.abs()
+    return torch.where(size < beyond_square(x.dtype), torch.sqrt(x * x + delta * delta), size)
+
+
+def mean_terms(terms: torch.Tensor) -> torch.Tensor:
+    """``(1/n)·Σ_j terms_ij`` per row (P, n) -> (P,) in the terms' dtype: each term divided by n in
+    float64 and summed there (a sum of finite terms overflows only where the mean does)."""
+    return (terms.to(torch.float64) * (1.0 / terms.shape[1])).sum(1).to(terms.dtype)
 
 
 def srelu(x: torch.Tensor, delta: float = 0.01) -> torch.Tensor:
@@ -27,12 +58,19 @@ def srelu(x: torch.Tensor, delta: float = 0.01) -> torch.Tensor:
         Smoothing width. Smaller is sharper: SReLU → ReLU uniformly as δ → 0, with
         ``0 <= ReLU(x) − SReLU(x) < δ/2`` everywhere (Proposition 1).
 
+    Extreme inputs: SReLU(+inf) = +inf, SReLU(−inf) = −δ/2 (its limit; x is clamped at
+    −:func:`beyond_square`), and no finite x overflows (the root is |x| where x² would; the
+    halves are added, so x near the dtype's maximum stays finite). NaN gives NaN.
+
     Examples
     --------
     >>> round(float(srelu(torch.tensor(1.0), 0.01)), 6)
     0.995025
+    >>> srelu(torch.tensor([float("-inf"), 3e38, float("inf")]), 0.01)
+    tensor([-5.0000e-03,  3.0000e+38,         inf])
     """
-    return 0.5 * (x + torch.sqrt(x * x + delta * delta) - delta)
+    clamped = x.clamp(min=-beyond_square(x.dtype))
+    return 0.5 * srelu_root(clamped, delta) + 0.5 * clamped - 0.5 * delta  # this order: autograd sums as the slope
 
 
 class Smoothing:
@@ -48,20 +86,22 @@ class Smoothing:
     def slope(self, x: torch.Tensor, delta, step: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def row_sum(self, x: torch.Tensor, delta, accumulate: torch.dtype) -> torch.Tensor:
-        """``Σ_j φ(x_ij)`` per row of ``x`` (P, n), summed in ``accumulate``, returned in x's dtype."""
-        return self(x, delta).to(accumulate).sum(1).to(x.dtype)
+    def row_mean(self, x: torch.Tensor, delta) -> torch.Tensor:
+        """``(1/n)·Σ_j φ(x_ij)`` per row of ``x`` (P, n) in x's dtype, summed in float64 with each term
+        divided by n first, so that no sum of finite terms overflows where the mean is finite."""
+        return mean_terms(self(x, delta))
 
-    def row_sum_and_slope(self, x: torch.Tensor, delta, step: torch.Tensor, accumulate: torch.dtype):
-        """:meth:`row_sum` and :meth:`slope` together (a smoothing may share work between them)."""
-        return self.row_sum(x, delta, accumulate), self.slope(x, delta, step)
+    def row_mean_and_slope(self, x: torch.Tensor, delta, step: torch.Tensor):
+        """:meth:`row_mean` and :meth:`slope` together (a smoothing may share work between them)."""
+        return self.row_mean(x, delta), self.slope(x, delta, step)
 
     def __repr__(self) -> str:
         return f"Smoothing({self.name!r})"
 
 
 class SReLU(Smoothing):
-    """Eq. 2; slope ``½(1 + x/√(x²+δ²))·step``, summed as autograd sums the graph of the formula."""
+    """Eq. 2 as :func:`srelu` computes it; slope ``½(1 + x/√(x²+δ²))·step``, summed as autograd sums
+    the graph of :func:`srelu` (``step`` beyond +:func:`beyond_square`, 0 beyond −)."""
 
     name, uses_delta, native_id = "srelu", True, 0
 
@@ -69,25 +109,29 @@ class SReLU(Smoothing):
         return srelu(x, delta)
 
     def slope(self, x, delta, step):
-        return self._slope(x, torch.sqrt(x * x + delta * delta), step)
+        clamped = x.clamp(min=-beyond_square(x.dtype))
+        return self._slope(clamped, srelu_root(clamped, delta), step)
 
-    def row_sum(self, x, delta, accumulate):
-        return self._row_sum(x, delta, torch.sqrt(x * x + delta * delta), accumulate)
+    def row_mean(self, x, delta):
+        clamped = x.clamp(min=-beyond_square(x.dtype))
+        return self._row_mean(clamped, delta, srelu_root(clamped, delta))
 
-    def row_sum_and_slope(self, x, delta, step, accumulate):
-        root = torch.sqrt(x * x + delta * delta)
-        return self._row_sum(x, delta, root, accumulate), self._slope(x, root, step)
+    def row_mean_and_slope(self, x, delta, step):
+        clamped = x.clamp(min=-beyond_square(x.dtype))
+        root = srelu_root(clamped, delta)
+        return self._row_mean(clamped, delta, root), self._slope(clamped, root, step)
 
     @staticmethod
-    def _row_sum(x, delta, root, accumulate):
-        """½·(Σ(x + √(x²+δ²)) − nδ): Eq. 2 summed, with the root the slope uses."""
-        return (0.5 * ((x + root).to(accumulate).sum(1) - x.shape[1] * delta[:, 0])).to(x.dtype)
+    def _row_mean(x, delta, root):
+        """(1/n)·Σ ½(x + √(x²+δ²)) − δ/2: Eq. 2 averaged, with the root the slope uses."""
+        return mean_terms(0.5 * x + 0.5 * root) - 0.5 * delta[:, 0]
 
     @staticmethod
     def _slope(x, root, step):
         half = step * 0.5
         vx = (half / (2 * root)) * x
-        return half + vx + vx
+        beyond = x.abs() >= beyond_square(x.dtype)
+        return torch.where(beyond, torch.where(x > 0, step, torch.zeros_like(x)), half + vx + vx)
 
 
 class ReLU(Smoothing):

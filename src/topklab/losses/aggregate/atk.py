@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from topklab.losses.aggregate.base import Aggregate
+from topklab.losses.aggregate.base import Aggregate, mean_without_overflow
 from topklab.losses.k import validate_k
 
 ATK_METHODS = ("topk", "sort")
@@ -20,6 +20,9 @@ class ATk(Aggregate):
     method : {"topk", "sort"}
         ``topk`` selects with ``torch.topk``; ``sort`` sorts all n losses (the paper's "ATk",
         kept for the timing comparisons). Same value and gradient.
+
+    Extreme losses: a −inf beyond the k-th does not count; ±inf among the k largest propagate; a
+    float32 sum that overflows where the mean is finite is redone in float64; NaN propagates.
 
     Examples
     --------
@@ -48,7 +51,8 @@ class ATk(Aggregate):
         else:
             ranked = torch.topk(losses, int(k.max()), dim=1).values
         keep = torch.arange(ranked.shape[1], device=losses.device)[None, :] < k[:, None]
-        return torch.where(keep, ranked, torch.zeros_like(ranked)).sum(1) / k  # a -inf beyond k stays out (0·-inf is NaN)
+        kept = torch.where(keep, ranked, torch.zeros_like(ranked))  # a -inf beyond k stays out (0·-inf is NaN)
+        return mean_without_overflow(kept.sum(1) / k, kept, k)
 
     def extra_repr(self) -> str:
         return f"k={self.k}, method={self.method!r}"

@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import torch
 
-from topklab.losses.aggregate.base import Aggregate
+from topklab.losses.aggregate.base import Aggregate, mean_without_overflow
 
 
 class Average(Aggregate):
-    """Average aggregate loss ``L_avg = (1/n)·Σ ℓ_i`` (STk paper §4, "Average").
+    """Average aggregate loss ``L_avg = (1/n)·Σ ℓ_i`` (STk paper §4, "Average"). A sum that overflows
+    where the mean is finite (float32 losses near 3e38) is redone in float64; ±inf propagate (+inf
+    and −inf together give NaN), as does NaN.
 
     Examples
     --------
@@ -17,4 +19,4 @@ class Average(Aggregate):
     """
 
     def batched(self, losses, k, lam, delta):
-        return losses.mean(1)
+        return mean_without_overflow(losses.mean(1), losses, losses.new_full(losses.shape[:1], losses.shape[1]))

@@ -21,6 +21,24 @@ def check_losses(losses: torch.Tensor) -> torch.Tensor:
     return losses
 
 
+def mean_without_overflow(plain: torch.Tensor, values: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``plain`` (P,), a row mean of ``values`` (P, m) over ``count`` (P,) as an aggregate computes it;
+    where it overflowed to ±inf while the mean is finite, the mean with each term divided by the count
+    in float64 instead. Ordinary rows keep ``plain`` and its gradient bit for bit. On a CPU the float64
+    pass runs only when a row overflowed; elsewhere it always runs (a check would synchronise).
+
+    Examples
+    --------
+    >>> values = torch.tensor([[3e38, 3e38], [1.0, 2.0]])
+    >>> mean_without_overflow(values.mean(1), values, torch.tensor([2.0, 2.0]))
+    tensor([3.0000e+38, 1.5000e+00])
+    """
+    if plain.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(torch.isinf(plain).any()):
+        return plain  # the usual case on a CPU, where the check costs no synchronisation
+    wide = (values.to(torch.float64) / count.to(torch.float64)[:, None]).sum(1).to(values.dtype)
+    return torch.where(torch.isinf(plain) & torch.isfinite(wide), wide, plain)
+
+
 class Aggregate(nn.Module):
     """An aggregate loss: n per-sample losses -> one number (STk paper §3-4).
 

@@ -13,6 +13,10 @@ so for an incoming gradient of one (or any power of two: a sum of rows, AMP's lo
 kernel trains bit for bit as the formula would under autograd; other incoming gradients scale the
 result afterwards, one rounding apart. Three paths compute it:
 
+The mean of φ is summed in float64 with each term divided by n first, on every path, so that no
+row of finite losses overflows where its mean is finite (the gradients' sums keep the dtype
+autograd would use).
+
 - ``eager``: the Python functions below, on torch operations;
 - ``compiled``: the same functions through ``torch.compile`` (inductor: C++ on CPU, Triton on
   CUDA), fused into one loop over the losses with float64 accumulators;
@@ -49,11 +53,12 @@ ARCH_FLAGS = {"AVX2": ["-mavx2", "-mfma"], "AVX512": ["-mavx512f", "-mavx512dq",
 
 
 def thresholded_value(losses, lam, delta, k, scale, *, phi: Smoothing, accumulate: torch.dtype = None):
-    """value_p of every row (P,); see the module docstring. ``accumulate``: the dtype of the sums
-    (None: the losses' own; the compiled kernels pass float64)."""
+    """value_p of every row (P,); see the module docstring. The mean of φ is summed in float64
+    (:meth:`Smoothing.row_mean`); ``accumulate`` is that of the gradients' sums (the signature is
+    :func:`thresholded_value_and_grads`'s)."""
     n = losses.shape[1]
     x = losses - lam[:, None]
-    hinge = phi.row_sum(x, delta[:, None], accumulate or losses.dtype) / n
+    hinge = phi.row_mean(x, delta[:, None])
     return (hinge + k / n * lam) * scale
 
 
@@ -62,8 +67,7 @@ def thresholded_value_and_grads(losses, lam, delta, k, scale, *, phi: Smoothing,
     n = losses.shape[1]
     x = losses - lam[:, None]
     accumulate = accumulate or losses.dtype
-    hinge, grad_losses = phi.row_sum_and_slope(x, delta[:, None], (scale / n)[:, None], accumulate)
-    hinge = hinge / n
+    hinge, grad_losses = phi.row_mean_and_slope(x, delta[:, None], (scale / n)[:, None])
     grad_lam = (-grad_losses.to(accumulate).sum(1)).to(losses.dtype) + scale * (k / n)
     return (hinge + k / n * lam) * scale, grad_losses, grad_lam
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from topklab.losses.aggregate.base import Aggregate
+from topklab.losses.aggregate.base import Aggregate, mean_without_overflow
 from topklab.losses.k import validate_k
 from topklab.operators.base import TopKOperator
 
@@ -46,7 +46,9 @@ class SoftATk(Aggregate):
             rows = (k == count).nonzero().squeeze(1)
             chosen = losses.index_select(0, rows)
             selected = self.operator.soft_topk(chosen, int(count))
-            values = values.index_copy(0, rows, (selected * chosen).sum(1) / count)
+            weighted = selected * torch.where(torch.isneginf(chosen), torch.zeros_like(chosen), chosen)  # −inf·0 is NaN
+            row_count = chosen.new_full(rows.shape, float(count))
+            values = values.index_copy(0, rows, mean_without_overflow(weighted.sum(1) / count, weighted, row_count))
         return values
 
     def extra_repr(self) -> str:

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import torch
 
+from topklab.losses.smoothing import beyond_square, srelu_root
+
 
 def srelu_slope_and_curvature(z: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(SReLU'(z), SReLU''(z))`` elementwise: ``½(1 + z/r)`` and ``½δ²/r³`` with ``r = √(z² + δ²)``.
     The slope is computed as ``δ²/(2r(r − z))`` for z < 0, which keeps its relative accuracy in the
-    tail where ``1 + z/r`` cancels."""
-    root = torch.sqrt(z * z + delta * delta)
+    tail where ``1 + z/r`` cancels. Beyond ±:func:`~topklab.losses.smoothing.beyond_square` (±inf
+    included) z is clamped there: slope 1 or 0, curvature 0."""
+    big = beyond_square(z.dtype)
+    z = z.clamp(-big, big)
+    root = srelu_root(z, delta)
     negative = z.clamp(max=0.0)
     tail = delta * delta / (2.0 * root * (root - negative))
     slope = torch.where(z < 0, tail, 0.5 * (1.0 + z / root))
@@ -34,6 +39,11 @@ def solve_srelu_threshold(losses: torch.Tensor, k: torch.Tensor, delta: torch.Te
     ``start`` clamped into it. The iterate with the smallest |e| is returned, so more steps never
     give a worse λ. For k = n the equation has no root (the count stays below n) and λ ends at the
     bracket's lower end, where STk equals the average to within δ/2.
+
+    Infinite losses: the bracket is that of the finite ones, widened on the right for the m losses at
+    +inf (each counts 1 at every λ: ``max ℓ + δ√(n/(k − m))``); a −inf counts 0. λ stays finite; where
+    m >= k, or fewer than k losses exceed −inf, there is no root and λ ends at a bracket end. A row
+    with a NaN loss gets λ = NaN.
 
     Parameters
     ----------
@@ -58,8 +68,13 @@ def solve_srelu_threshold(losses: torch.Tensor, k: torch.Tensor, delta: torch.Te
     """
     with torch.no_grad():
         n = losses.shape[1]
-        low = losses.amin(1) - delta * torch.sqrt(n / (n - k).clamp(min=0.5))
-        high = losses.amax(1) + delta * torch.sqrt(n / k)
+        finite = torch.isfinite(losses)
+        above = torch.isposinf(losses).sum(1)  # above every λ: each adds 1 to the count
+        least = torch.where(finite, losses, torch.full_like(losses, float("inf"))).amin(1)
+        most = torch.where(finite, losses, torch.full_like(losses, float("-inf"))).amax(1)
+        least, most = torch.where(finite.any(1), least, 0.0), torch.where(finite.any(1), most, 0.0)
+        low = least - delta * torch.sqrt(n / (n - k).clamp(min=0.5))
+        high = most + delta * torch.sqrt(n / (k - above).clamp(min=0.5))
         lam = torch.minimum(torch.maximum(start.to(losses.dtype), low), high)
         best, best_excess, best_count = lam, torch.full_like(lam, float("inf")), torch.full_like(lam, float(n))
         for _ in range(steps + 1):
@@ -74,12 +89,14 @@ def solve_srelu_threshold(losses: torch.Tensor, k: torch.Tensor, delta: torch.Te
             high = torch.where(excess > 0, high, lam)
             newton = lam + excess / curvature.sum(1)
             lam = torch.where((newton > low) & (newton < high), newton, 0.5 * (low + high))
-        return best, best_count
+        undefined = torch.isnan(losses).any(1)  # a NaN row has no root: λ is NaN there, as the batch's k-th loss would be
+        return torch.where(undefined, float("nan"), best), torch.where(undefined, float("nan"), best_count)
 
 
 def kth_largest(losses: torch.Tensor, k: int) -> torch.Tensor:
     """ℓ_[k] of 1-D ``losses`` (k a count in [1, n]), a 0-d tensor: the root of MATk's equation where
-    MATk equals (k/n)·ATk.
+    MATk equals (k/n)·ATk. An infinite ℓ_[k] is clamped to the finite losses' range, so that λ stays
+    finite (MATk is then +inf with a +inf loss, as ATk is).
 
     Examples
     --------
@@ -87,4 +104,8 @@ def kth_largest(losses: torch.Tensor, k: int) -> torch.Tensor:
     tensor(3.)
     """
     with torch.no_grad():
-        return losses.kthvalue(losses.numel() + 1 - k).values
+        value = losses.kthvalue(losses.numel() + 1 - k).values
+        finite = torch.isfinite(losses)
+        least = torch.where(finite, losses, torch.full_like(losses, float("inf"))).amin()
+        most = torch.where(finite, losses, torch.full_like(losses, float("-inf"))).amax()
+        return torch.where(finite.any(), value.clamp(least, most), value)

@@ -13,7 +13,7 @@ from topklab.losses.k import resolve_k, validate_k
 from topklab.losses.smoothing import get_smoothing
 from topklab.losses.threshold import get_constraint
 
-MAX_DELTA = 1e18  # δ² must stay finite in float32 (3.4e38) with room for the losses beside it
+MAX_DELTA = 1e12  # SReLU's root √(x² + δ²) is |x| from 2^63 on in float32: δ²/x² must be below rounding there
 
 SCALES = ("paper", "atk")
 LAM_UPDATES = ("solve", "gradient")
@@ -49,6 +49,13 @@ class ThresholdedTopK(Aggregate):
 
     Every training call records whether λ is in band (:mod:`~topklab.losses.aggregate.
     lambda_monitor`) in ``self.monitor``; after 100 consecutive out-of-band calls the module warns once.
+
+    Extreme losses (``tests/test_aggregate_probe.py`` checks each against an exact reference): no finite
+    loss overflows (SReLU's root is |x| where x² would overflow, and the mean of φ is summed in float64
+    with each term divided by n first); a +inf loss makes the value +inf and counts 1 above every λ; a
+    −inf loss contributes φ's limit (SReLU: −δ/2, ReLU: 0) and no gradient; λ stays finite (the solve
+    brackets the finite losses, MATk's k-th largest is clamped to their range). NaN propagates, and a
+    NaN batch leaves λ's stored values as they were.
     """
 
     hyperparameters = ("k",)
@@ -79,7 +86,7 @@ class ThresholdedTopK(Aggregate):
         if delta is not None and not (isinstance(delta, (int, float)) and not isinstance(delta, bool) and delta > 0):
             raise ValueError(f"delta={delta!r} must be a positive number (the paper uses 0.01)")
         if delta is not None and not delta <= MAX_DELTA:
-            raise ValueError(f"delta={delta!r} is too large: SReLU squares it, which overflows float32 beyond "
+            raise ValueError(f"delta={delta!r} is too large: SReLU is computed without overflow for δ up to "
                              f"{MAX_DELTA:.0e} (the paper uses 0.01)")
         if scale not in SCALES:
             raise ValueError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
@@ -365,7 +372,7 @@ class STk(ThresholdedTopK):
     ----------
     k : int >= 1 or float in (0, 1]
         A count, or a fraction of the batch (rounded half-up, at least 1).
-    delta : float, > 0
+    delta : float in (0, 1e12]
         SReLU smoothing width; smaller is closer to MATk. Paper default 0.01. Ignored by the
         other smoothings.
     smoothing : {"srelu", "elu", "softplus", "leaky_relu"}

@@ -2,26 +2,41 @@
 // C++: one pass over each row of losses gives the value, the gradient in the losses and the
 // gradient in λ; the backward only scales them. The formulas and their per-element rounding are
 // those of topklab/losses/aggregate/kernels.py and topklab/losses/smoothing.py (built with
-// -ffp-contract=off, so no multiply-add is fused); the row sums accumulate in double.
+// -ffp-contract=off, so no multiply-add is fused); the row sums accumulate in double (for double
+// losses, the mean of φ with each term divided by n first).
 // Built on first use by topklab.losses.aggregate.kernels.native_extension().
 #include <torch/extension.h>
 
 #include <cmath>
+#include <limits>
+#include <type_traits>
 
 namespace {
 
 enum Smoothing : int64_t { kSReLU = 0, kReLU = 1, kELU = 2, kSoftplus = 3, kLeakyReLU = 4 };
 
-// φ(x) (for SReLU: x + √(x²+δ²), the row sum is finished outside) and step·φ'(x).
+// |x| from which SReLU's root is |x| (smoothing.py's beyond_square): 2^63 in float, 2^511 in double.
+template <typename T>
+constexpr T beyond_square() {
+  T big = T(1);
+  for (int i = 0; i < std::numeric_limits<T>::max_exponent / 2 - 1; ++i) big *= T(2);
+  return big;
+}
+
+// φ(x) (for SReLU: ½x + ½√(x²+δ²), the row mean is finished outside) and step·φ'(x).
 template <typename T, int64_t S>
 inline void term(T x, T dd, T step, T half, T& phi, T& slope) {
   if constexpr (S == kSReLU) {
-    T root = std::sqrt(x * x + dd);
-    T vx = (half / (T(2) * root)) * x;
-    phi = x + root;
-    slope = half + vx + vx;
+    constexpr T big = beyond_square<T>();
+    const T clamped = x < -big ? -big : x;
+    const T size = std::abs(clamped);
+    const T square_root = std::sqrt(clamped * clamped + dd);  // unconditional, so the loop stays vectorised
+    const T root = size < big ? square_root : size;
+    const T vx = (half / (T(2) * root)) * clamped;
+    phi = T(0.5) * clamped + T(0.5) * root;
+    slope = size >= big ? (clamped > T(0) ? step : T(0)) : half + vx + vx;
   } else if constexpr (S == kReLU) {
-    phi = x > T(0) ? x : T(0);
+    phi = x <= T(0) ? T(0) : x;  // NaN stays NaN, as in torch's relu
     slope = x > T(0) ? step : T(0);
   } else if constexpr (S == kELU) {
     phi = x > T(0) ? x : std::expm1(x);
@@ -44,18 +59,21 @@ void rows(const T* losses, const T* lam, const T* delta, const T* k, const T* sc
     T* grad_row = kGrads ? grad + p * n : nullptr;
     const T lm = lam[p], d = delta[p], s = scale[p], dd = d * d;
     const T step = s / T(n), half = step * T(0.5);
+    // double sums of float terms cannot overflow; double terms are divided by n first
+    const double per_term = std::is_same_v<T, double> ? 1.0 / double(n) : 1.0;
     double sum_phi = 0.0, sum_slope = 0.0;
 #pragma omp simd reduction(+ : sum_phi, sum_slope)
     for (int64_t i = 0; i < n; ++i) {
       T phi, slope;
       term<T, S>(row[i] - lm, dd, step, half, phi, slope);
-      sum_phi += double(phi);
+      sum_phi += double(phi) * per_term;
       if constexpr (kGrads) {
         grad_row[i] = slope;
         sum_slope += double(slope);
       }
     }
-    const T hinge = (S == kSReLU ? T(0.5 * (sum_phi - double(n) * double(d))) : T(sum_phi)) / T(n);
+    const double mean_phi = std::is_same_v<T, double> ? sum_phi : sum_phi / double(n);
+    const T hinge = S == kSReLU ? T(mean_phi) - T(0.5) * d : T(mean_phi);
     value[p] = (hinge + k[p] / T(n) * lm) * s;
     if constexpr (kGrads) grad_lam[p] = -T(sum_slope) + s * (k[p] / T(n));
   }
