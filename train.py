@@ -50,19 +50,27 @@ def quiet_rank_overrides() -> list[str]:
             f"hydra.run.dir={tempfile.gettempdir()}/topklab-rank{rank}"]
 
 
-if __name__ == "__main__":
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # CUDA checks must not start CUDA before a sweep job is pinned to its GPU
+def cli(argv: list[str]) -> None:
+    """What ``python train.py ARGV`` does: the one-line checks (config, output folder), then Hydra's
+    run or sweep. A fault ends in ``SystemExit``: code 2 (or 128 + a signal) after one line on
+    stderr; a bug keeps its traceback (Hydra prints it, exit code 1)."""
     try:
-        sys.argv[1:] = expand_group_globs(sys.argv[1:], ROOT / "configs")
+        argv = expand_group_globs(list(argv), ROOT / "configs")
     except TopklabError as err:
         fail(err)
-    preflight(sys.argv[1:], ROOT / "configs")
+    preflight(argv, ROOT / "configs")
     try:
-        recipe = recipe_arguments(sys.argv[1:], ROOT / "configs", multirun=bool({"-m", "--multirun"} & set(sys.argv)))
+        recipe = recipe_arguments(argv, ROOT / "configs", multirun=bool({"-m", "--multirun"} & set(argv)))
     except TopklabError as err:
         fail(err)
     if recipe and os.environ.get("RANK", "0") == "0":
         print(f"{recipe[0].replace('=', ': ')} (from the dataset's task; choose another with recipe=<name>)")
-    at = next((i for i, arg in enumerate(sys.argv) if arg.startswith("--") and i > 0), len(sys.argv))
-    sys.argv[at:at] = recipe + quiet_rank_overrides()  # overrides go before Hydra's --cfg/--resolve flags
+    at = next((i for i, arg in enumerate(argv) if arg.startswith("--")), len(argv))
+    argv[at:at] = recipe + quiet_rank_overrides()  # overrides go before Hydra's --cfg/--resolve flags
+    sys.argv[1:] = argv  # Hydra reads its command line from sys.argv
     main()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # CUDA checks must not start CUDA before a sweep job is pinned to its GPU
+    cli(sys.argv[1:])

@@ -1,6 +1,7 @@
 """A checkpoint knows the code and machine settings that wrote it: a finished or killed run is not
 resumed under other ones without ``engine.resume=force``, and every segment of a run is recorded.
-Faults around a run's folders (unwritable, corrupt record, stale temporaries, a full disk) are one line."""
+Faults around a run's folders (unwritable, corrupt record, stale temporaries, a full disk) and a resume
+under another thread count are in test_faults.py."""
 import pytest
 
 import topklab.engine.loop as loop
@@ -72,71 +73,3 @@ def test_docstring_examples():
 
     result = doctest.testmod(topklab.engine.run_identity)
     assert result.attempted > 0 and result.failed == 0
-
-
-def test_a_run_removes_the_temporaries_a_killed_write_left(compose_cfg, tmp_path, fmnist_root):  # noqa: F811
-    from topklab.engine.checkpoint import run_key
-
-    cfg = compose_cfg(*TINY_FMNIST, f"dataset.root={fmnist_root}", "engine.epochs=1", "loss=stk", "result_file=null")
-    workdir = tmp_path / "checkpoints" / run_key(cfg)
-    workdir.mkdir(parents=True)
-    stale = [workdir / ".last.pt.k2j4.tmp", workdir / ".run.json.x9.tmp"]
-    for path in stale:
-        path.write_bytes(b"half")
-    train(cfg, tmp_path / "run")
-    assert not any(path.exists() for path in stale) and (workdir / "last.pt").is_file()
-
-
-def test_an_unwritable_checkpoint_folder_stops_the_run_before_training(compose_cfg, tmp_path, fmnist_root):  # noqa: F811
-    blocker = tmp_path / "a_file"
-    blocker.write_text("not a folder")  # a file where a folder must go: refused even to root, unlike chmod
-    cfg = compose_cfg(*TINY_FMNIST, f"dataset.root={fmnist_root}", "engine.epochs=1", "result_file=null",
-                      f"paths.checkpoint_dir={blocker}/checkpoints")
-    with pytest.raises(TopklabError, match=f"cannot write to {blocker}/checkpoints .*another paths.checkpoint_dir"):
-        train(cfg, tmp_path / "run")
-    assert not (tmp_path / "run").exists()
-
-
-def test_a_corrupt_run_record_in_the_checkpoint_folder_is_one_line(compose_cfg, tmp_path, fmnist_root):  # noqa: F811
-    from topklab.engine.checkpoint import run_key
-
-    cfg = compose_cfg(*TINY_FMNIST, f"dataset.root={fmnist_root}", "engine.epochs=1", "result_file=null",
-                      "engine.resume=false")
-    workdir = tmp_path / "checkpoints" / run_key(cfg)
-    workdir.mkdir(parents=True)
-    (workdir / "run.json").write_text('{"epoch": 3, "ste')
-    with pytest.raises(TopklabError, match="run.json is corrupt .*delete .* to start this run afresh"):
-        train(cfg, tmp_path / "run")
-
-
-def test_an_unwritable_result_folder_stops_the_run_before_training(compose_cfg, tmp_path, fmnist_root):  # noqa: F811
-    blocker = tmp_path / "a_file"
-    blocker.write_text("not a folder")
-    cfg = compose_cfg(*TINY_FMNIST, f"dataset.root={fmnist_root}", "engine.epochs=1", f"result_file={blocker}/r/seed0.json")
-    with pytest.raises(TopklabError, match="cannot write to .*another result_file"):
-        train(cfg, tmp_path / "run")
-    assert not list((tmp_path / "checkpoints").glob("*/last.pt"))
-
-
-@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"),
-                                     RuntimeError("[enforce fail at inline_container.cc:778] . unexpected pos 64 vs 0")])
-def test_a_full_disk_is_one_line_and_leaves_no_temporary(tmp_path, failure):
-    from topklab.utils.io import _atomic
-
-    def write(handle):
-        handle.write("part")
-        raise failure
-
-    with pytest.raises(TopklabError, match=r"no space left on the device of .* while writing last.pt; free some"):
-        _atomic(tmp_path / "last.pt", write, "w")
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_another_write_failure_keeps_its_own_error(tmp_path):
-    from topklab.utils.io import _atomic
-
-    def write(handle):
-        raise RuntimeError("a bug")
-
-    with pytest.raises(RuntimeError, match="a bug"):
-        _atomic(tmp_path / "last.pt", write, "w")

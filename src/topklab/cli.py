@@ -12,9 +12,12 @@ from pathlib import Path
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, ValueType
 from hydra.errors import OverrideParseException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 import topklab.launch  # noqa: F401  (Hydra's resolver for configs/hydra/launcher/joblib.yaml)
 from topklab.utils.errors import TopklabError
+from topklab.utils.io import check_creatable
 
 TRAIN_EXCLUDED = ("hydra", "local", "preset", "backbone")  # groups train.yaml does not select from
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
@@ -120,7 +123,7 @@ def sweep_points(overrides: list[Override], groups: dict[str, list[str]]) -> lis
 def check_configs(overrides: list[str], config_dir: Path, multirun: bool) -> None:
     """Compose the config for each sweep value and construct the cheap objects (loss, engine,
     dataset, model, logger ...) so that wrong types or ranges fail before any job runs."""
-    from hydra import compose, initialize_config_dir
+    from hydra import initialize_config_dir
 
     from topklab.engine.build import DATA_CONTEXT_KEYS, build, compose_run, data_context
 
@@ -132,20 +135,44 @@ def check_configs(overrides: list[str], config_dir: Path, multirun: bool) -> Non
     task = [o for o in parsed if not o.is_hydra_override()]
     points = sweep_points(task, config_groups(config_dir))
     intervals = [o.input_line for o in task if o.is_interval_sweep()]
-    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        for point in points:
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3", job_name="train"):  # train.py's job
+        for i, point in enumerate(points):
             try:
-                cfg = compose_run([*point, *settings])
+                cfg = compose_run([*point, *settings], return_hydra_config=i == 0)
             except TopklabError as err:  # Hydra lists its whole search path after a missing config
                 raise TopklabError(str(err).split(" Config search path:")[0]) from None
+            if i == 0:
+                hydra_cfg = cfg  # with Hydra's own node: the output folder and the sweeper
             for group in ("loss", "engine", "dataset", "logger", "individual", "model", "task", "tuner"):
                 node = cfg.get(group)  # None: removed with ~group; data-dependent ones are checked once data is read
                 if node is not None and not data_context(node, dict.fromkeys(DATA_CONTEXT_KEYS)):
                     build(node, group)
-        sweeper = intervals and compose("train", [*points[0], *settings], return_hydra_config=True).hydra.sweeper
+        check_output_dir(hydra_cfg, settings, multirun)
+        sweeper = intervals and hydra_cfg.hydra.sweeper
         if sweeper and sweeper._target_ == BASIC_SWEEPER:
             raise TopklabError(f"{intervals[0]}: interval() needs a sweeper that samples (e.g. hydra/sweeper=optuna); "
                                "Hydra's basic sweeper takes a,b, range(), choice() and glob()")
+
+
+def check_output_dir(cfg, settings: list[str], multirun: bool) -> None:
+    """Hydra's run directory (a sweep's directory with ``-m``) can be created and written, so that a
+    read-only, misplaced or full output folder is one line before Hydra tries (its mkdir would end in
+    a traceback). A directory whose name Hydra only fixes later (``${hydra:job.num}``) is not checked."""
+    from hydra.core.hydra_config import HydraConfig
+
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    hydra_config, previous = HydraConfig.instance(), HydraConfig.instance().cfg
+    hydra_config.set_config(cfg)  # for ${hydra:job.name} and the like, as Hydra resolves them
+    try:
+        folder = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+    except OmegaConfBaseException:
+        return
+    finally:
+        hydra_config.cfg = previous
+    if folder is None:
+        return
+    setting = key if any(s.split("=", 1)[0].lstrip("+") == key for s in settings) else f"paths.log_dir or {key}"
+    check_creatable(folder, f"the {'sweep' if multirun else 'run'} directory", setting)
 
 
 def expand_group_globs(argv: list[str], config_dir: Path) -> list[str]:
@@ -182,6 +209,10 @@ def preflight(argv: list[str], config_dir: Path) -> None:
 
 
 def fail(err: Exception | str) -> None:
-    """Print ``error: <err>`` on stderr and exit with code 2 (an interrupted run: 128 + the signal)."""
+    """Print ``error: <err>`` on stderr and exit with code 2 (an interrupted run: 128 + the signal).
+    Any other exception than a :class:`TopklabError` is a bug, not a fault: it is raised again with its
+    traceback instead of being hidden behind one line."""
+    if isinstance(err, BaseException) and not isinstance(err, TopklabError):
+        raise err
     print(f"error: {err}", file=sys.stderr)
     raise SystemExit(getattr(err, "exit_code", 2))

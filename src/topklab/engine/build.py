@@ -71,17 +71,18 @@ def chooses_groups(override: str) -> bool:
     return not key.startswith("hydra") and ("." not in key or key.startswith("dataset."))
 
 
-def compose_run(overrides: list[str], config_name: str = "train") -> DictConfig:
+def compose_run(overrides: list[str], config_name: str = "train", return_hydra_config: bool = False) -> DictConfig:
     """Compose ``config_name`` with ``overrides`` (Hydra must be initialised: inside a
     ``@hydra.main`` app or ``initialize_config_dir``), resolving ``recipe=auto`` from the dataset:
     a first composition with the group choices finds the dataset's task, the second adds
     ``recipe=<task>``, so field overrides of the recipe's groups (``optim.momentum=``) apply.
-    Command-line choices of model, optim, individual, engine and task win over the recipe's."""
+    Command-line choices of model, optim, individual, engine and task win over the recipe's.
+    ``return_hydra_config``: keep Hydra's own node (``hydra.run.dir`` ...) in the result."""
     try:
         recipe = recipe_for(compose(config_name, overrides=[o for o in overrides if chooses_groups(o)]))
         if recipe is not None:
             overrides = [*(o for o in overrides if not o.lstrip("+~").startswith("recipe=")), f"recipe={recipe}"]
-        cfg = compose(config_name, overrides=overrides)
+        cfg = compose(config_name, overrides=overrides, return_hydra_config=return_hydra_config)
     except (HydraException, OmegaConfBaseException) as err:
         raise TopklabError(" ".join(str(err).split())) from None
     return cfg

@@ -90,3 +90,40 @@ class CheckpointStore:
                 f"checkpoint {self.path} cannot be read ({type(err).__name__}: {err}); delete that folder "
                 f"to start the run over, or pass engine.resume=false"
             ) from None
+
+
+TRAINING_STATE = ("module", "optimizer", "scheduler", "scaler", "rng", "progress")  # what every last.pt holds
+
+
+def _listed(names: list[str], most: int = 3) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def state_mismatch(saved: dict, current: dict) -> str | None:
+    """Why a saved state dict does not fit a model whose state dict is ``current``, in a few words
+    (entries it lacks, entries it has in excess, tensors of another shape); None when it fits.
+
+    Examples
+    --------
+    >>> here = {"fc.weight": torch.zeros(5, 4), "fc.bias": torch.zeros(5)}
+    >>> state_mismatch({"fc.weight": torch.zeros(10, 4), "head.bias": torch.zeros(10)}, here)
+    'it lacks fc.bias; it has head.bias, which this model has not; fc.weight is [10, 4] there, [5, 4] here'
+    >>> state_mismatch(here, here) is None
+    True
+    """
+    if not isinstance(saved, dict):
+        return f"it holds a {type(saved).__name__}, not a state dict"
+    missing = [key for key in current if key not in saved]
+    unexpected = [key for key in saved if key not in current]
+    reshaped = [f"{key} is {list(saved[key].shape)} there, {list(value.shape)} here" for key, value in current.items()
+                if key in saved and hasattr(value, "shape") and hasattr(saved[key], "shape")
+                and tuple(saved[key].shape) != tuple(value.shape)]
+    parts = ([f"it lacks {_listed(missing)}"] if missing else []) + \
+        ([f"it has {_listed(unexpected)}, which this model has not"] if unexpected else []) + reshaped[:3]
+    return "; ".join(parts) or None
+
+
+def not_this_run(path: Path, detail: str) -> TopklabError:
+    """The one-line error for a checkpoint that another model or program wrote under this run key."""
+    return TopklabError(f"checkpoint {path} does not fit this run ({detail}); delete {path.parent} to start the run "
+                        "over, or give this run a fresh paths.checkpoint_dir")

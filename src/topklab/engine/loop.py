@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from topklab.engine.checkpoint import CheckpointStore
+from topklab.engine.checkpoint import TRAINING_STATE, CheckpointStore, not_this_run, state_mismatch
 from topklab.engine.distributed import Distributed, gather_concat, shard_slice
 from topklab.engine.interrupt import pending_signal
 from topklab.engine.objective import TrainingModule
@@ -49,6 +49,42 @@ def average_states(states: list[dict]) -> dict:
     """The element-wise mean of floating-point entries of several state dicts (others: the last's)."""
     return {key: torch.stack([s[key].double() for s in states]).mean(0).to(value.dtype) if value.is_floating_point() else value
             for key, value in states[-1].items()}
+
+
+SIZE_SETTINGS = {  # the dataset settings that decide how many examples a split gets (ratios, subsets, filters)
+    "train": ("split", "holdout", "val_fraction", "val_per_class", "n_max", "max_length"),
+    "val": ("split", "holdout", "val_fraction", "val_per_class"),
+    "test": ("split",),
+}
+SOURCE_SETTINGS = ("files", "lists", "splits", "split_dir", "root")  # where a split's examples are read from
+
+
+def check_splits(data, splits, dataset_cfg=None) -> None:
+    """Every split of ``splits`` the engine trains on, validates or scores has examples; an empty one
+    is a one-line :class:`TopklabError` naming it, the dataset and the settings that fill it
+    (``dataset_cfg``: the dataset's config, whose keys are named when given), before training.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> data = SimpleNamespace(name="sinc", targets=lambda split: [0.5] * {"train": 6, "val": 4, "test": 0}[split])
+    >>> check_splits(data, ["train", "val", "test"], {"split": [0.6, 0.39, 0.01], "source": {}})
+    Traceback (most recent call last):
+    ...
+    topklab.utils.errors.TopklabError: dataset sinc: the test split is empty (train 6, val 4, test 0 examples); give it examples with dataset.split
+    """
+    sizes = {split: len(data.targets(split)) for split in dict.fromkeys(["train", "val", *splits])}
+    empty = next((split for split in sizes if split in splits and sizes[split] == 0), None)
+    if empty is None:
+        return
+    counts = ", ".join(f"{split} {n}" for split, n in sizes.items())
+    keys = list(dataset_cfg or {})
+    fix = [f"dataset.{key}" for key in SIZE_SETTINGS[empty] if key in keys]
+    source = next((key for key in SOURCE_SETTINGS if key in keys), None)
+    hints = ([f"give it examples with {' or '.join(fix)}"] if fix else []) + \
+        ([f"check its data under dataset.{source}={dataset_cfg[source]}"] if source else [])
+    raise TopklabError(f"dataset {data.name}: the {empty} split is empty ({counts} examples); "
+                       f"{' or '.join(hints) or 'check the dataset and its split settings'}")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -215,6 +251,7 @@ class Engine:
         if exchange is not None:
             exchange.to(device)
             exchange.attach(module.parameters())
+        check_splits(data, ["train", "val", *self.final_splits])
         wrapped = dist.wrap(module)
         train_loader = data.train_loader(self.batch_size, self.drop_last, seed, device, channels_last)
         steps_per_epoch = len(train_loader)
@@ -272,16 +309,25 @@ class Engine:
             return batch[shard_slice(len(batch), dist.rank, dist.world_size)] if dist.is_distributed else batch
         if store is not None and self.resume and store.exists():
             saved = store.load()
+            lacking = [key for key in (*TRAINING_STATE, *(["exchange"] if exchange is not None else []))
+                       if not isinstance(saved, dict) or key not in saved]
+            if lacking:
+                raise not_this_run(store.path, f"it is not a training checkpoint of this engine: no {', '.join(lacking)}")
             segments = saved["progress"].get("segments")
             check_resumable({k: v for k, v in segments[-1].items() if k != "from_step"} if segments else None, identity,
                             store.directory, force=self.resume == "force")
-            module.load_state_dict(saved["module"])
-            optimizer.load_state_dict(saved["optimizer"])
-            scheduler.load_state_dict(saved["scheduler"])
-            scaler.load_state_dict(saved["scaler"])
+            mismatch = state_mismatch(saved["module"], module.state_dict())
+            if mismatch:  # checked before loading: the model is not left half-loaded
+                raise not_this_run(store.path, f"another model wrote it: {mismatch}")
+            for part, target in (("module", module), ("optimizer", optimizer), ("scheduler", scheduler),
+                                 ("scaler", scaler), ("exchange", exchange)):
+                try:
+                    if target is not None:
+                        target.load_state_dict(saved[part])
+                except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as err:
+                    raise not_this_run(store.path, f"its {part} state does not load: {' '.join(str(err).split())[:200]}") \
+                        from None
             set_rng_state(saved["rng"])
-            if exchange is not None:
-                exchange.load_state_dict(saved["exchange"])
             state = saved["progress"]
             state["segments"] = [*(segments or []), {**identity, "from_step": state["step"]}]
             state["logger_id"] = logger_id or state.get("logger_id")

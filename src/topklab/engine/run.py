@@ -17,7 +17,7 @@ from topklab.engine.checkpoint import CheckpointStore, run_key
 from topklab.engine.objective import Objective, TrainingModule
 from topklab.engine.distributed import Distributed
 from topklab.engine.interrupt import deferred_signals
-from topklab.engine.loop import resolve_device
+from topklab.engine.loop import check_splits, resolve_device
 from topklab.engine.record import RunRecord, SilentRecord
 from topklab.engine.result_guard import check_replaceable, destination, identity
 from topklab.loggers import NullLogger
@@ -83,6 +83,7 @@ def build_run(cfg: DictConfig):
     check_cpu_capability(cfg.get("cpu_capability"))
     seed_everything(cfg.seed)
     data = build(cfg.dataset, "dataset").splits()
+    check_splits(data, ["train", "val", *(cfg.engine.get("final_splits") or ["test"])], cfg.dataset)
     provided = data.provides()
     model = build_for_data(cfg.model, "model", provided)
     individual = build_for_data(cfg.individual, "individual", provided)
@@ -113,9 +114,11 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None, ove
     ``torchrun`` every rank trains; only the main rank writes the record, logs and the result.
     """
     dist = Distributed.from_env(backend="gloo" if cfg.engine.device == "cpu" else None).init()
-    record = RunRecord(run_dir, job_name) if dist.is_main else SilentRecord(run_dir, job_name)
-    logger = None
+    logger = record = None
     try:
+        if dist.is_main:  # the run's record (Hydra's run directory under train.py)
+            check_writable([(Path(run_dir), "hydra.run.dir")])
+        record = RunRecord(run_dir, job_name) if dist.is_main else SilentRecord(run_dir, job_name)
         result_path = plan_result(cfg, overrides, record.run_dir) if cfg.get("result_file") and dist.is_main else None
         if dist.is_main:
             check_writable([*([(Path(cfg.paths.checkpoint_dir), "paths.checkpoint_dir")] if cfg.engine.get("checkpoint") else []),
@@ -140,7 +143,8 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None, ove
         path = record.save_state("last_good.pt", err.last_good_state)
         raise NonFiniteLossError(f"{err} (state before that step saved to {path})") from None
     except TopklabError:
-        record.discard()
+        if record is not None:
+            record.discard()
         raise
     finally:
         if logger is not None:

@@ -54,9 +54,13 @@ def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
     return _atomic(path, lambda handle: torch.save(obj, handle), "wb")
 
 
+MIN_FREE_BYTES = 1 << 20  # a device with less free space than this is full for a run's record and checkpoints
+
+
 def check_writable(folders: list[tuple[Path, str]]) -> None:
     """Create each folder and a scratch file in it, before any work is done there; a folder that
-    cannot take one is a one-line :class:`~topklab.utils.errors.TopklabError` naming the setting."""
+    cannot take one, or whose device is full, is a one-line :class:`~topklab.utils.errors.TopklabError`
+    naming the setting."""
     from topklab.utils.errors import TopklabError
 
     for folder, setting in folders:
@@ -64,6 +68,36 @@ def check_writable(folders: list[tuple[Path, str]]) -> None:
             Path(folder).mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryFile(dir=folder):
                 pass
+            free = shutil.disk_usage(folder).free
         except OSError as err:
             raise TopklabError(f"cannot write to {folder} ({err.strerror or err}); make it writable or choose "
                                f"another {setting}") from None
+        if free < MIN_FREE_BYTES:
+            raise TopklabError(f"no space left on the device of {folder} ({free:,} bytes free); free some, or choose "
+                               f"another {setting}")
+
+
+def check_creatable(folder: str | os.PathLike, what: str, setting: str) -> None:
+    """``folder`` (``what``: its name in the message) can be created and written: its nearest
+    existing ancestor is a folder that takes a file and whose device is not full. Nothing is left
+    behind (for a folder whose name is only fixed later, such as Hydra's timestamped run directory).
+    A failure is a one-line :class:`~topklab.utils.errors.TopklabError` naming ``setting``."""
+    from topklab.utils.errors import TopklabError
+
+    folder = Path(folder).absolute()
+    existing = folder
+    try:
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir():
+            raise TopklabError(f"cannot create {what} {folder}: {existing} is a file, not a folder; "
+                               f"choose another {setting}")
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+        free = shutil.disk_usage(existing).free
+    except OSError as err:
+        raise TopklabError(f"cannot create {what} {folder}: {existing} is not writable ({err.strerror or err}); "
+                           f"make it writable or choose another {setting}") from None
+    if free < MIN_FREE_BYTES:
+        raise TopklabError(f"cannot create {what} {folder}: no space left on the device of {existing} ({free:,} bytes "
+                           f"free); free some, or choose another {setting}")
