@@ -10,7 +10,8 @@ import pytest
 import torch
 from mpmath import mp, mpf
 
-from topklab.losses import ATk, Average, MATk, Maximum, STk
+from topklab.losses import ATk, Average, MATk, Maximum, SoftATk, STk
+from topklab.operators import LapSum
 
 mp.dps = 60
 INF, NAN = float("inf"), float("nan")
@@ -106,6 +107,15 @@ AGGREGATES = {
     "matk_gradient_native": (lambda k: MATk(k=k, kernel="native", lam_update="gradient", lam_init=1.0),
                              Thresholded(relu_reference, relu_slope_reference, 0, "paper").value),
 }
+def soft_atk_reference(values, k, lam):
+    """(1/k)·Σ p_i·ℓ_i with p from LapSum in float64 (the operator's own probe checks p); a −inf loss has p = 0."""
+    if any(mp.isnan(v) for v in values):
+        return mpf("nan")
+    weights = LapSum(alpha=0.5).soft_topk(torch.tensor([[float(v) for v in values]], dtype=torch.float64), k)[0]
+    return mp.fsum(mpf(p) * v for p, v in zip(weights.tolist(), values) if p != 0) / k
+
+
+AGGREGATES["soft_atk_lapsum"] = (lambda k: SoftATk(k=k, operator=LapSum(alpha=0.5)), soft_atk_reference)
 GRADIENTS = {"stk_solve_eager": SRELU, "stk_solve_native": SRELU, "stk_gradient_native": SRELU}
 
 

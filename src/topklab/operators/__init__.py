@@ -1,6 +1,7 @@
 """Differentiable top-k operators under one API (:mod:`topklab.operators.base`): each gives a soft
 top-k indicator ``soft_topk(scores, k)`` of shape (batch, n) and, where the method has one, a
-relaxed top-k permutation ``permutation(scores, k)`` of shape (batch, n, k), column 0 = top-1.
+relaxed top-k permutation ``permutation(scores, k)`` of shape (batch, n, k), column 0 = top-1; all
+follow one rule for ±inf, NaN and empty input (see :mod:`topklab.operators.base`).
 Configs: ``configs/operator/<name>.yaml``."""
 from topklab.operators.base import TopKOperator, hard_permutation, hard_topk
 from topklab.operators.dftopk import DFTopK

@@ -16,8 +16,47 @@ Conventions, the same for every operator:
 Each operator states what it promises through class attributes: ``gives_permutation``,
 ``sums_to_k`` (Σ p = k exactly), ``bounded`` (0 <= p <= 1; for the Sinkhorn-based operators up to their row-sum tolerance), ``sparse`` (p has exact zeros and ones away from ties) and
 ``stochastic`` (a Monte-Carlo estimate, seeded).
+
+Extreme inputs, the same for every operator (:meth:`TopKOperator.soft_topk` and
+:meth:`TopKOperator.permutation` enforce them, :func:`extremes` and :func:`assemble` implement them):
+
+- **±inf** scores take their limit. In a row with m₊ entries at +inf, m₋ at −inf and n_f finite
+  ones, the +inf entries are selected (weight 1) and the finite entries get the operator's own soft
+  top-k' of the finite entries alone, ``k' = min(k − m₊, n_f)`` (same settings, the infinite
+  entries removed from the row); a −inf entry gets 0. In the permutation the +inf entries take
+  ranks 1..m₊, the finite entries the operator's permutation of the finite rest in the ranks after
+  them. Ties among infinities share: with m₊ > k each +inf entry gets k/m₊ (each of the k ranks
+  1/m₊), and with fewer than k entries above −inf (m₊ + n_f < k) the −inf entries share the
+  missing k − m₊ − n_f equally (each of those ranks 1/m₋). Rows therefore still sum to k where the
+  operator does, and gradients reach the finite entries only (an infinite score gets 0).
+  Where the operator's literal limit differs from this rule (the cost normalisation of SOFT top-k
+  and the standardisation of SinkhornSort would make every finite entry tie, and a sorting
+  network keeps the n-wire layout), the rule is what the operator computes; its docstring says so.
+- **NaN**: a row with a NaN score gives a row of NaN (the whole row: every entry of p depends on
+  every score); other rows are unaffected (a NaN row takes no part in SoftTopKOT's batch
+  normalisation either). Nothing is raised, so there is no device synchronisation for the check.
+- **Empty batch**: scores of shape (0, n) give p of shape (0, n) (P of shape (0, n, k)); k is still
+  checked against n.
+- **dtype**: the output has the scores' dtype; float16 and bfloat16 are computed in float32 where
+  an operator needs it (DiffSortNet, DifftopkNetwork).
+- Large finite scores (up to the dtype's maximum) give finite outputs; where an intermediate
+  would overflow (a square, a division by a small temperature) the operators rescale or shift the
+  scores first, or let it saturate at the limit it tends to. (Not difftopk's own network,
+  DifftopkNetwork: it gives NaN where differences of scores overflow the dtype.)
+
+>>> from topklab.operators import LapSum
+>>> inf, nan = float("inf"), float("nan")
+>>> scores = torch.tensor([[3.0, inf, 2.0, -inf], [1.0, nan, 0.0, 2.0], [inf, inf, inf, 0.0]], dtype=torch.float64)
+>>> LapSum(alpha=0.5).soft_topk(scores, k=2).round(decimals=4)   # row 0: LapSum of [3, 2] with k = 1
+tensor([[0.8161, 1.0000, 0.1839, 0.0000],
+        [   nan,    nan,    nan,    nan],
+        [0.6667, 0.6667, 0.6667, 0.0000]], dtype=torch.float64)
+>>> LapSum().soft_topk(torch.zeros(0, 4), k=2).shape
+torch.Size([0, 4])
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -40,11 +79,110 @@ def positive(value: float, name: str, direction: str) -> float:
     return float(value)
 
 
+def power_of_two_scale(values: torch.Tensor) -> torch.Tensor:
+    """Per row of ``values`` (batch, n, finite), a power of two c >= 1 with ``max |values| / c < 2``,
+    (batch, 1), detached: dividing by it is exact (no rounding) and keeps squares and sums of the
+    row finite; c = 1 for rows within [−1, 1]."""
+    exponent = torch.frexp(values.detach().abs().amax(1, keepdim=True)).exponent
+    return torch.ldexp(torch.ones_like(values[:, :1]), (exponent - 1).clamp(min=0))
+
+
+class Extremes(NamedTuple):
+    """What an operator's core sees of a row's infinite scores (see the module docstring).
+
+    The core is called on scores whose finite entries are the input's and whose ±inf entries are
+    kept in place (detached); rows that have nothing for the core to weigh (NaN, m₊ >= k, or no
+    finite entry) are replaced by zeros, with ``finite`` all True, ``top`` 0, ``count`` n and
+    ``rest_k`` k. For every row the core must return finite values; only the finite entries (and, for
+    the permutation, the columns ``top .. top + rest_k − 1``) are used.
+    """
+
+    finite: torch.Tensor   # (batch, n) bool: the entries the operator weighs
+    top: torch.Tensor      # (batch, 1) long: m₊, the +inf entries, which take ranks 1..m₊
+    count: torch.Tensor    # (batch, 1) long: n_f >= 1, the finite entries
+    rest_k: torch.Tensor   # (batch, 1) long: k' = min(k − m₊, n_f) >= 1, what the finite entries share
+    live: torch.Tensor     # (batch, 1) bool: False on the stand-in rows (which must not affect the others)
+
+
+class _Split(NamedTuple):
+    """The input's own counts (before stand-in rows), for :func:`assemble`."""
+
+    positive: torch.Tensor   # (batch, n) bool, +inf
+    negative: torch.Tensor   # (batch, n) bool, −inf
+    finite: torch.Tensor     # (batch, n) bool
+    nan_row: torch.Tensor    # (batch, 1) bool
+    live: torch.Tensor       # (batch, 1) bool: the core's values are used on this row's finite entries
+    top: torch.Tensor        # (batch, 1) long, m₊
+    bottom: torch.Tensor     # (batch, 1) long, m₋
+    count: torch.Tensor      # (batch, 1) long, n_f
+    rest_k: torch.Tensor     # (batch, 1) long, k' (<= 0 where m₊ >= k)
+
+
+def extremes(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, Extremes, _Split]:
+    """The core's input and :class:`Extremes`, and the split that :func:`assemble` needs.
+
+    Vectorised: masks and counts per row, no synchronisation and no branch on the data."""
+    n = scores.shape[1]
+    positive_, negative_ = torch.isposinf(scores), torch.isneginf(scores)
+    finite = torch.isfinite(scores)
+    nan_row = torch.isnan(scores).any(1, keepdim=True)
+    top, bottom = positive_.sum(1, keepdim=True), negative_.sum(1, keepdim=True)
+    count = finite.sum(1, keepdim=True)
+    rest_k = torch.minimum(k - top, count)
+    live = (rest_k >= 1) & ~nan_row
+    core = torch.where(live, torch.where(finite, scores, scores.detach()), torch.zeros((), dtype=scores.dtype,
+                                                                                        device=scores.device))
+    rest = Extremes(finite | ~live, torch.where(live, top, 0), torch.where(live, count, n),
+                    torch.where(live, rest_k, k), live)
+    return core, rest, _Split(positive_, negative_, finite, nan_row, live, top, bottom, count, rest_k)
+
+
+def plain(scores: torch.Tensor, k: int) -> Extremes:
+    """The :class:`Extremes` of all-finite scores: what :func:`extremes` gives them, without the scan."""
+    batch, n = scores.shape
+    column = torch.ones(batch, 1, dtype=torch.long, device=scores.device)
+    return Extremes(torch.ones(batch, n, dtype=torch.bool, device=scores.device), 0 * column, n * column, k * column,
+                    column.bool())
+
+
+def assemble(core: torch.Tensor, split: _Split, k: int) -> torch.Tensor:
+    """The output by the rule of the module docstring: ``core`` (batch, n) or (batch, n, k), aligned
+    with the output's ranks, on the finite entries of live rows; the infinite entries' shares; NaN rows."""
+    dtype = core.dtype
+    top, bottom, count = (t.to(dtype) for t in (split.top, split.bottom, split.count))
+    zero = torch.zeros((), dtype=dtype, device=core.device)
+    if core.dim() == 2:
+        plus = (k / top.clamp(min=1)).clamp(max=1)                    # each +inf: min(1, k/m₊)
+        minus = (k - top - count).clamp(min=0) / bottom.clamp(min=1)  # each −inf: the missing mass, shared
+        weigh = split.finite & split.live
+        out = torch.where(weigh, core, torch.where(split.positive, plus, torch.where(split.negative, minus, zero)))
+        return torch.where(split.nan_row, torch.full_like(out, torch.nan), out)
+    ranks = torch.arange(k, device=core.device)[None, None, :]
+    top3, count3, rest3 = split.top[:, :, None], split.count[:, :, None], split.rest_k[:, :, None]
+    plus = torch.where(ranks < top3, 1 / top.clamp(min=1)[:, :, None], zero)                  # ranks 1..m₊
+    minus = torch.where(ranks >= top3 + count3, 1 / bottom.clamp(min=1)[:, :, None], zero)    # ranks after n_f
+    rest_columns = (ranks >= top3) & (ranks < top3 + rest3)
+    weigh = (split.finite & split.live)[:, :, None] & rest_columns
+    out = torch.where(weigh, core, torch.where(split.positive[:, :, None], plus,
+                                               torch.where(split.negative[:, :, None], minus, zero)))
+    return torch.where(split.nan_row[:, :, None], torch.full_like(out, torch.nan), out)
+
+
 class TopKOperator(nn.Module):
     """Base class: a differentiable relaxation of top-k selection (see the module docstring).
 
-    Subclasses implement :meth:`permutation` (then :meth:`soft_topk` is its column sum) or
-    :meth:`soft_topk` alone. Calling the module is :meth:`soft_topk`.
+    Subclasses implement the core :meth:`_permutation` (then :meth:`soft_topk` is the column sum of
+    :meth:`permutation`) and/or :meth:`_soft_topk`; the public methods check the input and apply the
+    rules for infinite, NaN and empty input around them. Calling the module is :meth:`soft_topk`.
+
+    ``masks_extremes`` says how a core meets infinite scores. True: the core is vectorised over
+    them; it gets the scores with their infinities in place and an :class:`Extremes` (per-row m₊,
+    n_f and k'). False: the core only ever sees finite rows and a plain k; rows with an infinite
+    (or NaN) score are then grouped by (n_f, k'), their finite entries gathered and the core called
+    once per group. That needs one ``torch.isfinite(scores).all()`` per call, a synchronisation on
+    a GPU (only these operators pay it there: the sorting networks, whose layout depends on n, and
+    SparseTopK, which already synchronises in its solvers). On the CPU every operator makes that
+    check and calls its core directly on all-finite scores (the rule changes nothing there).
     """
 
     gives_permutation = False
@@ -52,18 +190,70 @@ class TopKOperator(nn.Module):
     bounded = True      # every entry of p lies in [0, 1] (NeuralSort, SoftSort: False; see the module docstring)
     sparse = False
     stochastic = False
+    masks_extremes = True
+
+    def check(self, scores: torch.Tensor, k: int) -> None:
+        """One-line errors for input the operator refuses, before any computation."""
+        check_scores(scores, k, type(self).__name__)
 
     def soft_topk(self, scores: torch.Tensor, k: int) -> torch.Tensor:
-        if not self.gives_permutation:
-            raise NotImplementedError(f"{type(self).__name__} must implement soft_topk")
-        return self.permutation(scores, k).sum(-1)
+        if type(self)._soft_topk is TopKOperator._soft_topk:
+            if not self.gives_permutation:
+                raise NotImplementedError(f"{type(self).__name__} must implement _soft_topk")
+            return self.permutation(scores, k).sum(-1)
+        return self._guarded(scores, k, self._soft_topk)
 
     def permutation(self, scores: torch.Tensor, k: int) -> torch.Tensor:
-        raise ValueError(f"{type(self).__name__} gives a soft top-k indicator, not a top-k permutation; "
-                         "the top-k cross-entropy needs one of the sorting operators (see configs/operator/)")
+        if not self.gives_permutation:
+            raise ValueError(f"{type(self).__name__} gives a soft top-k indicator, not a top-k permutation; "
+                             "the top-k cross-entropy needs one of the sorting operators (see configs/operator/)")
+        return self._guarded(scores, k, self._permutation, columns=True)
 
     def forward(self, scores: torch.Tensor, k: int) -> torch.Tensor:
         return self.soft_topk(scores, k)
+
+    # The cores. With masks_extremes, ``rest`` describes each row (:class:`Extremes`); without, the
+    # scores are all finite, k holds for every row and ``rest`` is None.
+    def _soft_topk(self, scores: torch.Tensor, k: int, rest: Extremes | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _permutation(self, scores: torch.Tensor, k: int, rest: Extremes | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _guarded(self, scores: torch.Tensor, k: int, core, columns: bool = False) -> torch.Tensor:
+        self.check(scores, k)
+        batch, n = scores.shape
+        if batch == 0:
+            empty = scores * 0
+            return empty[:, :, None].expand(batch, n, k).clone() if columns else empty
+        # All finite: the rule is the identity, so the core alone gives the same result. The check is
+        # free on the CPU; on a GPU it would synchronise, so there only the grouped operators make it.
+        if (scores.device.type == "cpu" or not self.masks_extremes) and bool(torch.isfinite(scores).all()):
+            return core(scores, k, plain(scores, k) if self.masks_extremes else None)
+        inputs, rest, split = extremes(scores, k)
+        if not self.masks_extremes:
+            return assemble(_by_groups(core, inputs, split, k, columns), split, k)
+        return assemble(core(inputs, k, rest), split, k)
+
+
+def _by_groups(core, inputs: torch.Tensor, split: _Split, k: int, columns: bool) -> torch.Tensor:
+    """The core of a ``masks_extremes = False`` operator on each live row's finite entries, rows
+    grouped by (n_f, k'), scattered back into place (ranks shifted by m₊ for the permutation)."""
+    batch, n = inputs.shape
+    zeros = torch.where(split.finite, inputs, 0.0) * 0            # in the graph even where no row is live
+    out = zeros[:, :, None].expand(batch, n, k) if columns else zeros
+    keys = torch.stack([split.count[:, 0], split.rest_k[:, 0]], dim=1)[split.live[:, 0]]
+    for count, rest_k in torch.unique(keys, dim=0).tolist():
+        rows = (split.live & (split.count == count) & (split.rest_k == rest_k))[:, 0].nonzero()[:, 0]
+        finite = split.finite[rows]
+        items = finite.nonzero()[:, 1].view(len(rows), count)                         # (g, n_f), in order
+        values = core(inputs[rows][finite].view(len(rows), count), rest_k, None)
+        if columns:
+            ranks = split.top[rows][:, :, None] + torch.arange(rest_k, device=inputs.device)   # (g, 1, k')
+            out = out.index_put((rows[:, None, None], items[:, :, None], ranks), values)
+        else:
+            out = out.index_put((rows[:, None], items), values)
+    return out
 
 
 def hard_topk(scores: torch.Tensor, k: int) -> torch.Tensor:

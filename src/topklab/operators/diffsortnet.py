@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from topklab.operators.base import TopKOperator, check_scores, positive
+from topklab.operators.base import TopKOperator, positive
 from topklab.operators.networks import NETWORKS, LayerPlan, plan
 from topklab.operators.relaxations import RELAXATIONS, check_distribution
 
@@ -134,6 +134,21 @@ class DiffSortNet(TopKOperator):
     art_lambda : float >= 0
         λ of the activation replacement trick, only for logistic_phi: F = σ(β·v / |v|^λ).
 
+    Notes
+    -----
+    Extreme inputs (the rule of :mod:`topklab.operators.base`): the m₊ entries at +inf take ranks
+    1..m₊ (sharing them where several), a −inf entry gets 0, and the finite entries get the network
+    of their own size n_f (the finite entries in their order, k − m₊ output columns) in the ranks
+    after m₊; with fewer than k entries above −inf the −inf ones share the last ranks. This is not
+    the limit of the n-wire network (whose comparators would still mix the finite values in the
+    n-wire layout): a network is defined by its number of wires, and the rule keeps the answer that
+    of the same operator on the finite scores. Rows with an infinite score are grouped by (n_f, k')
+    and each group runs its own network; a call checks ``isfinite(scores).all()`` first (one
+    synchronisation on a GPU). A NaN score makes its row NaN; an empty batch gives an empty result;
+    float16 and bfloat16 are computed in float32 and returned in their dtype. Finite scores up to
+    the dtype's maximum give finite P: where a difference of scores could overflow (a score beyond
+    a quarter of the maximum), the values are halved and β rescaled to give the same comparators.
+
     Examples
     --------
     >>> net = DiffSortNet("odd_even", steepness=100.0, distribution="logistic")
@@ -142,6 +157,13 @@ class DiffSortNet(TopKOperator):
              [1., 0.],
              [0., 0.],
              [0., 1.]]])
+    >>> net.permutation(torch.tensor([[0.1, float("inf"), -float("inf"), 1.0]]), 2).round()   # 2 finite wires
+    tensor([[[0., 0.],
+             [1., 0.],
+             [0., 0.],
+             [0., 1.]]])
+    >>> net.soft_topk(torch.zeros(0, 4), 2).shape, net.soft_topk(torch.tensor([[0.1, float("nan")]]), 1)
+    (torch.Size([0, 4]), tensor([[nan, nan]]))
 
     References
     ----------
@@ -152,6 +174,7 @@ class DiffSortNet(TopKOperator):
 
     gives_permutation = True
     sums_to_k = True
+    masks_extremes = False   # the layout depends on n: rows with infinite scores run per group
 
     def __init__(self, network: str = "odd_even", steepness: float = 10.0, distribution: str = "cauchy",
                  art_lambda: float = 0.25):
@@ -177,10 +200,17 @@ class DiffSortNet(TopKOperator):
             self._workspaces[key] = Workspace(plans, n, k, batch, dtype, device)
         return self._workspaces[key]
 
-    def permutation(self, scores: torch.Tensor, k: int) -> torch.Tensor:
-        check_scores(scores, k, "DiffSortNet")
+    def _permutation(self, scores: torch.Tensor, k: int, rest=None) -> torch.Tensor:
         low_precision = scores.dtype in (torch.float16, torch.bfloat16)
         values = scores.float() if low_precision else scores
+        # A comparator takes x_i − x_j, which overflows once scores reach a quarter of the dtype's
+        # maximum: there the values are halved and β rescaled so that every comparator weighs the same
+        # (F depends on β·v; logistic_phi's σ(β·v/(|v| + 1e-10)^λ) on β·2^(1−λ)·(v/2), up to its 1e-10).
+        # No synchronisation: the choice is a tensor, and β a 0-d tensor in the comparators.
+        halve = values.detach().abs().amax() > torch.finfo(values.dtype).max / 4
+        factor = 2.0 ** (1.0 - self.art_lambda) if self.distribution == "logistic_phi" else 2.0
+        steepness = torch.where(halve, self.steepness * factor, self.steepness).to(values.dtype)
+        values = torch.where(halve, values / 2, values)
         workspace = self.workspace(scores.shape[1], k, scores.shape[0], scores.device, values.dtype)
-        columns = NetworkTopK.apply(values, workspace, RELAXATIONS[self.distribution], self.steepness, self.art_lambda)
+        columns = NetworkTopK.apply(values, workspace, RELAXATIONS[self.distribution], steepness, self.art_lambda)
         return columns.to(scores.dtype)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from topklab.operators.base import TopKOperator, check_scores, positive
+from topklab.operators.base import TopKOperator, positive
 from topklab.utils.seed import SeededNormal
 
 
@@ -73,6 +73,14 @@ class PerturbedTopK(TopKOperator):
 
     Notes
     -----
+    Extreme inputs (the rule of :mod:`topklab.operators.base`, the operator's own limit: noise does
+    not move an infinite score): +inf entries are in every draw's top k and −inf entries in none, so
+    the finite entries get the perturbed top-(k − m₊) of the finite entries (the same draws as for a
+    finite row: seeded outputs do not change); the infinite entries' shares follow the rule (several
+    +inf share their ranks evenly, rather than by index as ``torch.topk`` breaks their ties), and
+    their gradient is 0. A NaN score makes its row NaN (``torch.topk`` would rank it first); an
+    empty batch gives an empty result; any finite score works (``x + σZ`` saturates at ±inf at worst).
+
     The permutation is ordered by rank (column j = the (j+1)-th largest), as everywhere in
     :mod:`topklab.operators`; Cordonnier et al. instead order the k selected patches by position.
     Their released code had two bugs in this backward (a transposed Jacobian, and a dot product
@@ -89,6 +97,9 @@ class PerturbedTopK(TopKOperator):
     tensor([[[1., 0.],
              [0., 0.],
              [0., 1.]]])
+    >>> tied = torch.tensor([[float("inf"), 0.0, float("inf")]])
+    >>> PerturbedTopK(sigma=1e-6, num_samples=4, seed=0).soft_topk(tied, k=1)   # two +inf share k = 1
+    tensor([[0.5000, 0.0000, 0.5000]])
 
     References
     ----------
@@ -118,10 +129,8 @@ class PerturbedTopK(TopKOperator):
         """Standard normal draws of shape (num_samples, batch, n), from the module's generator if seeded."""
         return self.draw((self.num_samples, *scores.shape), scores)
 
-    def soft_topk(self, scores: torch.Tensor, k: int) -> torch.Tensor:
-        check_scores(scores, k, "PerturbedTopK")
+    def _soft_topk(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
         return _PerturbedTopK.apply(scores, self.noise(scores), k, self.sigma, False)
 
-    def permutation(self, scores: torch.Tensor, k: int) -> torch.Tensor:
-        check_scores(scores, k, "PerturbedTopK")
+    def _permutation(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
         return _PerturbedTopK.apply(scores, self.noise(scores), k, self.sigma, True)

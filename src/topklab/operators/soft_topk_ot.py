@@ -2,43 +2,33 @@
 anchors, solved by log-domain Sinkhorn (Xie et al., NeurIPS 2020)."""
 from __future__ import annotations
 
-import math
-
 import torch
 
-from topklab.operators.base import TopKOperator, check_scores, positive
+from topklab.operators.base import TopKOperator, positive
 
 NORMALISE = ("batch", "row")  # what the cost is divided by: the batch's largest entry (the authors') or each row's
 
 
-def _fill_negative_infinity(scores: torch.Tensor) -> torch.Tensor:
-    """−inf scores (masked items) replaced, as in the authors' code, by ``min − (max − min)`` of the
-    row's finite scores, a constant (no gradient) below every other item."""
-    masked = scores == -torch.inf
-    low = torch.where(masked, torch.full_like(scores, torch.inf), scores).amin(dim=1, keepdim=True)
-    high = scores.amax(dim=1, keepdim=True)
-    return torch.where(masked, (2 * low - high).detach(), scores)
-
-
-def log_sinkhorn(cost: torch.Tensor, target: torch.Tensor, epsilon: float, max_iter: int,
+def log_sinkhorn(cost: torch.Tensor, log_mu: torch.Tensor, log_nu: torch.Tensor, epsilon: float, max_iter: int,
                  tol: float) -> torch.Tensor:
-    """The entropic transport plan Γ (batch, n, m) between uniform mass 1/n on the n rows of ``cost``
-    and the m masses ``target`` (m,), for ``min ⟨C, Γ⟩ − ε·H(Γ)``.
+    """The entropic transport plan Γ (batch, n, m) between the masses ``exp(log_mu)`` (batch, n, 1) on
+    the n rows of ``cost`` and ``exp(log_nu)`` (batch, 1, m) on its m columns, for
+    ``min ⟨C, Γ⟩ − ε·H(Γ)``. A mass may be 0 (log −inf): that row or column of Γ is 0 and takes no
+    part; each row of the batch needs some mass on both sides.
 
     Log-domain Sinkhorn: each round rescales the rows, then the columns. The plan returned comes
     right after a column rescaling, so its column sums equal ``target`` to rounding; the rounds stop
-    when the largest relative error of a row sum, ``|log(n·Σ_j Γ_ij)|``, is at most ``tol`` (never
+    when the largest relative error of a row sum, ``|log(Σ_j Γ_ij / μ_i)|``, is at most ``tol`` (never
     when tol = 0) or after ``max_iter`` rounds."""
-    n = cost.shape[1]
     log_kernel = -cost / epsilon
-    log_mu = -math.log(n)
-    log_nu = target.log()[None, None, :]
-    f = torch.zeros_like(cost[:, :, :1])
+    weighed = torch.isfinite(log_mu)
+    f = torch.where(weighed, 0.0, -torch.inf).to(cost.dtype)
     g = log_nu - torch.logsumexp(log_kernel + f, dim=1, keepdim=True)
+    zero = torch.zeros((), dtype=cost.dtype, device=cost.device)
     for _ in range(max_iter):
         f_next = log_mu - torch.logsumexp(log_kernel + g, dim=2, keepdim=True)
-        # f − f_next is log(n · row sum) of the current plan exp(K + f + g)
-        if tol > 0 and bool((f_next - f).abs().max() <= tol):
+        # f − f_next is log(row sum / μ) of the current plan exp(K + f + g)
+        if tol > 0 and bool(torch.where(weighed, f_next - f, zero).abs().max() <= tol):
             break
         f = f_next
         g = log_nu - torch.logsumexp(log_kernel + f, dim=1, keepdim=True)
@@ -81,7 +71,22 @@ class SoftTopKOT(TopKOperator):
     normalise : {"batch", "row"}
         The cost is divided by the largest entry of the batch (the authors'; a row's output then
         depends on the other rows) or of its own row (each row on its own scale). Either way the
-        divisor is a constant for the gradient, as in the authors' code.
+        divisor is a constant for the gradient, as in the authors' code. It is applied as
+        ``((s − a)/max|s − a|)²``, the same number as ``C / C.max()`` without squaring first, so
+        scores up to the dtype's maximum give a finite cost.
+
+    Notes
+    -----
+    Extreme inputs: the rule of :mod:`topklab.operators.base`. +inf entries get 1 (ranks 1..m₊),
+    −inf entries 0, and the finite entries get SOFT top-k of the finite entries alone: mass 1/n_f
+    each, anchor masses for k' = k − m₊, and a cost normalised over the finite entries and the
+    anchors with mass (so the normaliser of a batch skips the infinite entries, and the rows with
+    nothing to weigh: NaN rows and rows with m₊ >= k). The operator's literal limit would not do:
+    an infinite score makes every other normalised cost 0, so all finite entries would tie. The
+    authors' code instead fills a −inf score with ``min − (max − min)`` of its row, which still
+    gives it a small positive weight and stretches the normalisation; here it gets exactly 0. More
+    than k entries at +inf share k/m₊ each, and with fewer than k entries above −inf the −inf ones
+    share the rest. A NaN score makes its row NaN; an empty batch gives an empty result.
 
     Examples
     --------
@@ -93,6 +98,10 @@ class SoftTopKOT(TopKOperator):
     2.0
     >>> SoftTopKOT(epsilon=1e-3).permutation(torch.tensor([[0.3, -1.0, 2.0]]), k=2).argmax(dim=1)
     tensor([[2, 0]])
+    >>> inf = float("inf")
+    >>> x = torch.tensor([[3.0, -inf, 2.0, inf, 0.0, -1.0]], dtype=torch.float64)   # finite: the scores above
+    >>> SoftTopKOT(epsilon=0.1).soft_topk(x, k=3).round(decimals=3)                    # with k − 1 = 2
+    tensor([[0.9240, 0.0000, 0.7770, 1.0000, 0.2230, 0.0760]], dtype=torch.float64)
 
     References
     ----------
@@ -121,26 +130,35 @@ class SoftTopKOT(TopKOperator):
     def extra_repr(self) -> str:
         return f"epsilon={self.epsilon}, max_iter={self.max_iter}, tol={self.tol}, normalise={self.normalise!r}"
 
-    def _plan(self, points: torch.Tensor, anchors: list[float], masses: list[float]) -> torch.Tensor:
-        anchors_ = points.new_tensor(anchors)
-        cost = (points[:, :, None] - anchors_).square()
-        largest = cost.amax() if self.normalise == "batch" else cost.amax(dim=(1, 2), keepdim=True)
-        cost = cost / largest.detach().clamp_min(torch.finfo(cost.dtype).tiny)  # a constant, as the authors
-        return log_sinkhorn(cost, points.new_tensor(masses), self.epsilon, self.max_iter, self.tol)
+    def _plan(self, points: torch.Tensor, rest, anchors: torch.Tensor, masses: torch.Tensor) -> torch.Tensor:
+        """Γ between the finite ``points`` (batch, n; mass 1/n_f each, 0 elsewhere) and the anchors
+        (batch or 1, m) with ``masses`` (batch, m), the cost normalised over the entries with mass on
+        both sides, of the rows that have something to weigh."""
+        finite, count = rest.finite, rest.count
+        gap = points[:, :, None] - anchors[:, None, :]                                  # (batch, n, m)
+        weighed = (finite & rest.live)[:, :, None] & (masses > 0)[:, None, :]
+        size = torch.where(weighed, gap.abs(), 0.0)
+        largest = size.amax() if self.normalise == "batch" else size.amax(dim=(1, 2), keepdim=True)
+        # ((s − a)/max|s − a|)² = C / C.max(), the divisor a constant as the authors'
+        cost = (gap / largest.detach().clamp_min(torch.finfo(gap.dtype).tiny)).square()
+        log_mu = torch.where(finite, -count.to(gap.dtype).log(), -torch.inf)[:, :, None]
+        return log_sinkhorn(cost, log_mu, masses.log()[:, None, :], self.epsilon, self.max_iter, self.tol)
 
-    def soft_topk(self, scores: torch.Tensor, k: int) -> torch.Tensor:
-        check_scores(scores, k, "SoftTopKOT")
-        n = scores.shape[1]
-        anchors, masses = ([0.0, 1.0], [k / n, (n - k) / n]) if k < n else ([0.0], [1.0])
-        plan = self._plan(-_fill_negative_infinity(scores), anchors, masses)
-        return n * plan[:, :, 0]
+    def _soft_topk(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
+        count, chosen = rest.count.to(scores.dtype), rest.rest_k.to(scores.dtype)
+        points = -torch.where(rest.finite, scores, torch.zeros((), dtype=scores.dtype, device=scores.device))
+        masses = torch.cat([chosen, count - chosen], dim=1) / count     # anchor 1 has no mass where k' = n_f
+        plan = self._plan(points, rest, points.new_tensor([[0.0, 1.0]]), masses)
+        return count * plan[:, :, 0]
 
-    def permutation(self, scores: torch.Tensor, k: int) -> torch.Tensor:
-        check_scores(scores, k, "SoftTopKOT")
-        n = scores.shape[1]
-        anchors = [float(k - j) for j in range(k + 1)]
-        masses = [1.0 / n] * k + [(n - k) / n]
-        if k == n:
-            anchors, masses = anchors[:k], masses[:k]
-        plan = self._plan(_fill_negative_infinity(scores), anchors, masses)
-        return n * plan[:, :, :k]
+    def _permutation(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
+        count, chosen = rest.count.to(scores.dtype), rest.rest_k.to(scores.dtype)
+        # anchor j < k is rank j − m₊ of the finite entries, at k' − (j − m₊) as the authors' k, k−1, …, 1;
+        # anchor k, at 0, takes the n_f − k' others (no mass where k' = n_f)
+        rank = torch.arange(k, device=scores.device, dtype=scores.dtype) - rest.top.to(scores.dtype)   # (batch, k)
+        ranked = (rank >= 0) & (rank < chosen)
+        anchors = torch.cat([chosen - rank, torch.zeros_like(count)], dim=1)
+        masses = torch.cat([torch.where(ranked, 1.0, 0.0).to(scores.dtype), count - chosen], dim=1) / count
+        points = torch.where(rest.finite, scores, torch.zeros((), dtype=scores.dtype, device=scores.device))
+        plan = self._plan(points, rest, anchors, masses)
+        return count[:, :, None] * plan[:, :, :k]

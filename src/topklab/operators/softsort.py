@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from topklab.operators.base import TopKOperator, check_scores, positive
+from topklab.operators.base import TopKOperator, positive
 
 
 class SoftSort(TopKOperator):
@@ -19,9 +19,24 @@ class SoftSort(TopKOperator):
     power : float > 0
         Exponent p of the distance (1 in the paper and in difftopk).
 
+    Notes
+    -----
+    Extreme inputs (the rule of :mod:`topklab.operators.base`, which is SoftSort's own limit): the
+    m₊ entries at +inf take ranks 1..m₊ (sharing them where several), a −inf entry gets 0, and
+    column j >= m₊ is SoftSort's column over the finite entries centred on the row's (j+1)-th
+    largest, i.e. the finite entries' permutation shifted by m₊; with fewer than k entries above −inf
+    the −inf ones share the last ranks. A NaN score makes its row NaN; an empty batch gives an empty
+    result. Distances are cut where ``|s_[j] − s|^p/τ`` exceeds 10⁴ (the softmax weight is 0 there
+    anyway), so scores up to the dtype's maximum give finite P and finite gradients.
+
     Examples
     --------
     >>> SoftSort(tau=0.01).permutation(torch.tensor([[0.1, 3.0, -2.0, 1.0]]), 2).round()
+    tensor([[[0., 0.],
+             [1., 0.],
+             [0., 0.],
+             [0., 1.]]])
+    >>> SoftSort(tau=0.01).permutation(torch.tensor([[0.1, float("inf"), -float("inf"), 1.0]]), 2).round()
     tensor([[[0., 0.],
              [1., 0.],
              [0., 0.],
@@ -45,8 +60,14 @@ class SoftSort(TopKOperator):
     def extra_repr(self) -> str:
         return f"tau={self.tau}, power={self.power}"
 
-    def permutation(self, scores: torch.Tensor, k: int) -> torch.Tensor:
-        check_scores(scores, k, "SoftSort")
+    def _permutation(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
+        # column j is centred on the row's (j+1)-th largest: the finite entries' (j+1−m₊)-th where finite
         largest = scores.topk(k, dim=1).values                                       # (batch, k)
-        distance = (largest[:, :, None] - scores[:, None, :]).abs().pow(self.power)
-        return torch.softmax(-distance / self.tau, dim=-1).transpose(1, 2)
+        zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
+        centres = torch.where(torch.isfinite(largest), largest, zero)
+        values = torch.where(rest.finite, scores, zero)
+        # beyond reach exp(−|d|^p/τ) is 0 in every dtype (float16: its maximum, 65504, is enough)
+        reach = min((1e4 * self.tau) ** (1.0 / self.power), torch.finfo(scores.dtype).max)
+        distance = (centres[:, :, None] - values[:, None, :]).abs().clamp(max=reach).pow(self.power)
+        logits = torch.where(rest.finite[:, None, :], -distance / self.tau, -torch.inf)
+        return torch.softmax(logits, dim=-1).transpose(1, 2)

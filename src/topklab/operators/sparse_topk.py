@@ -29,9 +29,23 @@ import warnings
 import numpy as np
 import torch
 
-from topklab.operators.base import TopKOperator, check_scores, positive
+from topklab.operators.base import TopKOperator, positive
 
 SOLVERS = ("pav", "dykstra")
+CUT = 4.0  # |t| beyond 1 (the k-th largest at t = 0) is never pooled: p and its gradient do not see _compress
+
+
+def _compress(t: torch.Tensor) -> torch.Tensor:
+    """t on [−CUT, CUT] and ``±(CUT + log(1 + |t| − CUT))`` beyond, in value (order and ties kept, so
+    PAV pools exactly the same items); an overflowed ±inf ends at ±(CUT + 1000). The gradient is t's
+    own (no gradient where t overflowed): the mask does not change, and items beyond ±CUT only ever
+    get a gradient where ties among themselves are pooled, which stays as it was without the squeeze."""
+    finite = torch.isfinite(t)
+    safe = torch.where(finite, t, 0.0)
+    beyond = safe.abs().clamp(min=CUT) - CUT
+    squeezed = torch.where(beyond > 0, torch.sign(safe) * (CUT + torch.log1p(beyond)), safe)
+    squeezed = torch.where(finite, squeezed, torch.sign(t) * (CUT + 1000.0))
+    return squeezed.detach() + (safe - safe.detach())
 
 
 # ---------- pool adjacent violators (exact), one row at a time on the CPU ----------
@@ -40,8 +54,8 @@ def _pav_l2_row(y: list[float]) -> tuple[list[float], list[int]]:
     """Non-increasing isotonic regression of ``y`` by PAV: (block values, block sizes), left to right.
 
     Blocks are pushed one item at a time and merged with their left neighbour while that one is not
-    strictly larger (a merge of equal values changes no value; it fixes which side's derivative the
-    backward takes at such a tie)."""
+    strictly larger (a merge of equal values changes no value, not even by the rounding of their
+    mean; it fixes which side's derivative the backward takes at such a tie)."""
     values: list[float] = []
     sums: list[float] = []
     sizes: list[int] = []
@@ -50,12 +64,14 @@ def _pav_l2_row(y: list[float]) -> tuple[list[float], list[int]]:
         sums.append(value)
         sizes.append(1)
         while len(values) > 1 and values[-2] <= values[-1]:
+            tie = values[-2] == values[-1]
             size = sizes.pop()
             total = sums.pop()
             values.pop()
             sizes[-1] += size
             sums[-1] += total
-            values[-1] = sums[-1] / sizes[-1]
+            if not tie:
+                values[-1] = sums[-1] / sizes[-1]
     return values, sizes
 
 
@@ -287,6 +303,21 @@ class SparseTopK(TopKOperator):
     Ties are broken as ``torch.topk`` breaks them (the sort is stable), which does not matter for
     p: tied scores straddling the threshold are pooled and share the same value.
 
+    The scores enter as ``t = (x − x_[k])/ℓ``, squeezed logarithmically beyond ±4 (order and ties
+    kept): the mask depends on differences of scores only, and with the k-th largest at 0 the
+    threshold τ lies in [−1, 0] and only items with ``|t| <= 1`` can be pooled, so the squeeze
+    changes neither p nor its gradient. Then no t overflows (x/ℓ would near the dtype's maximum,
+    for ℓ < 1), and no pooled item sits at a magnitude where ``t − v`` loses the mask to rounding
+    (as x/ℓ beyond 2^53 in float64, 2^24 in float32, would: a pooled tie of two scores at
+    3.4e38 got mask 0 instead of 1).
+
+    Extreme inputs (the rule of :mod:`topklab.operators.base`, the LP's own limit): +inf entries
+    get 1, −inf entries 0, and the finite entries the mask of the finite entries with k − m₊ (m₊
+    at +inf); more than k at +inf share k/m₊ each, and with fewer than k entries above −inf the
+    finite ones get 1 and the −inf ones share the rest. Rows with an infinite score are solved per
+    group of equal (n_f, k'), after one ``isfinite(scores).all()`` check (both solvers synchronise
+    anyway). A NaN score makes its row NaN; an empty batch gives an empty result.
+
     Examples
     --------
     >>> op = SparseTopK(regularization=0.5)
@@ -296,6 +327,8 @@ class SparseTopK(TopKOperator):
     tensor([[1.0000, 0.6000, 0.4000, 0.0000]])
     >>> SparseTopK(regularization=0.01).soft_topk(torch.tensor([[3.0, 1.0, 0.9, -2.0]]), k=2)
     tensor([[1., 1., 0., 0.]])
+    >>> op.soft_topk(torch.tensor([[float("inf"), 1.0, 0.9, -float("inf")]]), k=2)   # the mask of [1, 0.9] with k = 1
+    tensor([[1.0000, 0.6000, 0.4000, 0.0000]])
 
     References
     ----------
@@ -312,6 +345,7 @@ class SparseTopK(TopKOperator):
 
     sums_to_k = True
     sparse = True
+    masks_extremes = False   # rows with infinite scores are solved per group of equal (n_f, k')
 
     def __init__(self, regularization: float = 0.1, p: float = 2.0, solver: str = "pav", max_iter: int = 2000,
                  tol: float = 1e-6):
@@ -333,11 +367,11 @@ class SparseTopK(TopKOperator):
     def extra_repr(self) -> str:
         return f"regularization={self.regularization}, p={self.p:.4g}, solver={self.solver!r}"
 
-    def soft_topk(self, scores: torch.Tensor, k: int) -> torch.Tensor:
-        check_scores(scores, k, "SparseTopK")
+    def _soft_topk(self, scores: torch.Tensor, k: int, rest=None) -> torch.Tensor:
         n = scores.shape[1]
         order = torch.sort(scores, dim=1, descending=True, stable=True).indices
-        t = scores.gather(1, order) / self.regularization
+        kth = scores.detach().kthvalue(n - k + 1, dim=1, keepdim=True).values
+        t = _compress((scores.gather(1, order) - kth) / self.regularization)   # see the class docstring
         w = (torch.arange(n, device=scores.device) < k).to(scores.dtype)
         with torch.no_grad():
             if self.solver == "pav":

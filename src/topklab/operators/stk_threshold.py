@@ -20,7 +20,7 @@ from torch import nn
 
 from topklab.losses.aggregate.solve import srelu_slope_and_curvature
 from topklab.losses.smoothing import srelu
-from topklab.operators.base import TopKOperator, check_scores, positive
+from topklab.operators.base import TopKOperator, positive
 
 THRESHOLDS = ("solved", "learned")
 
@@ -41,48 +41,79 @@ def srelu_slope(z: torch.Tensor, delta: float) -> torch.Tensor:
 
 
 def solve_threshold(scores: torch.Tensor, k: int, delta: float, tol: float = 1e-9,
-                    max_iter: int = 100) -> torch.Tensor:
-    """Per row of ``scores`` (batch, n), the λ with ``G(λ) = Σ_i SReLU'(x_i − λ) − k = 0`` (k < n).
+                    max_iter: int = 100, residual: bool = False):
+    """Per row of ``scores`` (batch, n), the λ with ``G(λ) = Σ_i SReLU'(x_i − λ) − k = 0``.
 
-    G decreases in λ (``G' = −Σ ½δ²/r_i³ < 0``). The bracket starts as ``[min x − δ√(n/(n−k)),
-    max x + δ√(n/k)]`` (G > 0 at its left end, G < 0 at its right end: ``SReLU'(z) <= δ²/(4z²)``
-    for z < 0, the argument of :func:`topklab.bench.topk_sum.stk_newton`) and λ starts halfway
-    between the k-th and (k+1)-th largest scores. Each step moves the bracket end on λ's side to λ,
-    then takes Newton's point where it lies strictly inside the bracket and the last step at least
-    halved |G|, and the bracket's midpoint otherwise (so a stalling Newton is followed by a
-    bisection). A row stops once ``|G| <= max(tol, 4·n·eps)`` (eps of the dtype: Σp cannot be summed
-    more accurately) or its step is below the dtype's resolution at λ.
+    G decreases in λ (``G' = −Σ ½δ²/r_i³ < 0``). The bracket starts as ``[min x − δ√(n/(p − k)),
+    max x + δ√(n/(k − m))]`` over the finite scores, with m scores at +inf and p above −inf (G > 0 at
+    its left end, G < 0 at its right end: ``SReLU'(z) <= δ²/(4z²)`` for z < 0, the argument of
+    :func:`topklab.bench.topk_sum.stk_newton`), and λ starts halfway between the k-th and (k+1)-th
+    largest scores. Each step moves the bracket end on λ's side to λ, then takes Newton's point where
+    it lies strictly inside the bracket and the last step at least halved |G|, and the bracket's
+    midpoint otherwise (so a stalling Newton is followed by a bisection). A row stops once
+    ``|G| <= max(tol, 4·k·eps + n·eps₆₄)`` (eps of the working dtype: each term of Σp carries a
+    relative rounding of a few eps; the sum itself is accumulated in float64, so its error does not
+    grow with n), once Newton's step ``G/G'`` is below 4 units of λ's last place (see ``residual``),
+    or once its step is below the dtype's resolution at λ. float16 and bfloat16 scores are solved
+    in float32.
 
-    Returns λ of shape (batch,), without a graph (see :class:`STkThreshold` for its gradient).
+    Infinite scores: an entry at +inf adds 1 to Σ SReLU'(x − λ) at every λ and one at −inf adds 0
+    (:func:`srelu_slope` saturates), so λ is the threshold of the finite scores with k − m. Rows
+    without a root get λ = −inf where at most k scores lie above −inf (Σp < k for every λ; every
+    row when k = n) and +inf where at least k scores are +inf.
+
+    Returns λ of shape (batch,) in the working dtype, without a graph (see :class:`STkThreshold`
+    for its gradient): the last λ at which G was evaluated. With ``residual=True`` also the Newton
+    step left at that λ, ``G/G'`` (0 where it exceeds 4 units of λ's last place, and on rows
+    without a root): ``x − λ − residual`` resolves λ below the dtype's resolution, which matters in
+    float32 where many scores lie within δ of λ (one unit of λ's last place moves Σp by
+    ``Σ SReLU''·ulp(λ)``, 3e-5 for k = 5 among 10⁶ normal scores).
     """
     with torch.no_grad():
-        n = scores.shape[1]
-        top = scores.topk(k + 1, dim=1).values
-        lam = 0.5 * (top[:, k - 1] + top[:, k])
-        low = scores.amin(1) - delta * math.sqrt(n / (n - k))
-        high = scores.amax(1) + delta * math.sqrt(n / k)
-        previous = torch.full_like(lam, math.inf)
-        eps = torch.finfo(scores.dtype).eps
-        tol = max(tol, 4 * n * eps)  # Σp cannot be summed closer to k than this
-        active = torch.ones_like(lam, dtype=torch.bool)
+        batch, n = scores.shape
+        x = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+        if k >= n:
+            lam = torch.full_like(x[:, 0], -math.inf)
+            return (lam, torch.zeros_like(lam)) if residual else lam
+        finite = torch.isfinite(x)
+        plus = torch.isposinf(x).sum(1)
+        present = plus + finite.sum(1)
+        below, beyond = present <= k, plus >= k                       # no root: λ = −inf, λ = +inf
+        least = torch.where(finite, x, math.inf).amin(1)
+        most = torch.where(finite, x, -math.inf).amax(1)
+        least, most = torch.where(finite.any(1), least, 0.0), torch.where(finite.any(1), most, 0.0)
+        low = least - delta * torch.sqrt(n / (present - k).clamp(min=1).to(x.dtype))
+        high = most + delta * torch.sqrt(n / (k - plus).clamp(min=1).to(x.dtype))
+        top = x.topk(k + 1, dim=1).values
+        start = 0.5 * top[:, k - 1] + 0.5 * top[:, k]                 # halves: no overflow near the maximum
+        lam = torch.minimum(torch.maximum(torch.where(torch.isnan(start), low, start), low), high)
+        previous = torch.full_like(lam, math.inf, dtype=torch.float64)
+        eps = torch.finfo(x.dtype).eps
+        tol = max(tol, 4 * k * eps + n * torch.finfo(torch.float64).eps)   # Σp cannot be nearer k than this
+        width = torch.as_tensor(delta, dtype=x.dtype)
+        active = ~(below | beyond)
         for _ in range(max_iter):
-            z = scores - lam[:, None]
-            root = torch.sqrt(z * z + delta * delta)
-            excess = srelu_slope(z, delta).sum(1) - k
-            curvature = (0.5 * delta * delta / root ** 3).sum(1)
-            active = active & (excess.abs() > tol)
+            slope, curvature = srelu_slope_and_curvature(x - lam[:, None], width)
+            excess = slope.sum(1, dtype=torch.float64) - k
+            evaluated, step_left = lam, excess / curvature.sum(1, dtype=torch.float64)
+            # done where Σp is within tol of k, or Newton's step is below λ's resolution (the residual takes it)
+            fine = step_left.abs() <= 4 * eps * torch.maximum(lam.abs(), torch.full_like(lam, delta))
+            active = active & (excess.abs() > tol) & ~fine
             if not bool(active.any()):
                 break
             low = torch.where(active & (excess > 0), lam, low)
             high = torch.where(active & (excess <= 0), lam, high)
-            newton = lam + excess / curvature
+            newton = lam + step_left.to(x.dtype)
             use_newton = (newton > low) & (newton < high) & (excess.abs() <= 0.5 * previous)
-            step = torch.where(use_newton, newton, 0.5 * (low + high))
+            step = torch.where(use_newton, newton, 0.5 * low + 0.5 * high)
             previous = excess.abs()
             resolved = (step - lam).abs() <= 2 * eps * torch.maximum(lam.abs(), torch.full_like(lam, delta))
             lam = torch.where(active, step, lam)
             active = active & ~resolved
-        return lam
+        lam = torch.where(below, -math.inf, torch.where(beyond, math.inf, evaluated))
+        if not residual:
+            return lam
+        return lam, torch.where(fine & torch.isfinite(lam), step_left, 0.0).to(x.dtype)
 
 
 class STkThreshold(TopKOperator):
@@ -101,7 +132,9 @@ class STkThreshold(TopKOperator):
         (:func:`solve_threshold`); λ is differentiated by the implicit-function theorem,
         ``∂λ/∂x_j = h_j / Σ_i h_i`` with ``h = SReLU''(x − λ) = ½δ²/r³``, so gradients of p are exact
         (to first order: the second derivative of λ is not represented). For k = n there is no
-        solution (Σp < n for every λ) and p is the hard limit, all ones.
+        solution (Σp < n for every λ) and p is the hard limit, all ones. The sums of the solver are
+        accumulated in float64 whatever the scores' dtype (float16 and bfloat16 are solved and
+        evaluated in float32, p returned in their dtype).
         "learned": λ is one ``nn.Parameter`` of the module, shared by all rows, initialised at
         ``lam_init`` and trained by the optimiser that trains the model; add :meth:`objective` to
         the loss so that it tracks the k-th largest score (the paper's SGD-STk, Fig. 1). Here
@@ -109,16 +142,27 @@ class STkThreshold(TopKOperator):
     lam_init : float
         "learned" only: the starting λ (the paper does not say how it initialises λ).
     tol : float > 0
-        "solved" only: stop once ``|Σp − k| <= max(tol, 4·n·eps)`` (or λ's step drops below the
-        dtype's resolution).
+        "solved" only: stop once ``|Σp − k| <= max(tol, 4·k·eps + n·eps₆₄)`` (or λ's step drops
+        below the dtype's resolution).
     max_iter : int >= 1
         "solved" only: the most Newton/bisection steps.
 
     Notes
     -----
-    ``sums_to_k`` is False: for "solved", Σp = k holds to the solver's tolerance ``max(tol, 4·n·eps)``
-    (eps of the scores' dtype: 1e-9 in float64, 5e-4 for n = 1000 in float32), not exactly; for
-    "learned", Σp is whatever the current λ gives.
+    ``sums_to_k`` is False: for "solved", Σp = k holds to the solver's tolerance
+    ``max(tol, 4·k·eps + n·eps₆₄)`` (eps of the scores' dtype: 1e-9 in float64; 2.4e-6 for k = 5 in
+    float32 at any n, since Σp is accumulated in float64: a float32 sum gave Σp = 7.56 for k = 5 at
+    n = 10⁷, where the old bound 4·n·eps was 4.8), not exactly; for "learned", Σp is whatever the
+    current λ gives.
+
+    Extreme inputs, "solved": STk's equation gives the rule of :mod:`topklab.operators.base` as its
+    exact limit (SReLU'(+inf − λ) = 1 and SReLU'(−inf − λ) = 0 at every λ), so λ is the threshold of
+    the finite scores with k − m₊ (m₊ at +inf); +inf entries get 1, −inf entries 0, more than k at
+    +inf share k/m₊ each, and with at most k entries above −inf λ = −inf and every finite entry gets
+    1 (the −inf ones share what is missing). A NaN score makes its row NaN; an empty batch gives an
+    empty result; scores up to the dtype's maximum stay finite (z² is not formed where it would
+    overflow). "learned" works elementwise, whatever k: p = SReLU'(x − λ) is 1 at +inf, 0 at −inf
+    and NaN at NaN (only that entry).
 
     Examples
     --------
@@ -135,6 +179,9 @@ class STkThreshold(TopKOperator):
     >>> learned.objective(x, k=2).backward()   # add this to the loss: it moves λ towards the k-th largest
     >>> learned.lam.grad   # (k − Σp)/n: λ = 1.5 already gives Σp ≈ k
     tensor(1.7777e-06)
+    >>> extreme = torch.tensor([[3.0, float("inf"), 2.0, -float("inf")]], dtype=torch.float64)
+    >>> op.soft_topk(extreme, k=2).round(decimals=3)   # +inf: 1; the finite [3, 2] with k = 1
+    tensor([[1., 1., 0., 0.]], dtype=torch.float64)
 
     References
     ----------
@@ -163,27 +210,42 @@ class STkThreshold(TopKOperator):
         return f"delta={self.delta}, threshold={self.threshold_mode!r}"
 
     def threshold(self, scores: torch.Tensor, k: int) -> torch.Tensor:
-        """λ per row (batch,): solved (differentiable in the scores) or the learned parameter (broadcast)."""
-        check_scores(scores, k, "STkThreshold")
+        """λ per row (batch,): solved (differentiable in the scores; ±inf where the row has no root,
+        NaN on a row with a NaN score) or the learned parameter (broadcast)."""
+        self.check(scores, k)
         if self.threshold_mode == "learned":
             return self.lam.to(scores.dtype).expand(scores.shape[0])
-        if k == scores.shape[1]:
-            return torch.full_like(scores[:, 0], -math.inf)
-        lam = solve_threshold(scores, k, self.delta, self.tol, self.max_iter)
-        if not scores.requires_grad:
-            return lam
+        finite, nan = torch.isfinite(scores), torch.isnan(scores)
+        zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
+        lam, _ = self._solved(torch.where(nan, zero, torch.where(finite, scores, scores.detach())), k, finite)
+        return torch.where(nan.any(1), torch.nan, lam.to(scores.dtype))
+
+    def _solved(self, scores: torch.Tensor, k: int, finite: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """λ of each row of NaN-free ``scores`` (infinite entries detached), in the working dtype, and
+        the residual Newton step below its resolution (see :func:`solve_threshold`)."""
+        x = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+        lam, residual = solve_threshold(x, k, self.delta, self.tol, self.max_iter, residual=True)
+        if not x.requires_grad:
+            return lam, residual
+        safe = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
         with torch.no_grad():
-            z = scores - lam[:, None]
-            curvature = 0.5 * self.delta ** 2 / torch.sqrt(z * z + self.delta ** 2) ** 3
-            weight = curvature / curvature.sum(1, keepdim=True).clamp_min(torch.finfo(scores.dtype).tiny)
+            curvature = srelu_slope_and_curvature(safe - lam[:, None], torch.as_tensor(self.delta, dtype=x.dtype))[1]
+            curvature = torch.where(finite, curvature, 0.0)     # an infinite score does not move λ
+            weight = curvature / curvature.sum(1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
         # value λ*, gradient ∂λ/∂x = h/Σh (implicit-function theorem on Σ SReLU'(x − λ) = k)
-        return lam + (weight * (scores - scores.detach())).sum(1)
+        return lam + (weight * (safe - safe.detach())).sum(1), residual
 
     def soft_topk(self, scores: torch.Tensor, k: int) -> torch.Tensor:
-        lam = self.threshold(scores, k)
-        if self.threshold_mode == "solved" and k == scores.shape[1]:
-            return 0.0 * scores + 1.0
-        return srelu_slope(scores - lam[:, None], self.delta)
+        if self.threshold_mode == "learned":   # elementwise, whatever k (see the class docstring)
+            self.check(scores, k)
+            return srelu_slope(scores - self.lam.to(scores.dtype), self.delta)
+        return super().soft_topk(scores, k)
+
+    def _soft_topk(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
+        x = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+        lam, residual = self._solved(x, k, rest.finite)   # λ = −inf where at most k entries lie above −inf: p = 1
+        safe = torch.where(rest.finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
+        return srelu_slope(safe - lam[:, None] - residual[:, None], self.delta).to(scores.dtype)
 
     def objective(self, scores: torch.Tensor, k: int, detach_scores: bool = True) -> torch.Tensor:
         """STk's loss (Eq. 6) on the scores: the mean over rows of ``(1/n)Σ SReLU(x_i − λ) + (k/n)λ``.

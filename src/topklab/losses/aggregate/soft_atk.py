@@ -11,7 +11,9 @@ class SoftATk(Aggregate):
     """Average-top-k through a differentiable top-k operator: ``(1/k)·Σ_i p_i(ℓ)·ℓ_i`` with
     ``p = operator.soft_topk(ℓ, k)``. With the hard indicator this is :class:`ATk` (STk paper Eq. 4);
     the operator's relaxation spreads the gradient over losses near the k-th largest, and its
-    own gradient (through p) is added.
+    own gradient (through p) is added. A −inf loss with weight 0 contributes nothing (the operators
+    weigh one only when fewer than k losses lie above −inf, and then the value is −inf); a float32
+    sum that overflows where the mean is finite is redone in float64.
 
     Parameters
     ----------
@@ -46,7 +48,8 @@ class SoftATk(Aggregate):
             rows = (k == count).nonzero().squeeze(1)
             chosen = losses.index_select(0, rows)
             selected = self.operator.soft_topk(chosen, int(count))
-            weighted = selected * torch.where(torch.isneginf(chosen), torch.zeros_like(chosen), chosen)  # −inf·0 is NaN
+            unweighed = torch.isneginf(chosen) & (selected == 0)  # −inf·0 is NaN; a −inf the operator weighs counts
+            weighted = selected * torch.where(unweighed, torch.zeros_like(chosen), chosen)
             row_count = chosen.new_full(rows.shape, float(count))
             values = values.index_copy(0, rows, mean_without_overflow(weighted.sum(1) / count, weighted, row_count))
         return values
