@@ -22,10 +22,11 @@ import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from topklab.cli import expand_group_globs, fail, preflight  # noqa: E402
-from topklab.engine.build import recipe_arguments  # noqa: E402
+import topklab.launch  # noqa: E402,F401  (registers Hydra's resolver for configs/hydra/launcher/joblib.yaml)
+from topklab.cli import preflight  # noqa: E402
+from topklab.config import agreed_recipe, expand_group_globs, recipe_arguments  # noqa: E402
 from topklab.engine.run import format_summary, optimized_value, train  # noqa: E402
-from topklab.utils.errors import TopklabError  # noqa: E402
+from topklab.utils.errors import TopklabError, fail  # noqa: E402
 
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
@@ -58,9 +59,10 @@ def cli(argv: list[str]) -> None:
         argv = expand_group_globs(list(argv), ROOT / "configs")
     except TopklabError as err:
         fail(err)
-    preflight(argv, ROOT / "configs")
+    recipes = preflight(argv, ROOT / "configs")  # what its compositions found; None: Hydra's own flags, nothing checked
     try:
-        recipe = recipe_arguments(argv, ROOT / "configs", multirun=bool({"-m", "--multirun"} & set(argv)))
+        recipe = agreed_recipe(recipes) if recipes is not None else \
+            recipe_arguments(argv, ROOT / "configs", multirun=bool({"-m", "--multirun"} & set(argv)))
     except TopklabError as err:
         fail(err)
     if recipe and os.environ.get("RANK", "0") == "0":

@@ -49,7 +49,7 @@ def main() -> None:
 
     from hydra import initialize_config_dir
 
-    from topklab.engine.build import compose_run
+    from topklab.config import compose_run
     from topklab.engine.run import train
     from topklab.report import make_result, write_result
     from topklab.utils.io import atomic_write_text

@@ -120,7 +120,8 @@ def bench_heads(device, dataset: str, shape: dict, root: Path, train_rows: int, 
     import torch
     from hydra import initialize_config_dir
 
-    from topklab.engine.build import build, compose_run
+    from topklab.config import compose_run
+    from topklab.engine.build import build
     from topklab.engine.objective import TrainingModule
     from topklab.engine.run import build_run
 

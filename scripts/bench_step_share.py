@@ -102,7 +102,8 @@ def worker(workload: str, loss: str, steps: int, warmup_steps: int, threads: int
     from hydra import initialize_config_dir
 
     import topklab  # noqa: F401  (torchvision shim before the vision data imports torchvision)
-    from topklab.engine.build import build, compose_run
+    from topklab.config import compose_run
+    from topklab.engine.build import build
     from topklab.engine.objective import TrainingModule
     from topklab.engine.run import build_run
 

@@ -19,10 +19,11 @@ os.environ.setdefault("TOPKLAB_ROOT", str(ROOT))
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from topklab.cli import check_group_choices, fail  # noqa: E402
+import topklab.launch  # noqa: E402,F401  (registers Hydra's resolver for configs/hydra/launcher/joblib.yaml)
+from topklab.cli import check_group_choices  # noqa: E402
 from topklab.data.embeddings.extract import extract  # noqa: E402
 from topklab.engine.build import build  # noqa: E402
-from topklab.utils.errors import TopklabError  # noqa: E402
+from topklab.utils.errors import TopklabError, fail  # noqa: E402
 from topklab.utils.provenance import collect  # noqa: E402
 
 

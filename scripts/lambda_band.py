@@ -24,13 +24,13 @@ from omegaconf import DictConfig
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TOPKLAB_ROOT", str(ROOT))
 
-from topklab.cli import fail  # noqa: E402
+import topklab.launch  # noqa: E402,F401  (registers Hydra's resolver for configs/hydra/launcher/joblib.yaml)
 from topklab.losses.aggregate.lambda_monitor import FLAG_BELOW  # noqa: E402
 from topklab.protocol.recording import record_cell  # noqa: E402
 from topklab.report import make_result, write_result  # noqa: E402
 from topklab.synthetic.experiment import columns_of  # noqa: E402
 from topklab.synthetic.recording import record_column  # noqa: E402
-from topklab.utils.errors import TopklabError  # noqa: E402
+from topklab.utils.errors import TopklabError, fail  # noqa: E402
 from topklab.utils.io import atomic_write_text  # noqa: E402
 from topklab.utils.provenance import collect, portable_config  # noqa: E402
 

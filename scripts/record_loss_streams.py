@@ -21,15 +21,16 @@ from omegaconf import DictConfig, OmegaConf
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TOPKLAB_ROOT", str(ROOT))
 
-from topklab.cli import fail  # noqa: E402
-from topklab.engine.build import build, compose_run  # noqa: E402
+import topklab.launch  # noqa: E402,F401  (registers Hydra's resolver for configs/hydra/launcher/joblib.yaml)
+from topklab.config import compose_run  # noqa: E402
+from topklab.engine.build import build  # noqa: E402
 from topklab.engine.objective import TrainingModule  # noqa: E402
 from topklab.engine.run import build_run  # noqa: E402
 from topklab.losses.aggregate.loss_stream import LossStream  # noqa: E402
 from topklab.protocol.recording import record_cell  # noqa: E402
 from topklab.synthetic.experiment import columns_of  # noqa: E402
 from topklab.synthetic.recording import record_column  # noqa: E402
-from topklab.utils.errors import TopklabError  # noqa: E402
+from topklab.utils.errors import TopklabError, fail  # noqa: E402
 from topklab.utils.provenance import git_info  # noqa: E402
 
 ENGINE_ROWS = {"translation": "stk/multi30k/stk", "fmnistlt": "fmnistlt/la_stk"}

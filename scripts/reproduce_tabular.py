@@ -22,9 +22,11 @@ for arg in sys.argv[1:]:  # cpu_capability=<isa> pins torch's CPU kernels; torch
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from topklab.cli import check_group_choices, config_groups, fail  # noqa: E402
+import topklab.launch  # noqa: E402,F401  (registers Hydra's resolver for configs/hydra/launcher/joblib.yaml)
+from topklab.cli import check_group_choices  # noqa: E402
+from topklab.config import config_groups  # noqa: E402
 from topklab.protocol.reproduce import reproduce, select_rows  # noqa: E402
-from topklab.utils.errors import TopklabError  # noqa: E402
+from topklab.utils.errors import TopklabError, fail  # noqa: E402
 
 
 @hydra.main(config_path="../configs", config_name="reproduce_tabular", version_base="1.3")

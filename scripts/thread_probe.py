@@ -29,7 +29,7 @@ RECORDED_STEPS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 def compose(row: str, log_dir: str, *extra: str):
     from hydra import initialize_config_dir
 
-    from topklab.engine.build import compose_run
+    from topklab.config import compose_run
 
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         return compose_run([f"paths.log_dir={log_dir}", f"experiment={row}", "engine.checkpoint=false",

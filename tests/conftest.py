@@ -12,7 +12,7 @@ import topklab  # noqa: E402,F401  (torchvision shim before anything imports tor
 import pytest  # noqa: E402
 from hydra import initialize_config_dir  # noqa: E402
 
-from topklab.engine.build import compose_run  # noqa: E402
+from topklab.config import compose_run  # noqa: E402
 
 CONFIG_DIR = ROOT / "configs"
 TABULAR_DATASETS = [

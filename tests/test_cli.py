@@ -3,7 +3,8 @@ before any job runs (in process: no training)."""
 import pytest
 
 from conftest import CONFIG_DIR
-from topklab.cli import check_group_choices, config_groups, override_values, parse_overrides, preflight, sweep_points
+from topklab.cli import check_group_choices, preflight
+from topklab.config import config_groups, override_values, parse_overrides, sweep_points
 from topklab.utils.errors import TopklabError
 
 GROUPS = config_groups(CONFIG_DIR)
@@ -98,7 +99,7 @@ def test_preflight_accepts_every_override_form(capsys, argv):
 
 def test_a_glob_over_rows_in_subfolders_is_written_out_for_hydras_sweeper():
     """Hydra lists a group's top-level options only: `experiment=glob(sinkhorn_beta/*)` would launch no job."""
-    from topklab.cli import expand_group_globs
+    from topklab.config import expand_group_globs
 
     argv = ["-m", "experiment=glob(sinkhorn_beta/*)", "seed=0,1", "loss=glob(*tk,exclude=matk)"]
     assert expand_group_globs(argv, CONFIG_DIR) == [

@@ -5,7 +5,7 @@ import torch
 from hydra.utils import instantiate
 
 from conftest import CONFIG_DIR
-from topklab.cli import config_groups
+from topklab.config import config_groups
 from topklab.data.translation import PairBatch
 from topklab.engine.build import build, build_for_data
 from topklab.utils.errors import TopklabError

@@ -3,7 +3,6 @@
 One spawn (module fixture) runs every multi-process case and saves what each rank saw; the tests
 compare those with single-process references computed here.
 """
-import doctest
 import os
 from datetime import timedelta
 
@@ -13,7 +12,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-import topklab.engine.distributed
 from topklab.engine.distributed import Distributed, all_gather_losses, gather_concat, shard_batch, shard_slice
 from topklab.losses import ATk, Average, Logistic, MATk, STk
 from topklab.utils.errors import TopklabError
@@ -210,7 +208,3 @@ def test_shard_slice_covers_the_set_in_order(n, world_size):
     covered = [i for s in slices for i in range(n)[s]]
     assert covered == list(range(n))
     assert max(s.stop - s.start for s in slices) - min(s.stop - s.start for s in slices) <= 1
-
-
-def test_doctests():
-    assert doctest.testmod(topklab.engine.distributed).failed == 0

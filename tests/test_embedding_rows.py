@@ -7,7 +7,7 @@ import pytest
 
 from conftest import ROOT
 from embedding_files import write_embeddings
-from topklab.cli import config_groups
+from topklab.config import config_groups
 from topklab.engine.run import train
 
 ROWS = [r for r in config_groups(ROOT / "configs")["experiment"]

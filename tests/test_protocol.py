@@ -15,7 +15,7 @@ from topklab.losses import aggregate_names
 from topklab.protocol import Cell, CellStore, Grid, run_cell, select_combo
 from topklab.protocol.cell import selection_scores
 from topklab.protocol.cell import Protocol
-from topklab.engine.build import compose_run
+from topklab.config import compose_run
 from topklab.protocol.reproduce import protocol_from, reproduce, select_rows
 from topklab.utils.errors import TopklabError
 from test_population import per_model

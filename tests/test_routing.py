@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from topklab.cli import config_groups
+from topklab.config import config_groups
 from topklab.data.translation import PairBatch
 from topklab.engine.run import train
 from topklab.models import ProbabilityThresholdRouter, STkThresholdRouter, TopKRouter, TransformerLM
@@ -235,15 +235,3 @@ def test_routing_row_composes_and_smoke_runs_offline(compose_cfg, tmp_path, corp
     if row.startswith("routing/top_k"):
         assert 0 < test["routed_fraction"] < 1
     assert json.loads(result.read_text())["result"]["label"] == cfg.row
-
-
-def test_doctests():
-    import doctest
-
-    from topklab.data.translation import monolingual
-    from topklab.models import language_model, routing
-    from topklab.report import layer
-    from topklab.tasks import language_modeling
-
-    for module in (routing, language_model, language_modeling, layer, monolingual):
-        assert doctest.testmod(module).failed == 0

@@ -64,12 +64,3 @@ def test_a_finished_run_is_not_reused_under_other_code_unless_forced(compose_cfg
         train(compose_cfg(*overrides), tmp_path / "changed")
     forced = train(compose_cfg(*overrides, "engine.resume=force"), tmp_path / "forced")
     assert [segment["code"] for segment in forced["segments"]] == [first["segments"][0]["code"], "0" * 16]
-
-
-def test_docstring_examples():
-    import doctest
-
-    import topklab.engine.run_identity
-
-    result = doctest.testmod(topklab.engine.run_identity)
-    assert result.attempted > 0 and result.failed == 0

@@ -97,15 +97,6 @@ def test_bad_settings_get_one_line_errors():
         SparseGradientExchange(workers=4, keep_ratio=1.0).shards(3)
 
 
-def test_doctests():
-    import doctest
-
-    from topklab.sparsification import exchange, selectors
-
-    for module in (exchange, selectors):
-        assert doctest.testmod(module).failed == 0
-
-
 def test_fp16_loss_scale_is_divided_out_and_an_overflow_leaves_the_residuals():
     from functools import partial
 

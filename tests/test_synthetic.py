@@ -167,15 +167,6 @@ def test_early_stopping_rolls_back_to_the_best_validation_step(tiny_data):
     assert acc == pytest.approx(float(out["val_acc"]))
 
 
-def test_synthetic_train_docstring_examples():
-    import doctest
-
-    import topklab.synthetic.train
-
-    result = doctest.testmod(topklab.synthetic.train, extraglobs={"torch": torch})
-    assert result.attempted > 0 and result.failed == 0
-
-
 def test_column_modules_come_from_the_loss_configs():
     module = Column("stk", {"smoothing": "elu"}).module("atk")
     assert (module.smoothing, module.scale) == ("elu", "atk")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from topklab.cli import config_groups
+from topklab.config import config_groups
 from topklab.engine.loop import average_states
 from topklab.engine.build import build
 from topklab.engine.objective import TrainingModule

@@ -97,7 +97,8 @@ def test_every_hypothesis_ends_in_eos_within_the_length_limit(min_len):
         out = search(model, sources, width=10)
         assert out.shape == (5, 10)
         lengths = [row.index(EOS) for row in out.tolist()]  # words before eos: at most 1.0 × 3 + 1
-        assert all(min_len <= n <= 4 for n in lengths) and max(lengths) == 4 or min_len == 1
+        assert all(min_len <= n <= 4 for n in lengths), lengths  # for every min_len: eos neither early nor late
+        assert max(lengths) == 4 or min_len == 1, lengths  # blocking eos for 3 words drives some to the limit
         for row, n in zip(out.tolist(), lengths):
             assert all(t == PAD for t in row[n + 1:])
 

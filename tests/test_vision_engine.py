@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from topklab.cli import config_groups
+from topklab.config import config_groups
 from topklab.data.vision.longtail import exponential_profile
 from topklab.engine.run import train
 from vision_files import write_cifar100, write_fashion_mnist

@@ -1,15 +1,13 @@
-"""From a composed config to objects: ``instantiate`` with one-line errors, the data-dependent
-constructor arguments a target asks for, and the recipe a dataset's task implies."""
+"""From a composed config to objects: ``instantiate`` with one-line errors and the data-dependent
+constructor arguments a target asks for. (Composing the config, with the recipe a dataset's task
+implies, is :mod:`topklab.config`'s.)"""
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 
-from hydra import compose
-from hydra.errors import HydraException, InstantiationException
+from hydra.errors import InstantiationException
 from hydra.utils import get_object, instantiate
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig
 
 from topklab.utils.errors import TopklabError
 
@@ -51,59 +49,3 @@ def build_for_data(node: DictConfig, group: str, context: dict):
             raise TopklabError(f"{group} {node._target_.rsplit('.', 1)[-1]} does not fit this dataset "
                                f"(it provides {', '.join(context) or 'nothing'}): {err}") from None
         raise
-
-
-def recipe_for(cfg: DictConfig) -> str | None:
-    """The recipe ``recipe=auto`` stands for: the dataset's ``task`` (binary | regression |
-    multiclass); None when the config already names one."""
-    if cfg.get("recipe") != "auto":
-        return None
-    task = OmegaConf.select(cfg, "dataset.task")
-    if task is None:
-        raise TopklabError(f"dataset {cfg.dataset.get('_target_')} has no task field; pass recipe=<name>")
-    return str(task)
-
-
-def chooses_groups(override: str) -> bool:
-    """Whether an override can change the dataset's task: a group choice (``dataset=``,
-    ``experiment=``) or a dataset field; field overrides of other groups wait for the recipe."""
-    key = override.lstrip("+~").split("=", 1)[0]
-    return not key.startswith("hydra") and ("." not in key or key.startswith("dataset."))
-
-
-def compose_run(overrides: list[str], config_name: str = "train", return_hydra_config: bool = False) -> DictConfig:
-    """Compose ``config_name`` with ``overrides`` (Hydra must be initialised: inside a
-    ``@hydra.main`` app or ``initialize_config_dir``), resolving ``recipe=auto`` from the dataset:
-    a first composition with the group choices finds the dataset's task, the second adds
-    ``recipe=<task>``, so field overrides of the recipe's groups (``optim.momentum=``) apply.
-    Command-line choices of model, optim, individual, engine and task win over the recipe's.
-    ``return_hydra_config``: keep Hydra's own node (``hydra.run.dir`` ...) in the result."""
-    try:
-        recipe = recipe_for(compose(config_name, overrides=[o for o in overrides if chooses_groups(o)]))
-        if recipe is not None:
-            overrides = [*(o for o in overrides if not o.lstrip("+~").startswith("recipe=")), f"recipe={recipe}"]
-        cfg = compose(config_name, overrides=overrides, return_hydra_config=return_hydra_config)
-    except (HydraException, OmegaConfBaseException) as err:
-        raise TopklabError(" ".join(str(err).split())) from None
-    return cfg
-
-
-def recipe_arguments(args: list[str], config_dir, multirun: bool) -> list[str]:
-    """``["recipe=<task>"]`` for a command line that leaves ``recipe=auto``, so that Hydra composes
-    train.py's config once with the right groups; every point of a ``-m`` sweep must agree."""
-    from hydra import initialize_config_dir
-
-    from topklab.cli import config_groups, parse_overrides, sweep_points
-
-    overrides = [o for o in parse_overrides([a for a in args if "=" in a or a.startswith("~")])
-                 if not o.is_hydra_override()]
-    if any(o.key_or_group == "recipe" for o in overrides):
-        return []
-    points = sweep_points(overrides, config_groups(Path(config_dir))) if multirun else [[o.input_line for o in overrides]]
-    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        recipes = {recipe_for(compose("train", overrides=[o for o in point if chooses_groups(o)])) for point in points}
-    if len(recipes) > 1:
-        raise TopklabError(f"this sweep mixes datasets that need different recipes ({', '.join(sorted(map(str, recipes)))}); "
-                           f"pass recipe=<name> or run one sweep per kind of dataset")
-    recipe = recipes.pop()
-    return [] if recipe is None else [f"recipe={recipe}"]

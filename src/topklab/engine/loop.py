@@ -30,6 +30,7 @@ from topklab.engine.run_identity import check_resumable, segment_identity
 from topklab.engine.schedules import LRFactor
 from topklab.engine.stopping import REPORT_STATES, EarlyStopping
 from topklab.losses.aggregate.lambda_monitor import lambda_tracking
+from topklab.utils.device import resolve_device
 from topklab.utils.errors import Interrupted, NonFiniteLossError, TopklabError
 from topklab.utils.seed import rng_state, set_rng_state
 
@@ -85,14 +86,6 @@ def check_splits(data, splits, dataset_cfg=None) -> None:
         ([f"check its data under dataset.{source}={dataset_cfg[source]}"] if source else [])
     raise TopklabError(f"dataset {data.name}: the {empty} split is empty ({counts} examples); "
                        f"{' or '.join(hints) or 'check the dataset and its split settings'}")
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise TopklabError(f"engine.device={name} but no CUDA device is visible; use engine.device=cpu or auto")
-    return torch.device(name)
 
 
 def _positive_int(name: str, value, allow_none: bool = False) -> None:

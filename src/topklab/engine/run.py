@@ -17,13 +17,14 @@ from topklab.engine.checkpoint import CheckpointStore, run_key
 from topklab.engine.objective import Objective, TrainingModule
 from topklab.engine.distributed import Distributed
 from topklab.engine.interrupt import deferred_signals
-from topklab.engine.loop import check_splits, resolve_device
+from topklab.engine.loop import check_splits
 from topklab.engine.record import RunRecord, SilentRecord
 from topklab.engine.result_guard import check_replaceable, destination, identity
 from topklab.loggers import NullLogger
 from topklab.losses.k import resolve_k
 from topklab.report import make_result
 from topklab.report import write_result as write_envelope
+from topklab.utils.device import resolve_device
 from topklab.utils.errors import NonFiniteLossError, TopklabError
 from topklab.utils.io import check_writable
 from topklab.utils.provenance import check_cpu_capability, portable_config

@@ -2,9 +2,10 @@
 (:mod:`topklab.launch.callback`), the failure record (:mod:`~topklab.launch.failures`) and the GPU
 choice (:mod:`~topklab.launch.gpu`).
 
-Importing this package (``topklab.cli`` does) prepares Hydra for ``configs/hydra/launcher/``: it
-registers the ``topklab.parallel_jobs`` resolver that ``joblib.yaml`` uses for ``n_jobs``, and
-silences Hydra's notice that those files share their names with the launchers' own schemas (they
+Importing this package prepares Hydra for ``configs/hydra/launcher/``, so the entry points that
+start Hydra (``train.py``, the scripts with ``@hydra.main``) import it first (Hydra's job callback,
+``configs/hydra/default.yaml``, imports it too): it registers the ``topklab.parallel_jobs``
+resolver that ``joblib.yaml`` uses for ``n_jobs``, and silences Hydra's notice that those files share their names with the launchers' own schemas (they
 are checked against them, which is what we want).
 """
 import warnings

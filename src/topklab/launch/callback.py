@@ -25,10 +25,10 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from topklab.cli import fail, parse_overrides
+from topklab.config import parse_overrides
 from topklab.launch.failures import clear_failures, collect_failures, failure_report, write_failure, write_summary
 from topklab.launch.gpu import SWEEP_GPUS, gpu_for_job, gpu_list, pin_gpu, pinned_gpu, visible_gpus
-from topklab.utils.errors import TopklabError
+from topklab.utils.errors import TopklabError, fail
 
 log = logging.getLogger(__name__)
 

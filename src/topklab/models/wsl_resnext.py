@@ -6,9 +6,11 @@ cache or from a local file (``pretrained_cfg_overlay={"file": path}``).
 
 Examples
 --------
->>> import timm
->>> timm.create_model("resnext101_32x48d", pretrained=False, num_classes=0).num_features
-2048
+>>> import timm, torch
+>>> with torch.device("meta"):  # the architecture alone, without allocating its 3.3 GB of weights
+...     model = timm.create_model("resnext101_32x48d", pretrained=False, num_classes=0)
+>>> model.num_features, round(sum(p.numel() for p in model.parameters()) / 1e6)
+(2048, 826)
 """
 from __future__ import annotations
 

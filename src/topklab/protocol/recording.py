@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from topklab.engine.build import build, compose_run
+from topklab.config import compose_run
+from topklab.engine.build import build
 from topklab.losses.aggregate import build_paper_update_aggregate
 from topklab.losses.aggregate.loss_stream import LossStream, record_calls
 from topklab.protocol.cell import Cell, Protocol, run_cell

@@ -16,8 +16,8 @@ from tqdm import tqdm
 from topklab.protocol.cell import Cell, Protocol, run_cell
 from topklab.protocol.grid import Grid
 from topklab.protocol.store import CellStore
-from topklab.cli import config_groups
-from topklab.engine.build import build, compose_run
+from topklab.config import compose_run, config_groups
+from topklab.engine.build import build
 from topklab.losses.aggregate.registry import with_lam_update
 from topklab.utils.errors import TopklabError
 from topklab.utils.provenance import check_cpu_capability, collect

@@ -1,4 +1,6 @@
-"""Errors that mean "the user asked for something wrong": reported as one line, exit code 2."""
+"""Errors that mean "the user asked for something wrong": reported as one line, exit code 2
+(:func:`fail`)."""
+import sys
 
 
 class TopklabError(Exception):
@@ -24,3 +26,13 @@ class Interrupted(TopklabError):
     def __init__(self, message: str, signal_number: int):
         super().__init__(message)
         self.exit_code = 128 + signal_number
+
+
+def fail(err: Exception | str) -> None:
+    """Print ``error: <err>`` on stderr and exit with code 2 (an interrupted run: 128 + the signal).
+    Any other exception than a :class:`TopklabError` is a bug, not a fault: it is raised again with its
+    traceback instead of being hidden behind one line."""
+    if isinstance(err, BaseException) and not isinstance(err, TopklabError):
+        raise err
+    print(f"error: {err}", file=sys.stderr)
+    raise SystemExit(getattr(err, "exit_code", 2))

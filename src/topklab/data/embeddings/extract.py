@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from topklab.data.embeddings.backbone import Backbone
 from topklab.data.embeddings.store import CLASSES, EMBEDDINGS, FILES, LABELS, PROGRESS, PROVENANCE, read_progress
+from topklab.utils.device import resolve_device
 from topklab.utils.errors import DataUnavailableError, TopklabError
 from topklab.utils.io import atomic_write_json, atomic_write_text
 
@@ -168,8 +169,6 @@ def extract(backbone: Backbone, image_root: str | Path, out_dir: str | Path, spl
     Returns ``{split: {"source", "images", "extracted", "seconds", "images_per_s"}}`` and writes it,
     with the backbone's description and ``provenance``, to ``out_dir/provenance.json``.
     """
-    from topklab.engine.loop import resolve_device
-
     if "train" not in splits:
         raise TopklabError(f"splits={dict(splits)} must name a 'train' split (its class folders define the labels)")
     for name, value in (("batch_size", batch_size), ("shard_size", shard_size)):

@@ -94,7 +94,9 @@ class TokenBucketLoader:
 
     Examples
     --------
-    >>> loader = TokenBucketLoader([[5, 3], [6, 7, 3], [5, 3]], [[8, 3], [9, 3], [8, 8, 8, 3]], max_tokens=6)
+    >>> loader = TokenBucketLoader([[5, 3], [6, 7, 3], [5, 3]], [[8, 3], [9, 3], [8, 8, 8, 3]], max_tokens=8)
+    >>> loader.fixed_batches  # source length first: pairs 0 and 2 (2 source tokens) share a batch, 2 × 4 <= 8
+    [[0, 2], [1]]
     >>> len(loader), sorted(len(y) for _, y in loader.batches(epoch=0))
     (2, [1, 2])
     """
