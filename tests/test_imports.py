@@ -10,9 +10,6 @@ modules ``topklab.cli`` and ``topklab.config`` are packages of their own, ``topk
 - a package imports only packages of lower layers (an import within a package is free; one to the
   same layer or a higher one fails);
 - no circle among modules and none among packages.
-
-:data:`TEMPORARILY_ALLOWED` lists the imports that are left out of these checks until the code they
-name is moved; an entry whose import is gone fails, so that it is deleted with the move.
 """
 from __future__ import annotations
 
@@ -27,7 +24,8 @@ ROOT_PACKAGE = "topklab"
 LAYERS = (
     ("compat", "utils"),                     # the floor: torchvision shim, errors, io, seeds, device
     ("topklab",),                            # topklab/__init__.py: runs the torchvision shim
-    ("config",),                             # configs/ and overrides: groups, parsing, sweeps, composition, recipe
+    ("config", "smoothing"),                 # configs/ and overrides (groups, parsing, sweeps, composition, recipe);
+                                             # the hinge functions φ and SReLU's slopes, shared by operators and losses
     ("operators",),                          # differentiable top-k / sorting operators
     ("losses",),                             # individual and aggregate losses (use operators)
     ("models", "loggers", "sparsification"),  # networks; run loggers; sparse-feature selectors
@@ -38,19 +36,6 @@ LAYERS = (
     ("launch",),                             # Hydra's job callback, failure records, GPU pinning, resolver
     ("cli",),                                # the checks train.py runs before Hydra starts
 )
-
-# Imports left out of the checks for now (importer module, imported module). The math helpers of
-# losses/smoothing.py (and losses/aggregate/solve.py, which builds on them) are to move down to the
-# operators that use them; until then operators/stk_threshold.py imports them from losses while
-# losses import operators (a losses <-> operators circle). Delete these entries with that move.
-TEMPORARILY_ALLOWED = {
-    ("topklab.operators.stk_threshold", "topklab.losses.smoothing"),
-    ("topklab.operators.stk_threshold", "topklab.losses.aggregate.solve"),
-    ("topklab.losses.aggregate.soft_atk", "topklab.operators.base"),
-    ("topklab.losses.individual.topk_ce", "topklab.operators.base"),
-    ("topklab.losses.individual.smooth_topk_svm", "topklab.operators.difftopk_network"),
-}
-
 
 def module_files() -> dict[str, tuple[Path, bool]]:
     """``{module name: (file, is a package's __init__)}`` for every module under src/topklab."""
@@ -82,7 +67,7 @@ def imported_names(tree: ast.AST, module: str, is_package: bool) -> set[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """``{module: the topklab modules it imports}``, without :data:`TEMPORARILY_ALLOWED`."""
+    """``{module: the topklab modules it imports}``."""
     modules = module_files()
     graph = {}
     for module, (path, is_package) in modules.items():
@@ -102,10 +87,6 @@ def import_graph() -> dict[str, set[str]]:
 def package_of(module: str) -> str:
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else ROOT_PACKAGE
-
-
-def without_allowed(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    return {m: {t for t in targets if (m, t) not in TEMPORARILY_ALLOWED} for m, targets in graph.items()}
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -168,22 +149,17 @@ def test_every_package_has_one_layer():
 def test_no_upward_imports():
     upward = sorted(f"{m} ({package_of(m)}, layer {LAYER[package_of(m)]}) imports {t} "
                     f"({package_of(t)}, layer {LAYER[package_of(t)]})"
-                    for m, targets in without_allowed(GRAPH).items() for t in targets
+                    for m, targets in GRAPH.items() for t in targets
                     if package_of(t) != package_of(m) and LAYER[package_of(t)] >= LAYER[package_of(m)])
     assert upward == [], "imports from a layer to the same or a higher one:\n" + "\n".join(upward)
 
 
 def test_no_module_circles():
-    assert circles(without_allowed(GRAPH)) == []
+    assert circles(GRAPH) == []
 
 
 def test_no_package_circles():
-    assert circles(package_graph(without_allowed(GRAPH))) == []
-
-
-def test_temporarily_allowed_imports_still_exist():
-    gone = sorted(f"{m} -> {t}" for m, t in TEMPORARILY_ALLOWED if t not in GRAPH.get(m, ()))
-    assert gone == [], "these imports are gone; delete them from TEMPORARILY_ALLOWED:\n" + "\n".join(gone)
+    assert circles(package_graph(GRAPH)) == []
 
 
 def test_the_checks_see_imports_inside_functions_and_circles():

@@ -7,7 +7,7 @@ import torch
 from topklab.losses import MATk, STk
 from topklab.losses.aggregate import kernels
 from topklab.losses.aggregate.kernels import thresholded
-from topklab.losses.smoothing import SMOOTHINGS
+from topklab.smoothing import SMOOTHINGS
 from topklab.utils.errors import TopklabError
 
 SMOOTH = sorted(SMOOTHINGS)

@@ -5,7 +5,7 @@ import torch
 
 from topklab.losses import ATk, Average, MATk, Maximum, STk
 from topklab.losses.k import resolve_k, validate_k
-from topklab.losses.smoothing import SMOOTHINGS, srelu
+from topklab.smoothing import SMOOTHINGS, srelu
 
 
 def distinct_losses(n, seed=0, dtype=torch.float64):

@@ -9,7 +9,7 @@ from scipy.optimize import brentq
 
 from conftest import CONFIG_DIR
 from topklab.engine.build import build
-from topklab.losses.smoothing import srelu
+from topklab.smoothing import srelu
 from topklab.operators.base import hard_topk
 from topklab.operators.stk_threshold import STkThreshold, solve_threshold, srelu_slope
 

@@ -30,7 +30,7 @@ from typing import Callable, Union
 import numpy as np
 import torch
 
-from topklab.losses.smoothing import srelu
+from topklab.smoothing import srelu
 
 
 def bubble_sort_topk_sum(values: list[float], k: int) -> float:

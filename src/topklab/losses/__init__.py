@@ -14,7 +14,7 @@ from topklab.losses.individual import (
     Absolute, CostSensitiveCE, CrossEntropy, Hinge, ImbalancedNoisedTopKHinge, LabelSmoothedCrossEntropy, Logistic, LogitAdjusted,
     NoisedTopKHinge, SmoothTopKSVM, Square, TopKCrossEntropy,
 )
-from topklab.losses.smoothing import srelu
+from topklab.smoothing import srelu
 
 __all__ = [
     "ATk", "Absolute", "Aggregate", "Average", "CostSensitiveCE", "CrossEntropy", "Hinge", "ImbalancedNoisedTopKHinge", "LabelSmoothedCrossEntropy",

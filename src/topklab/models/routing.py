@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from topklab.losses.aggregate.solve import solve_srelu_threshold
-from topklab.losses.smoothing import srelu
+from topklab.smoothing import srelu
 
 LAM_UPDATES = ("solve", "gradient")
 SCOPES = ("batch", "sequence")

@@ -18,9 +18,8 @@ import math
 import torch
 from torch import nn
 
-from topklab.losses.aggregate.solve import srelu_slope_and_curvature
-from topklab.losses.smoothing import srelu
 from topklab.operators.base import TopKOperator, positive
+from topklab.smoothing import srelu, srelu_slope_and_curvature
 
 THRESHOLDS = ("solved", "learned")
 

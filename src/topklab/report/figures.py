@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from topklab.losses.smoothing import srelu  # noqa: E402
+from topklab.smoothing import srelu  # noqa: E402
 from topklab.report.stats import mean_std  # noqa: E402
 
 COLORS = {"Average": "tab:gray", "ATk": "tab:blue", "STk": "tab:red"}

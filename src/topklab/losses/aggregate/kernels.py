@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 from torch.autograd.function import once_differentiable
 
-from topklab.losses.smoothing import Smoothing
+from topklab.smoothing import Smoothing
 from topklab.utils.errors import TopklabError
 
 KERNELS = ("auto", "native", "compiled", "eager")
@@ -177,7 +177,7 @@ def thresholded(losses, lam, delta, k, scale, phi: Smoothing, path: str = "eager
     delta : Tensor (P,), the smoothing width δ > 0 of each row (ignored by all but SReLU)
     k : Tensor (P,), the count k of each row, in [1, n]
     scale : Tensor (P,), the output scale s of each row (ones, or n/k for MATk's ATk scale)
-    phi : the smoothing (:data:`topklab.losses.smoothing.SMOOTHINGS`)
+    phi : the smoothing (:data:`topklab.smoothing.SMOOTHINGS`)
     path : {"eager", "compiled", "native"}, the kernel (see the module docstring); a path that
         cannot be built here falls back (native → compiled → eager) with one warning per process,
         unless ``required``
@@ -185,7 +185,7 @@ def thresholded(losses, lam, delta, k, scale, phi: Smoothing, path: str = "eager
 
     Examples
     --------
-    >>> from topklab.losses.smoothing import SMOOTHINGS
+    >>> from topklab.smoothing import SMOOTHINGS
     >>> losses = torch.tensor([[1.0, 5.0, 3.0, 0.0]], requires_grad=True)
     >>> lam, one = torch.tensor([3.0], requires_grad=True), torch.ones(1)
     >>> value = thresholded(losses, lam, one, 2 * one, one, SMOOTHINGS["relu"])

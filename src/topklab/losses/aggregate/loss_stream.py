@@ -20,7 +20,7 @@ import torch
 from topklab.losses.aggregate.lambda_monitor import in_band
 from topklab.losses.aggregate.solve import solve_srelu_threshold
 from topklab.losses.k import resolve_k
-from topklab.losses.smoothing import get_smoothing
+from topklab.smoothing import get_smoothing
 
 LEVELS = tuple(sorted({round(i / 200, 4) for i in range(21)} | {round(0.1 + i / 20, 4) for i in range(17)}
                       | {round(0.9 + i / 200, 4) for i in range(21)}))

@@ -11,21 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from topklab.losses.smoothing import beyond_square, srelu_root
-
-
-def srelu_slope_and_curvature(z: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(SReLU'(z), SReLU''(z))`` elementwise: ``½(1 + z/r)`` and ``½δ²/r³`` with ``r = √(z² + δ²)``.
-    The slope is computed as ``δ²/(2r(r − z))`` for z < 0, which keeps its relative accuracy in the
-    tail where ``1 + z/r`` cancels. Beyond ±:func:`~topklab.losses.smoothing.beyond_square` (±inf
-    included) z is clamped there: slope 1 or 0, curvature 0."""
-    big = beyond_square(z.dtype)
-    z = z.clamp(-big, big)
-    root = srelu_root(z, delta)
-    negative = z.clamp(max=0.0)
-    tail = delta * delta / (2.0 * root * (root - negative))
-    slope = torch.where(z < 0, tail, 0.5 * (1.0 + z / root))
-    return slope, 0.5 * delta * delta / root ** 3
+from topklab.smoothing import srelu_slope_and_curvature
 
 
 def solve_srelu_threshold(losses: torch.Tensor, k: torch.Tensor, delta: torch.Tensor, start: torch.Tensor,

@@ -1,7 +1,7 @@
 // The fused kernel of the thresholded aggregates (MATk, STk) on the CPU, with its autograd node in
 // C++: one pass over each row of losses gives the value, the gradient in the losses and the
 // gradient in λ; the backward only scales them. The formulas and their per-element rounding are
-// those of topklab/losses/aggregate/kernels.py and topklab/losses/smoothing.py (built with
+// those of topklab/losses/aggregate/kernels.py and topklab/smoothing.py (built with
 // -ffp-contract=off, so no multiply-add is fused); the row sums accumulate in double (for double
 // losses, the mean of φ with each term divided by n first).
 // Built on first use by topklab.losses.aggregate.kernels.native_extension().

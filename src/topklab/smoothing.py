@@ -1,4 +1,6 @@
-"""Hinge functions φ used inside the thresholded top-k losses (MATk uses ReLU, STk a smooth one).
+"""Hinge functions φ used inside the thresholded top-k losses (MATk uses ReLU, STk a smooth one), and
+SReLU's slope and curvature, which the losses' λ solve and the STk-threshold operator share (so this
+module sits below both ``topklab.operators`` and ``topklab.losses``).
 
 Each smoothing gives φ and its slope: ``SMOOTHINGS[name](x, delta)`` applies φ elementwise and
 ``SMOOTHINGS[name].slope(x, delta, step)`` returns ``step·φ'(x)``, rounded as autograd rounds the
@@ -71,6 +73,20 @@ def srelu(x: torch.Tensor, delta: float = 0.01) -> torch.Tensor:
     """
     clamped = x.clamp(min=-beyond_square(x.dtype))
     return 0.5 * srelu_root(clamped, delta) + 0.5 * clamped - 0.5 * delta  # this order: autograd sums as the slope
+
+
+def srelu_slope_and_curvature(z: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(SReLU'(z), SReLU''(z))`` elementwise: ``½(1 + z/r)`` and ``½δ²/r³`` with ``r = √(z² + δ²)``.
+    The slope is computed as ``δ²/(2r(r − z))`` for z < 0, which keeps its relative accuracy in the
+    tail where ``1 + z/r`` cancels. Beyond ±:func:`beyond_square` (±inf
+    included) z is clamped there: slope 1 or 0, curvature 0."""
+    big = beyond_square(z.dtype)
+    z = z.clamp(-big, big)
+    root = srelu_root(z, delta)
+    negative = z.clamp(max=0.0)
+    tail = delta * delta / (2.0 * root * (root - negative))
+    slope = torch.where(z < 0, tail, 0.5 * (1.0 + z / root))
+    return slope, 0.5 * delta * delta / root ** 3
 
 
 class Smoothing:
