@@ -117,7 +117,10 @@ class Smoothing:
 
 class SReLU(Smoothing):
     """Eq. 2 as :func:`srelu` computes it; slope ``½(1 + x/√(x²+δ²))·step``, summed as autograd sums
-    the graph of :func:`srelu` (``step`` beyond +:func:`beyond_square`, 0 beyond −)."""
+    the graph of :func:`srelu` (bit for bit below :func:`beyond_square`; beyond it, the slope at
+    ±:func:`beyond_square`, step or 0 to rounding). The same selects as the C++ kernel: the slope
+    and its root are taken at x clamped to ±:func:`beyond_square`, and φ's root is the larger of
+    that root and |x| (which for ordinary x is that root)."""
 
     name, uses_delta, native_id = "srelu", True, 0
 
@@ -125,29 +128,31 @@ class SReLU(Smoothing):
         return srelu(x, delta)
 
     def slope(self, x, delta, step):
-        clamped = x.clamp(min=-beyond_square(x.dtype))
-        return self._slope(clamped, srelu_root(clamped, delta), step)
+        bounded, bounded_root = self._bounded(x, delta)
+        return self._slope(bounded, bounded_root, step)
 
     def row_mean(self, x, delta):
-        clamped = x.clamp(min=-beyond_square(x.dtype))
-        return self._row_mean(clamped, delta, srelu_root(clamped, delta))
+        return self.row_mean_and_slope(x, delta, None)[0]
 
     def row_mean_and_slope(self, x, delta, step):
-        clamped = x.clamp(min=-beyond_square(x.dtype))
-        root = srelu_root(clamped, delta)
-        return self._row_mean(clamped, delta, root), self._slope(clamped, root, step)
+        big = beyond_square(x.dtype)
+        low = x.clamp(min=-big)
+        bounded, bounded_root = self._bounded(x, delta)
+        root = torch.maximum(bounded_root, low.abs())
+        hinge = mean_terms(0.5 * low + 0.5 * root) - 0.5 * delta[:, 0]
+        return hinge, None if step is None else self._slope(bounded, bounded_root, step)
 
     @staticmethod
-    def _row_mean(x, delta, root):
-        """(1/n)·Σ ½(x + √(x²+δ²)) − δ/2: Eq. 2 averaged, with the root the slope uses."""
-        return mean_terms(0.5 * x + 0.5 * root) - 0.5 * delta[:, 0]
+    def _bounded(x, delta):
+        big = beyond_square(x.dtype)
+        bounded = x.clamp(-big, big)
+        return bounded, torch.sqrt(bounded * bounded + delta * delta)
 
     @staticmethod
     def _slope(x, root, step):
         half = step * 0.5
         vx = (half / (2 * root)) * x
-        beyond = x.abs() >= beyond_square(x.dtype)
-        return torch.where(beyond, torch.where(x > 0, step, torch.zeros_like(x)), half + vx + vx)
+        return half + vx + vx
 
 
 class ReLU(Smoothing):
