@@ -9,6 +9,13 @@ run with the same config continues from its last checkpoint and, on CPU, ends wi
 metrics of an uninterrupted run: an epoch's randomness derives from (seed, epoch), and every
 piece of state (model, λ, optimizer, scheduler, scaler, RNG, running sums, trackers, best states,
 logger id) is in the checkpoint. Reported metrics come from the best-validation state.
+
+:meth:`Engine.fit` reads as the loop itself: a :class:`TrainingRun` is opened (resumed from its
+checkpoint when there is one) and started, then each epoch is ``train_one_epoch`` (``train_step``
+per batch, ``_after_step`` for step-level validation, checkpoints and signals) and ``end_epoch``
+(finite check, validation, the epoch row, checkpoint), and ``finish`` scores the selected states.
+DDP, micro-batches, gradient exchange, checkpoint averaging and finite checks are hooks beside it
+(:mod:`topklab.engine.hooks`).
 """
 from __future__ import annotations
 
@@ -22,7 +29,9 @@ import torch
 from tqdm import tqdm
 
 from topklab.engine.checkpoint import TRAINING_STATE, CheckpointStore, not_this_run, state_mismatch
-from topklab.engine.distributed import Distributed, gather_concat, shard_slice
+from topklab.engine.distributed import Distributed, gather_concat
+from topklab.engine.hooks import (CheckpointAveraging, FiniteGuard, MicroBatches, Replicas, average_states,  # noqa: F401
+                                  batch_plan)
 from topklab.engine.interrupt import pending_signal
 from topklab.engine.objective import TrainingModule
 from topklab.engine.profiling import StepProfile, peak_memory_bytes, torch_profiler
@@ -31,7 +40,7 @@ from topklab.engine.schedules import LRFactor
 from topklab.engine.stopping import REPORT_STATES, EarlyStopping
 from topklab.losses.aggregate.lambda_monitor import lambda_tracking
 from topklab.utils.device import resolve_device
-from topklab.utils.errors import Interrupted, NonFiniteLossError, TopklabError
+from topklab.utils.errors import Interrupted, TopklabError
 from topklab.utils.seed import rng_state, set_rng_state
 
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -44,12 +53,6 @@ def concat_outputs(batches: list) -> torch.Tensor | dict:
     if isinstance(batches[0], dict):
         return {key: torch.cat([gather_concat(b[key]) for b in batches]) for key in batches[0]}
     return torch.cat([gather_concat(b) for b in batches])
-
-
-def average_states(states: list[dict]) -> dict:
-    """The element-wise mean of floating-point entries of several state dicts (others: the last's)."""
-    return {key: torch.stack([s[key].double() for s in states]).mean(0).to(value.dtype) if value.is_floating_point() else value
-            for key, value in states[-1].items()}
 
 
 SIZE_SETTINGS = {  # the dataset settings that decide how many examples a split gets (ratios, subsets, filters)
@@ -225,306 +228,20 @@ class Engine:
         outputs are gathered, so every rank computes the same metrics; only the main rank writes
         checkpoints (see :mod:`topklab.engine.distributed` for what k means under DDP).
         """
-        dist = dist or Distributed()
-        if self.micro_batch_size and dist.is_distributed and module.objective.gather_losses:
-            raise ValueError("engine.micro_batch_size with objective.gather_losses under DDP would gather a different "
-                             "number of chunks per rank; use one of the two")
-        exchange = self.gradient_exchange
-        if exchange is not None and dist.is_distributed:
-            raise ValueError("engine.gradient_exchange simulates its workers in one process; run it without torchrun")
-        device = resolve_device(self.device_name)
-        if dist.is_distributed and device.type == "cuda":
-            device = dist.device
-        channels_last = device.type == "cuda" if self.channels_last == "auto" else bool(self.channels_last)
-        amp_dtype = AMP_DTYPES[self.amp]
-        select = self.select_metrics or [task.primary]
-        signs = {metric: 1.0 if task.higher_is_better(metric) else -1.0 for metric in select}
-        module.model.to(device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
-        module.objective.to(device)
-        if exchange is not None:
-            exchange.to(device)
-            exchange.attach(module.parameters())
-        check_splits(data, ["train", "val", *self.final_splits])
-        wrapped = dist.wrap(module)
-        train_loader = data.train_loader(self.batch_size, self.drop_last, seed, device, channels_last)
-        steps_per_epoch = len(train_loader)
-        factor = LRFactor(steps_per_epoch=steps_per_epoch, epochs=self.epochs, **self.schedule)
-        constant = LRFactor("constant", steps_per_epoch=steps_per_epoch, epochs=self.epochs)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(  # a group with constant_lr (λ under lam_lr) keeps its rate
-            optimizer, [constant if group.get("constant_lr") else factor for group in optimizer.param_groups])
-        monitor = getattr(module.objective.aggregate, "monitor", None)
-        if monitor is not None:  # λ in band counts the calls after the first 10 % of the run's
-            planned = steps_per_epoch * self.epochs if self.max_steps is None else min(self.max_steps, steps_per_epoch * self.epochs)
-            calls_per_step = len(self._chunks(self.batch_size) if exchange is None else exchange.shards(self.batch_size))
-            monitor.burn_in = planned * calls_per_step // 10
-        scaler = torch.amp.GradScaler(device.type, enabled=self.amp == "fp16")
-        loaders = {}
-
-        def autocast():
-            return contextlib.nullcontext() if amp_dtype is None else torch.autocast(device.type, dtype=amp_dtype)
-
-        def evaluate(split: str) -> dict:
-            if dist.is_distributed:  # DDP syncs buffers (BatchNorm statistics) only at training forwards
-                for buffer in module.buffers():
-                    torch.distributed.broadcast(buffer, src=0)
-            if split not in loaders:
-                loaders[split] = data.eval_loader(split, self.eval_batch_size, device, channels_last)
-            module.eval()
-            with torch.no_grad(), autocast():
-                outputs = concat_outputs([task.outputs(module.model, local(x), local(y), split)
-                                          for x, y in loaders[split].batches()])
-            module.train()
-            return task.metrics(outputs, data.targets(split))
-
-        def interrupted() -> bool:
-            """A signal reached this process (under DDP: any rank), checked once per step."""
-            if not dist.is_distributed:
-                return pending_signal() is not None
-            flag = torch.tensor([float(pending_signal() is not None)], device=dist.device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            return bool(flag.item())
-
-        def snapshot() -> dict:
-            return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-
-        identity = segment_identity(device)
-        state = {"epoch": 0, "batch": 0, "step": 0, "loss_sum": 0.0, "history": [], "best": {}, "trackers": None,
-                 "train_seconds": 0.0, "logger_id": logger_id, "finished": False, "early_stopped": False,
-                 "segments": [{**identity, "from_step": 0}], "logged": []}
-        trackers = {m: EarlyStopping(torch.tensor([-float("inf")], dtype=torch.float64), self.patience if i == 0 else None, self.min_delta)
-                    for i, m in enumerate(select)}
-        store = CheckpointStore(workdir) if workdir is not None and self.checkpoint else None
-        if store is not None and dist.is_main:
-            store.remove_stale_temporaries()
-
-        def local(batch: torch.Tensor) -> torch.Tensor:
-            """This rank's contiguous slice of a global batch (the whole batch in one process)."""
-            return batch[shard_slice(len(batch), dist.rank, dist.world_size)] if dist.is_distributed else batch
-        if store is not None and self.resume and store.exists():
-            saved = store.load()
-            lacking = [key for key in (*TRAINING_STATE, *(["exchange"] if exchange is not None else []))
-                       if not isinstance(saved, dict) or key not in saved]
-            if lacking:
-                raise not_this_run(store.path, f"it is not a training checkpoint of this engine: no {', '.join(lacking)}")
-            segments = saved["progress"].get("segments")
-            check_resumable({k: v for k, v in segments[-1].items() if k != "from_step"} if segments else None, identity,
-                            store.directory, force=self.resume == "force")
-            mismatch = state_mismatch(saved["module"], module.state_dict())
-            if mismatch:  # checked before loading: the model is not left half-loaded
-                raise not_this_run(store.path, f"another model wrote it: {mismatch}")
-            for part, target in (("module", module), ("optimizer", optimizer), ("scheduler", scheduler),
-                                 ("scaler", scaler), ("exchange", exchange)):
-                try:
-                    if target is not None:
-                        target.load_state_dict(saved[part])
-                except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as err:
-                    raise not_this_run(store.path, f"its {part} state does not load: {' '.join(str(err).split())[:200]}") \
-                        from None
-            set_rng_state(saved["rng"])
-            state = saved["progress"]
-            state["segments"] = [*(segments or []), {**identity, "from_step": state["step"]}]
-            state["logger_id"] = logger_id or state.get("logger_id")
-            if monitor is not None and "lambda_monitor" in state:
-                monitor.load_state_dict(state["lambda_monitor"])
-            for metric, tracker in trackers.items():
-                tracker.load_state_dict(state["trackers"][metric])
-            for row in state["history"]:
-                on_epoch_end(row)
-            state.setdefault("logged", [])
-            replay_logged(state["logged"])
-
-        def log(row: dict) -> None:
-            state["logged"].append(row)
-            on_eval(row)
-
-        def record_validation(val: dict, epoch: int) -> bool:
-            """Update every metric's best state; True when the first metric's patience ran out."""
-            stop, best_state = False, None
-            for i, metric in enumerate(select):
-                improved, out_of_patience = trackers[metric].update(state["step"], torch.tensor([signs[metric] * val[metric]], dtype=torch.float64))
-                if bool(improved):
-                    # report_state=last replaces the best states at the end: no copy of the weights per improvement
-                    best_state = best_state or (snapshot() if self.report_state == "best" else None)
-                    state["best"][metric] = {"value": val[metric], "epoch": epoch, "step": state["step"], "val": val,
-                                             "state": best_state}
-                stop = stop or (i == 0 and bool(out_of_patience))
-            if self.eval_every_steps:  # epoch-level validation logs the whole epoch row instead
-                log({"step": state["step"], "epoch": epoch,
-                         **{f"val_{k}": v for k, v in task.scalar_metrics(val).items()}, "lambda": module.objective.threshold})
-            return stop
-
-        check_each_step = (device.type != "cuda" and not dist.is_distributed if self.finite_check == "auto"
-                           else self.finite_check == "step")  # no per-step sync on a GPU or across ranks
-        # without a per-step check, the state before a non-finite update is the last checkpoint's (finite when saved)
-        last_finite = {"state": None if check_each_step else snapshot(), "step": state["step"]}
-        running = torch.tensor(state["loss_sum"], dtype=torch.float64, device=device)
-
-        def epoch_loss_sum() -> torch.Tensor:
-            return gather_concat(running.view(1)).sum() / dist.world_size if dist.is_distributed else running
-
-        def check_finite(where: str, loss_sum: torch.Tensor) -> None:
-            if torch.isfinite(loss_sum):
-                if not check_each_step and last_finite["step"] != state["step"]:  # once per step: epoch end, then checkpoint
-                    last_finite.update(state=snapshot(), step=state["step"])
-                return
-            raise NonFiniteLossError(
-                f"non-finite loss {where}; lower optim.lr or set engine.amp=none "
-                f"(resume from the last finite checkpoint with engine.resume=true)",
-                last_good_state=snapshot() if check_each_step else last_finite["state"])
-
-        def save_checkpoint() -> None:
-            if store is None:
-                return
-            loss_sum = epoch_loss_sum()  # every rank: a collective under DDP
-            check_finite(f"before the checkpoint at step {state['step']}", loss_sum)
-            if not dist.is_main:
-                return
-            state["loss_sum"] = float(loss_sum)
-            state["trackers"] = {m: t.state_dict() for m, t in trackers.items()}
-            if monitor is not None:
-                state["lambda_monitor"] = monitor.state_dict()
-            store.save({"module": module.state_dict(), "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
-                        "progress": state, **({"exchange": exchange.state_dict()} if exchange is not None else {})},
-                       {"epoch": state["epoch"], "batch": state["batch"], "step": state["step"],
-                        "logger_id": state["logger_id"], "finished": state["finished"], "segments": state["segments"]})
-
-        if state["step"] == 0 and hasattr(module.model, "initialise_from_data"):  # e.g. a head from class means
-            module.eval()
-            with torch.no_grad(), autocast():
-                module.model.initialise_from_data(data, device)
-            module.train()
-        if self.validate_at_start and state["step"] == 0 and not state["best"]:
-            record_validation(evaluate("val"), 0)
-        profile = StepProfile(device)
-        profiler = torch_profiler(self.profiler, run_dir)
-        module.train()
-        with profiler:
-            for epoch in range(state["epoch"], self.epochs if not state["finished"] else state["epoch"]):
-                profile.reset()
-                if exchange is not None:
-                    exchange.reset_counters()
-                if device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(device)
-                epoch_start = time.perf_counter()
-                bar = tqdm(total=steps_per_epoch, initial=state["batch"], desc=f"epoch {epoch + 1}/{self.epochs}",
-                           disable=not self.progress, leave=False)
-                val, validated_step = None, None
-                fetch_start = time.perf_counter()
-                for x, y in train_loader.batches(epoch, start=state["batch"]):
-                    if len(y) < dist.world_size:  # a last batch too small to give every rank a sample
-                        break
-                    waited = time.perf_counter() - fetch_start
-                    compute_start = profile.now()
-                    optimizer.zero_grad(set_to_none=True)
-                    x, y = local(x), local(y)
-                    chunks = self._chunks(len(y)) if exchange is None else exchange.shards(len(y))
-                    objective, loss_spans, counted = torch.zeros((), dtype=torch.float64, device=device), [], 0
-                    for c, part in enumerate(chunks):
-                        sync = c == len(chunks) - 1 or not dist.is_distributed
-                        with contextlib.nullcontext() if sync else wrapped.no_sync():
-                            chunk_objective, _ = wrapped(x[part], y[part], autocast, profile.now)
-                            loss_spans.append((module.loss_start, profile.now()))
-                            counted += module.objective.last_count
-                            if check_each_step and not torch.isfinite(chunk_objective):
-                                raise NonFiniteLossError(
-                                    f"non-finite loss ({float(chunk_objective.detach())}) at epoch {epoch + 1}, step "
-                                    f"{state['step'] + 1}; lower optim.lr, check the data, or set engine.amp=none",
-                                    last_good_state=snapshot())
-                            weight = (part.stop - part.start) / len(y)
-                            scaler.scale(chunk_objective * weight).backward()
-                        if exchange is not None:  # in the loss's own units: the fp16 loss scale divided out
-                            exchange.collect(c, scale=scaler.get_scale() if scaler.is_enabled() else 1.0)
-                        objective += chunk_objective.detach().double() * weight
-                    if exchange is not None:
-                        exchange.apply(scale=scaler.get_scale() if scaler.is_enabled() else 1.0)
-                    if self.clip_grad_norm:
-                        scaler.unscale_(optimizer)
-                        torch.nn.utils.clip_grad_norm_(module.parameters(), self.clip_grad_norm)
-                    scaler.step(optimizer)
-                    scaler.update()
-                    scheduler.step()
-                    profile.step(waited, loss_spans, compute_start, profile.now(), len(y), counted)
-                    profiler.step()
-                    state["step"] += 1
-                    state["batch"] += 1
-                    running += objective
-                    bar.update(1)
-                    if self.eval_every_steps and state["step"] % self.eval_every_steps == 0:
-                        val, validated_step = evaluate("val"), state["step"]
-                        if record_validation(val, epoch + 1):
-                            state["early_stopped"] = state["finished"] = True
-                            break
-                    if self.checkpoint_every and state["step"] % self.checkpoint_every == 0:
-                        state["train_seconds"] += time.perf_counter() - epoch_start
-                        epoch_start = time.perf_counter()
-                        save_checkpoint()
-                    if interrupted():
-                        state["train_seconds"] += time.perf_counter() - epoch_start
-                        save_checkpoint()
-                        number = pending_signal() or signal.SIGTERM
-                        saved = f"checkpoint saved in {store.directory}; rerun the same command to resume" \
-                            if store is not None else "nothing saved (engine.checkpoint=false)"
-                        raise Interrupted(f"{signal.Signals(number).name} at epoch {epoch + 1}, step {state['step']}: "
-                                          f"{saved}", number)
-                    if self.max_steps is not None and state["step"] >= self.max_steps:
-                        state["finished"] = True
-                        break
-                    fetch_start = time.perf_counter()
-                bar.close()
-                cost = profile.summary()
-                peak_mb = peak_memory_bytes(device) / 2**20
-                loss_sum = epoch_loss_sum()
-                check_finite(f"in epoch {epoch + 1}", loss_sum)
-                if validated_step != state["step"]:
-                    val = evaluate("val")
-                    if not self.eval_every_steps and record_validation(val, epoch + 1):
-                        state["early_stopped"] = state["finished"] = True
-                state["train_seconds"] += time.perf_counter() - epoch_start
-                state["last_val"] = val
-                row = {"epoch": epoch + 1, "step": state["step"], "lr": scheduler.get_last_lr()[0],
-                       "train_loss": float(loss_sum) / max(state["batch"], 1),
-                       **{f"val_{k}": v for k, v in task.scalar_metrics(val).items()},
-                       "lambda": module.objective.threshold, "best_step": state["best"].get(select[0], {}).get("step"), **cost,
-                       "peak_memory_mb": peak_mb, "elapsed_s": state["train_seconds"],
-                       **(exchange.epoch_summary() if exchange is not None else {}),
-                       **(monitor.pop_epoch() if monitor is not None else {}),
-                       **(module.model.pop_epoch_diagnostics() if hasattr(module.model, "pop_epoch_diagnostics") else {})}
-                state["history"].append(row)
-                state.update(epoch=epoch + 1, batch=0, finished=state["finished"] or epoch + 1 == self.epochs)
-                running.zero_()
-                if self.average_last and store is not None and dist.is_main:
-                    store.save_weights(epoch + 1, module.state_dict(), keep=self.average_last)
-                save_checkpoint()
-                on_epoch_end(row)
-                if not self.eval_every_steps:
-                    log(row)
-                if state["finished"]:
+        run = TrainingRun(self, module, optimizer, data, task, seed, dist or Distributed(),
+                          (on_epoch_end, on_eval, replay_logged))
+        run.open(workdir, logger_id)
+        run.start(run_dir)
+        with run.profiler:
+            for epoch in run.remaining_epochs():
+                run.train_one_epoch(epoch)
+                if run.end_epoch(epoch):
                     break
-        if select[0] not in state["best"]:  # validation every N steps never came round
-            record_validation(evaluate("val"), state["epoch"])
-        if self.report_state == "last":
-            final = {"epoch": state["epoch"], "step": state["step"], "val": state.get("last_val") or evaluate("val"),
-                     "state": snapshot()}
-            state["best"] = {metric: {**final, "value": final["val"][metric]} for metric in select}
-        result = self._score_selected(module, state, select, evaluate, device, channels_last)
-        if self.average_last and store is not None:
-            result["averaged"] = self._score_average(module, store, state, evaluate)
-        return result
+        return run.finish()
 
     def _chunks(self, n: int) -> list[slice]:
         """The micro-batches of a batch of ``n`` samples (one chunk without ``micro_batch_size``)."""
-        size = self.micro_batch_size or n
-        return [slice(start, min(start + size, n)) for start in range(0, n, size)]
-
-    def _score_average(self, module, store, state, evaluate) -> dict:
-        """Val and test metrics of the mean of the last ``average_last`` epoch-end weights; the
-        module is left in the first selection metric's best state."""
-        epochs = store.weight_epochs()[-self.average_last:]
-        module.load_state_dict(average_states([store.load_weights(e) for e in epochs]))
-        scores = {"epochs": epochs, **{split: evaluate(split) for split in self.final_splits}}
-        module.load_state_dict(next(iter(state["best"].values()))["state"])
-        return scores
+        return MicroBatches(self.micro_batch_size).chunks(n)
 
     def _score_selected(self, module, state, select, evaluate, device, channels_last) -> dict:
         """Test (and train) metrics of each selection metric's best state; the module ends in the
@@ -552,3 +269,337 @@ class Engine:
                                           "peak_memory_mb")},
             "history": state["history"],
         }
+
+
+class TrainingRun:
+    """One call of :meth:`Engine.fit`: the pieces it trains with and the progress it checkpoints.
+
+    ``state`` is the checkpointed progress (epoch, batch, step, running loss sum, history, best
+    states, trackers, timings, logged rows, segments); ``plan`` splits each batch
+    (:class:`~topklab.engine.hooks.MicroBatches` or gradient-exchange shards), ``replicas`` is what
+    DDP adds, ``guard`` the finite checks and ``averaging`` the checkpoint averaging.
+    """
+
+    def __init__(self, engine: Engine, module: TrainingModule, optimizer, data, task, seed: int,
+                 dist: Distributed, callbacks):
+        if engine.micro_batch_size and dist.is_distributed and module.objective.gather_losses:
+            raise ValueError("engine.micro_batch_size with objective.gather_losses under DDP would gather a different "
+                             "number of chunks per rank; use one of the two")
+        if engine.gradient_exchange is not None and dist.is_distributed:
+            raise ValueError("engine.gradient_exchange simulates its workers in one process; run it without torchrun")
+        self.engine, self.module, self.optimizer, self.data, self.task = engine, module, optimizer, data, task
+        self.dist, self.replicas = dist, Replicas(dist)
+        self.on_epoch_end, self.on_eval, self.replay_logged = callbacks
+        self.plan = batch_plan(engine.micro_batch_size, engine.gradient_exchange)
+        device = resolve_device(engine.device_name)
+        self.device = dist.device if dist.is_distributed and device.type == "cuda" else device
+        self.channels_last = self.device.type == "cuda" if engine.channels_last == "auto" else bool(engine.channels_last)
+        self.amp_dtype = AMP_DTYPES[engine.amp]
+        self.select = engine.select_metrics or [task.primary]
+        self.signs = {metric: 1.0 if task.higher_is_better(metric) else -1.0 for metric in self.select}
+        module.model.to(self.device, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
+        module.objective.to(self.device)
+        self.plan.attach(module, self.device)
+        check_splits(data, ["train", "val", *engine.final_splits])
+        self.wrapped = dist.wrap(module)
+        self.train_loader = data.train_loader(engine.batch_size, engine.drop_last, seed, self.device, self.channels_last)
+        self.scheduler = self._scheduler(len(self.train_loader))
+        self.monitor = getattr(module.objective.aggregate, "monitor", None)
+        if self.monitor is not None:  # λ in band counts the calls after the first 10 % of the run's
+            planned = len(self.train_loader) * engine.epochs
+            planned = planned if engine.max_steps is None else min(engine.max_steps, planned)
+            self.monitor.burn_in = planned * len(self.plan.chunks(engine.batch_size)) // 10
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=engine.amp == "fp16")
+        self.loaders = {}
+
+    def _scheduler(self, steps_per_epoch: int):
+        """The LR schedule, evaluated every batch; a group with constant_lr (λ under lam_lr) keeps its rate."""
+        factor = LRFactor(steps_per_epoch=steps_per_epoch, epochs=self.engine.epochs, **self.engine.schedule)
+        constant = LRFactor("constant", steps_per_epoch=steps_per_epoch, epochs=self.engine.epochs)
+        return torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, [constant if group.get("constant_lr") else factor for group in self.optimizer.param_groups])
+
+    def autocast(self):
+        return contextlib.nullcontext() if self.amp_dtype is None else torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def snapshot(self) -> dict:
+        return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
+
+    def evaluate(self, split: str) -> dict:
+        """The task's metrics of the current state on ``split`` (every rank's outputs gathered)."""
+        self.replicas.sync_buffers(self.module)
+        if split not in self.loaders:
+            self.loaders[split] = self.data.eval_loader(split, self.engine.eval_batch_size, self.device, self.channels_last)
+        self.module.eval()
+        local = self.replicas.local
+        with torch.no_grad(), self.autocast():
+            outputs = concat_outputs([self.task.outputs(self.module.model, local(x), local(y), split)
+                                      for x, y in self.loaders[split].batches()])
+        self.module.train()
+        return self.task.metrics(outputs, self.data.targets(split))
+
+    # -- progress, checkpoint and resume ---------------------------------------------------------
+
+    def open(self, workdir, logger_id: str | None) -> None:
+        """Fresh progress, the trackers and the checkpoint store; resumed from it when asked."""
+        engine = self.engine
+        self.identity = segment_identity(self.device)
+        self.state = {"epoch": 0, "batch": 0, "step": 0, "loss_sum": 0.0, "history": [], "best": {}, "trackers": None,
+                      "train_seconds": 0.0, "logger_id": logger_id, "finished": False, "early_stopped": False,
+                      "segments": [{**self.identity, "from_step": 0}], "logged": []}
+        self.trackers = {m: EarlyStopping(torch.tensor([-float("inf")], dtype=torch.float64),
+                                          engine.patience if i == 0 else None, engine.min_delta)
+                         for i, m in enumerate(self.select)}
+        self.store = CheckpointStore(workdir) if workdir is not None and engine.checkpoint else None
+        if self.store is not None and self.dist.is_main:
+            self.store.remove_stale_temporaries()
+        self.averaging = CheckpointAveraging(engine.average_last, self.store, self.dist.is_main)
+        if self.store is not None and engine.resume and self.store.exists():
+            self._resume(self.store.load(), logger_id)
+
+    def _checkpoint_parts(self) -> dict:
+        return {"module": self.module, "optimizer": self.optimizer, "scheduler": self.scheduler, "scaler": self.scaler,
+                **self.plan.checkpoint_parts()}
+
+    def _resume(self, saved, logger_id: str | None) -> None:
+        """Continue from a checkpoint of this run: checked whole, then every part loaded."""
+        store = self.store
+        lacking = [key for key in (*TRAINING_STATE, *self.plan.checkpoint_parts())
+                   if not isinstance(saved, dict) or key not in saved]
+        if lacking:
+            raise not_this_run(store.path, f"it is not a training checkpoint of this engine: no {', '.join(lacking)}")
+        segments = saved["progress"].get("segments")
+        check_resumable({k: v for k, v in segments[-1].items() if k != "from_step"} if segments else None, self.identity,
+                        store.directory, force=self.engine.resume == "force")
+        mismatch = state_mismatch(saved["module"], self.module.state_dict())
+        if mismatch:  # checked before loading: the model is not left half-loaded
+            raise not_this_run(store.path, f"another model wrote it: {mismatch}")
+        for part, target in self._checkpoint_parts().items():
+            try:
+                target.load_state_dict(saved[part])
+            except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as err:
+                raise not_this_run(store.path, f"its {part} state does not load: {' '.join(str(err).split())[:200]}") \
+                    from None
+        set_rng_state(saved["rng"])
+        self.state = state = saved["progress"]
+        state["segments"] = [*(segments or []), {**self.identity, "from_step": state["step"]}]
+        state["logger_id"] = logger_id or state.get("logger_id")
+        self._restore_progress(state)
+
+    def _restore_progress(self, state: dict) -> None:
+        """The λ monitor and trackers from a resumed run's progress; its rows handed on again."""
+        if self.monitor is not None and "lambda_monitor" in state:
+            self.monitor.load_state_dict(state["lambda_monitor"])
+        for metric, tracker in self.trackers.items():
+            tracker.load_state_dict(state["trackers"][metric])
+        for row in state["history"]:
+            self.on_epoch_end(row)
+        state.setdefault("logged", [])
+        self.replay_logged(state["logged"])
+
+    def save_checkpoint(self) -> None:
+        """The whole state of the run (main rank only), after checking its loss sum is finite."""
+        if self.store is None:
+            return
+        state = self.state
+        loss_sum = self.replicas.loss_sum(self.running)  # every rank: a collective under DDP
+        self.guard.check(f"before the checkpoint at step {state['step']}", loss_sum, state["step"])
+        if not self.dist.is_main:
+            return
+        state["loss_sum"] = float(loss_sum)
+        state["trackers"] = {m: t.state_dict() for m, t in self.trackers.items()}
+        if self.monitor is not None:
+            state["lambda_monitor"] = self.monitor.state_dict()
+        parts = self._checkpoint_parts()
+        self.store.save({**{name: parts[name].state_dict() for name in ("module", "optimizer", "scheduler", "scaler")},
+                         "rng": rng_state(), "progress": state,
+                         **{name: target.state_dict() for name, target in self.plan.checkpoint_parts().items()}},
+                        {"epoch": state["epoch"], "batch": state["batch"], "step": state["step"],
+                         "logger_id": state["logger_id"], "finished": state["finished"], "segments": state["segments"]})
+
+    # -- validation and selection ----------------------------------------------------------------
+
+    def log(self, row: dict) -> None:
+        self.state["logged"].append(row)
+        self.on_eval(row)
+
+    def record_validation(self, val: dict, epoch: int) -> bool:
+        """Update every metric's best state; True when the first metric's patience ran out."""
+        state, stop, best_state = self.state, False, None
+        for i, metric in enumerate(self.select):
+            score = torch.tensor([self.signs[metric] * val[metric]], dtype=torch.float64)
+            improved, out_of_patience = self.trackers[metric].update(state["step"], score)
+            if bool(improved):
+                # report_state=last replaces the best states at the end: no copy of the weights per improvement
+                best_state = best_state or (self.snapshot() if self.engine.report_state == "best" else None)
+                state["best"][metric] = {"value": val[metric], "epoch": epoch, "step": state["step"], "val": val,
+                                         "state": best_state}
+            stop = stop or (i == 0 and bool(out_of_patience))
+        if self.engine.eval_every_steps:  # epoch-level validation logs the whole epoch row instead
+            self.log({"step": state["step"], "epoch": epoch,
+                      **{f"val_{k}": v for k, v in self.task.scalar_metrics(val).items()},
+                      "lambda": self.module.objective.threshold})
+        return stop
+
+    # -- training --------------------------------------------------------------------------------
+
+    def start(self, run_dir) -> None:
+        """The finite guard and running loss sum, data-dependent initialisation, the optional
+        step-0 validation, and the profilers."""
+        engine, state, device = self.engine, self.state, self.device
+        each_step = (device.type != "cuda" and not self.dist.is_distributed if engine.finite_check == "auto"
+                     else engine.finite_check == "step")  # no per-step sync on a GPU or across ranks
+        self.guard = FiniteGuard(each_step, self.snapshot, state["step"])
+        self.running = torch.tensor(state["loss_sum"], dtype=torch.float64, device=device)
+        if state["step"] == 0 and hasattr(self.module.model, "initialise_from_data"):  # e.g. a head from class means
+            self.module.eval()
+            with torch.no_grad(), self.autocast():
+                self.module.model.initialise_from_data(self.data, device)
+            self.module.train()
+        if engine.validate_at_start and state["step"] == 0 and not state["best"]:
+            self.record_validation(self.evaluate("val"), 0)
+        self.profile = StepProfile(device)
+        self.profiler = torch_profiler(engine.profiler, run_dir)
+        self.module.train()
+
+    def remaining_epochs(self) -> range:
+        return range(self.state["epoch"], self.engine.epochs if not self.state["finished"] else self.state["epoch"])
+
+    def train_one_epoch(self, epoch: int) -> None:
+        """The epoch's batches from the current one, until its end, early stopping or max_steps."""
+        self.profile.reset()
+        self.plan.start_epoch()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.epoch_start = time.perf_counter()
+        bar = tqdm(total=len(self.train_loader), initial=self.state["batch"], desc=f"epoch {epoch + 1}/{self.engine.epochs}",
+                   disable=not self.engine.progress, leave=False)
+        self.val, self.validated_step = None, None
+        fetch_start = time.perf_counter()
+        for x, y in self.train_loader.batches(epoch, start=self.state["batch"]):
+            if len(y) < self.dist.world_size:  # a last batch too small to give every rank a sample
+                break
+            self.train_step(x, y, epoch, time.perf_counter() - fetch_start)
+            bar.update(1)
+            if self._after_step(epoch):
+                break
+            fetch_start = time.perf_counter()
+        bar.close()
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, epoch: int, waited: float) -> None:
+        """One optimizer step on a batch: a forward/backward pass per chunk of the plan, then the step."""
+        profile, scaler, state = self.profile, self.scaler, self.state
+        compute_start = profile.now()
+        self.optimizer.zero_grad(set_to_none=True)
+        x, y = self.replicas.local(x), self.replicas.local(y)
+        chunks = self.plan.chunks(len(y))
+        objective, loss_spans, counted = torch.zeros((), dtype=torch.float64, device=self.device), [], 0
+        for c, part in enumerate(chunks):
+            sync = c == len(chunks) - 1 or not self.dist.is_distributed
+            weight = (part.stop - part.start) / len(y)
+            chunk_objective, span, count = self._chunk_backward(x[part], y[part], weight, sync, epoch)
+            loss_spans.append(span)
+            counted += count
+            self.plan.collected(c, scaler)
+            objective += chunk_objective.detach().double() * weight
+        self.plan.before_step(scaler)
+        if self.engine.clip_grad_norm:
+            scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.engine.clip_grad_norm)
+        scaler.step(self.optimizer)
+        scaler.update()
+        self.scheduler.step()
+        profile.step(waited, loss_spans, compute_start, profile.now(), len(y), counted)
+        self.profiler.step()
+        state["step"] += 1
+        state["batch"] += 1
+        self.running += objective
+
+    def _chunk_backward(self, x, y, weight: float, sync: bool, epoch: int):
+        """Forward and weighted backward of one chunk (DDP syncs gradients at the last one only);
+        returns its objective, its loss span (for the step profile) and its count of losses."""
+        with contextlib.nullcontext() if sync else self.wrapped.no_sync():
+            chunk_objective, _ = self.wrapped(x, y, self.autocast, self.profile.now)
+            span, count = (self.module.loss_start, self.profile.now()), self.module.objective.last_count
+            self.guard.check_chunk(chunk_objective, epoch, self.state["step"])
+            self.scaler.scale(chunk_objective * weight).backward()
+        return chunk_objective, span, count
+
+    def _after_step(self, epoch: int) -> bool:
+        """Step-level validation, checkpoint and signal check; True when the epoch stops here."""
+        engine, state = self.engine, self.state
+        if engine.eval_every_steps and state["step"] % engine.eval_every_steps == 0:
+            self.val, self.validated_step = self.evaluate("val"), state["step"]
+            if self.record_validation(self.val, epoch + 1):
+                state["early_stopped"] = state["finished"] = True
+                return True
+        if engine.checkpoint_every and state["step"] % engine.checkpoint_every == 0:
+            state["train_seconds"] += time.perf_counter() - self.epoch_start
+            self.epoch_start = time.perf_counter()
+            self.save_checkpoint()
+        if self.replicas.interrupted():
+            self._stop_for_signal(epoch)
+        if engine.max_steps is not None and state["step"] >= engine.max_steps:
+            state["finished"] = True
+            return True
+        return False
+
+    def _stop_for_signal(self, epoch: int) -> None:
+        """Checkpoint and raise :class:`Interrupted` for the signal that arrived."""
+        self.state["train_seconds"] += time.perf_counter() - self.epoch_start
+        self.save_checkpoint()
+        number = pending_signal() or signal.SIGTERM
+        saved = f"checkpoint saved in {self.store.directory}; rerun the same command to resume" \
+            if self.store is not None else "nothing saved (engine.checkpoint=false)"
+        raise Interrupted(f"{signal.Signals(number).name} at epoch {epoch + 1}, step {self.state['step']}: "
+                          f"{saved}", number)
+
+    def end_epoch(self, epoch: int) -> bool:
+        """The epoch's finite check, validation, row, kept weights and checkpoint; True when training ends."""
+        engine, state = self.engine, self.state
+        cost = self.profile.summary()
+        peak_mb = peak_memory_bytes(self.device) / 2**20
+        loss_sum = self.replicas.loss_sum(self.running)
+        self.guard.check(f"in epoch {epoch + 1}", loss_sum, state["step"])
+        if self.validated_step != state["step"]:
+            self.val = self.evaluate("val")
+            if not engine.eval_every_steps and self.record_validation(self.val, epoch + 1):
+                state["early_stopped"] = state["finished"] = True
+        state["train_seconds"] += time.perf_counter() - self.epoch_start
+        state["last_val"] = self.val
+        row = self._epoch_row(epoch, loss_sum, cost, peak_mb)
+        state["history"].append(row)
+        state.update(epoch=epoch + 1, batch=0, finished=state["finished"] or epoch + 1 == engine.epochs)
+        self.running.zero_()
+        self.averaging.keep(epoch + 1, self.module)
+        self.save_checkpoint()
+        self.on_epoch_end(row)
+        if not engine.eval_every_steps:
+            self.log(row)
+        return state["finished"]
+
+    def _epoch_row(self, epoch: int, loss_sum: torch.Tensor, cost: dict, peak_mb: float) -> dict:
+        state, model = self.state, self.module.model
+        return {"epoch": epoch + 1, "step": state["step"], "lr": self.scheduler.get_last_lr()[0],
+                "train_loss": float(loss_sum) / max(state["batch"], 1),
+                **{f"val_{k}": v for k, v in self.task.scalar_metrics(self.val).items()},
+                "lambda": self.module.objective.threshold, "best_step": state["best"].get(self.select[0], {}).get("step"),
+                **cost, "peak_memory_mb": peak_mb, "elapsed_s": state["train_seconds"],
+                **self.plan.epoch_summary(),
+                **(self.monitor.pop_epoch() if self.monitor is not None else {}),
+                **(model.pop_epoch_diagnostics() if hasattr(model, "pop_epoch_diagnostics") else {})}
+
+    def finish(self) -> dict:
+        """The reported states (best or last) scored, and the averaged weights when kept."""
+        state, select = self.state, self.select
+        if select[0] not in state["best"]:  # validation every N steps never came round
+            self.record_validation(self.evaluate("val"), state["epoch"])
+        if self.engine.report_state == "last":
+            final = {"epoch": state["epoch"], "step": state["step"], "val": state.get("last_val") or self.evaluate("val"),
+                     "state": self.snapshot()}
+            state["best"] = {metric: {**final, "value": final["val"][metric]} for metric in select}
+        result = self.engine._score_selected(self.module, state, select, self.evaluate, self.device, self.channels_last)
+        if self.averaging.enabled:
+            result["averaged"] = self.averaging.score(self.module, self.evaluate, self.engine.final_splits,
+                                                      next(iter(state["best"].values()))["state"])
+        return result

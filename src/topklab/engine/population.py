@@ -18,6 +18,7 @@ import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from functools import reduce
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import torch
@@ -245,6 +246,27 @@ class PopulationExecutor:
         ``groups`` are objects with ``x_train, y_train, x_val, y_val`` (and the reported parts),
         e.g. :class:`DataGroup` or tabular splits. ``on_stop(n)`` is called whenever n members stop.
         """
+        run = self._prepare(groups, members)
+        self._start(run, members)
+        for _epoch in range(self.max_epochs):
+            if not run.rows.running.any():
+                break
+            orders = torch.stack([torch.randperm(run.n_train, generator=g) for g in run.generators])
+            for b in range(run.per_epoch):
+                positions = orders[:, b * self.batch_size:(b + 1) * self.batch_size]
+                if self._train_batch(run, positions, members, on_stop):
+                    break
+        rows, best = run.rows, run.best
+        run.steps[rows.ids[rows.running]] = run.step
+        if self.report_state == "last":
+            for name in best:
+                best[name][rows.ids[rows.running]] = rows.params[name][rows.running]
+        if on_stop is not None and rows.running.any():
+            on_stop(int(rows.running.sum()))
+        return self._result(run.layout, best, run.tracker, run.steps, run.diverged, groups, report)
+
+    def _prepare(self, groups: Sequence, members: Members) -> SimpleNamespace:
+        """The run's data, layout, batch generators and per-row settings (before any parameter)."""
         split, seed = torch.as_tensor(members.split), torch.as_tensor(members.seed)
         if int(split.max()) >= len(groups):
             raise TopklabError(f"members.split names group {int(split.max())} but {len(groups)} data groups were given")
@@ -263,81 +285,86 @@ class PopulationExecutor:
                     "delta": torch.as_tensor(members.delta, dtype=self.dtype),
                     **{("k", size): torch.as_tensor([resolve_k(k, size) for k in members.k], dtype=self.dtype)
                        for size in sizes}}
-        penalties = (any(math.isfinite(c) for c in members.l2_C), any(v > 0 for v in members.l1))
-        uniform_lr = len(set(members.lr)) == 1
+        return SimpleNamespace(layout=layout, xtr=xtr, ytr=ytr, xva=xva, yva=yva, generators=generators,
+                               n_train=n_train, per_epoch=per_epoch, settings=settings,
+                               penalties=(any(math.isfinite(c) for c in members.l2_C), any(v > 0 for v in members.l1)),
+                               uniform_lr=len(set(members.lr)) == 1)
+
+    def _start(self, run: SimpleNamespace, members: Members) -> None:
+        """Initial parameters and λ, the best states, the tracker (scored once) and the optimizer state."""
+        layout = run.layout
         params = self.model.init(members.seed, self.dtype)
-        rows = _Rows(layout.rows, {name: t[layout.rows] for name, t in params.items()},
-                     {name: t[layout.rows] for name, t in settings.items()})
-        rows.params["lam"] = self._initial_lambda(members, layout, rows, xtr, ytr)
-        best = {**{name: t.clone() for name, t in params.items()},
-                "lam": torch.empty_like(rows.params["lam"]).index_copy_(0, rows.ids, rows.params["lam"])}
+        run.rows = rows = _Rows(layout.rows, {name: t[layout.rows] for name, t in params.items()},
+                                {name: t[layout.rows] for name, t in run.settings.items()})
+        rows.params["lam"] = self._initial_lambda(members, layout, rows, run.xtr, run.ytr)
+        run.best = {**{name: t.clone() for name, t in params.items()},
+                    "lam": torch.empty_like(rows.params["lam"]).index_copy_(0, rows.ids, rows.params["lam"])}
         sign = 1.0 if self.metric.higher_is_better else -1.0
 
         def score() -> torch.Tensor:
-            return sign * layout.reduce(rows.params, rows.ids, xva, yva, lambda out, y, idx: self.metric.fn(out, y))
+            return sign * layout.reduce(run.rows.params, run.rows.ids, run.xva, run.yva,
+                                        lambda out, y, idx: self.metric.fn(out, y))
 
-        tracker = EarlyStopping(torch.empty(len(members), dtype=torch.float64).index_copy_(0, rows.ids, score()),
-                                self.patience, self.min_delta)
-        solved = self.aggregate.has_threshold and self.aggregate.lam_update == "solve"
-        trained = list(self.model.names) + (["lam"] if self.aggregate.has_threshold and not solved else [])
-        rows.state = self.optimizer.init({name: rows.params[name] for name in trained})
-        steps = torch.zeros(len(members), dtype=torch.long)
-        diverged = torch.zeros(len(members), dtype=torch.bool)
-        step = 0
-        for _epoch in range(self.max_epochs):
-            if not rows.running.any():
-                break
-            orders = torch.stack([torch.randperm(n_train, generator=g) for g in generators])
-            for b in range(per_epoch):
-                positions = orders[:, b * self.batch_size:(b + 1) * self.batch_size]
-                leaves = {name: t.detach().requires_grad_(name in trained) for name, t in rows.params.items()}
-                outputs, targets = layout.train_outputs(leaves, rows.ids, xtr, ytr, positions)
-                losses = self.individual(outputs, targets).reshape(len(rows.ids), -1)
-                if solved:  # each running member's root on its batch, warm-started from its last (a constant)
-                    with torch.no_grad():
-                        root = self.aggregate.solve_rows(losses.detach(), rows.settings["k", positions.shape[1]],
-                                                         rows.settings["delta"], rows.params["lam"])
-                        keep = rows.running & torch.isfinite(root)
-                        rows.params["lam"] = leaves["lam"] = torch.where(keep, root, rows.params["lam"])
-                objective = self._objective(leaves, losses, rows.settings, rows.settings["k", positions.shape[1]],
-                                            penalties)
-                finite = torch.isfinite(objective)
-                grads = torch.autograd.grad(objective.sum(), [leaves[name] for name in trained])
-                step += 1
-                with torch.no_grad():
-                    lr = float(members.lr[0]) if uniform_lr else rows.settings["lr"]
-                    rows.params.update(self.optimizer.step(leaves, dict(zip(trained, grads)), rows.state, lr, step))
-                if step % self.eval_every and bool(finite.all()):
-                    continue
-                stop = rows.running & ~finite
-                diverged[rows.ids[stop]] = True
-                if step % self.eval_every == 0:
-                    live = torch.nonzero(rows.running).flatten()
-                    improved, patience_out = tracker.update(step, score()[live], rows.ids[live], finite[live])
-                    for name in best:
-                        best[name][rows.ids[live[improved]]] = rows.params[name][live[improved]]
-                    stop[live[patience_out]] = True
-                if stop.any():
-                    stopped = rows.ids[stop]
-                    if self.report_state == "last":
-                        kept = stop & ~diverged[rows.ids]
-                        for name in best:
-                            best[name][rows.ids[kept]] = rows.params[name][kept]
-                    steps[stopped] = torch.where(diverged[stopped], step - 1, step)
-                    rows.running &= ~stop
-                    if on_stop is not None:
-                        on_stop(len(stopped))
-                    if layout.compacts:
-                        rows.keep(rows.running, self.optimizer)
-                    if not rows.running.any():
-                        break
-        steps[rows.ids[rows.running]] = step
+        run.score = score
+        run.tracker = EarlyStopping(torch.empty(len(members), dtype=torch.float64).index_copy_(0, rows.ids, score()),
+                                    self.patience, self.min_delta)
+        run.solved = self.aggregate.has_threshold and self.aggregate.lam_update == "solve"
+        run.trained = list(self.model.names) + (["lam"] if self.aggregate.has_threshold and not run.solved else [])
+        rows.state = self.optimizer.init({name: rows.params[name] for name in run.trained})
+        run.steps = torch.zeros(len(members), dtype=torch.long)
+        run.diverged = torch.zeros(len(members), dtype=torch.bool)
+        run.step = 0
+
+    def _train_batch(self, run: SimpleNamespace, positions: torch.Tensor, members: Members, on_stop) -> bool:
+        """One step of every running member on its batch ``positions``; True once no member runs."""
+        rows, trained = run.rows, run.trained
+        leaves = {name: t.detach().requires_grad_(name in trained) for name, t in rows.params.items()}
+        outputs, targets = run.layout.train_outputs(leaves, rows.ids, run.xtr, run.ytr, positions)
+        losses = self.individual(outputs, targets).reshape(len(rows.ids), -1)
+        if run.solved:  # each running member's root on its batch, warm-started from its last (a constant)
+            with torch.no_grad():
+                root = self.aggregate.solve_rows(losses.detach(), rows.settings["k", positions.shape[1]],
+                                                 rows.settings["delta"], rows.params["lam"])
+                keep = rows.running & torch.isfinite(root)
+                rows.params["lam"] = leaves["lam"] = torch.where(keep, root, rows.params["lam"])
+        objective = self._objective(leaves, losses, rows.settings, rows.settings["k", positions.shape[1]],
+                                    run.penalties)
+        finite = torch.isfinite(objective)
+        grads = torch.autograd.grad(objective.sum(), [leaves[name] for name in trained])
+        run.step += 1
+        with torch.no_grad():
+            lr = float(members.lr[0]) if run.uniform_lr else rows.settings["lr"]
+            rows.params.update(self.optimizer.step(leaves, dict(zip(trained, grads)), rows.state, lr, run.step))
+        if run.step % self.eval_every and bool(finite.all()):
+            return False
+        return self._check_members(run, finite, on_stop)
+
+    def _check_members(self, run: SimpleNamespace, finite: torch.Tensor, on_stop) -> bool:
+        """Diverged members, and at validation steps the tracker, best states and patience; the
+        members that stop here retire. True once no member runs."""
+        rows = run.rows
+        stop = rows.running & ~finite
+        run.diverged[rows.ids[stop]] = True
+        if run.step % self.eval_every == 0:
+            live = torch.nonzero(rows.running).flatten()
+            improved, patience_out = run.tracker.update(run.step, run.score()[live], rows.ids[live], finite[live])
+            for name in run.best:
+                run.best[name][rows.ids[live[improved]]] = rows.params[name][live[improved]]
+            stop[live[patience_out]] = True
+        if not stop.any():
+            return False
+        stopped = rows.ids[stop]
         if self.report_state == "last":
-            for name in best:
-                best[name][rows.ids[rows.running]] = rows.params[name][rows.running]
-        if on_stop is not None and rows.running.any():
-            on_stop(int(rows.running.sum()))
-        return self._result(layout, best, tracker, steps, diverged, groups, report)
+            kept = stop & ~run.diverged[rows.ids]
+            for name in run.best:
+                run.best[name][rows.ids[kept]] = rows.params[name][kept]
+        run.steps[stopped] = torch.where(run.diverged[stopped], run.step - 1, run.step)
+        rows.running &= ~stop
+        if on_stop is not None:
+            on_stop(len(stopped))
+        if run.layout.compacts:
+            rows.keep(rows.running, self.optimizer)
+        return not rows.running.any()
 
     def _initial_lambda(self, members: Members, layout, rows: _Rows, x: torch.Tensor,
                         y: torch.Tensor) -> torch.Tensor:
