@@ -57,24 +57,33 @@ def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
 MIN_FREE_BYTES = 1 << 20  # a device with less free space than this is full for a run's record and checkpoints
 
 
+def _require_room(folder: Path, unwritable, full, create: bool = False) -> None:
+    """Write and remove a scratch file in ``folder`` (created first with ``create``) and check its
+    device's free space; a one-line :class:`~topklab.utils.errors.TopklabError` otherwise, worded by
+    ``unwritable(reason)`` or ``full(free_bytes)``."""
+    from topklab.utils.errors import TopklabError
+
+    try:
+        if create:
+            folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+        free = shutil.disk_usage(folder).free
+    except OSError as err:
+        raise TopklabError(unwritable(err.strerror or err)) from None
+    if free < MIN_FREE_BYTES:
+        raise TopklabError(full(free))
+
+
 def check_writable(folders: list[tuple[Path, str]]) -> None:
     """Create each folder and a scratch file in it, before any work is done there; a folder that
     cannot take one, or whose device is full, is a one-line :class:`~topklab.utils.errors.TopklabError`
     naming the setting."""
-    from topklab.utils.errors import TopklabError
-
     for folder, setting in folders:
-        try:
-            Path(folder).mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=folder):
-                pass
-            free = shutil.disk_usage(folder).free
-        except OSError as err:
-            raise TopklabError(f"cannot write to {folder} ({err.strerror or err}); make it writable or choose "
-                               f"another {setting}") from None
-        if free < MIN_FREE_BYTES:
-            raise TopklabError(f"no space left on the device of {folder} ({free:,} bytes free); free some, or choose "
-                               f"another {setting}")
+        _require_room(Path(folder),
+                      lambda reason: f"cannot write to {folder} ({reason}); make it writable or choose another {setting}",
+                      lambda free: f"no space left on the device of {folder} ({free:,} bytes free); free some, or choose "
+                                   f"another {setting}", create=True)
 
 
 def check_creatable(folder: str | os.PathLike, what: str, setting: str) -> None:
@@ -92,12 +101,11 @@ def check_creatable(folder: str | os.PathLike, what: str, setting: str) -> None:
         if not existing.is_dir():
             raise TopklabError(f"cannot create {what} {folder}: {existing} is a file, not a folder; "
                                f"choose another {setting}")
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-        free = shutil.disk_usage(existing).free
     except OSError as err:
-        raise TopklabError(f"cannot create {what} {folder}: {existing} is not writable ({err.strerror or err}); "
-                           f"make it writable or choose another {setting}") from None
-    if free < MIN_FREE_BYTES:
-        raise TopklabError(f"cannot create {what} {folder}: no space left on the device of {existing} ({free:,} bytes "
-                           f"free); free some, or choose another {setting}")
+        raise TopklabError(f"cannot create {what} {folder}: {existing} cannot be read ({err.strerror or err}); "
+                           f"choose another {setting}") from None
+    _require_room(existing,
+                  lambda reason: f"cannot create {what} {folder}: {existing} is not writable ({reason}); make it writable "
+                                 f"or choose another {setting}",
+                  lambda free: f"cannot create {what} {folder}: no space left on the device of {existing} ({free:,} bytes "
+                               f"free); free some, or choose another {setting}")
