@@ -22,6 +22,7 @@ from typing import Callable
 
 import yaml
 
+from topklab.report.experiments import render_index
 from topklab.report.layer import plot_routing, plot_sparsification, render_routing, render_sparsification
 from topklab.report.schema import dirty_result_files, read_result, read_results
 from topklab.report.synthetic import render_table1, render_table2
@@ -203,11 +204,23 @@ def figures(argv: list[str] | None = None) -> int:
     return 0
 
 
-COMMANDS = {"tables": tables, "figures": figures}
+def index(argv: list[str] | None = None) -> int:
+    """``python -m topklab.report index``: write experiments/INDEX.md from configs/experiment/; 0."""
+    parser = argparse.ArgumentParser(prog="python -m topklab.report index", description=index.__doc__)
+    root = Path(os.environ.get("TOPKLAB_ROOT", "."))
+    parser.add_argument("--configs", type=Path, default=root / "configs")
+    parser.add_argument("--out", type=Path, default=root / "experiments" / "INDEX.md")
+    args = parser.parse_args(argv)
+    atomic_write_text(args.out, render_index(args.configs))
+    print(f"wrote {args.out}")
+    return 0
+
+
+COMMANDS = {"tables": tables, "figures": figures, "index": index}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m topklab.report {tables,figures} [options]``.
+    """``python -m topklab.report {tables,figures,index} [options]``.
 
     Examples
     --------
