@@ -34,7 +34,8 @@ from topklab.engine.functional_optim import Adagrad  # noqa: E402
 from topklab.engine.objective import Objective, TrainingModule  # noqa: E402
 from topklab.engine.population import Gathered, Grouped, Members, Metric, PopulationExecutor  # noqa: E402
 from topklab.engine.stacked import StackedMLP  # noqa: E402
-from topklab.losses import Logistic, STk, build_aggregate  # noqa: E402
+from topklab.losses import Logistic, STk  # noqa: E402
+from topklab.engine.aggregates import build_aggregate  # noqa: E402
 from topklab.models import MLP  # noqa: E402
 from topklab.tasks import TabularTask  # noqa: E402
 from topklab.tasks.metrics import TASK_METRIC  # noqa: E402

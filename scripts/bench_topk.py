@@ -48,7 +48,7 @@ def spec_of(entry: str) -> tuple[str, dict]:
 def benched_losses() -> dict[str, tuple[str, bool]]:
     """Display label -> (spec, whether it takes k) for every aggregate in configs/loss/, the
     BENCHED ones first ("ATk (sort)" for atk:method=sort)."""
-    from topklab.losses import aggregate_class, aggregate_names
+    from topklab.engine.aggregates import aggregate_class, aggregate_names
 
     named = {e.split(":")[0] for e in BENCHED}
     labels = {}
@@ -66,7 +66,7 @@ QUICK_LOSSES = [label for label, (entry, _) in LOSSES.items() if entry in QUICK]
 
 
 def make_loss(label: str, k: int):
-    from topklab.losses import build_aggregate
+    from topklab.engine.aggregates import build_aggregate
 
     name, fields = spec_of(LOSSES[label][0])
     return build_aggregate(name, **({"k": k} if label in USES_K else {}), **fields)

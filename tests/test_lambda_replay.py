@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from topklab.engine.schedules import LRFactor
-from topklab.losses import STk, build_aggregate, build_paper_update_aggregate
+from topklab.losses import STk
+from topklab.engine.aggregates import build_aggregate, build_paper_update_aggregate
 from topklab.losses.aggregate.loss_stream import LEVELS, LossStream, replay
 
 FIXTURES = Path(__file__).parent / "fixtures" / "loss_streams"

@@ -309,7 +309,7 @@ def test_batched_kernel_matches_the_module_row_by_row(name, settings):
     ("stk", ("k", "delta"), True),
 ])
 def test_registry_resolves_loss_configs(name, axes, threshold):
-    from topklab.losses import aggregate_class, build_aggregate
+    from topklab.engine.aggregates import aggregate_class, build_aggregate
 
     cls = aggregate_class(name)
     assert cls.hyperparameters == axes and cls.has_threshold is threshold
@@ -317,7 +317,7 @@ def test_registry_resolves_loss_configs(name, axes, threshold):
 
 
 def test_registry_errors_list_the_choices():
-    from topklab.losses import aggregate_class, build_aggregate
+    from topklab.engine.aggregates import aggregate_class, build_aggregate
     from topklab.utils.errors import TopklabError
 
     with pytest.raises(TopklabError, match="unknown aggregate 'atk2'; choose one of: atk, average, matk, maximum, stk"):

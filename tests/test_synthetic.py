@@ -13,7 +13,7 @@ from topklab.bench.topk_sum import (bubble_sort_topk_sum, exact_objective, heap_
                                     sort_topk_sum)
 from topklab.synthetic import GaussianTask, lda_boundary, para_f1
 from topklab.engine.population import initial_threshold
-from topklab.losses import build_paper_update_aggregate
+from topklab.engine.aggregates import build_paper_update_aggregate
 from topklab.losses.k import resolve_k
 from topklab.synthetic.train import BinaryCrossEntropy, Column, SyntheticTrainer, accuracy, train_logistic
 from topklab.utils.errors import TopklabError

@@ -212,7 +212,7 @@ class PopulationExecutor:
                  report_state: str = "best"):
         if not isinstance(aggregate, Aggregate):
             raise TopklabError(f"aggregate={aggregate!r} is not an Aggregate module; build one with "
-                               f"topklab.losses.build_aggregate(name)")
+                               f"topklab.engine.aggregates.build_aggregate(name)")
         if getattr(aggregate, "lam_lr", None) is not None:
             raise TopklabError(f"the population executor trains λ at each member's lr; build the aggregate with "
                                f"lam_lr=None, not {aggregate!r}")

@@ -6,10 +6,7 @@
 >>> STk(k=0.9)(per_sample).shape
 torch.Size([])
 """
-from topklab.losses.aggregate import (
-    ATk, Aggregate, Average, MATk, Maximum, SoftATk, STk, ThresholdedTopK, aggregate_class, aggregate_names, build_aggregate,
-    build_paper_update_aggregate,
-)
+from topklab.losses.aggregate import ATk, Aggregate, Average, MATk, Maximum, SoftATk, STk, ThresholdedTopK
 from topklab.losses.individual import (
     Absolute, CostSensitiveCE, CrossEntropy, Hinge, ImbalancedNoisedTopKHinge, LabelSmoothedCrossEntropy, Logistic, LogitAdjusted,
     NoisedTopKHinge, SmoothTopKSVM, Square, TopKCrossEntropy,
@@ -19,6 +16,5 @@ from topklab.smoothing import srelu
 __all__ = [
     "ATk", "Absolute", "Aggregate", "Average", "CostSensitiveCE", "CrossEntropy", "Hinge", "ImbalancedNoisedTopKHinge", "LabelSmoothedCrossEntropy",
     "Logistic", "LogitAdjusted", "MATk", "Maximum", "NoisedTopKHinge",
-    "STk", "SmoothTopKSVM", "SoftATk", "Square", "ThresholdedTopK", "TopKCrossEntropy", "aggregate_class",
-    "aggregate_names", "build_aggregate", "build_paper_update_aggregate", "srelu",
+    "STk", "SmoothTopKSVM", "SoftATk", "Square", "ThresholdedTopK", "TopKCrossEntropy", "srelu",
 ]

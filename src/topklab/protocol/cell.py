@@ -17,7 +17,7 @@ from topklab.engine.functional_optim import Adagrad
 from topklab.engine.population import Gathered, Members, Metric, PopulationExecutor
 from topklab.engine.stacked import StackedMLP
 from topklab.losses.aggregate import Aggregate
-from topklab.losses.aggregate.registry import aggregate_node, with_lam_update
+from topklab.engine.aggregates import aggregate_node, with_lam_update
 from topklab.protocol.grid import Grid
 from topklab.tasks.metrics import TASK_METRIC
 from topklab.utils.errors import TopklabError

@@ -4,7 +4,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from topklab.losses.aggregate import aggregate_class
+from topklab.engine.aggregates import aggregate_class
 from topklab.losses.k import validate_k
 from topklab.utils.errors import TopklabError
 

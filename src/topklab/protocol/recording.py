@@ -8,7 +8,7 @@ from pathlib import Path
 
 from topklab.config import compose_run
 from topklab.engine.build import build
-from topklab.losses.aggregate import build_paper_update_aggregate
+from topklab.engine.aggregates import build_paper_update_aggregate
 from topklab.losses.aggregate.loss_stream import LossStream, record_calls
 from topklab.protocol.cell import Cell, Protocol, run_cell
 from topklab.protocol.grid import Grid

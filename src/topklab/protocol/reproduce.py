@@ -18,7 +18,7 @@ from topklab.protocol.grid import Grid
 from topklab.protocol.store import CellStore
 from topklab.config import compose_run, config_groups
 from topklab.engine.build import build
-from topklab.losses.aggregate.registry import with_lam_update
+from topklab.engine.aggregates import with_lam_update
 from topklab.utils.errors import TopklabError
 from topklab.utils.provenance import check_cpu_capability, collect
 

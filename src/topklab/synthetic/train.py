@@ -20,7 +20,8 @@ from topklab.engine.functional_optim import Adam
 from topklab.engine.population import DataGroup, Grouped, Members, Metric, PopulationExecutor
 from topklab.engine.stopping import REPORT_STATES
 from topklab.engine.stacked import StackedLinear
-from topklab.losses.aggregate import Aggregate, aggregate_class, build_paper_update_aggregate
+from topklab.engine.aggregates import aggregate_class, build_paper_update_aggregate
+from topklab.losses.aggregate import Aggregate
 from topklab.losses.individual.base import scores_of
 from topklab.synthetic.gaussian import SyntheticSplit
 from topklab.utils.errors import TopklabError

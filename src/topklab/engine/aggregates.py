@@ -1,6 +1,7 @@
 """Aggregates by their loss-config name: ``configs/loss/<name>.yaml`` names the class in ``_target_``,
 so a new aggregate is one class and one yaml, and every consumer (the grid, the population
-executor, the tables) finds it here."""
+executor, the tables) finds it here. It reads the repository's configs with Hydra and OmegaConf, so
+it lives with the engine: ``import topklab.losses`` imports neither."""
 from __future__ import annotations
 
 import os
@@ -15,7 +16,7 @@ from topklab.utils.errors import TopklabError
 
 def loss_config_dir() -> Path:
     """``$TOPKLAB_ROOT/configs/loss``; without TOPKLAB_ROOT, the checkout this package lies in."""
-    root = os.environ.get("TOPKLAB_ROOT") or Path(__file__).resolve().parents[4]
+    root = os.environ.get("TOPKLAB_ROOT") or Path(__file__).resolve().parents[3]
     return Path(root) / "configs" / "loss"
 
 
