@@ -7,6 +7,7 @@ import torch
 from test_pel_rows import TINY_VIT, cifar_root, data_overrides, listed_tree  # noqa: F401  (fixtures)
 from topklab.engine.run import train
 from topklab.losses import STk
+from topklab.tasks.classification_metrics import expected_calibration_error
 
 pytestmark = pytest.mark.gpu
 
@@ -25,6 +26,15 @@ def test_stk_on_cuda_matches_the_cpu_in_float64(lam_update):
         grads.append((x.grad.cpu(), lam.detach().cpu()))
     assert torch.allclose(values[0], values[1], rtol=1e-10)
     assert torch.allclose(grads[0][0], grads[1][0], rtol=1e-9) and torch.allclose(grads[0][1], grads[1][1], rtol=1e-9)
+
+
+def test_ece_of_cuda_logits_repeats_bit_for_bit():
+    """ECE's bin sums must not be atomic float adds, or a resumed run's metrics differ in the last digit."""
+    generator = torch.Generator().manual_seed(0)
+    logits, labels = torch.randn(200_000, 10, generator=generator), torch.randint(0, 10, (200_000,), generator=generator)
+    on_cpu = expected_calibration_error(logits, labels)
+    on_cuda = {expected_calibration_error(logits.cuda(), labels.cuda()) for _ in range(5)}
+    assert len(on_cuda) == 1 and on_cuda.pop() == pytest.approx(on_cpu, rel=1e-12)
 
 
 @pytest.mark.parametrize("row", ["stk/table5/cifar100lt_stk", "stk/table5/places_lt_atk"])

@@ -195,10 +195,11 @@ class STkThresholdRouter(TokenRouter):
 
     Examples
     --------
+    >>> _ = torch.manual_seed(0)
     >>> router = STkThresholdRouter(dim=4, capacity=0.25)
     >>> selected, gate = router(torch.randn(4, 16, 4), torch.ones(4, 16, dtype=torch.bool))
-    >>> router.pop_training_fraction()   # the solved λ lets a quarter of the batch through
-    0.25
+    >>> abs(router.pop_training_fraction() - 0.25) <= 2 / 64   # the solved λ lets a quarter through
+    True
     >>> paper = STkThresholdRouter(dim=4, capacity=0.25, lam_update="gradient", lam_init=0.0)
     >>> _ = paper.score.weight.data.zero_(), paper.score.bias.data.zero_()
     >>> _ = paper(torch.randn(2, 8, 4), torch.ones(2, 8, dtype=torch.bool))

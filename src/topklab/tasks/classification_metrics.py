@@ -33,8 +33,8 @@ def expected_calibration_error(logits: torch.Tensor, labels: torch.Tensor, bins:
     50.0
     """
     probabilities = torch.softmax(logits.double(), dim=1)
-    confidence, predicted = probabilities.max(1)
-    correct = (predicted == labels.to(logits.device)).double()
+    confidence, predicted = (values.cpu() for values in probabilities.max(1))  # CUDA's bincount adds atomically
+    correct = (predicted == labels.cpu()).double()
     index = (torch.ceil(confidence * bins).long() - 1).clamp(0, bins - 1)
     count = torch.bincount(index, minlength=bins).double()
     accuracy = torch.bincount(index, weights=correct, minlength=bins)
