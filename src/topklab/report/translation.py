@@ -63,15 +63,19 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
     commands = sorted({r["command"] for r in runs})
     missing = [r for r in order if r not in rows]
     test = first["result"]["summary"]["metrics"]["test"]
+    device = first["result"]["summary"].get("device", "cpu").partition(":")[0]
+    rows_of = f"stk/{name.removesuffix(f'_{device}')}"  # a table of runs on another device: <table>_<device>
+    shared = ("the CPU with other jobs (two one-thread runs at a time)" if device == "cpu" else
+              f"one {', '.join(first['provenance']['hardware'].get('gpus') or [device])} with the table's other runs")
     lines = [f"# {name}: test BLEU, mean ± std over seeds (population std; the sample std is √(n/(n − 1)) times it)", ""]
     if missing:
-        lines += [f"**Still missing:** {', '.join(missing)} (run `python train.py experiment=stk/{name}/<row> seed=<k>`, "
+        lines += [f"**Still missing:** {', '.join(missing)} (run `python train.py experiment={rows_of}/<row> seed=<k>`, "
                   f"then `make tables`).", ""]
     if paper:
         lines += [f"Paper: {paper['caption']}." + (f" {paper['note']}" if paper.get("note") else ""), ""]
     search = task["search"]
     lines += [
-        f"Each row: `python train.py experiment=stk/{name}/<row> seed=<k>`; {engine['epochs']} epochs of "
+        f"Each row: `python train.py experiment={rows_of}/<row> seed=<k>`; {engine['epochs']} epochs of "
         f"{engine['batch_size']}-token batches, the state with the best validation {', '.join(engine['select_metrics'])} "
         f"(greedy decoding) is tested with beam {search['beam']} (length penalty {search['length_penalty']}); "
         f"code {code_versions(runs)}.  ",
@@ -79,7 +83,7 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
         f"sacreBLEU signature: `{test['bleu_signature']}`; BLEU (tok) is BLEU on the corpus's own whitespace tokens "
         f"(tokenize=none: fairseq-style tokenised BLEU for pre-tokenised corpora). avg-last is the test sacreBLEU of "
         f"the mean of the last {engine.get('average_last') or 0} epoch weights. *s / epoch* and *target tokens / s* are "
-        f"each run's own wall time while it shared the CPU with other jobs (two one-thread runs at a time): not a "
+        f"each run's own wall time while it shared {shared}: not a "
         f"benchmark; `scripts/bench_step_share.py` compares the aggregates' cost side by side.", "",
     ]
     has_paper = any(published.get(r) for r in present)
