@@ -234,8 +234,8 @@ def test_auto_sends_long_rows_to_the_fast_kernel():
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"kernel": "triton"}, "unknown kernel 'triton'; choose one of: auto, native, compiled, eager"),
-    ({"compile_min_n": 0}, "compile_min_n=0 must be an integer >= 1"),
-    ({"compile_min_n": 1.5}, "compile_min_n=1.5 must be an integer >= 1"),
+    ({"compile_min_n": 0}, "compile_min_n=0 must be an int >= 1"),
+    ({"compile_min_n": 1.5}, "compile_min_n=1.5 must be an int >= 1"),
 ])
 def test_bad_kernel_settings(kwargs, match):
     with pytest.raises(ValueError, match=match):

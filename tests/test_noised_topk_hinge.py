@@ -108,8 +108,8 @@ def test_configs_build_with_the_data_context():
 
 
 @pytest.mark.parametrize("cls,kwargs,message", [
-    (NoisedTopKHinge, {"k": 10, "num_classes": 10}, r"k=10 must be an int with 1 <= k < classes=10"),
-    (NoisedTopKHinge, {"k": 0, "num_classes": 10}, r"k=0 must be an int with 1 <= k < classes=10"),
+    (NoisedTopKHinge, {"k": 10, "num_classes": 10}, r"k=10 must be an int in \[1, 9\] \(fewer than the 10 classes\)"),
+    (NoisedTopKHinge, {"k": 0, "num_classes": 10}, r"k=0 must be an int in \[1, 9\]"),
     (NoisedTopKHinge, {"epsilon": 0.0, "num_classes": 10}, r"epsilon=0.0 must be a number > 0"),
     (NoisedTopKHinge, {"num_samples": 0, "num_classes": 10}, r"num_samples=0 must be an int >= 1"),
     (NoisedTopKHinge, {"seed": 1.5, "num_classes": 10}, r"seed=1.5 must be an int or null"),

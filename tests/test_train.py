@@ -102,7 +102,7 @@ def test_without_a_per_step_check_last_good_is_the_last_finite_state(compose_cfg
     (["optim.lr=-1"], r"optim.lr=-1 must be a finite number > 0"),
     (["optim.lr=nan"], r"optim.lr=nan must be a finite number > 0"),
     (["optim.weight_decay=-0.1", "optim=sgd_momentum"], r"optim.weight_decay=-0.1 must be a finite number >= 0"),
-    (["seed=1.5"], r"seed=1.5 must be an integer >= 0"),
+    (["seed=1.5"], r"seed=1.5 must be an int >= 0"),
 ])
 def test_bad_input_leaves_no_run_record(compose_cfg, tmp_path, overrides, match):
     run = tmp_path / "run"

@@ -1,15 +1,23 @@
-"""What the side-by-side benchmark scripts share: the device, a synchronised timer, and the result
-envelope they write (``results/bench/<name>_<cpu|cuda>.json``)."""
+"""What the benchmarks share, in one import: the device check, the timers, process isolation, peak
+memory, side-by-side ratios and the result writer (``results/bench/<name>_<cpu|cuda>.json``).
+The pieces live in :mod:`topklab.bench.timing`, :mod:`~topklab.bench.isolation`,
+:mod:`~topklab.bench.memory`, :mod:`~topklab.bench.compare` and :mod:`~topklab.bench.output`."""
 from __future__ import annotations
-
-import sys
-import time
-from pathlib import Path
-from typing import Callable
 
 import torch
 
+from topklab.bench.compare import interleaved, medians, ratio_table, ratios
+from topklab.bench.isolation import WorkerFailed, project_root, run_isolated
+from topklab.bench.memory import (cuda_peak_bytes, current_rss_bytes, max_rss_bytes, max_rss_mb,
+                                  peak_rss_bytes, reset_cuda_peak, reset_peak_rss)
+from topklab.bench.output import command_line, machine_label, write_bench, write_outputs
+from topklab.bench.timing import Timer, median, repeat_until, timed, upper_median
 from topklab.utils.errors import TopklabError
+
+__all__ = ["Timer", "TopklabError", "WorkerFailed", "bench_device", "command_line", "cuda_peak_bytes", "current_rss_bytes",
+           "interleaved", "machine_label", "max_rss_bytes", "max_rss_mb", "median", "medians", "peak_rss_bytes",
+           "project_root", "ratio_table", "ratios", "repeat_until", "reset_cuda_peak", "reset_peak_rss", "run_isolated",
+           "timed", "upper_median", "write_bench", "write_outputs"]
 
 
 def bench_device(name: str) -> torch.device:
@@ -18,27 +26,3 @@ def bench_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise TopklabError("--device cuda but no CUDA device is visible; use --device cpu")
     return device
-
-
-def timed(call: Callable, device: torch.device):
-    """``(seconds, call())``, synchronising a CUDA device before and after."""
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    out = call()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start, out
-
-
-def write_bench(root: Path, name: str, device: torch.device, rows: list[dict], config: dict, out: Path | None = None) -> Path:
-    """Write ``rows`` (with the device, thread count and the command line) as a bench result envelope."""
-    from topklab.report import make_result, write_result
-    from topklab.utils.provenance import collect
-
-    tag = "cuda" if device.type == "cuda" else "cpu"
-    path = out or root / "results" / "bench" / f"{name}_{tag}.json"
-    payload = {"rows": rows, "device": str(device), "threads": torch.get_num_threads(), **config}
-    command = " ".join([f"python scripts/bench_{name}.py", *sys.argv[1:]])
-    write_result(path, make_result("bench", f"{name}_{tag}", payload, command=command, config=config, provenance=collect(root)))
-    return path

@@ -30,8 +30,7 @@ from tqdm import tqdm
 
 from topklab.engine.checkpoint import TRAINING_STATE, CheckpointStore, not_this_run, state_mismatch
 from topklab.engine.distributed import Distributed, gather_concat
-from topklab.engine.hooks import (CheckpointAveraging, FiniteGuard, MicroBatches, Replicas, average_states,  # noqa: F401
-                                  batch_plan)
+from topklab.engine.hooks import CheckpointAveraging, FiniteGuard, MicroBatches, Replicas, average_states, batch_plan  # noqa: F401
 from topklab.engine.interrupt import pending_signal
 from topklab.engine.objective import TrainingModule
 from topklab.engine.profiling import StepProfile, peak_memory_bytes, torch_profiler
@@ -39,6 +38,7 @@ from topklab.engine.run_identity import check_resumable, segment_identity
 from topklab.engine.schedules import LRFactor
 from topklab.engine.stopping import REPORT_STATES, EarlyStopping
 from topklab.losses.aggregate.lambda_monitor import lambda_tracking
+from topklab.utils.checks import check_int
 from topklab.utils.device import resolve_device
 from topklab.utils.errors import Interrupted, TopklabError
 from topklab.utils.seed import rng_state, set_rng_state
@@ -89,13 +89,6 @@ def check_splits(data, splits, dataset_cfg=None) -> None:
         ([f"check its data under dataset.{source}={dataset_cfg[source]}"] if source else [])
     raise TopklabError(f"dataset {data.name}: the {empty} split is empty ({counts} examples); "
                        f"{' or '.join(hints) or 'check the dataset and its split settings'}")
-
-
-def _positive_int(name: str, value, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"engine.{name}={value!r} must be an int >= 1{' or null' if allow_none else ''}")
 
 
 class Engine:
@@ -168,11 +161,11 @@ class Engine:
                  schedule: dict | None = None, clip_grad_norm: float = 0.0, average_last: int = 0, checkpoint: bool = True, checkpoint_every: int = 0, resume: bool = True,
                  max_steps: int | None = None, profiler: dict | None = None, progress: bool = True,
                  gradient_exchange=None, finite_check: str = "auto", deterministic: bool = False):
-        _positive_int("epochs", epochs)
-        _positive_int("batch_size", batch_size)
+        check_int("engine.epochs", epochs)
+        check_int("engine.batch_size", batch_size)
         for name, value in (("eval_batch_size", eval_batch_size), ("micro_batch_size", micro_batch_size),
                             ("eval_every_steps", eval_every_steps), ("patience", patience), ("max_steps", max_steps)):
-            _positive_int(name, value, allow_none=True)
+            check_int(f"engine.{name}", value, allow_none=True)
         if report_state not in REPORT_STATES:
             raise ValueError(f"engine.report_state={report_state!r}; choose one of {', '.join(REPORT_STATES)}")
         if finite_check not in ("auto", "step", "epoch"):
@@ -183,8 +176,7 @@ class Engine:
             raise ValueError(f"engine.channels_last={channels_last!r}; choose auto, true or false")
         if not min_delta >= 0 or checkpoint_every < 0 or not clip_grad_norm >= 0:
             raise ValueError("engine.min_delta, engine.checkpoint_every and engine.clip_grad_norm must be >= 0")
-        if isinstance(average_last, bool) or not isinstance(average_last, int) or average_last < 0:
-            raise ValueError(f"engine.average_last={average_last!r} must be an int >= 0")
+        check_int("engine.average_last", average_last, 0)
         if resume not in (True, False, "force"):
             raise ValueError(f"engine.resume={resume!r}; choose true, false or force")
         if average_last and not checkpoint:

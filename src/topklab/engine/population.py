@@ -31,6 +31,7 @@ from topklab.engine.stopping import REPORT_STATES, EarlyStopping
 from topklab.losses.aggregate.base import Aggregate
 from topklab.losses.k import resolve_k, validate_k
 from topklab.utils.batching import batches_per_epoch
+from topklab.utils.checks import check_int
 from topklab.utils.errors import TopklabError
 
 __all__ = ["DataGroup", "Gathered", "Grouped", "Members", "Metric", "PopulationExecutor", "initial_threshold"]
@@ -218,8 +219,7 @@ class PopulationExecutor:
                                f"lam_lr=None, not {aggregate!r}")
         for name, value in (("max_epochs", max_epochs), ("batch_size", batch_size), ("eval_every", eval_every),
                             ("eval_chunk", eval_chunk), ("patience", 1 if patience is None else patience)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise TopklabError(f"population {name}={value!r} must be an int >= 1")
+            check_int(f"population {name}", value, error=TopklabError)
         if not min_delta >= 0:
             raise TopklabError(f"population min_delta={min_delta!r} must be >= 0")
         if report_state not in REPORT_STATES:

@@ -14,16 +14,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from topklab.engine.build import build, build_for_data
 from topklab.engine.checkpoint import CheckpointStore, run_key
-from topklab.engine.objective import Objective, TrainingModule
 from topklab.engine.distributed import Distributed
 from topklab.engine.interrupt import deferred_signals
 from topklab.engine.loop import check_splits
+from topklab.engine.objective import Objective, TrainingModule
 from topklab.engine.record import RunRecord, SilentRecord
 from topklab.engine.result_guard import check_replaceable, destination, identity
 from topklab.loggers import NullLogger
 from topklab.losses.k import resolve_k
 from topklab.report import make_result
 from topklab.report import write_result as write_envelope
+from topklab.utils.checks import check_int
 from topklab.utils.device import resolve_device
 from topklab.utils.errors import NonFiniteLossError, TopklabError
 from topklab.utils.io import check_writable
@@ -64,8 +65,7 @@ def check_run_settings(cfg: DictConfig) -> None:
     """One-line errors for run-wide values that the builders would reject with a traceback: a seed
     that is not a whole number, and an optimizer rate, weight decay or momentum out of range."""
     seed = cfg.seed
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise TopklabError(f"seed={seed!r} must be an integer >= 0")
+    check_int("seed", seed, 0, error=TopklabError)
     optim = cfg.get("optim") or {}
     for key, lowest in (("lr", 0.0), ("weight_decay", 0.0), ("momentum", 0.0)):
         value = optim.get(key)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+from topklab.utils.checks import check_int
+
 SCHEDULES = ("constant", "cosine", "step", "inverse_sqrt")
 
 
@@ -35,8 +37,7 @@ class LRFactor:
             raise ValueError(f"schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
         if warmup_epochs < 0 or not 0 < gamma <= 1 or not 0 <= min_lr_ratio <= 1:
             raise ValueError("schedule needs warmup_epochs >= 0, 0 < gamma <= 1 and 0 <= min_lr_ratio <= 1")
-        if warmup_steps is not None and (isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0):
-            raise ValueError(f"schedule.warmup_steps={warmup_steps!r} must be an int >= 0 or null")
+        check_int("schedule.warmup_steps", warmup_steps, 0, allow_none=True)
         if name == "inverse_sqrt" and not (warmup_steps or warmup_epochs):
             raise ValueError("schedule inverse_sqrt needs warmup_steps (or warmup_epochs) > 0")
         self.name = name

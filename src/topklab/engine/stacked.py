@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from topklab.models import MLP, Linear
+from topklab.utils.checks import check_int
 
 
 class StackedModel:
@@ -25,8 +26,7 @@ class StackedModel:
     weights: tuple[str, ...] = ()
 
     def __init__(self, in_features: int):
-        if isinstance(in_features, bool) or not isinstance(in_features, int) or in_features < 1:
-            raise ValueError(f"in_features={in_features!r} must be an int >= 1")
+        check_int("in_features", in_features)
         self.in_features = in_features
 
     def module(self) -> nn.Module:
@@ -75,8 +75,7 @@ class StackedMLP(StackedModel):
 
     def __init__(self, in_features: int, hidden: int = 10):
         super().__init__(in_features)
-        if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
-            raise ValueError(f"hidden={hidden!r} must be an int >= 1")
+        check_int("hidden", hidden)
         self.hidden = hidden
 
     def module(self) -> nn.Module:

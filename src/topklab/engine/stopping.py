@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from topklab.utils.checks import check_int
+
 REPORT_STATES = ("best", "last")  # what a run returns: its best-validation state (roll-back) or the one it stopped in
 
 
@@ -35,8 +37,7 @@ class EarlyStopping:
     """
 
     def __init__(self, initial: torch.Tensor, patience: int | None = None, min_delta: float = 0.0):
-        if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
-            raise ValueError(f"patience={patience!r} must be an int >= 1 or None")
+        check_int("patience", patience, allow_none=True)
         if not min_delta >= 0:
             raise ValueError(f"min_delta={min_delta!r} must be >= 0")
         self.best_score = initial.detach().to(torch.float64).clone()

@@ -31,6 +31,7 @@ from torch import nn
 
 from topklab.losses.aggregate.solve import solve_srelu_threshold
 from topklab.smoothing import srelu
+from topklab.utils.checks import check_int
 
 LAM_UPDATES = ("solve", "gradient")
 SCOPES = ("batch", "sequence")
@@ -222,8 +223,7 @@ class STkThresholdRouter(TokenRouter):
             raise ValueError(f"router.lam_init={lam_init!r} must be a finite number or 'auto'")
         if lam_lr is not None and (lam_update != "gradient" or not lam_lr > 0):
             raise ValueError(f"router.lam_lr={lam_lr} must be > 0 with lam_update=gradient (null: the optimizer's rate)")
-        if isinstance(solve_steps, bool) or not isinstance(solve_steps, int) or solve_steps < 1:
-            raise ValueError(f"router.solve_steps={solve_steps!r} must be an int >= 1")
+        check_int("router.solve_steps", solve_steps)
         if not 0 < lam_momentum <= 1:
             raise ValueError(f"router.lam_momentum={lam_momentum} must lie in (0, 1]")
         self.delta, self.lam_update, self.lam_lr = float(delta), lam_update, lam_lr

@@ -61,6 +61,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from topklab.utils.checks import check_int
+
 
 def check_scores(scores: torch.Tensor, k: int, name: str) -> None:
     """One-line errors for scores that are not (batch, n) floats and for k outside 1..n."""
@@ -68,8 +70,7 @@ def check_scores(scores: torch.Tensor, k: int, name: str) -> None:
         raise ValueError(f"{name} takes scores of shape (batch, n), got {tuple(scores.shape)}")
     if not scores.is_floating_point():
         raise ValueError(f"{name} takes floating-point scores, got {scores.dtype}")
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= scores.shape[1]:
-        raise ValueError(f"{name}: k={k!r} must be an int with 1 <= k <= n={scores.shape[1]}")
+    check_int(f"{name}: k", k, 1, scores.shape[1], why="at most the row length n")
 
 
 def positive(value: float, name: str, direction: str) -> float:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from topklab.operators.base import TopKOperator, positive
+from topklab.utils.checks import check_int
 from topklab.utils.seed import SeededNormal
 
 
@@ -116,8 +117,7 @@ class PerturbedTopK(TopKOperator):
     def __init__(self, sigma: float = 0.05, num_samples: int = 500, seed: int | None = None):
         super().__init__()
         self.sigma = positive(sigma, "sigma", "smaller = closer to the hard top-k, noisier gradient")
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-            raise ValueError(f"num_samples={num_samples!r} must be an int >= 1")
+        check_int("num_samples", num_samples)
         self.draw = SeededNormal(seed)
         self.num_samples = num_samples
         self.seed = seed

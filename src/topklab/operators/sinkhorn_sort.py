@@ -8,6 +8,7 @@ import warnings
 import torch
 
 from topklab.operators.base import TopKOperator, power_of_two_scale
+from topklab.utils.checks import check_int
 from topklab.utils.errors import TopklabError
 
 UNCONVERGED = ("warn", "raise", "ignore")
@@ -70,8 +71,7 @@ class SinkhornSort(TopKOperator):
         super().__init__()
         if not inverse_temperature > 0:
             raise ValueError(f"inverse_temperature={inverse_temperature} must be > 0 (larger = sharper)")
-        if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-            raise ValueError(f"iterations={iterations!r} must be an int >= 1")
+        check_int("iterations", iterations)
         if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol >= 0:
             raise ValueError(f"tol={tol!r} must be a number >= 0 (0 = always run every iteration)")
         if unconverged not in UNCONVERGED:

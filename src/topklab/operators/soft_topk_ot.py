@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from topklab.operators.base import TopKOperator, positive
+from topklab.utils.checks import check_int
 
 NORMALISE = ("batch", "row")  # what the cost is divided by: the batch's largest entry (the authors') or each row's
 
@@ -120,8 +121,7 @@ class SoftTopKOT(TopKOperator):
             raise ValueError(f"normalise={normalise!r}; choose one of {', '.join(NORMALISE)}")
         self.normalise = normalise
         self.epsilon = positive(epsilon, "epsilon", "smaller = sharper")
-        if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
-            raise ValueError(f"max_iter={max_iter!r} must be an int >= 1 (Sinkhorn rounds)")
+        check_int("max_iter", max_iter, why="Sinkhorn rounds")
         if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol >= 0:
             raise ValueError(f"tol={tol!r} must be a number >= 0 (0 = always run max_iter rounds)")
         self.max_iter = max_iter

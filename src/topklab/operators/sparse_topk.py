@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from topklab.operators.base import TopKOperator, positive
+from topklab.utils.checks import check_int
 
 SOLVERS = ("pav", "dykstra")
 CUT = 4.0  # |t| beyond 1 (the k-th largest at t = 0) is never pooled: p and its gradient do not see _compress
@@ -357,8 +358,7 @@ class SparseTopK(TopKOperator):
             raise ValueError(f"solver={solver!r} is unknown; choose one of {', '.join(SOLVERS)}")
         if solver == "dykstra" and p != 2:
             raise ValueError("solver='dykstra' supports p=2 only; use solver='pav' for p=4/3")
-        if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
-            raise ValueError(f"max_iter={max_iter!r} must be an int >= 1")
+        check_int("max_iter", max_iter)
         self.p = 2.0 if p == 2 else 4 / 3
         self.solver = solver
         self.max_iter = max_iter

@@ -20,6 +20,7 @@ from torch import nn
 
 from topklab.operators.base import TopKOperator, positive
 from topklab.smoothing import srelu, srelu_slope_and_curvature
+from topklab.utils.checks import check_int
 
 THRESHOLDS = ("solved", "learned")
 
@@ -198,8 +199,7 @@ class STkThreshold(TopKOperator):
             raise ValueError(f"threshold={threshold!r} is unknown; choose one of {', '.join(THRESHOLDS)}")
         if isinstance(lam_init, bool) or not isinstance(lam_init, (int, float)) or not math.isfinite(lam_init):
             raise ValueError(f"lam_init={lam_init!r} must be a finite number")
-        if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
-            raise ValueError(f"max_iter={max_iter!r} must be an int >= 1")
+        check_int("max_iter", max_iter)
         self.threshold_mode = threshold
         self.tol = positive(tol, "tol", "smaller = Σp closer to k")
         self.max_iter = max_iter

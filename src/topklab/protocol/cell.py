@@ -13,13 +13,14 @@ import torch
 from hydra.utils import instantiate
 from torch import nn
 
+from topklab.engine.aggregates import aggregate_node, with_lam_update
 from topklab.engine.functional_optim import Adagrad
 from topklab.engine.population import Gathered, Members, Metric, PopulationExecutor
 from topklab.engine.stacked import StackedMLP
 from topklab.losses.aggregate import Aggregate
-from topklab.engine.aggregates import aggregate_node, with_lam_update
 from topklab.protocol.grid import Grid
 from topklab.tasks.metrics import TASK_METRIC
+from topklab.utils.checks import check_int
 from topklab.utils.errors import TopklabError
 
 
@@ -77,10 +78,8 @@ class Protocol:
     def __post_init__(self):
         for name in ("n_splits", "max_epochs", "batch_size", "patience", "eval_every", "hidden", "max_members"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise TopklabError(f"preset.{name}={value!r} must be an int >= 1")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise TopklabError(f"preset.seed={self.seed!r} must be an int >= 0")
+            check_int(f"preset.{name}", value, error=TopklabError)
+        check_int("preset.seed", self.seed, 0, error=TopklabError)
         if not self.min_delta >= 0:
             raise TopklabError(f"preset.min_delta={self.min_delta!r} must be >= 0")
         if self.lam_update not in ("gradient", "solve"):

@@ -23,6 +23,8 @@ import time
 import torch
 from torch import nn
 
+from topklab.utils.checks import check_int
+
 
 class SparseGradientExchange(nn.Module):
     """Top-k gradient sparsification with error feedback over ``workers`` simulated workers.
@@ -52,8 +54,7 @@ class SparseGradientExchange(nn.Module):
 
     def __init__(self, workers: int = 4, keep_ratio: float = 0.01, selector=None, error_feedback: bool = True):
         super().__init__()
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"gradient_exchange.workers={workers!r} must be an int >= 1")
+        check_int("gradient_exchange.workers", workers)
         if not 0 < keep_ratio <= 1:
             raise ValueError(f"gradient_exchange.keep_ratio={keep_ratio} must lie in (0, 1]")
         if keep_ratio < 1 and selector is None:

@@ -18,12 +18,13 @@ import math
 import torch
 from torch import nn
 
+from topklab.utils.checks import check_int
+
 
 def _check(magnitudes: torch.Tensor, k: int) -> None:
     if magnitudes.dim() != 1:
         raise ValueError(f"magnitudes must be 1-D, got shape {tuple(magnitudes.shape)}")
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= magnitudes.numel():
-        raise ValueError(f"k={k!r} must be an int in [1, {magnitudes.numel()}]")
+    check_int("k", k, 1, magnitudes.numel())
 
 
 class ExactTopK(nn.Module):
@@ -82,8 +83,7 @@ class SampledThreshold(nn.Module):
             raise ValueError(f"sample_ratio={sample_ratio} must lie in (0, 1]")
         if not upper > 1 or not 0 < lower < 1:
             raise ValueError(f"upper={upper} must be > 1 and lower={lower} in (0, 1)")
-        if isinstance(max_adaptation_iters, bool) or not isinstance(max_adaptation_iters, int) or max_adaptation_iters < 0:
-            raise ValueError(f"max_adaptation_iters={max_adaptation_iters!r} must be an int >= 0")
+        check_int("max_adaptation_iters", max_adaptation_iters, 0)
         if adaptation not in ("bracketed", "dgc"):
             raise ValueError(f"adaptation={adaptation!r}; choose bracketed or dgc")
         self.sample_ratio, self.upper, self.lower, self.max_adaptation_iters = sample_ratio, upper, lower, max_adaptation_iters
@@ -173,8 +173,7 @@ class STkThresholdSelector(nn.Module):
             raise ValueError(f"delta={delta} must be > 0")
         if not 0 < count_tolerance < 1:
             raise ValueError(f"count_tolerance={count_tolerance} must lie in (0, 1)")
-        if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
-            raise ValueError(f"max_iter={max_iter!r} must be an int >= 1")
+        check_int("max_iter", max_iter)
         self.delta, self.count_tolerance, self.max_iter, self.warm_start = delta, count_tolerance, max_iter, warm_start
         self.register_buffer("lam", torch.tensor(float("nan"), dtype=torch.float64))
         self.iterations = 0

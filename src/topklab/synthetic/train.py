@@ -16,14 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from topklab.engine.aggregates import aggregate_class, build_paper_update_aggregate
 from topklab.engine.functional_optim import Adam
 from topklab.engine.population import DataGroup, Grouped, Members, Metric, PopulationExecutor
-from topklab.engine.stopping import REPORT_STATES
 from topklab.engine.stacked import StackedLinear
-from topklab.engine.aggregates import aggregate_class, build_paper_update_aggregate
+from topklab.engine.stopping import REPORT_STATES
 from topklab.losses.aggregate import Aggregate
 from topklab.losses.individual.base import scores_of
 from topklab.synthetic.gaussian import SyntheticSplit
+from topklab.utils.checks import check_int
 from topklab.utils.errors import TopklabError
 
 
@@ -86,8 +87,7 @@ class SyntheticTrainer:
     def __post_init__(self):
         for name in ("batch_size", "eval_every", "patience", "max_epochs"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise TopklabError(f"synthetic trainer {name}={value!r} must be an int >= 1")
+            check_int(f"synthetic trainer {name}", value, error=TopklabError)
         if self.report_state not in REPORT_STATES:
             raise TopklabError(f"synthetic trainer report_state={self.report_state!r}; choose one of {', '.join(REPORT_STATES)}")
         if self.lam_init != "auto" and not isinstance(self.lam_init, (int, float)):

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from topklab.data.translation.vocab import BOS, EOS, PAD
+from topklab.utils.checks import check_int
 
 
 def _max_length(source: torch.Tensor, max_len_a: float, max_len_b: int, width: int) -> int:
@@ -77,8 +78,7 @@ class BeamSearch:
 
     def __init__(self, beam: int = 5, length_penalty: float = 1.0, max_len_a: float = 0.0, max_len_b: int = 200,
                  min_len: int = 1):
-        if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
-            raise ValueError(f"search.beam={beam!r} must be an int >= 1")
+        check_int("search.beam", beam)
         self.beam, self.length_penalty = beam, length_penalty
         self.max_len_a, self.max_len_b, self.min_len = max_len_a, max_len_b, min_len
 

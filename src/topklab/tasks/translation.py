@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from topklab.data.translation.vocab import PAD
 from topklab.tasks.base import Task
 from topklab.tasks.search import BeamSearch, GreedySearch
+from topklab.utils.checks import check_int
 
 SCALARS = ("bleu", "chrf", "bleu_tok", "loss")
 
@@ -39,8 +40,7 @@ class TranslationTask(Task):
     primary = "bleu"
 
     def __init__(self, vocab, search=None, val_search=None, max_output_len: int = 256):
-        if isinstance(max_output_len, bool) or not isinstance(max_output_len, int) or max_output_len < 1:
-            raise ValueError(f"task.max_output_len={max_output_len!r} must be an int >= 1")
+        check_int("task.max_output_len", max_output_len)
         self.vocab = vocab
         self.search = search or BeamSearch()
         self.val_search = val_search or GreedySearch()

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from topklab.data.embeddings.store import STORAGE_DTYPES
+from topklab.utils.checks import check_int
 from topklab.utils.errors import DataUnavailableError
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -43,13 +44,13 @@ class Backbone:
     def __init__(self, name: str, resolution: int, interpolation: str | None = None, crop_pct: float | None = None,
                  precision: str = "fp32", storage: str = "float16", pretrained: bool = True,
                  checkpoint: str | None = None, out_name: str | None = None):
-        import topklab.models.wsl_resnext  # noqa: F401  (registers resnext101_32x48d with timm)
         import timm
+
+        import topklab.models.wsl_resnext  # noqa: F401  (registers resnext101_32x48d with timm)
 
         if not timm.is_model(name):
             raise ValueError(f"backbone.name={name!r} is not a timm model (see timm.list_models())")
-        if isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 1:
-            raise ValueError(f"backbone.resolution={resolution!r} must be an int >= 1")
+        check_int("backbone.resolution", resolution)
         if interpolation is not None and interpolation not in INTERPOLATIONS:
             raise ValueError(f"backbone.interpolation={interpolation!r}; choose one of {', '.join(INTERPOLATIONS)} or null")
         if crop_pct is not None and not 0 < crop_pct <= 1:

@@ -13,6 +13,7 @@ import torch
 
 from topklab.data.embeddings.store import open_split, read_classes
 from topklab.data.tensor_loader import TensorLoader
+from topklab.utils.checks import check_int
 from topklab.utils.errors import TopklabError
 
 
@@ -126,8 +127,7 @@ class EmbeddingDataset:
                  task: str = "embeddings"):
         if task != "embeddings":
             raise ValueError(f"task={task!r}: embedding datasets are 'embeddings' (multi-class labels)")
-        if isinstance(holdout, bool) or not isinstance(holdout, int) or holdout < 1:
-            raise ValueError(f"dataset.holdout={holdout!r} must be an int >= 1 (training rows held out for validation)")
+        check_int("dataset.holdout", holdout, why="training rows held out for validation")
         self.root, self.name, self.holdout, self.split_seed = Path(root), name, holdout, split_seed
         self.stored = dict(splits or {"train": "train", "test": "test"})
         if set(self.stored) != {"train", "test"}:

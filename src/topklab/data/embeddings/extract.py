@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from topklab.data.embeddings.backbone import Backbone
 from topklab.data.embeddings.store import CLASSES, EMBEDDINGS, FILES, LABELS, PROGRESS, PROVENANCE, read_progress
+from topklab.utils.checks import check_int
 from topklab.utils.device import resolve_device
 from topklab.utils.errors import DataUnavailableError, TopklabError
 from topklab.utils.io import atomic_write_json, atomic_write_text
@@ -172,8 +173,7 @@ def extract(backbone: Backbone, image_root: str | Path, out_dir: str | Path, spl
     if "train" not in splits:
         raise TopklabError(f"splits={dict(splits)} must name a 'train' split (its class folders define the labels)")
     for name, value in (("batch_size", batch_size), ("shard_size", shard_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise TopklabError(f"{name}={value!r} must be an int >= 1")
+        check_int(f"{name}", value, error=TopklabError)
     if num_workers < 0:
         raise TopklabError(f"num_workers={num_workers} must be >= 0")
     image_root, out_dir, device = Path(image_root), Path(out_dir), resolve_device(device)

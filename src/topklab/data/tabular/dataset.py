@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from topklab.data.tensor_loader import TensorLoader
+from topklab.utils.checks import check_int
 from topklab.utils.errors import TopklabError
 
 TASKS = ("binary", "regression")
@@ -89,8 +90,7 @@ class TabularDataset:
         split = tuple(float(s) for s in split)
         if len(split) != 3 or min(split) <= 0 or abs(sum(split) - 1.0) > 1e-6:
             raise TopklabError(f"dataset {name}: split={list(split)} must be three positive fractions summing to 1")
-        if isinstance(split_seed, bool) or not isinstance(split_seed, int) or split_seed < 0:
-            raise TopklabError(f"dataset {name}: split_seed={split_seed!r} must be a non-negative int")
+        check_int(f"dataset {name}: split_seed", split_seed, 0, error=TopklabError)
         self.name = name
         self.task = task
         self.source = source

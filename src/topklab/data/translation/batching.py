@@ -17,6 +17,7 @@ import torch
 
 from topklab.data.translation.vocab import BOS, PAD
 from topklab.data.vision.loaders import epoch_seed
+from topklab.utils.checks import check_int
 from topklab.utils.errors import TopklabError
 
 
@@ -103,12 +104,10 @@ class TokenBucketLoader:
 
     def __init__(self, sources: list[list[int]], targets: list[list[int]], max_tokens: int, seed: int = 0,
                  device: str | torch.device = "cpu", batch_multiple: int = 1):
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise TopklabError(f"max tokens per batch must be an int >= 1, got {max_tokens!r}")
+        check_int("max tokens per batch", max_tokens, error=TopklabError)
         self.sources, self.targets, self.seed = sources, targets, seed
         self.device = torch.device(device)
-        if isinstance(batch_multiple, bool) or not isinstance(batch_multiple, int) or batch_multiple < 1:
-            raise TopklabError(f"dataset.batch_multiple={batch_multiple!r} must be an int >= 1")
+        check_int("dataset.batch_multiple", batch_multiple, error=TopklabError)
         self.fixed_batches = token_batches([len(s) for s in sources], [len(t) for t in targets], max_tokens, seed,
                                            batch_multiple)
 

@@ -8,6 +8,7 @@ import torch
 
 from topklab.data.translation.splits import TranslationSplits
 from topklab.data.translation.vocab import SubwordVocab
+from topklab.utils.checks import check_int
 from topklab.utils.errors import DataUnavailableError, TopklabError
 
 SPLITS = ("train", "val", "test")
@@ -68,13 +69,11 @@ class TranslationCorpus:
                  character_coverage: float = 1.0, spm_max_sentences: int = 0, vocab_dir: str = ".data/spm",
                  max_length: int = 256, task: str = "translation", split_seed: int = 0, batch_multiple: int = 8):
         self.source_lang, self.target_lang = parse_pair(pair)
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
-            raise ValueError(f"dataset.max_length={max_length!r} must be an int >= 2")
+        check_int("dataset.max_length", max_length, 2)
         self.pair = f"{self.source_lang}-{self.target_lang}"
         self.vocab_options = {"vocab_size": vocab_size, "model_type": spm_model_type,
                               "character_coverage": character_coverage, "max_sentences": spm_max_sentences}
-        if isinstance(batch_multiple, bool) or not isinstance(batch_multiple, int) or batch_multiple < 1:
-            raise ValueError(f"dataset.batch_multiple={batch_multiple!r} must be an int >= 1")
+        check_int("dataset.batch_multiple", batch_multiple)
         self.vocab_dir, self.max_length, self.task, self.split_seed = vocab_dir, max_length, task, split_seed
         self.batch_multiple = batch_multiple
 

@@ -18,6 +18,7 @@ import torch
 from topklab.data.vision.lists import read_classnames, read_split_list
 from topklab.data.vision.loaders import epoch_seed
 from topklab.utils.batching import batches_per_epoch
+from topklab.utils.checks import check_int
 from topklab.utils.errors import DataUnavailableError, TopklabError
 
 INTERPOLATIONS = ("bilinear", "bicubic")
@@ -30,8 +31,9 @@ def image_transforms(train: bool, resolution: int, mean, std, interpolation: str
     """torchvision transforms of a PIL image: the training augmentation, the single centre crop,
     a (crops, C, H, W) stack for the test-time ensemble, or (``plain``) Resize + CenterCrop at the
     resolution itself (PEL/LIFT's transform for features that initialise a head)."""
-    import topklab.compat  # noqa: F401  (torchvision on a CPU-only torch)
     from torchvision.transforms import v2
+
+    import topklab.compat  # noqa: F401  (torchvision on a CPU-only torch)
 
     mode = getattr(v2.InterpolationMode, interpolation.upper())
     to_tensor = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
@@ -45,8 +47,7 @@ def image_transforms(train: bool, resolution: int, mean, std, interpolation: str
 
 
 def check_resize(resolution, interpolation: str, tte: str, tte_expand: int) -> None:
-    if isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 1:
-        raise ValueError(f"dataset.resolution={resolution!r} must be an int >= 1 (224 for ViT-B/16)")
+    check_int("dataset.resolution", resolution, why="224 for ViT-B/16")
     if interpolation not in INTERPOLATIONS:
         raise ValueError(f"dataset.interpolation={interpolation!r}; choose one of {', '.join(INTERPOLATIONS)}")
     if tte not in TTE_MODES:

@@ -10,8 +10,9 @@ from topklab.losses.aggregate.kernels import KERNELS, thresholded
 from topklab.losses.aggregate.lambda_monitor import LambdaMonitor
 from topklab.losses.aggregate.solve import kth_largest, solve_srelu_threshold
 from topklab.losses.k import resolve_k, validate_k
-from topklab.smoothing import get_smoothing
 from topklab.losses.threshold import get_constraint
+from topklab.smoothing import get_smoothing
+from topklab.utils.checks import check_int
 
 MAX_DELTA = 1e12  # SReLU's root √(x² + δ²) is |x| from 2^63 on in float32: δ²/x² must be below rounding there
 
@@ -80,9 +81,7 @@ class ThresholdedTopK(Aggregate):
         self.k = validate_k(k)
         if kernel not in KERNELS:
             raise ValueError(f"unknown kernel {kernel!r}; choose one of: {', '.join(KERNELS)}")
-        if isinstance(compile_min_n, bool) or not isinstance(compile_min_n, int) or compile_min_n < 1:
-            raise ValueError(f"compile_min_n={compile_min_n!r} must be an integer >= 1 (rows at least this long "
-                             f"use the compiled kernel under kernel=auto)")
+        check_int("compile_min_n", compile_min_n, why="rows at least this long use the compiled kernel under kernel=auto")
         if delta is not None and not (isinstance(delta, (int, float)) and not isinstance(delta, bool) and delta > 0):
             raise ValueError(f"delta={delta!r} must be a positive number (the paper uses 0.01)")
         if delta is not None and not delta <= MAX_DELTA:
@@ -121,8 +120,7 @@ class ThresholdedTopK(Aggregate):
         if lam_lr is not None and (isinstance(lam_lr, bool) or not isinstance(lam_lr, (int, float)) or not lam_lr > 0
                                    or not math.isfinite(lam_lr)):
             raise ValueError(f"lam_lr={lam_lr!r} must be a positive number, or null for the model's learning rate")
-        if isinstance(solve_steps, bool) or not isinstance(solve_steps, int) or solve_steps < 1:
-            raise ValueError(f"solve_steps={solve_steps!r} must be an int >= 1 (Newton steps per training call)")
+        check_int("solve_steps", solve_steps, why="Newton steps per training call")
         if isinstance(lam_momentum, bool) or not isinstance(lam_momentum, (int, float)) or not 0 < lam_momentum <= 1:
             raise ValueError(f"lam_momentum={lam_momentum!r} must lie in (0, 1] (the running average's weight of "
                              f"the newest root, as BatchNorm's momentum)")

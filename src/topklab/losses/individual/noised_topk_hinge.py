@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from topklab.losses.individual.base import class_count_tensor
+from topklab.utils.checks import check_int
 from topklab.utils.seed import SeededNormal
 
 
@@ -105,12 +106,10 @@ class NoisedTopKHinge(nn.Module):
         name = type(self).__name__
         if num_classes is None:
             raise ValueError(f"{name} needs num_classes; use it with a classification dataset")
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < num_classes:
-            raise ValueError(f"k={k!r} must be an int with 1 <= k < classes={num_classes}")
+        check_int("k", k, 1, num_classes - 1, why=f"fewer than the {num_classes} classes")
         if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
             raise ValueError(f"epsilon={epsilon!r} must be a number > 0 (smaller = closer to the hard top-k hinge)")
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-            raise ValueError(f"num_samples={num_samples!r} must be an int >= 1")
+        check_int("num_samples", num_samples)
         self.draw = SeededNormal(seed)
         self.k, self.epsilon, self.num_samples, self.seed = k, float(epsilon), num_samples, seed
         self.num_classes = num_classes

@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from topklab.operators.difftopk_network import difftopk_module
+from topklab.utils.checks import check_int
 
 
 class SmoothTopKSVM(nn.Module):
@@ -33,8 +34,7 @@ class SmoothTopKSVM(nn.Module):
         super().__init__()
         if num_classes is None:
             raise ValueError("SmoothTopKSVM needs num_classes; use it with a classification dataset")
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < num_classes:
-            raise ValueError(f"k={k!r} must be an int with 1 <= k < classes={num_classes}")
+        check_int("k", k, 1, num_classes - 1, why=f"fewer than the {num_classes} classes")
         if not tau > 0:
             raise ValueError(f"tau={tau} must be > 0 (smaller = closer to the hard top-k hinge)")
         self.k, self.tau, self.threshold, self.num_classes = k, float(tau), float(threshold), num_classes

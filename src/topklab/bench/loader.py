@@ -1,0 +1,174 @@
+"""``scripts/bench_loader.py``: images per second of the two vision data paths on CIFAR-sized data, measured side by side; with
+``--vit``, of the ViT-resolution pipeline (decoding and resizing to 224) instead.
+
+    python scripts/bench_loader.py [--device cpu|cuda] [--images 50000] [--workers 0 2] [--out-dir results/bench]
+    python scripts/bench_loader.py --vit [--images 1024] [--workers 0 2]
+
+Both paths deliver the same thing to the training step: a shuffled, augmented (zero-padded random
+crop 32 / 4, horizontal flip), normalised float batch of 128 on ``--device``. ``device`` is
+topklab's fast path (the uint8 set held on the device, augmented there per batch);
+``torchvision`` is a DataLoader with per-image ``transforms.v2`` for each ``--workers`` count.
+The images are random uint8 of CIFAR's shape (the timing does not depend on the pixels; no CIFAR
+is needed). Each path runs one warm-up epoch, then ``--epochs`` timed epochs (CUDA: synchronised
+at the end of each). Writes ``loader_<device>.{json,md}``; the last line is
+``ratio device/torchvision: N`` against the fastest torchvision setting.
+
+``--vit`` times what the PEL rows' loaders do per image, for each ``--workers`` count: JPEG files of
+Places365's small size (256 × 256, written to a temporary folder in the OLTR layout) decoded and put
+through RandomResizedCrop(224) + flip (training) or Resize(256) + CenterCrop(224) (evaluation), and
+CIFAR-sized in-memory images through the same training pipeline (``dataset=cifar100lt_224``). Writes
+``loader_vit_<device>.{json,md}``; the last line is the speed-up of the most workers over none.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from topklab.bench import output
+from topklab.bench.isolation import project_root
+
+ROOT = project_root()
+
+
+def images_per_second(loader, epochs: int, device) -> float:
+    import torch
+
+    for _ in loader.batches(epoch=0):
+        pass
+    start = time.perf_counter()
+    count = 0
+    for epoch in range(1, epochs + 1):
+        for x, _ in loader.batches(epoch=epoch):
+            count += len(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    return count / (time.perf_counter() - start)
+
+
+def where_and_kind(device, torch) -> tuple[str, str]:
+    """The machine's description for a table header and the file-name tag (cpu | cuda)."""
+    kind = "cuda" if device.type == "cuda" else "cpu"
+    return output.machine_label(device, None if kind == "cuda" else torch.get_num_threads()), kind
+
+
+def write_outputs(out_dir: Path, name: str, payload: dict, args, lines: list[str]) -> None:
+    """``<name>.json`` (the result envelope, with provenance) and ``<name>.md`` under ``out_dir``."""
+    output.write_outputs(out_dir, name, payload, command_line(args.argv),
+                         {"images": args.images, "batch_size": args.batch_size, "epochs": args.epochs},
+                         markdown="\n".join(lines))
+    print(f"wrote {out_dir}/{name}.{{json,md}}")
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    return output.command_line("bench_loader.py", argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--images", type=int, default=50_000)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    parser.add_argument("--out-dir", default=str(ROOT / "results" / "bench"))
+    parser.add_argument("--vit", action="store_true", help="time the ViT-resolution pipeline instead")
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    args.argv = argv
+    if args.vit:
+        return vit_pipeline(args)
+
+    import torch
+
+    import topklab  # noqa: F401  (torchvision shim)
+    from topklab.data.vision import DeviceLoader, TorchvisionLoader
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("error: --device cuda but no CUDA device is available here; use --device cpu", file=sys.stderr)
+        raise SystemExit(2)
+    if args.images < args.batch_size or args.epochs < 1 or any(w < 0 for w in args.workers):
+        print("error: need --images >= --batch-size, --epochs >= 1 and --workers >= 0", file=sys.stderr)
+        raise SystemExit(2)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    images = torch.randint(0, 256, (args.images, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    labels = torch.randint(0, 100, (args.images,), generator=torch.Generator().manual_seed(1))
+    mean, std = [0.5071, 0.4865, 0.4409], [0.2673, 0.2564, 0.2762]
+    common = dict(train=True, device=device, pad=4, flip=True, channels_last=device.type == "cuda", seed=0)
+    rows = [{"path": "device", "workers": None,
+             "images_per_s": images_per_second(DeviceLoader(images, labels, args.batch_size, mean, std, **common),
+                                               args.epochs, device)}]
+    print(f"device loader: {rows[0]['images_per_s']:,.0f} images/s", flush=True)
+    for workers in args.workers:
+        loader = TorchvisionLoader(images, labels, args.batch_size, mean, std, num_workers=workers, **common)
+        rows.append({"path": "torchvision", "workers": workers,
+                     "images_per_s": images_per_second(loader, args.epochs, device)})
+        print(f"torchvision loader, {workers} workers: {rows[-1]['images_per_s']:,.0f} images/s", flush=True)
+    best = max(r["images_per_s"] for r in rows[1:])
+    ratio = rows[0]["images_per_s"] / best
+    where, kind = where_and_kind(device, torch)
+    lines = [f"# Vision data paths: images/s ({kind}: {where})", "", f"Produced by: `{command_line(args.argv)}`.  ",
+             f"{args.images:,} CIFAR-sized uint8 images, batch {args.batch_size}, random crop 32/4 + flip + normalise, "
+             f"delivered on `{device}`; {args.epochs} timed epoch(s) after one warm-up epoch.", "",
+             "| path | workers | images/s |", "|---|---|---|"]
+    lines += [f"| {r['path']} | {'-' if r['workers'] is None else r['workers']} | {r['images_per_s']:,.0f} |" for r in rows]
+    lines += ["", f"Ratio device / fastest torchvision: **{ratio:.1f}×**", ""]
+    write_outputs(Path(args.out_dir), f"loader_{kind}", {"results": rows, "ratio": ratio}, args, lines)
+    print(f"ratio device/torchvision: {ratio:.2f}")
+
+
+def vit_pipeline(args) -> None:
+    import tempfile
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    import topklab  # noqa: F401  (torchvision shim)
+    from topklab.data.vision.listed import ArrayImages, ImageFiles, SeededImageLoader, image_transforms
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.images < args.batch_size or any(w < 0 for w in args.workers):
+        print("error: need --images >= --batch-size and --workers >= 0", file=sys.stderr)
+        raise SystemExit(2)
+    device = torch.device(args.device)
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 365, args.images)
+    mean, std = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+    train, evaluate = image_transforms(True, 224, mean, std), image_transforms(False, 224, mean, std)
+    cifar = torch.from_numpy(rng.integers(0, 256, (args.images, 3, 32, 32), dtype=np.uint8))
+    rows = []
+    with tempfile.TemporaryDirectory() as root:
+        paths = []
+        for i in range(args.images):
+            relative = f"train/scene_{labels[i] % 20}/{i:06d}.jpg"
+            (Path(root) / relative).parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)).save(Path(root) / relative, quality=90)
+            paths.append(relative)
+        sources = [("JPEG 256×256, training crop", lambda: ImageFiles(Path(root), paths, labels, train, None), True),
+                   ("JPEG 256×256, evaluation crop", lambda: ImageFiles(Path(root), paths, labels, evaluate, None), False),
+                   ("CIFAR 32×32 in memory, training crop", lambda: ArrayImages(cifar, labels, train, None), True)]
+        for name, make, is_train in sources:
+            for workers in args.workers:
+                loader = SeededImageLoader(make(), args.batch_size, is_train, seed=0, num_workers=workers, device=device)
+                rows.append({"source": name, "workers": workers,
+                             "images_per_s": images_per_second(loader, args.epochs, device)})
+                print(f"{name}, {workers} workers: {rows[-1]['images_per_s']:,.0f} images/s", flush=True)
+    where, kind = where_and_kind(device, torch)
+    most, fewest = max(args.workers), min(args.workers)
+    speedup = {name: next(r["images_per_s"] for r in rows if r["source"] == name and r["workers"] == most)
+               / next(r["images_per_s"] for r in rows if r["source"] == name and r["workers"] == fewest)
+               for name, _, _ in sources}
+    lines = [f"# ViT-resolution data pipeline: images/s ({kind}: {where})", "", f"Produced by: `{command_line(args.argv)}`.  ",
+             f"{args.images:,} images, batch {args.batch_size}, delivered as normalised 224 × 224 float batches on `{device}`; "
+             f"{args.epochs} timed epoch(s) after one warm-up epoch; bilinear resizes (PIL).", "",
+             "| source | workers | images/s |", "|---|---|---|"]
+    lines += [f"| {r['source']} | {r['workers']} | {r['images_per_s']:,.0f} |" for r in rows]
+    lines += ["", f"Speed-up of {most} workers over {fewest}: " + "; ".join(f"{k}: **{v:.2f}×**" for k, v in speedup.items()), ""]
+    write_outputs(Path(args.out_dir), f"loader_vit_{kind}", {"results": rows, "speedup": speedup}, args, lines)
+    print(f"speed-up {most} workers / {fewest}: " + ", ".join(f"{v:.2f}" for v in speedup.values()))

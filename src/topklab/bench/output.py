@@ -1,0 +1,62 @@
+"""Writing a benchmark's results: the result envelope (``topklab.report``) with the command line and the
+provenance, a markdown table beside it, and optionally a plot."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from topklab.bench.isolation import project_root
+
+
+def command_line(script: str, argv: list[str] | None = None) -> str:
+    """``python scripts/<script> <argv>`` (``argv``: default this process's arguments)."""
+    return " ".join(["python", f"scripts/{script}", *(sys.argv[1:] if argv is None else argv)])
+
+
+def write_outputs(out_dir: Path, stem: str, payload: dict, command: str, config: dict, markdown: str | None = None,
+                  plot: Callable[[Path], None] | None = None) -> Path:
+    """``<stem>.json`` (a ``bench`` result envelope), ``<stem>.md`` if ``markdown`` is given, and
+    ``plot(<stem>.png)`` if ``plot`` is, under ``out_dir``; returns the JSON's path."""
+    from topklab.report import make_result, write_result
+    from topklab.utils.io import atomic_write_text
+    from topklab.utils.provenance import collect
+
+    out_dir = Path(out_dir)
+    path = out_dir / f"{stem}.json"
+    write_result(path, make_result("bench", stem, payload, command=command, config=config,
+                                   provenance=collect(project_root())))
+    if markdown is not None:
+        atomic_write_text(out_dir / f"{stem}.md", markdown)
+    if plot is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        plot(out_dir / f"{stem}.png")
+    return path
+
+
+def write_bench(root: Path, name: str, device: torch.device, rows: list[dict], config: dict, out: Path | None = None,
+                argv: list[str] | None = None) -> Path:
+    """Write ``rows`` (with the device, thread count and the command line) as a bench result envelope,
+    ``results/bench/<name>_<cpu|cuda>.json`` under ``root`` unless ``out`` names the file."""
+    from topklab.report import make_result, write_result
+    from topklab.utils.provenance import collect
+
+    tag = "cuda" if device.type == "cuda" else "cpu"
+    path = out or root / "results" / "bench" / f"{name}_{tag}.json"
+    payload = {"rows": rows, "device": str(device), "threads": torch.get_num_threads(), **config}
+    command = command_line(f"bench_{name}.py", argv)
+    write_result(path, make_result("bench", f"{name}_{tag}", payload, command=command, config=config, provenance=collect(root)))
+    return path
+
+
+def machine_label(device, threads: int | None = None) -> str:
+    """The GPUs on CUDA; else the processor, its cores and (if given) the torch threads."""
+    from topklab.utils.provenance import hardware
+
+    machine = hardware()
+    if str(device).startswith("cuda"):
+        return ", ".join(machine["gpus"])
+    label = f"{machine.get('processor') or machine['machine']}, {machine['cpu_count']} cores"
+    return label + ("" if threads is None else f", {threads} torch threads")
