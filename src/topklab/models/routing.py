@@ -4,7 +4,7 @@ Every router scores each token with one linear map of the LayerNorm-ed token, ``
 (``input_norm``: the scores keep a fixed scale while the residual stream grows, so a threshold on
 them stays meaningful), and gates a routed token's block update by ``σ(s_i)`` (so the router gets a
 gradient from the task); they differ in the rule that selects the tokens (Raposo et al. 2024,
-"Mixture-of-Depths"; the gate and the normalisation are ours, see the README's choices table):
+"Mixture-of-Depths"; the gate and the normalisation are ours, see docs/choices.md):
 
 - :class:`TopKRouter`: in training, the round(c·N) highest-scoring of the batch's N real tokens
   (``scope="batch"``, so the routed share is c over the batch) or each sequence's ⌈c·L⌉ (MoD's

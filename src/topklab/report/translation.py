@@ -55,7 +55,7 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
     order = list(dict.fromkeys([*published, *TABLE5_ROWS]))
     present = [r for r in order if r in rows] + sorted(set(rows) - set(order))
     if not present:
-        raise TopklabError(f"no results for the {name} table; run its rows first (README, translation)")
+        raise TopklabError(f"no results for the {name} table; run its rows first (docs/translation.md)")
     runs = [r for row in present for r in rows[row]]
     first = runs[0]
     engine, task = first["config"]["engine"], first["config"]["task"]

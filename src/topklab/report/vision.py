@@ -63,7 +63,7 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
     published = (paper or {}).get("rows", {})
     present = [r for r in published if r in rows] + sorted(set(rows) - set(published))
     if not present:
-        raise TopklabError(f"no results for the {name} table; run its rows first (README, vision)")
+        raise TopklabError(f"no results for the {name} table; run its rows first (docs/vision.md)")
     runs = [r for row in present for r in rows[row]]
     first = runs[0]
     labels = {row: rows[row][0]["result"]["label"] for row in present}

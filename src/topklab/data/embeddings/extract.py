@@ -42,7 +42,7 @@ def list_image_tree(folder: Path, classes: list[str] | None = None) -> tuple[lis
     """
     if not folder.is_dir():
         raise DataUnavailableError(f"{folder} is not a folder; the images must be laid out as <split folder>/<class>/<image> "
-                                   f"(README, 'ImageNet fine-tuning')")
+                                   f"(docs/imagenet.md)")
     found = sorted(d.name for d in folder.iterdir() if d.is_dir())
     if not found:
         raise DataUnavailableError(f"{folder} has no class folders; expected {folder}/<class>/<image>")

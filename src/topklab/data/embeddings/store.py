@@ -27,7 +27,7 @@ def read_classes(root: Path) -> list[str]:
     path = root / CLASSES
     if not path.exists():
         raise DataUnavailableError(f"no embeddings at {root} ({CLASSES} missing); extract them first "
-                                   f"(README, 'ImageNet fine-tuning': make extract-embeddings-...)")
+                                   f"(docs/imagenet.md: make extract-embeddings-...)")
     return path.read_text().split()
 
 
@@ -52,7 +52,7 @@ def open_split(root: Path, split: str, num_classes: int) -> tuple[np.ndarray, np
     for name in (EMBEDDINGS, LABELS):
         if not (split_dir / name).exists():
             raise DataUnavailableError(f"{split_dir / name} is missing; extract the {split!r} split first "
-                                       f"(README, 'ImageNet fine-tuning')")
+                                       f"(docs/imagenet.md)")
     try:
         embeddings = np.load(split_dir / EMBEDDINGS, mmap_mode="r")
         labels = np.load(split_dir / LABELS)

@@ -246,7 +246,7 @@ class ListedImageDataset:
     def splits(self) -> ListedSplits:
         if not self.root.is_dir():
             raise DataUnavailableError(f"dataset {self.name}: image root {self.root} not found; set dataset.root to the "
-                                       f"folder the split lists' paths start from (README, long-tailed vision)")
+                                       f"folder the split lists' paths start from (docs/vit.md)")
         files = {split: read_split_list(self.split_dir / listing, self.num_classes, self.list_source)
                  for split, listing in self.lists.items()}
         for split, (paths, _) in files.items():
