@@ -122,29 +122,23 @@ reproduce-synthetic: setup
 # Vision: the fmnistlt table's runs (5 rows x seeds 0-4, ResNet-32, 20 epochs; two jobs of one thread
 # at a time, about 40 min on 2 CPU cores), each writing results/vision/fmnistlt/<row>/seed<k>.json;
 # a rerun resumes from the checkpoints.
-FMNISTLT_ROWS := fmnistlt/ce,fmnistlt/la,fmnistlt/la_atk,fmnistlt/la_stk,fmnistlt/topk_ce
 reproduce-fmnistlt: setup data
-	OMP_NUM_THREADS=1 $(PY) train.py -m experiment=$(FMNISTLT_ROWS) seed=0,1,2,3,4 hydra/launcher=joblib hydra.launcher.n_jobs=2
+	OMP_NUM_THREADS=1 $(PY) train.py -m 'experiment=glob(fmnistlt/*)' seed=0,1,2,3,4 hydra/launcher=joblib hydra.launcher.n_jobs=2
 
 # STk as a layer, gradient sparsification: ResNet-32 on fmnistlt with 4 simulated workers, dense and each
 # selector (exact top-k, DGC's sampled threshold, the STk threshold) at 1 % and 0.1 %, plus dense on 1 worker
 # (8 runs of 20 epochs, two jobs of one thread at a time, about 20 min), into results/sparsification/fmnistlt/<row>/seed<k>.json.
-comma := ,
-empty :=
-space := $(empty) $(empty)
-SPARSIFICATION_ROWS := $(subst $(space),$(comma),$(foreach row,dense dense_1worker exact_topk_1pct exact_topk_01pct sampled_threshold_1pct sampled_threshold_01pct stk_threshold_1pct stk_threshold_01pct,sparsification/$(row)))
 SPARSIFICATION_SEEDS ?= 0,1,2
 reproduce-sparsification: setup data
-	OMP_NUM_THREADS=1 $(PY) train.py -m experiment=$(SPARSIFICATION_ROWS) seed=$(SPARSIFICATION_SEEDS) hydra/launcher=joblib hydra.launcher.n_jobs=2
+	OMP_NUM_THREADS=1 $(PY) train.py -m 'experiment=glob(sparsification/*)' seed=$(SPARSIFICATION_SEEDS) hydra/launcher=joblib hydra.launcher.n_jobs=2
 
 # STk as a layer, token routing: a 4-layer decoder-only LM on Multi30k's English side, dense and with layers 1
 # and 3 routed by top-k (MoD), threshold-p (p = 1 - c) or a learned STk threshold at c = 0.125, 0.25, 0.5
 # and the λ ablation stk_threshold_c0125_lam0_model_lr (11 runs of 2 epochs, about 4-6 min each, two jobs of one thread
 # at a time), into results/routing/multi30k_en/<row>/seed<k>.json.
-ROUTING_ROWS := $(subst $(space),$(comma),$(foreach row,dense $(foreach c,c0125 c025 c05,top_k_$(c) threshold_p_$(c) stk_threshold_$(c)) stk_threshold_c0125_lam0_model_lr,routing/$(row)))
 ROUTING_SEEDS ?= 0,1,2
 reproduce-routing: setup
-	OMP_NUM_THREADS=1 $(PY) train.py -m experiment=$(ROUTING_ROWS) seed=$(ROUTING_SEEDS) hydra/launcher=joblib hydra.launcher.n_jobs=2
+	OMP_NUM_THREADS=1 $(PY) train.py -m 'experiment=glob(routing/*)' seed=$(ROUTING_SEEDS) hydra/launcher=joblib hydra.launcher.n_jobs=2
 
 # SinkhornSort's inverse temperature β (the Petersen rows use 100): the fmnistlt top-k CE row through SinkhornSort at
 # β = 1, 10, 100, 1000 (10 epochs each, about 2 min each at 1 thread), into results/vision/sinkhorn_beta/.
@@ -155,18 +149,17 @@ reproduce-sinkhorn-beta: setup data
 # gradient update from λ₀ = 0, small Transformer, 15 epochs), two jobs of one thread at a time; each writes
 # results/translation/multi30k/<row>/seed<k>.json and a rerun resumes from the checkpoints.
 MULTI30K_SEEDS ?= 0,1,2
-MULTI30K_ROWS := stk/multi30k/stk,stk/multi30k/average,stk/multi30k/atk,stk/multi30k/stk_paper_update
 reproduce-multi30k: setup
-	OMP_NUM_THREADS=1 $(PY) train.py -m seed=$(MULTI30K_SEEDS) experiment=$(MULTI30K_ROWS) hydra/launcher=joblib hydra.launcher.n_jobs=2
+	OMP_NUM_THREADS=1 $(PY) train.py -m seed=$(MULTI30K_SEEDS) 'experiment=glob(stk/multi30k/*)' hydra/launcher=joblib hydra.launcher.n_jobs=2
 
 # Translation with a GPU (one job per GPU; see README "Machine translation" for the data):
 # Table 5's IWSLT2014 and WMT2017 columns (Average / ATk / STk) and Table 8's δ rows.
 TRANSLATION_SEEDS ?= 0
 reproduce-translation-table5: setup
-	$(PY) train.py -m experiment=stk/iwslt14/average,stk/iwslt14/atk,stk/iwslt14/stk,stk/wmt17/average,stk/wmt17/atk,stk/wmt17/stk seed=$(TRANSLATION_SEEDS)
+	$(PY) train.py -m 'experiment=glob(include=[stk/iwslt14/*,stk/wmt17/*],exclude=[*/delta_*])' seed=$(TRANSLATION_SEEDS)
 
 reproduce-translation-table8: setup
-	$(PY) train.py -m experiment=stk/iwslt14/delta_0_1,stk/iwslt14/delta_0_05,stk/iwslt14/delta_0_005,stk/wmt17/delta_0_1,stk/wmt17/delta_0_05,stk/wmt17/delta_0_005 seed=$(TRANSLATION_SEEDS)
+	$(PY) train.py -m 'experiment=glob(include=[stk/iwslt14/delta_*,stk/wmt17/delta_*])' seed=$(TRANSLATION_SEEDS)
 
 # Long-tailed vision at ViT scale (one GPU per job; README "Long-tailed vision with a ViT"): STk Tables 5, 7, 8.
 # DATA_DIR holds cifar100/ (cifar-100-python), imagenet/ (ILSVRC2012 train/ and val/<wnid>/) and places365/
@@ -175,23 +168,22 @@ reproduce-translation-table8: setup
 VISION_SEEDS ?= 0
 DATA_DIR     ?= .data
 LT_SPLITS    ?= ../shared/data/lt_splits
-vision_rows   = $(shell echo $(foreach r,$(2),stk/$(1)_$(r)) | tr ' ' ',')
-vision_run    = $(PY) train.py -m experiment=$(1) seed=$(VISION_SEEDS) paths.data_dir=$(abspath $(DATA_DIR))
+vision_run    = $(PY) train.py -m 'experiment=glob(stk/$(1))' seed=$(VISION_SEEDS) paths.data_dir=$(abspath $(DATA_DIR))
 reproduce-vision-table5: setup
-	$(call vision_run,$(call vision_rows,table5/cifar100lt,average atk stk))
-	$(call vision_run,$(call vision_rows,table5/imagenet_lt,average atk stk)) dataset.split_dir=$(abspath $(LT_SPLITS))/ImageNet_LT
-	$(call vision_run,$(call vision_rows,table5/places_lt,average atk stk)) dataset.split_dir=$(abspath $(LT_SPLITS))/Places_LT
+	$(call vision_run,table5/cifar100lt_*)
+	$(call vision_run,table5/imagenet_lt_*) dataset.split_dir=$(abspath $(LT_SPLITS))/ImageNet_LT
+	$(call vision_run,table5/places_lt_*) dataset.split_dir=$(abspath $(LT_SPLITS))/Places_LT
 
 # Table 7's MAE rows (batch 2048 as 16 micro-batches, 30,000 steps); its CLIP + PEL rows are Table 5's runs.
 reproduce-vision-table7: setup
-	$(call vision_run,$(call vision_rows,table7/cifar100lt,mae mae_cs mae_cs_stk))
-	$(call vision_run,$(call vision_rows,table7/imagenet_lt,mae mae_cs mae_cs_stk)) dataset.split_dir=$(abspath $(LT_SPLITS))/ImageNet_LT
+	$(call vision_run,table7/cifar100lt_mae*)
+	$(call vision_run,table7/imagenet_lt_mae*) dataset.split_dir=$(abspath $(LT_SPLITS))/ImageNet_LT
 
 # Table 8's δ rows (δ = 0.01 is Table 5's STk row).
 reproduce-vision-table8: setup
-	$(call vision_run,$(call vision_rows,table8/cifar100lt,delta_0_1 delta_0_05 delta_0_005))
-	$(call vision_run,$(call vision_rows,table8/imagenet_lt,delta_0_1 delta_0_05 delta_0_005)) dataset.split_dir=$(abspath $(LT_SPLITS))/ImageNet_LT
-	$(call vision_run,$(call vision_rows,table8/places_lt,delta_0_1 delta_0_05 delta_0_005)) dataset.split_dir=$(abspath $(LT_SPLITS))/Places_LT
+	$(call vision_run,table8/cifar100lt_*)
+	$(call vision_run,table8/imagenet_lt_*) dataset.split_dir=$(abspath $(LT_SPLITS))/ImageNet_LT
+	$(call vision_run,table8/places_lt_*) dataset.split_dir=$(abspath $(LT_SPLITS))/Places_LT
 
 # PEL's ViT-B/16 per branch: images/s, peak memory, trainable parameters, the loss's share of the step, and
 # the vision tables' GPU-hours (an estimate): results/bench/peft_<device>.{json,md}. BENCH_DEVICE=cuda on a GPU
@@ -233,8 +225,7 @@ extract-embeddings-imagenet1k-l2: setup
 # Tables 2+3 (1K: 28 rows x 20 epochs; 21K-P: 28 rows x 40 epochs) and Table 5's DiffSortNet entries (+ the L2
 # softmax baseline), each row writing results/vision/petersen_<table>/<row>/seed<k>.json; `make tables` renders them.
 PETERSEN_SEEDS ?= 0
-petersen_rows = $(subst $(space),$(comma),$(patsubst configs/experiment/%.yaml,%,$(filter-out %/_common.yaml,$(wildcard configs/experiment/petersen/$(1)/*.yaml))))
-petersen_run  = $(PY) train.py -m experiment=$(call petersen_rows,$(1)) seed=$(PETERSEN_SEEDS) paths.data_dir=$(abspath $(DATA_DIR))
+petersen_run  = $(PY) train.py -m 'experiment=glob(petersen/$(1)/*)' seed=$(PETERSEN_SEEDS) paths.data_dir=$(abspath $(DATA_DIR))
 reproduce-petersen-imagenet1k: setup
 	$(call petersen_run,imagenet1k)
 reproduce-petersen-imagenet21kp: setup
