@@ -7,6 +7,7 @@ import torch
 from test_pel_rows import TINY_VIT, cifar_root, data_overrides, listed_tree  # noqa: F401  (fixtures)
 from topklab.engine.run import train
 from topklab.losses import STk
+from topklab.losses.aggregate.solve import kth_largest_value
 from topklab.tasks.classification_metrics import expected_calibration_error
 
 pytestmark = pytest.mark.gpu
@@ -26,6 +27,13 @@ def test_stk_on_cuda_matches_the_cpu_in_float64(lam_update):
         grads.append((x.grad.cpu(), lam.detach().cpu()))
     assert torch.allclose(values[0], values[1], rtol=1e-10)
     assert torch.allclose(grads[0][0], grads[1][0], rtol=1e-9) and torch.allclose(grads[0][1], grads[1][1], rtol=1e-9)
+
+
+@pytest.mark.parametrize("k", [1, 5, 500_000, 999_996, 1_000_000])
+def test_kth_largest_on_cuda_is_the_cpu_kthvalue(k):
+    """CUDA takes ℓ_[k] by topk (its kthvalue selects a long row in one block); the value is the CPU's."""
+    losses = torch.randn(1_000_000, generator=torch.Generator().manual_seed(0)).round(decimals=2)  # many ties
+    assert torch.equal(kth_largest_value(losses.cuda(), k).cpu(), losses.kthvalue(1_000_001 - k).values)
 
 
 def test_ece_of_cuda_logits_repeats_bit_for_bit():

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from topklab.losses import ATk, Average, MATk, Maximum, STk
+from topklab.losses.aggregate.solve import kth_largest_value
 from topklab.losses.k import resolve_k, validate_k
 from topklab.smoothing import SMOOTHINGS, srelu
 
@@ -332,3 +333,17 @@ def test_atk_ignores_a_minus_infinite_loss_beyond_k(method):
     value = ATk(k=2, method=method)(losses)
     value.backward()
     assert value.item() == 4.0 and torch.equal(losses.grad, torch.tensor([0.0, 0.0, 0.5, 0.5], dtype=torch.float64))
+
+
+def test_kth_largest_by_topk_is_kthvalue_with_ties_infinities_and_nan():
+    """CUDA's path (topk of the shorter side) picks the value kthvalue picks, NaN counting as the largest."""
+    generator = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        for _ in range(300):
+            n = int(torch.randint(1, 30, (1,), generator=generator))
+            x = torch.randint(-3, 4, (n,), generator=generator).to(dtype)
+            draw = torch.rand(n, generator=generator)
+            x[draw < 0.1], x[(draw >= 0.1) & (draw < 0.2)], x[(draw >= 0.2) & (draw < 0.25)] = float("inf"), float("-inf"), float("nan")
+            for k in range(1, n + 1):
+                expected, got = x.kthvalue(n + 1 - k).values, kth_largest_value(x, k, by_topk=True)
+                assert got.dtype == dtype and (torch.equal(got, expected) or (got.isnan() and expected.isnan())), (x, k)
