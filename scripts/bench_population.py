@@ -2,113 +2,15 @@
 
     .venv/bin/python scripts/bench_population.py [--dataset australian] [--preset full] [--members 5280]
 
-Both train the same kind of member (2-layer MLP, AdaGrad, STk, logistic loss; batch size and
-validation interval from configs/preset/<preset>.yaml) for the same number of epochs with early
-stopping disabled, so every member does the same steps. The per-model engine
-(:class:`topklab.engine.Engine`) trains ``--loop-members`` members one by one; the population
-executor trains ``--members`` at once (the STk grid spread over ``--splits`` splits), in both
-layouts: ``gathered`` (each member gathers its own batch; what the tabular tables use) and
-``grouped`` (members of a split share its batch). Prints the rates, peak RSS after each phase,
-and last the gathered population's ratio to the engine as ``speedup: N``.
+The benchmark is :mod:`topklab.bench.population` (its docstring says what is measured and written).
 """
-from __future__ import annotations
-
-import argparse
-import itertools
 import os
-import resource
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-os.environ.setdefault("TOPKLAB_ROOT", str(ROOT))
+os.environ.setdefault("TOPKLAB_ROOT", str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-from hydra.utils import instantiate  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from topklab.engine import Engine  # noqa: E402
-from topklab.engine.functional_optim import Adagrad  # noqa: E402
-from topklab.engine.objective import Objective, TrainingModule  # noqa: E402
-from topklab.engine.population import Gathered, Grouped, Members, Metric, PopulationExecutor  # noqa: E402
-from topklab.engine.stacked import StackedMLP  # noqa: E402
-from topklab.losses import Logistic, STk  # noqa: E402
-from topklab.engine.aggregates import build_aggregate  # noqa: E402
-from topklab.models import MLP  # noqa: E402
-from topklab.tasks import TabularTask  # noqa: E402
-from topklab.tasks.metrics import TASK_METRIC  # noqa: E402
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def grid_members(n: int, n_splits: int) -> Members:
-    ks = [1, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
-    combos = list(itertools.product(ks, [1.0, 10.0, 1e2, 1e3, 1e4, 1e5], [0.1, 0.05, 0.01, 0.005, 0.001],
-                                    [0.1, 0.01, 0.001, 0.0001]))
-    rows = [(combos[i % len(combos)], i % n_splits) for i in range(n)]
-    return Members(split=[s for _, s in rows], seed=[s for _, s in rows], k=[c[0] for c, _ in rows],
-                   l2_C=[c[1] for c, _ in rows], lr=[c[2] for c, _ in rows], delta=[c[3] for c, _ in rows])
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset", default="australian")
-    parser.add_argument("--members", type=int, default=5280, help="population size (5280 = the STk grid x 4 splits)")
-    parser.add_argument("--loop-members", type=int, default=12)
-    parser.add_argument("--splits", type=int, default=4)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--preset", default="full", help="configs/preset/<preset>.yaml: batch size, eval_every")
-    args = parser.parse_args()
-    torch.set_num_threads(os.cpu_count() or 1)
-
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        dataset = instantiate(compose("train", overrides=[f"dataset={args.dataset}"]).dataset)
-    preset = OmegaConf.load(ROOT / "configs" / "preset" / f"{args.preset}.yaml")
-    splits = [dataset.splits(s) for s in range(args.splits)]
-    members = grid_members(args.members, args.splits)
-    task = splits[0].task
-
-    start = time.perf_counter()
-    loop_steps = 0
-    engine = Engine(epochs=args.epochs, batch_size=preset.batch_size, drop_last=True,
-                    eval_every_steps=preset.eval_every, validate_at_start=True, patience=None,
-                    min_delta=preset.min_delta, final_splits=("train", "val", "test"), device="cpu", checkpoint=False,
-                    resume=False, progress=False)
-    for m in range(args.loop_members):
-        torch.manual_seed(members.seed[m])
-        model, loss = MLP(splits[0].n_features), STk(members.k[m], delta=members.delta[m])
-        module = TrainingModule(model, Objective(Logistic(), loss, l2_C=members.l2_C[m]))
-        optimizer = torch.optim.Adagrad(module.parameters(), lr=members.lr[m])
-        summary = engine.fit(module, optimizer, splits[members.split[m]], TabularTask(task), members.seed[m])
-        loop_steps += summary["steps"]
-    loop_rate = loop_steps / (time.perf_counter() - start)
-    loop_rss = peak_rss_mb()
-
-    rates = {}
-    for layout in (Gathered, Grouped):
-        executor = PopulationExecutor(build_aggregate("stk"), Logistic(), StackedMLP(splits[0].n_features), Adagrad(),
-                                      Metric(*TASK_METRIC[task], higher_is_better=False), max_epochs=args.epochs,
-                                      batch_size=preset.batch_size, eval_every=preset.eval_every, patience=None,
-                                      min_delta=preset.min_delta, layout=layout)
-        start = time.perf_counter()
-        result = executor.fit(splits, members)
-        seconds = time.perf_counter() - start
-        rates[layout.__name__] = (int(result["steps"].sum()) / seconds, peak_rss_mb(), seconds)
-
-    print(f"dataset {args.dataset}: {len(splits[0].y_train)} training rows, {args.epochs} epochs, batch "
-          f"{preset.batch_size}, validation every {preset.eval_every} steps (preset {args.preset}), "
-          f"{torch.get_num_threads()} threads")
-    print(f"per-model engine      : {args.loop_members:6d} members {loop_rate:12.0f} model-steps/s  "
-          f"peak RSS {loop_rss:8.0f} MB")
-    for name, (rate, rss, seconds) in rates.items():
-        print(f"population ({name.lower():8s}): {args.members:6d} members {rate:12.0f} model-steps/s  "
-              f"peak RSS {rss:8.0f} MB  ({seconds:.1f} s)")
-    print(f"speedup: {rates['Gathered'][0] / loop_rate:.1f}")
-
+from topklab.bench.population import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,132 +3,15 @@
     python scripts/bench_sparsification.py [--sizes 100000 1000000 10000000 100000000] [--ratios 0.01 0.001]
                                            [--repeats 5] [--device cpu|cuda] [--out results/bench/sparsification_cpu.json]
 
-For each P and keep ratio (k = ⌈ratio·P⌉) on gradient-like magnitudes (|N(0, 1)|·exp(N(0, 1)), a
-heavy tail), the selectors of ``configs/gradient_exchange/`` at their defaults are timed in turn
-(interleaved, one warm-up call excluded, the median of ``--repeats``): ``torch.topk``, DGC's sampled
-threshold, and the STk threshold twice: cold (no previous λ) and warm (λ from the same vector before a
-1 % multiplicative perturbation, as between training steps), and ``x.abs().sum()``, one read of the
-vector: the memory-bandwidth floor. Each row gives the time, its ratio to ``torch.topk`` and to the
-floor measured in the same run, ns per element, the passes over the vector (STk), the count sent
-relative to k, the recall of the true top-k, and for the sampled threshold the 5th-95th percentile of
-sent/k over 20 messages.
-Writes a result envelope (JSON) with the command and provenance; ``python -m topklab.report tables``
-renders it into results/tables/gradient_sparsification.md.
+The benchmark is :mod:`topklab.bench.sparsification` (its docstring says what is measured and written).
 """
-from __future__ import annotations
-
-import argparse
-import math
 import os
-import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SENT_DRAWS = 20          # sampled-threshold messages drawn per size (each on a 1 %-perturbed vector) for the sent/k percentiles
-STK_PASSES_PER_STEP = 6  # elementwise passes over the magnitudes per Newton step of the STk selector (z, r, z/r + sum, r⁻³ + sum)
-os.environ.setdefault("TOPKLAB_ROOT", str(ROOT))
+os.environ.setdefault("TOPKLAB_ROOT", str(Path(__file__).resolve().parents[1]))
 
-
-def magnitudes(n: int, seed: int, device):
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    return (torch.randn(n, generator=generator).abs() * torch.randn(n, generator=generator).exp()).to(device)
-
-
-def measure(n: int, ratio: float, repeats: int, device) -> list[dict]:
-    import torch
-
-    from topklab.bench.harness import timed
-    from topklab.sparsification import ExactTopK, SampledThreshold, STkThresholdSelector
-
-    k = max(1, math.ceil(ratio * n))
-    values = magnitudes(n, 0, device)
-    previous = values * (1 + 0.01 * torch.randn(n, generator=torch.Generator().manual_seed(1)).to(device))
-    true_top = torch.zeros(n, dtype=torch.bool, device=device)
-    true_top[values.topk(k).indices] = True
-
-    def warm_stk():
-        selector = STkThresholdSelector()
-        selector.threshold(previous, k)
-        return selector
-
-    warm = warm_stk()
-    last_cold = {}
-
-    def cold_stk():
-        last_cold["selector"] = STkThresholdSelector()
-        return last_cold["selector"](values, k)
-    selectors = {"exact top-k": lambda: ExactTopK()(values, k),
-                 "sampled threshold (DGC's rule)": lambda: SampledThreshold(seed=0)(values, k),
-                 "STk threshold, cold": cold_stk,
-                 "STk threshold, warm": None,
-                 "bandwidth floor: x.abs().sum()": lambda: values.abs().sum()}
-    times = {name: [] for name in selectors}
-    chosen = {}
-    for repeat in range(repeats + 1):
-        for name, call in selectors.items():
-            if call is None:  # the warm start is set up outside the timer, every repeat
-                warm.lam.fill_(float(warm_stk().lam))
-                call = lambda: warm(values, k)
-            seconds, indices = timed(call, device)
-            if repeat:
-                times[name].append(seconds)
-            chosen[name] = indices
-    sent = sorted(len(SampledThreshold(seed=seed)(values * (1 + 0.01 * torch.randn(n, generator=torch.Generator().manual_seed(seed))
-                                                               .to(device)), k)) / k for seed in range(SENT_DRAWS))
-    passes = {"STk threshold, cold": STK_PASSES_PER_STEP * last_cold["selector"].iterations + 2,
-              "STk threshold, warm": STK_PASSES_PER_STEP * warm.iterations + 2}
-    rows = []
-    for name in selectors:
-        indices = chosen[name]
-        row = {"n": n, "ratio": ratio, "k": k, "selector": name, "seconds": statistics.median(times[name])}
-        if name.startswith("bandwidth"):
-            row.update(count_over_k=None, recall=None)
-        else:
-            row.update(count_over_k=len(indices) / k, recall=float(true_top[indices].sum()) / k)
-        if name in passes:
-            row["passes"] = passes[name]
-        if name.startswith("sampled"):
-            row["sent_over_k_p5_p95"] = [sent[int(0.05 * (SENT_DRAWS - 1))], sent[int(0.95 * (SENT_DRAWS - 1))]]
-        rows.append(row)
-    exact, floor = rows[0]["seconds"], rows[-1]["seconds"]
-    for row in rows:
-        row.update(vs_topk=row["seconds"] / exact, vs_floor=row["seconds"] / floor, ns_per_element=row["seconds"] / n * 1e9)
-    return rows
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000, 100_000_000])
-    parser.add_argument("--ratios", type=float, nargs="+", default=[0.01, 0.001])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", type=Path, default=None, help="default: results/bench/sparsification_<device>.json")
-    args = parser.parse_args(argv)
-    from topklab.bench.harness import bench_device, write_bench
-    from topklab.utils.errors import TopklabError
-
-    try:
-        device = bench_device(args.device)
-    except TopklabError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    rows = []
-    for n in args.sizes:
-        for ratio in args.ratios:
-            for row in measure(n, ratio, args.repeats, device):
-                rows.append(row)
-                quality = "" if row["recall"] is None else f"  sent/k {row['count_over_k']:.3f}  recall {row['recall']:.3f}"
-                print(f"P={n:>11,} keep {ratio:.1%}  {row['selector']:<30} {row['seconds'] * 1e3:9.2f} ms "
-                      f"({row['vs_topk']:.2f}x topk, {row['vs_floor']:.1f}x floor, {row['ns_per_element']:.2f} ns/element"
-                      f"{'' if 'passes' not in row else ', ' + str(row['passes']) + ' passes'}){quality}", flush=True)
-    out = write_bench(ROOT, "sparsification", device, rows,
-                      {"sizes": args.sizes, "ratios": args.ratios, "repeats": args.repeats}, args.out)
-    print(f"wrote {out}")
-    return 0
-
+from topklab.bench.sparsification import main  # noqa: E402
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

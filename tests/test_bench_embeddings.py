@@ -1,15 +1,10 @@
 """scripts/bench_embeddings.py in its quick mode: extraction throughput through the real extractor,
 head steps of two rows through the rows' own seams, and the epoch arithmetic of its table."""
-import importlib.util
 import json
 
 import pytest
 
-from conftest import ROOT
-
-spec = importlib.util.spec_from_file_location("bench_embeddings", ROOT / "scripts" / "bench_embeddings.py")
-bench_embeddings = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench_embeddings)
+from topklab.bench import embeddings as bench_embeddings
 
 
 def test_the_quick_benchmark_writes_its_rows_and_table(tmp_path):

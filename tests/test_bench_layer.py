@@ -1,17 +1,12 @@
 """The selection and routing benchmarks run end to end and write result envelopes the tables read."""
-import importlib.util
+import importlib
 import json
 
 import pytest
 
-from conftest import ROOT
-
 
 def load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"topklab.bench.{name.removeprefix('bench_')}")
 
 
 def test_sparsification_benchmark_times_every_selector_and_checks_what_it_sent(tmp_path):

@@ -1,13 +1,8 @@
 """scripts/bench_peft.py: one process per branch, the branch's real trainable-parameter count, and the
 GPU-hour estimate's arithmetic."""
-import importlib.util
 import json
 
-from conftest import ROOT
-
-spec = importlib.util.spec_from_file_location("bench_peft", ROOT / "scripts" / "bench_peft.py")
-bench_peft = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench_peft)
+from topklab.bench import peft as bench_peft
 
 
 def test_the_benchmark_measures_each_branch_and_writes_its_table(tmp_path):

@@ -11,11 +11,7 @@ from conftest import ROOT
 from translation_files import write_text_corpus
 from vision_files import write_fashion_mnist
 
-sys.path.insert(0, str(ROOT / "scripts"))
-try:
-    import bench_step_share
-finally:
-    sys.path.pop(0)
+from topklab.bench import step_share as bench_step_share
 
 SCRIPT = ROOT / "scripts" / "bench_step_share.py"
 

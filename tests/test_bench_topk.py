@@ -10,11 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def bench_topk():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import bench_topk
-    finally:
-        sys.path.pop(0)
+    from topklab.bench import topk as bench_topk
+
     return bench_topk
 
 

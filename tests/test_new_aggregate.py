@@ -1,7 +1,7 @@
-"""README's worked example: an aggregate added as one class and one yaml works in train.py, the
-population executor, the tabular protocol's grid and the loss benchmark, with no other change."""
+"""The worked example of docs/layout.md ("Adding an aggregate"): an aggregate added as one class and
+one yaml works in train.py, the population executor, the tabular protocol's grid and the loss
+benchmark, with no other change."""
 import shutil
-import sys
 
 import pytest
 import torch
@@ -21,7 +21,7 @@ from topklab.protocol.cell import Protocol
 
 
 class BottomK(Aggregate):
-    """(1/k)·Σ of the k smallest per-sample losses (the README's example)."""
+    """(1/k)·Σ of the k smallest per-sample losses (the example of docs/layout.md)."""
 
     hyperparameters = ("k",)
 
@@ -67,9 +67,5 @@ def test_a_new_aggregate_works_everywhere_by_name(root_with_bottomk, tmp_path):
     record = run_cell(Cell("table3", "wisconsin", "logistic", "bottomk"), dataset, Logistic(), protocol)
     assert record["combos"]["k"] == [1, 0.5] and len(record["per_split"]["test"]) == 2
 
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import bench_topk
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    from topklab.bench import topk as bench_topk
     assert bench_topk.benched_losses()["BottomK"] == ("bottomk", True)
