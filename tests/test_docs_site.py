@@ -92,7 +92,8 @@ def test_every_page_is_in_the_nav():
     assert not left_out, f"pages missing from mkdocs.yml's nav: {left_out}"
 
 
-@pytest.mark.parametrize("path", ["README.md", "docs/library.md", "docs/operators.md", "docs/layout.md"])
+@pytest.mark.parametrize("path", ["README.md", "docs/library.md", "docs/operators.md", "docs/layout.md",
+                                  "docs/use-in-your-model.md"])
 def test_the_shown_code_runs(path):
     """Each ```python block runs in order in one namespace; `x`, `y` stand for the reader's batch."""
     import torch

@@ -7,4 +7,15 @@ from topklab.compat.torchvision_cpu import ensure_torchvision_importable
 
 ensure_torchvision_importable()
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml); "0+unknown" when run from a bare source tree."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("topklab")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__ = _version()
