@@ -1,12 +1,13 @@
 """Train one model (or a sweep with -m) from the Hydra configs in configs/.
 
-    python train.py                                  # STk + MLP on australian, offline
-    python train.py loss=atk dataset=german          # swap any config group
-    python train.py loss=stk dataset=cifar100lt      # image recipe: ResNet-32, logit-adjusted CE, SGD
-    python train.py -m loss=average,atk,matk,stk     # sweep
-    python train.py experiment=fmnistlt/la_stk       # a row of a results table
-    torchrun --nproc_per_node 2 train.py ...         # DistributedDataParallel, one process per GPU
+python train.py                                  # STk + MLP on australian, offline
+python train.py loss=atk dataset=german          # swap any config group
+python train.py loss=stk dataset=cifar100lt      # image recipe: ResNet-32, logit-adjusted CE, SGD
+python train.py -m loss=average,atk,matk,stk     # sweep
+python train.py experiment=fmnistlt/la_stk       # a row of a results table
+torchrun --nproc_per_node 2 train.py ...         # DistributedDataParallel, one process per GPU
 """
+
 import os
 import sys
 import tempfile
@@ -34,7 +35,9 @@ def main(cfg: DictConfig) -> float:
     hydra_cfg = HydraConfig.get()
     # A TopklabError is not caught here: hydra.callbacks.jobs (topklab.launch.callback) turns it into
     # `error: ...` + exit 2 for a single run, and into a recorded failure for a sweep job.
-    summary = train(cfg, hydra_cfg.runtime.output_dir, job_name=hydra_cfg.job.name, overrides=list(hydra_cfg.overrides.task))
+    summary = train(
+        cfg, hydra_cfg.runtime.output_dir, job_name=hydra_cfg.job.name, overrides=list(hydra_cfg.overrides.task)
+    )
     value = optimized_value(cfg, summary)
     print(format_summary(summary))
     print(f"run record: {hydra_cfg.runtime.output_dir}")
@@ -47,8 +50,12 @@ def quiet_rank_overrides() -> list[str]:
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         return []
-    return ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled",
-            f"hydra.run.dir={tempfile.gettempdir()}/topklab-rank{rank}"]
+    return [
+        "hydra.output_subdir=null",
+        "hydra/job_logging=disabled",
+        "hydra/hydra_logging=disabled",
+        f"hydra.run.dir={tempfile.gettempdir()}/topklab-rank{rank}",
+    ]
 
 
 def cli(argv: list[str]) -> None:
@@ -61,8 +68,11 @@ def cli(argv: list[str]) -> None:
         fail(err)
     recipes = preflight(argv, ROOT / "configs")  # what its compositions found; None: Hydra's own flags, nothing checked
     try:
-        recipe = agreed_recipe(recipes) if recipes is not None else \
-            recipe_arguments(argv, ROOT / "configs", multirun=bool({"-m", "--multirun"} & set(argv)))
+        recipe = (
+            agreed_recipe(recipes)
+            if recipes is not None
+            else recipe_arguments(argv, ROOT / "configs", multirun=bool({"-m", "--multirun"} & set(argv)))
+        )
     except TopklabError as err:
         fail(err)
     if recipe and os.environ.get("RANK", "0") == "0":
@@ -74,5 +84,7 @@ def cli(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # CUDA checks must not start CUDA before a sweep job is pinned to its GPU
+    os.environ.setdefault(
+        "PYTORCH_NVML_BASED_CUDA_CHECK", "1"
+    )  # CUDA checks must not start CUDA before a sweep job is pinned to its GPU
     cli(sys.argv[1:])

@@ -5,6 +5,7 @@ side in one run, and the 200-epoch recipe's time projected from it.
 
 The benchmark is :mod:`topklab.bench.cifar_epoch` (its docstring says what is measured and written).
 """
+
 import os
 from pathlib import Path
 

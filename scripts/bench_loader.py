@@ -6,6 +6,7 @@
 
 The benchmark is :mod:`topklab.bench.loader` (its docstring says what is measured and written).
 """
+
 import os
 from pathlib import Path
 

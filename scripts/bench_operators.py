@@ -9,6 +9,7 @@ exactness and quality, measured in one run.
 
 The benchmark is :mod:`topklab.bench.operators` (its docstring says what is measured and written).
 """
+
 import os
 import sys
 from pathlib import Path

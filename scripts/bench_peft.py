@@ -7,6 +7,7 @@ vision tables estimated from it.
 
 The benchmark is :mod:`topklab.bench.peft` (its docstring says what is measured and written).
 """
+
 import os
 import sys
 from pathlib import Path

@@ -4,6 +4,7 @@
 
 The benchmark is :mod:`topklab.bench.population` (its docstring says what is measured and written).
 """
+
 import os
 import sys
 from pathlib import Path

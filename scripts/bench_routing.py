@@ -5,6 +5,7 @@
 
 The benchmark is :mod:`topklab.bench.routing` (its docstring says what is measured and written).
 """
+
 import os
 import sys
 from pathlib import Path

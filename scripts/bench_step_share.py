@@ -8,6 +8,7 @@
 
 The benchmark is :mod:`topklab.bench.step_share` (its docstring says what is measured and written).
 """
+
 import os
 from pathlib import Path
 

@@ -4,6 +4,7 @@
 
 The benchmark is :mod:`topklab.bench.topk` (its docstring says what is measured and written).
 """
+
 import os
 from pathlib import Path
 

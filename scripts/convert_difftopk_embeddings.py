@@ -7,6 +7,7 @@ Then the rows of Tables 2, 3 and 5 train on it (`make reproduce-petersen-imagene
 goes to .data/embeddings/imagenet21kp_resnext101_32x48d_wsl_224, the EfficientNet-L2 file to
 .data/embeddings/imagenet1k_tf_efficientnet_l2_ns_800 (the datasets' default roots).
 """
+
 import argparse
 import sys
 

@@ -12,6 +12,7 @@ in the envelope are only checked.
 
 --check writes nothing and exits 1 if any file still needs converting.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,9 @@ def synthetic(rel: PurePosixPath, old: dict) -> tuple[PurePosixPath, dict]:
 def table1(rel: PurePosixPath, old: dict) -> tuple[PurePosixPath, dict]:
     payload = {k: old[k] for k in ("algorithms", "order")}
     config = _rest(old, *payload, *RUN_KEYS)  # n, k, runs, seed, lr, delta, tol, threads
-    return PurePosixPath("bench/table1.json"), make_result("bench", "table1", payload, old["command"], config,
-                                                           old["provenance"])
+    return PurePosixPath("bench/table1.json"), make_result(
+        "bench", "table1", payload, old["command"], config, old["provenance"]
+    )
 
 
 def bench(rel: PurePosixPath, old: dict) -> tuple[PurePosixPath, dict]:
@@ -67,8 +69,13 @@ def _matches(rel: PurePosixPath, pattern: str) -> bool:
 
 
 # first matching pattern wins (relative to results/)
-CONVERTERS = (("tabular/*/*/*/*.json", tabular), ("synthetic/table1.json", table1), ("synthetic/*.json", synthetic),
-              ("vision/*/*/seed*.json", vision), ("bench/*.json", bench))
+CONVERTERS = (
+    ("tabular/*/*/*/*.json", tabular),
+    ("synthetic/table1.json", table1),
+    ("synthetic/*.json", synthetic),
+    ("vision/*/*/seed*.json", vision),
+    ("bench/*.json", bench),
+)
 
 
 def convert(results: Path, check: bool = False) -> tuple[list[str], int]:
@@ -93,8 +100,10 @@ def convert(results: Path, check: bool = False) -> tuple[list[str], int]:
             continue
         converter = next((c for pattern, c in CONVERTERS if _matches(rel, pattern)), None)
         if converter is None:
-            raise TopklabError(f"{path} is no result file this script knows; move it out of {results} or "
-                               f"convert it by hand to the envelope of topklab.report.schema")
+            raise TopklabError(
+                f"{path} is no result file this script knows; move it out of {results} or "
+                f"convert it by hand to the envelope of topklab.report.schema"
+            )
         try:
             new_rel, result = converter(rel, old)
         except KeyError as err:

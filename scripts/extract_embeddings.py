@@ -9,6 +9,7 @@ Petersen et al.'s ImageNet fine-tuning tables (README, 'ImageNet fine-tuning').
 
 Rerunning the same command resumes at the first unfinished shard.
 """
+
 import os
 import sys
 from pathlib import Path
@@ -31,9 +32,18 @@ from topklab.utils.provenance import collect  # noqa: E402
 def main(cfg: DictConfig) -> None:
     # A TopklabError leaves the task: Hydra's job callback (topklab.launch) prints it and exits 2.
     backbone = build(cfg.backbone, "backbone")
-    report = extract(backbone, cfg.image_root, cfg.out_dir, OmegaConf.to_container(cfg.splits), cfg.batch_size,
-                     cfg.shard_size, cfg.num_workers, cfg.device, cfg.progress,
-                     provenance=collect(ROOT))
+    report = extract(
+        backbone,
+        cfg.image_root,
+        cfg.out_dir,
+        OmegaConf.to_container(cfg.splits),
+        cfg.batch_size,
+        cfg.shard_size,
+        cfg.num_workers,
+        cfg.device,
+        cfg.progress,
+        provenance=collect(ROOT),
+    )
     for split, done in report.items():
         rate = f"{done['images_per_s']:.1f} images/s" if done["images_per_s"] else "already complete"
         print(f"{split}: {done['images']} images from {done['source']} ({rate})")
@@ -42,8 +52,9 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     try:
-        check_group_choices([a for a in sys.argv[1:] if not a.startswith("-")], ROOT / "configs",
-                            exclude=("hydra", "local", "preset"))
+        check_group_choices(
+            [a for a in sys.argv[1:] if not a.startswith("-")], ROOT / "configs", exclude=("hydra", "local", "preset")
+        )
     except TopklabError as err:
         fail(err)
     main()

@@ -9,6 +9,7 @@ These tables train λ with the paper's update (SGD-STk at the members' own rate,
 tabular protocol and the k-th initial loss for Table 2); a row whose λ was in band on fewer than
 half of its steps is named as degenerate.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,9 +48,16 @@ def tabular_rows(preset: str) -> list[dict]:
         setting = stream.source["setting"]
         delta = setting["delta"] if aggregate == "stk" else None
         smoothing = SMOOTHING_OF.get(aggregate, "srelu")
-        rows.append({"family": "tabular", "row": str(cell_file.relative_to(ROOT / "results" / "tabular" / preset)),
-                     "aggregate": aggregate, "setting": setting, "calls": len(stream.steps),
-                     **_band(stream, setting["k"], smoothing, delta)})
+        rows.append(
+            {
+                "family": "tabular",
+                "row": str(cell_file.relative_to(ROOT / "results" / "tabular" / preset)),
+                "aggregate": aggregate,
+                "setting": setting,
+                "calls": len(stream.steps),
+                **_band(stream, setting["k"], smoothing, delta),
+            }
+        )
         _say(rows[-1])
     return rows
 
@@ -66,17 +74,26 @@ def synthetic_rows(table: str) -> list[dict]:
         stream = record_column(cfg, column, k)
         smoothing = column.overrides.get("smoothing", "relu") if column.aggregate == "stk" else "relu"
         delta = stream.source["setting"]["delta"] if smoothing == "srelu" else None
-        rows.append({"family": "synthetic", "row": f"{table}: {label}", "aggregate": column.aggregate,
-                     "setting": {**stream.source["setting"], "smoothing": smoothing}, "calls": len(stream.steps),
-                     **_band(stream, k, smoothing, delta)})
+        rows.append(
+            {
+                "family": "synthetic",
+                "row": f"{table}: {label}",
+                "aggregate": column.aggregate,
+                "setting": {**stream.source["setting"], "smoothing": smoothing},
+                "calls": len(stream.steps),
+                **_band(stream, k, smoothing, delta),
+            }
+        )
         _say(rows[-1])
     return rows
 
 
 def _band(stream, k, smoothing: str, delta) -> dict:
-    return {"in_band": stream.recorded_in_band(k, smoothing, delta),
-            "optimum_in_band": stream.recorded_in_band(k, smoothing, delta, optimal=True),
-            "share_below": stream.recorded_share_below()}
+    return {
+        "in_band": stream.recorded_in_band(k, smoothing, delta),
+        "optimum_in_band": stream.recorded_in_band(k, smoothing, delta, optimal=True),
+        "share_below": stream.recorded_share_below(),
+    }
 
 
 def verdict(row: dict) -> str:
@@ -97,49 +114,64 @@ def _fmt(value) -> str:
 
 
 def _say(row: dict) -> None:
-    print(f"{row['row']}: λ in band {_fmt(row['in_band'])}, optimum {_fmt(row['optimum_in_band'])} over "
-          f"{row['calls']} calls: {verdict(row)}", flush=True)
+    print(
+        f"{row['row']}: λ in band {_fmt(row['in_band'])}, optimum {_fmt(row['optimum_in_band'])} over "
+        f"{row['calls']} calls: {verdict(row)}",
+        flush=True,
+    )
 
 
 def render(rows: list[dict], command: str) -> str:
     scored = [r for r in rows if r["in_band"] is not None]
     values = sorted(r["in_band"] for r in scored)
-    by_verdict = {v: [r["row"] for r in rows if verdict(r) == v] for v in ("did not track", "unattainable (ties at ℓ_[k])")}
-    lines = ["# λ in band in the committed tabular and synthetic tables (the paper's update)", "",
-             f"`{command}`: each MATk/STk cell's selected setting retrained on split 0 (Table 2: repeat 0 at the column's "
-             f"selected k), recording the λ every training call used. λ in band: the share of calls after the first 10 % "
-             f"whose smoothed share above λ (the mean of φ'(ℓ − λ); MATk: the hard share) is within a factor 2 of k/n and "
-             f"its complement within a factor 2 of 1 − k/n. *Optimum in band*: the same for each batch's own optimal λ* "
-             f"(STk: the root of its equation; MATk: the midpoint of ℓ_[k+1] and ℓ_[k]); where it is out of band too, "
-             f"ties at ℓ_[k] (hinge losses at exactly 0, batches of 16) make the band unreachable and the row is not a "
-             f"tracking failure. For ELU and SoftPlus the smoothing's slope is wide, so their smoothed share can be in "
-             f"band while the hard share below λ is far from 1 − k/n. k = n (the whole batch) is Average by definition.", "",
-             f"Distribution over the {len(scored)} rows with k < n: min {values[0]:.3f}, median {values[len(values) // 2]:.3f}, "
-             f"max {values[-1]:.3f}; {sum(v >= 0.9 for v in values)} at ≥ 0.9, {sum(v < FLAG_BELOW for v in values)} "
-             f"below {FLAG_BELOW}.  ",
-             f"**λ did not track (flagged):** {', '.join(by_verdict['did not track']) or 'none'}.  ",
-             f"**Band unattainable (ties):** {', '.join(by_verdict['unattainable (ties at ℓ_[k])']) or 'none'}.", "",
-             "| row | aggregate | k | δ | η | calls | λ in band | optimum in band | share below λ | verdict |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    by_verdict = {
+        v: [r["row"] for r in rows if verdict(r) == v] for v in ("did not track", "unattainable (ties at ℓ_[k])")
+    }
+    lines = [
+        "# λ in band in the committed tabular and synthetic tables (the paper's update)",
+        "",
+        f"`{command}`: each MATk/STk cell's selected setting retrained on split 0 (Table 2: repeat 0 at the column's "
+        f"selected k), recording the λ every training call used. λ in band: the share of calls after the first 10 % "
+        f"whose smoothed share above λ (the mean of φ'(ℓ − λ); MATk: the hard share) is within a factor 2 of k/n and "
+        f"its complement within a factor 2 of 1 − k/n. *Optimum in band*: the same for each batch's own optimal λ* "
+        f"(STk: the root of its equation; MATk: the midpoint of ℓ_[k+1] and ℓ_[k]); where it is out of band too, "
+        f"ties at ℓ_[k] (hinge losses at exactly 0, batches of 16) make the band unreachable and the row is not a "
+        f"tracking failure. For ELU and SoftPlus the smoothing's slope is wide, so their smoothed share can be in "
+        f"band while the hard share below λ is far from 1 − k/n. k = n (the whole batch) is Average by definition.",
+        "",
+        f"Distribution over the {len(scored)} rows with k < n: min {values[0]:.3f}, median {values[len(values) // 2]:.3f}, "
+        f"max {values[-1]:.3f}; {sum(v >= 0.9 for v in values)} at ≥ 0.9, {sum(v < FLAG_BELOW for v in values)} "
+        f"below {FLAG_BELOW}.  ",
+        f"**λ did not track (flagged):** {', '.join(by_verdict['did not track']) or 'none'}.  ",
+        f"**Band unattainable (ties):** {', '.join(by_verdict['unattainable (ties at ℓ_[k])']) or 'none'}.",
+        "",
+        "| row | aggregate | k | δ | η | calls | λ in band | optimum in band | share below λ | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         s = r["setting"]
         delta = s.get("delta") if r["aggregate"] == "stk" and s.get("smoothing", "srelu") == "srelu" else "—"
-        lines.append(f"| {r['row']} | {r['aggregate']} | {s['k']} | {delta} | {s['lr']} | {r['calls']} | "
-                     f"{_fmt(r['in_band'])} | {_fmt(r['optimum_in_band'])} | {r['share_below']:.3f} | {verdict(r)} |")
+        lines.append(
+            f"| {r['row']} | {r['aggregate']} | {s['k']} | {delta} | {s['lr']} | {r['calls']} | "
+            f"{_fmt(r['in_band'])} | {_fmt(r['optimum_in_band'])} | {r['share_below']:.3f} | {verdict(r)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 @hydra.main(config_path="../configs", config_name="lambda_band", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     torch.set_num_threads(int(cfg.threads) or torch.get_num_threads())
-    rows = (tabular_rows(cfg.preset) if cfg.tabular else []) + (synthetic_rows(cfg.synthetic_table) if cfg.synthetic else [])
+    rows = (tabular_rows(cfg.preset) if cfg.tabular else []) + (
+        synthetic_rows(cfg.synthetic_table) if cfg.synthetic else []
+    )
     if not rows:
         raise TopklabError("nothing selected: set tabular=true or synthetic=true")
     command = "python scripts/lambda_band.py" + "".join(f" {a}" for a in sys.argv[1:])
     out = Path(cfg.out_dir)
     config = {k: v for k, v in portable_config(cfg).items() if k != "out_dir"}  # a machine path
-    result = make_result("bench", "lambda_band", {"rows": rows}, command=command, config=config,
-                         provenance=collect(ROOT))
+    result = make_result(
+        "bench", "lambda_band", {"rows": rows}, command=command, config=config, provenance=collect(ROOT)
+    )
     write_result(out / "lambda_band_cpu.json", result)
     atomic_write_text(out / "lambda_band_cpu.md", render(rows, command))
     print(f"wrote {out / 'lambda_band_cpu.md'}")

@@ -4,6 +4,7 @@
 
 Figures 3 and 4 come from results/synthetic/figure{3,4}.json; see topklab.report.figures.
 """
+
 import os
 import sys
 from pathlib import Path

@@ -6,6 +6,7 @@ Tables 3, 4, 6 (.md, .tex) from results/tabular/<preset>/, Table 1 from results/
 Table 2 from results/synthetic/table2.json, <table>.md for every vision table under results/vision/ and translation table under results/translation/;
 the paper's values from results/paper/. See topklab.report.cli.
 """
+
 import os
 import sys
 from pathlib import Path

@@ -9,6 +9,7 @@ loss of the PEL rows, whose data and weights are not here), tabular (the austral
 selected setting on split 0, the population executor and AdaGrad) and synthetic (Table 2's STk
 (SReLU) column at its selected k, repeat 0, with the trainer's Adam). Each fixture records the command, the commit and the setting.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,17 @@ SYNTHETIC_ROW, SYNTHETIC_LABEL = "stk/table2/stk_srelu", "STk (SReLU)"
 
 def engine_stream(row: str, steps: int, workdir: Path) -> LossStream:
     """The first ``steps`` training calls of an engine row (its own recipe, optimizer and schedule)."""
-    cfg = compose_run([f"experiment={row}", "logger=none", "result_file=null", f"engine.max_steps={steps}",
-                       "engine.checkpoint=false", "++engine.average_last=0", "engine.progress=false"])
+    cfg = compose_run(
+        [
+            f"experiment={row}",
+            "logger=none",
+            "result_file=null",
+            f"engine.max_steps={steps}",
+            "engine.checkpoint=false",
+            "++engine.average_last=0",
+            "engine.progress=false",
+        ]
+    )
     data, model, objective, task, engine = build_run(cfg)
     module = TrainingModule(model, objective)
     optimizer = build(cfg.optim, "optim")(module.parameter_groups())
@@ -59,12 +69,14 @@ def tabular_stream(steps: int) -> LossStream:
 
 
 def synthetic_stream(steps: int) -> LossStream:
-    from hydra import compose
-
     import json
 
+    from hydra import compose
+
     cfg = compose("reproduce_synthetic")
-    selected_k = json.loads((ROOT / "results/synthetic/table2.json").read_text())["result"]["columns"][SYNTHETIC_LABEL]["k"]
+    selected_k = json.loads((ROOT / "results/synthetic/table2.json").read_text())["result"]["columns"][SYNTHETIC_LABEL][
+        "k"
+    ]
     stream = record_column(cfg, columns_of([SYNTHETIC_ROW])[SYNTHETIC_LABEL], selected_k)
     stream.source["command"] = "python scripts/record_loss_streams.py recipes=[synthetic]"
     return _first(stream, steps)
@@ -77,9 +89,14 @@ def _first(stream: LossStream, steps: int) -> LossStream:
 
 
 def _source(cfg: DictConfig, row: str) -> dict:
-    return {"command": f"python scripts/record_loss_streams.py recipes=[...] ({row})", "row": row,
-            "loss": OmegaConf.to_container(cfg.loss, resolve=True), "optim": OmegaConf.to_container(cfg.optim, resolve=True),
-            "schedule": OmegaConf.to_container(cfg.engine.schedule, resolve=True), **git_info(ROOT)}
+    return {
+        "command": f"python scripts/record_loss_streams.py recipes=[...] ({row})",
+        "row": row,
+        "loss": OmegaConf.to_container(cfg.loss, resolve=True),
+        "optim": OmegaConf.to_container(cfg.optim, resolve=True),
+        "schedule": OmegaConf.to_container(cfg.engine.schedule, resolve=True),
+        **git_info(ROOT),
+    }
 
 
 @hydra.main(config_path="../configs", config_name="record_loss_streams", version_base="1.3")
@@ -95,7 +112,9 @@ def main(cfg: DictConfig) -> None:
         elif recipe == "synthetic":
             stream = synthetic_stream(int(cfg.steps))
         else:
-            raise TopklabError(f"unknown recipe {recipe!r}; choose from {', '.join([*ENGINE_ROWS, 'tabular', 'synthetic'])}")
+            raise TopklabError(
+                f"unknown recipe {recipe!r}; choose from {', '.join([*ENGINE_ROWS, 'tabular', 'synthetic'])}"
+            )
         stream.source["recipe"] = recipe
         stream.save(out / f"{recipe}.json")
         print(f"{recipe}: {len(stream.steps)} calls -> {out / f'{recipe}.json'}")

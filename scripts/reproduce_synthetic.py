@@ -5,6 +5,7 @@
 
 Writes results/synthetic/<experiment>.json; `make tables` and `make figures` render them.
 """
+
 import os
 from pathlib import Path
 

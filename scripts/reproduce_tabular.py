@@ -9,6 +9,7 @@ configs/experiment/stk/table*/), storing one JSON per cell under results/tabular
 
 Rerunning skips stored cells; a killed run loses at most the cell in progress.
 """
+
 import os
 import sys
 from pathlib import Path
@@ -44,8 +45,10 @@ def preflight(argv: list[str]) -> None:
     for arg in args:
         key, _, value = arg.lstrip("+~").partition("=")
         if key in train_groups:
-            raise TopklabError(f"{key}= is a train.py option; rows choose datasets and losses here "
-                               f"(row=stk/table3/<dataset>, aggregates=[...])")
+            raise TopklabError(
+                f"{key}= is a train.py option; rows choose datasets and losses here "
+                f"(row=stk/table3/<dataset>, aggregates=[...])"
+            )
         if key == "row" and value != "all":
             select_rows(ROOT / "configs", [v.strip() for v in value.strip("[]").split(",")])
     check_group_choices(args, ROOT / "configs", exclude=("hydra",))

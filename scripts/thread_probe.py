@@ -10,11 +10,11 @@ output differs, and that layer's float32 error against float64 at each count. Wr
 ``thread_probe_cpu.{json,md}``; the last line says whether the batches agreed and how far the
 parameters had drifted apart at the last recorded step.
 """
+
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import subprocess
 import sys
@@ -32,8 +32,17 @@ def compose(row: str, log_dir: str, *extra: str):
     from topklab.config import compose_run
 
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose_run([f"paths.log_dir={log_dir}", f"experiment={row}", "engine.checkpoint=false",
-                            "engine.progress=false", "result_file=null", "logger=none", *extra])
+        return compose_run(
+            [
+                f"paths.log_dir={log_dir}",
+                f"experiment={row}",
+                "engine.checkpoint=false",
+                "engine.progress=false",
+                "result_file=null",
+                "logger=none",
+                *extra,
+            ]
+        )
 
 
 def trajectory(row: str, steps: int, threads: int, out: str) -> None:
@@ -52,9 +61,12 @@ def trajectory(row: str, steps: int, threads: int, out: str) -> None:
         model = module.model
         flat = lambda: torch.cat([p.detach().flatten().double() for p in model.parameters()]).numpy().copy()  # noqa: E731
         parameters[0] = flat()
-        model.register_forward_pre_hook(lambda m, a: checksums.append(float(a[0].double().sum())) if m.training else None)
-        optimizer.register_step_post_hook(lambda *_: parameters.__setitem__(len(checksums), flat())
-                                          if len(checksums) in RECORDED_STEPS else None)
+        model.register_forward_pre_hook(
+            lambda m, a: checksums.append(float(a[0].double().sum())) if m.training else None
+        )
+        optimizer.register_step_post_hook(
+            lambda *_: parameters.__setitem__(len(checksums), flat()) if len(checksums) in RECORDED_STEPS else None
+        )
         return fit(self, module, optimizer, *args, **kwargs)
 
     loop.Engine.fit = recording_fit
@@ -90,9 +102,15 @@ def first_batch_layers(row: str) -> dict:
     one, two, exact = activations(1, torch.float32), activations(2, torch.float32), activations(1, torch.float64)
     for (name, a), (_, b), (_, ref) in zip(one, two, exact):
         if not torch.equal(a, b):
-            return {"first_differing_layer": name, "layer": type(leaves[name]).__name__,
-                    "relative_difference": float((a - b).norm() / a.norm()),
-                    "error_vs_float64": {"1": float((a - ref).norm() / ref.norm()), "2": float((b - ref).norm() / ref.norm())}}
+            return {
+                "first_differing_layer": name,
+                "layer": type(leaves[name]).__name__,
+                "relative_difference": float((a - b).norm() / a.norm()),
+                "error_vs_float64": {
+                    "1": float((a - ref).norm() / ref.norm()),
+                    "2": float((b - ref).norm() / ref.norm()),
+                },
+            }
     return {"first_differing_layer": None}
 
 
@@ -119,8 +137,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for threads in (1, 2):
             out = f"{tmp}/threads{threads}.npz"
-            subprocess.run([sys.executable, __file__, "--row", args.row, "--steps", str(args.steps),
-                            "--trajectory", str(threads), out], check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+            subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--row",
+                    args.row,
+                    "--steps",
+                    str(args.steps),
+                    "--trajectory",
+                    str(threads),
+                    out,
+                ],
+                check=True,
+                env={**os.environ, "OMP_NUM_THREADS": str(threads)},
+            )
             runs[threads] = dict(np.load(out))
     a, b = runs[1], runs[2]
     same_batches = len(a["checksums"]) == len(b["checksums"]) and bool(np.array_equal(a["checksums"], b["checksums"]))
@@ -129,30 +160,53 @@ def main() -> None:
         if f"step{step}" in a and f"step{step}" in b:
             pa, pb = a[f"step{step}"], b[f"step{step}"]
             update = pa - a["step0"]
-            drift.append({"step": step, "parameters_relative": float(np.linalg.norm(pa - pb) / np.linalg.norm(pa)),
-                          "update_relative": float(np.linalg.norm(pa - pb) / np.linalg.norm(update)) if step else 0.0})
+            drift.append(
+                {
+                    "step": step,
+                    "parameters_relative": float(np.linalg.norm(pa - pb) / np.linalg.norm(pa)),
+                    "update_relative": float(np.linalg.norm(pa - pb) / np.linalg.norm(update)) if step else 0.0,
+                }
+            )
     layers = first_batch_layers(args.row)
     command = " ".join(["python", "scripts/thread_probe.py", *sys.argv[1:]])
-    lines = [f"# One seed at 1 and 2 torch threads: `experiment={args.row}`", "", f"Produced by `{command}`.", "",
-             f"- Training batches seen in the first {len(a['checksums'])} steps identical at both thread counts "
-             f"(float64 checksum of each): **{same_batches}**.",
-             f"- Initial parameters identical: {bool(np.array_equal(a['step0'], b['step0']))}."]
+    lines = [
+        f"# One seed at 1 and 2 torch threads: `experiment={args.row}`",
+        "",
+        f"Produced by `{command}`.",
+        "",
+        f"- Training batches seen in the first {len(a['checksums'])} steps identical at both thread counts "
+        f"(float64 checksum of each): **{same_batches}**.",
+        f"- Initial parameters identical: {bool(np.array_equal(a['step0'], b['step0']))}.",
+    ]
     if layers["first_differing_layer"]:
         errors = layers["error_vs_float64"]
-        lines.append(f"- The first batch's first differing output is layer `{layers['first_differing_layer']}` "
-                     f"({layers['layer']}): relative difference {layers['relative_difference']:.2e}; its float32 error "
-                     f"against float64 is {errors['1']:.2e} at 1 thread and {errors['2']:.2e} at 2.")
+        lines.append(
+            f"- The first batch's first differing output is layer `{layers['first_differing_layer']}` "
+            f"({layers['layer']}): relative difference {layers['relative_difference']:.2e}; its float32 error "
+            f"against float64 is {errors['1']:.2e} at 1 thread and {errors['2']:.2e} at 2."
+        )
     else:
         lines.append("- The first batch's layer outputs are identical at both thread counts.")
     lines += ["", "| step | ‖θ₁ − θ₂‖ / ‖θ₁‖ | ‖θ₁ − θ₂‖ / ‖θ₁ − θ₀‖ |", "|---|---|---|"]
     lines += [f"| {d['step']} | {d['parameters_relative']:.2e} | {d['update_relative']:.2e} |" for d in drift]
     last = drift[-1]
-    lines += ["", f"batches identical: {same_batches}; parameters apart by {last['parameters_relative']:.2e} "
-                  f"(relative) after {last['step']} steps"]
+    lines += [
+        "",
+        f"batches identical: {same_batches}; parameters apart by {last['parameters_relative']:.2e} "
+        f"(relative) after {last['step']} steps",
+    ]
     out_dir = Path(args.out_dir)
-    write_result(out_dir / "thread_probe_cpu.json", make_result(
-        "bench", "thread_probe_cpu", {"same_batches": same_batches, "drift": drift, "first_batch": layers},
-        command=command, config={"row": args.row, "steps": args.steps}, provenance=collect(ROOT)))
+    write_result(
+        out_dir / "thread_probe_cpu.json",
+        make_result(
+            "bench",
+            "thread_probe_cpu",
+            {"same_batches": same_batches, "drift": drift, "first_batch": layers},
+            command=command,
+            config={"row": args.row, "steps": args.steps},
+            provenance=collect(ROOT),
+        ),
+    )
     atomic_write_text(out_dir / "thread_probe_cpu.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -8,16 +8,25 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-import topklab  # noqa: E402,F401  (torchvision shim before anything imports torchvision)
 import pytest  # noqa: E402
 from hydra import initialize_config_dir  # noqa: E402
 
+import topklab  # noqa: E402,F401  (torchvision shim before anything imports torchvision)
 from topklab.config import compose_run  # noqa: E402
 
 CONFIG_DIR = ROOT / "configs"
 TABULAR_DATASETS = [
-    "appendicitis", "australian", "german", "phoneme", "spambase", "titanic", "wisconsin",
-    "housing", "abalone", "cpusmall", "sinc",
+    "appendicitis",
+    "australian",
+    "german",
+    "phoneme",
+    "spambase",
+    "titanic",
+    "wisconsin",
+    "housing",
+    "abalone",
+    "cpusmall",
+    "sinc",
 ]
 
 

@@ -1,5 +1,6 @@
 """Small files in the real on-disk layouts of the ImageNet path: an image tree (<split>/<class>/<image>)
 and extracted embeddings (topklab.data.embeddings.store)."""
+
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +22,9 @@ def write_image_tree(root: Path, classes: int = 6, per_class: dict | None = None
     return root
 
 
-def write_embeddings(root: Path, classes: int = 60, dim: int = 16, sizes: dict | None = None, seed: int = 0,
-                     dtype=np.float16) -> Path:
+def write_embeddings(
+    root: Path, classes: int = 60, dim: int = 16, sizes: dict | None = None, seed: int = 0, dtype=np.float16
+) -> Path:
     """Class-clustered random embeddings in the extraction's layout (train/ and test/, complete)."""
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@
 float32 and float64, against a 60-digit mpmath reference of the aggregate's formula at the λ the
 module used. A finite reference must come back finite and close, ±inf as the same infinity, NaN as
 NaN; where the value is finite the gradient is finite too, and a −inf loss gets none of it."""
+
 import math
 
 import pytest
@@ -101,12 +102,21 @@ AGGREGATES = {
     "stk_solve_eager": (lambda k: STk(k=k, kernel="eager"), SRELU.value),
     "stk_solve_native": (lambda k: STk(k=k, kernel="native"), SRELU.value),
     "stk_gradient_native": (lambda k: STk(k=k, kernel="native", lam_update="gradient", lam_init=1.0), SRELU.value),
-    "stk_atk_scale": (lambda k: STk(k=k, kernel="eager", scale="atk"), Thresholded(
-        srelu_reference, srelu_slope_reference, 0.01, "atk").value),
-    "matk_solve": (lambda k: MATk(k=k, kernel="eager"), Thresholded(relu_reference, relu_slope_reference, 0, "paper").value),
-    "matk_gradient_native": (lambda k: MATk(k=k, kernel="native", lam_update="gradient", lam_init=1.0),
-                             Thresholded(relu_reference, relu_slope_reference, 0, "paper").value),
+    "stk_atk_scale": (
+        lambda k: STk(k=k, kernel="eager", scale="atk"),
+        Thresholded(srelu_reference, srelu_slope_reference, 0.01, "atk").value,
+    ),
+    "matk_solve": (
+        lambda k: MATk(k=k, kernel="eager"),
+        Thresholded(relu_reference, relu_slope_reference, 0, "paper").value,
+    ),
+    "matk_gradient_native": (
+        lambda k: MATk(k=k, kernel="native", lam_update="gradient", lam_init=1.0),
+        Thresholded(relu_reference, relu_slope_reference, 0, "paper").value,
+    ),
 }
+
+
 def soft_atk_reference(values, k, lam):
     """(1/k)·Σ p_i·ℓ_i with p from LapSum in float64 (the operator's own probe checks p); a −inf loss has p = 0."""
     if any(mp.isnan(v) for v in values):
@@ -153,8 +163,9 @@ def test_every_aggregate_returns_the_reference_value_on_extreme_losses(name, cas
         assert got == float(want), f"{name} on {case}: {got}, the reference is {want}"
     else:
         rtol, atol = tolerance(dtype, values)
-        assert math.isfinite(got) and got == pytest.approx(float(want), rel=rtol, abs=atol), \
+        assert math.isfinite(got) and got == pytest.approx(float(want), rel=rtol, abs=atol), (
             f"{name} on {case}: {got}, the reference is {float(want)}"
+        )
         if lam is not None:
             assert math.isfinite(lam), f"{name} on {case}: λ = {lam}"
     if not math.isfinite(got):

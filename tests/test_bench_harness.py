@@ -1,5 +1,6 @@
 """topklab.bench's harness: the timer's median of repeats, process isolation, the peak-RSS measure and
 side-by-side ratios (no timed assertions: only bounds loose enough not to flake on a busy machine)."""
+
 import time
 
 import numpy as np
@@ -9,8 +10,8 @@ from topklab.bench import compare, memory, timing
 from topklab.bench.isolation import WorkerFailed, failure_line, run_isolated
 from topklab.utils.errors import TopklabError
 
-
 # ---------- workers for the isolation tests (run in a child process) ----------
+
 
 def rows_worker(n: int, label: str = "x") -> list[dict]:
     return [{"i": i, "label": label} for i in range(n)]
@@ -34,7 +35,7 @@ def test_repeat_until_runs_at_least_three_and_reaches_the_minimum_time():
 
 def test_medians_follow_the_scripts_rules():
     assert timing.upper_median([4.0, 1.0, 3.0, 2.0]) == 3.0  # bench_topk: the larger middle one
-    assert timing.median([4.0, 1.0, 3.0, 2.0]) == 2.5         # statistics.median
+    assert timing.median([4.0, 1.0, 3.0, 2.0]) == 2.5  # statistics.median
     assert timing.upper_median([5.0, 1.0, 3.0]) == timing.median([5.0, 1.0, 3.0]) == 3.0
 
 
@@ -46,7 +47,9 @@ def test_timed_returns_the_seconds_and_the_value():
 
 def test_isolated_worker_returns_its_rows():
     assert run_isolated("test_bench_harness:rows_worker", 2, label="y", env={"PYTHONPATH": _tests_path()}) == [
-        {"i": 0, "label": "y"}, {"i": 1, "label": "y"}]
+        {"i": 0, "label": "y"},
+        {"i": 1, "label": "y"},
+    ]
 
 
 def test_a_failing_worker_is_one_error_line():
@@ -79,8 +82,9 @@ def test_interleaved_identical_candidates_have_a_ratio_near_one():
     work = np.random.default_rng(0).standard_normal(200_000)
     candidates = {"a": lambda: float(np.sort(work)[0]), "b": lambda: float(np.sort(work)[0])}
     setups = []
-    times, last = compare.interleaved(candidates, 5, timing.Timer("cpu").timed, warmup=1,
-                                      setup={"b": lambda: setups.append(1)})
+    times, last = compare.interleaved(
+        candidates, 5, timing.Timer("cpu").timed, warmup=1, setup={"b": lambda: setups.append(1)}
+    )
     assert [len(v) for v in times.values()] == [5, 5] and last["a"] == last["b"] == float(work.min())
     assert len(setups) == 6  # before every call of b, the warm-up round's included
     ratio = compare.ratios(compare.medians(times), "a")

@@ -1,4 +1,5 @@
 """The selection and routing benchmarks run end to end and write result envelopes the tables read."""
+
 import importlib
 import json
 
@@ -11,12 +12,20 @@ def load(name):
 
 def test_sparsification_benchmark_times_every_selector_and_checks_what_it_sent(tmp_path):
     out = tmp_path / "sparsification_cpu.json"
-    assert load("bench_sparsification").main(["--sizes", "20000", "--ratios", "0.01", "--repeats", "1", "--out", str(out)]) == 0
+    assert (
+        load("bench_sparsification").main(["--sizes", "20000", "--ratios", "0.01", "--repeats", "1", "--out", str(out)])
+        == 0
+    )
     result = json.loads(out.read_text())
     assert result["family"] == "bench"
     rows = result["result"]["rows"]
-    assert [r["selector"] for r in rows] == ["exact top-k", "sampled threshold (DGC's rule)", "STk threshold, cold",
-                                             "STk threshold, warm", "bandwidth floor: x.abs().sum()"]
+    assert [r["selector"] for r in rows] == [
+        "exact top-k",
+        "sampled threshold (DGC's rule)",
+        "STk threshold, cold",
+        "STk threshold, warm",
+        "bandwidth floor: x.abs().sum()",
+    ]
     assert rows[0]["vs_topk"] == 1.0 and rows[0]["recall"] == 1.0 and rows[-1]["vs_floor"] == 1.0
     selectors = rows[:-1]
     assert all(0.8 <= r["count_over_k"] <= 1.1 and r["recall"] >= 0.8 for r in selectors)

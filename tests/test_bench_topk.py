@@ -1,4 +1,5 @@
 """scripts/bench_topk.py: one worker measures its points, the report's ratios and headline."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +17,16 @@ def bench_topk():
 
 
 def test_losses_cover_both_kernel_paths(bench_topk):
-    assert {"ATk (sort)", "ATk (topk)", "MATk (eager)", "MATk (compiled)", "MATk (native)", "STk (eager)",
-            "STk (compiled)", "STk (native)"} <= set(bench_topk.LOSSES)
+    assert {
+        "ATk (sort)",
+        "ATk (topk)",
+        "MATk (eager)",
+        "MATk (compiled)",
+        "MATk (native)",
+        "STk (eager)",
+        "STk (compiled)",
+        "STk (native)",
+    } <= set(bench_topk.LOSSES)
     assert bench_topk.QUICK_LOSSES == ["Average", "ATk (topk)", "STk (eager)", "STk (compiled)", "STk (native)"]
     assert bench_topk.make_loss("STk (native)", 7).kernel == "native"
     assert [bench_topk.headline_loss(d) for d in ("cpu", "cuda")] == ["STk (native)", "STk (compiled)"]
@@ -35,9 +44,10 @@ def fake_results(bench_topk, ns, seconds):
     rows = []
     for n in ns:
         for name in bench_topk.QUICK_LOSSES:
-            for label in (bench_topk.k_values(n) if name in bench_topk.USES_K else ["-"]):
-                rows.append({"loss": name, "n": n, "k_label": label, "seconds": seconds(name, n, label),
-                             "peak_bytes": None})
+            for label in bench_topk.k_values(n) if name in bench_topk.USES_K else ["-"]:
+                rows.append(
+                    {"loss": name, "n": n, "k_label": label, "seconds": seconds(name, n, label), "peak_bytes": None}
+                )
     return rows
 
 
@@ -45,8 +55,12 @@ def test_headline_is_the_worst_compiled_stk_ratio_from_1e5(bench_topk):
     def seconds(name, n, label):
         if name == "STk (native)":
             return {"5": 1.2, "0.1n": 1.4, "0.9n": 1.1}[label] * (5 if n < 10**5 else 1)
-        return {"Average": 1.0, "ATk (topk)": 3.0 if label == "0.9n" else 0.5, "STk (eager)": 9.0,
-                "STk (compiled)": 2.0}[name]
+        return {
+            "Average": 1.0,
+            "ATk (topk)": 3.0 if label == "0.9n" else 0.5,
+            "STk (eager)": 9.0,
+            "STk (compiled)": 2.0,
+        }[name]
 
     rows = fake_results(bench_topk, [10**4, 10**5, 10**6], seconds)
     assert bench_topk.headline(rows, "STk (native)") == pytest.approx(1.4)  # n = 1e4's 7.0 does not count
@@ -54,13 +68,15 @@ def test_headline_is_the_worst_compiled_stk_ratio_from_1e5(bench_topk):
     assert "| STk (native) | 0.1n | 7e+03 ms | 1.4e+03 ms | 1.4e+03 ms |" in text
     assert "| 1e+05 | 9.00 | 2.00 | 1.40 | 0.42, 0.36, 2.73 |" in text
     assert "- STk (native) is faster at: (n=1e5, k=0.9n); (n=1e6, k=0.9n)." in text
-    assert text.rstrip().endswith("worst STk/Average ratio (n >= 1e5): 1.40 (STk (native), the path of kernel=auto "
-                                  "here; every k)")
+    assert text.rstrip().endswith(
+        "worst STk/Average ratio (n >= 1e5): 1.40 (STk (native), the path of kernel=auto here; every k)"
+    )
 
 
 def run(*args):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_topk.py"), *args], capture_output=True,
-                          text=True, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_topk.py"), *args], capture_output=True, text=True, cwd=ROOT
+    )
 
 
 def test_bad_exponents_fail_in_one_line(tmp_path):

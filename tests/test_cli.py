@@ -1,5 +1,6 @@
 """The command-line checks read overrides with Hydra's own parser and check every sweep value
 before any job runs (in process: no training)."""
+
 import pytest
 
 from conftest import CONFIG_DIR
@@ -15,19 +16,22 @@ def values(arg: str) -> list[str]:
     return override_values(parse_overrides([arg])[0], GROUPS)
 
 
-@pytest.mark.parametrize("arg,expected", [
-    ("loss=atk,stk", ["atk", "stk"]),
-    ("loss.k=range(1,4)", ["1", "2", "3"]),
-    ("loss.k=range(0.25,1,0.25)", ["0.25", "0.5", "0.75"]),
-    ("loss=glob(*atk)", ["atk", "matk"]),
-    ("loss=glob(*,exclude=[*atk,maximum])", ["average", "stk"]),
-    ("optim=choice(sgd,adam)", ["sgd", "adam"]),
-    ("loss.k=interval(0.1,0.9)", ["0.1", "0.9"]),
-    ("+engine.extra=1", ["1"]),
-    ("~logger", []),
-    ("model@model=linear", ["linear"]),
-    ('dataset.root="a,b"', ['"a,b"']),
-])
+@pytest.mark.parametrize(
+    "arg,expected",
+    [
+        ("loss=atk,stk", ["atk", "stk"]),
+        ("loss.k=range(1,4)", ["1", "2", "3"]),
+        ("loss.k=range(0.25,1,0.25)", ["0.25", "0.5", "0.75"]),
+        ("loss=glob(*atk)", ["atk", "matk"]),
+        ("loss=glob(*,exclude=[*atk,maximum])", ["average", "stk"]),
+        ("optim=choice(sgd,adam)", ["sgd", "adam"]),
+        ("loss.k=interval(0.1,0.9)", ["0.1", "0.9"]),
+        ("+engine.extra=1", ["1"]),
+        ("~logger", []),
+        ("model@model=linear", ["linear"]),
+        ('dataset.root="a,b"', ['"a,b"']),
+    ],
+)
 def test_every_override_form_gives_its_values(arg, expected):
     assert values(arg) == expected
 
@@ -61,24 +65,28 @@ def test_unknown_group_option_in_any_form(args):
 
 def test_scripts_check_their_own_groups():
     """reproduce_tabular.py checks presets (not a train.py group) with exclude=("hydra",)."""
-    check_group_choices(["preset=full", "row=table3/german,table3/phoneme", "aggregates=[average,stk]"],
-                        CONFIG_DIR, exclude=("hydra",))
+    check_group_choices(
+        ["preset=full", "row=table3/german,table3/phoneme", "aggregates=[average,stk]"], CONFIG_DIR, exclude=("hydra",)
+    )
     with pytest.raises(TopklabError, match="unknown preset 'nope'"):
         check_group_choices(["preset=quick,nope"], CONFIG_DIR, exclude=("hydra",))
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["loss=[1,"], "error: cannot read the override 'loss=[1,' (no viable alternative at input '[1,'); write"),
-    (["loss"], "error: cannot read the override 'loss' (missing EQUAL at '<EOF>')"),
-    (["-m", "loss=atk,nope"], "error: unknown loss 'nope'; choose one of:"),
-    (["loss=atk,stk"], "error: loss=atk,stk is a sweep; add -m to run one job per value"),
-    (["-m", "loss=glob(zz*)"], "error: loss=glob(zz*) gives no values; widen the sweep"),
-    (["-m", "loss.k=glob(*)"], "error: loss.k=glob(*): glob() selects options of a config group"),
-    (["-m", "loss.k=range(0,2)"], "error: loss: k=0 must be a positive count"),  # each range value is composed
-    (["-m", "loss=stk", "loss.k=choice(0.5,2.5)"], "error: loss: k=2.5 as a float is a fraction"),
-    (["-m", "loss.k=interval(0.1,1)"], "error: loss.k=interval(0.1,1): interval() needs a sweeper that samples"),
-    (["hydra/launcher=submitit_lcoal"], "error: In 'hydra/config': Could not find 'hydra/launcher/submitit_lcoal'"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["loss=[1,"], "error: cannot read the override 'loss=[1,' (no viable alternative at input '[1,'); write"),
+        (["loss"], "error: cannot read the override 'loss' (missing EQUAL at '<EOF>')"),
+        (["-m", "loss=atk,nope"], "error: unknown loss 'nope'; choose one of:"),
+        (["loss=atk,stk"], "error: loss=atk,stk is a sweep; add -m to run one job per value"),
+        (["-m", "loss=glob(zz*)"], "error: loss=glob(zz*) gives no values; widen the sweep"),
+        (["-m", "loss.k=glob(*)"], "error: loss.k=glob(*): glob() selects options of a config group"),
+        (["-m", "loss.k=range(0,2)"], "error: loss: k=0 must be a positive count"),  # each range value is composed
+        (["-m", "loss=stk", "loss.k=choice(0.5,2.5)"], "error: loss: k=2.5 as a float is a fraction"),
+        (["-m", "loss.k=interval(0.1,1)"], "error: loss.k=interval(0.1,1): interval() needs a sweeper that samples"),
+        (["hydra/launcher=submitit_lcoal"], "error: In 'hydra/config': Could not find 'hydra/launcher/submitit_lcoal'"),
+    ],
+)
 def test_preflight_errors_are_one_line(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
         preflight(argv, CONFIG_DIR)
@@ -87,11 +95,14 @@ def test_preflight_errors_are_one_line(capsys, argv, message):
     assert err.startswith(message) and err.count("\n") == 1, err
 
 
-@pytest.mark.parametrize("argv", [
-    ["-m", "loss=glob(*atk)", "loss.k=range(1,3)", "dataset=australian,german"],
-    ["-m", "optim=choice(sgd,adam)", "+engine.max_steps=3", "~logger", "hydra/launcher=submitit_local"],
-    ["--cfg", "job", "loss=nope"],  # Hydra's own flags: Hydra has the command line
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-m", "loss=glob(*atk)", "loss.k=range(1,3)", "dataset=australian,german"],
+        ["-m", "optim=choice(sgd,adam)", "+engine.max_steps=3", "~logger", "hydra/launcher=submitit_local"],
+        ["--cfg", "job", "loss=nope"],  # Hydra's own flags: Hydra has the command line
+    ],
+)
 def test_preflight_accepts_every_override_form(capsys, argv):
     preflight(argv, CONFIG_DIR)
     assert capsys.readouterr().err == ""
@@ -103,5 +114,8 @@ def test_a_glob_over_rows_in_subfolders_is_written_out_for_hydras_sweeper():
 
     argv = ["-m", "experiment=glob(sinkhorn_beta/*)", "seed=0,1", "loss=glob(*tk,exclude=matk)"]
     assert expand_group_globs(argv, CONFIG_DIR) == [
-        "-m", "experiment=sinkhorn_beta/beta_1,sinkhorn_beta/beta_10,sinkhorn_beta/beta_100,sinkhorn_beta/beta_1000",
-        "seed=0,1", "loss=atk,stk"]
+        "-m",
+        "experiment=sinkhorn_beta/beta_1,sinkhorn_beta/beta_10,sinkhorn_beta/beta_100,sinkhorn_beta/beta_1000",
+        "seed=0,1",
+        "loss=atk,stk",
+    ]

@@ -1,5 +1,6 @@
 """Every option of every config group composes and instantiates (lightning-hydra-template style),
 and recipe=auto gives each kind of dataset sensible groups that the command line can override."""
+
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -10,20 +11,39 @@ from topklab.data.translation import PairBatch
 from topklab.engine.build import build, build_for_data
 from topklab.utils.errors import TopklabError
 
-FAKE_DATA = {"in_features": 3, "in_channels": 3, "num_classes": 10, "class_counts": [50, 30, 20, 10, 8, 6, 5, 4, 3, 2],
-             "shot_counts": [50, 30, 20, 10, 8, 6, 5, 4, 3, 2], "target": "binary", "vocab_size": 40, "pad_id": 0, "vocab": None,
-             "class_names": [f"class {c}" for c in range(10)]}
+FAKE_DATA = {
+    "in_features": 3,
+    "in_channels": 3,
+    "num_classes": 10,
+    "class_counts": [50, 30, 20, 10, 8, 6, 5, 4, 3, 2],
+    "shot_counts": [50, 30, 20, 10, 8, 6, 5, 4, 3, 2],
+    "target": "binary",
+    "vocab_size": 40,
+    "pad_id": 0,
+    "vocab": None,
+    "class_names": [f"class {c}" for c in range(10)],
+}
 # offline, the pre-trained backbones are built with random weights at a small input size
 OFFLINE_WEIGHTS = {"model.pretrained": "false", "model.img_size": "32", "model.head_init.pretrained": "null"}
 
 # the vision rows of STk Tables 5, 7, 8 are composed, built and run one step each in tests/test_pel_rows.py, the
 # ImageNet-embedding rows of Petersen et al.'s Tables 2, 3, 5 in tests/test_embedding_rows.py
-SEPARATELY_TESTED_ROWS = ("stk/table5/", "stk/table7/", "stk/table8/", "petersen/imagenet1k/", "petersen/imagenet21kp/",
-                          "petersen/table5/")
-GROUP_OPTIONS = [(group, option) for group, options in config_groups(CONFIG_DIR).items() for option in options
-                 if not option.rsplit("/", 1)[-1].startswith("_")
-                 and not (group == "experiment" and option.startswith(SEPARATELY_TESTED_ROWS))
-                 and group not in ("operator", "gradient_exchange", "router")]
+SEPARATELY_TESTED_ROWS = (
+    "stk/table5/",
+    "stk/table7/",
+    "stk/table8/",
+    "petersen/imagenet1k/",
+    "petersen/imagenet21kp/",
+    "petersen/table5/",
+)
+GROUP_OPTIONS = [
+    (group, option)
+    for group, options in config_groups(CONFIG_DIR).items()
+    for option in options
+    if not option.rsplit("/", 1)[-1].startswith("_")
+    and not (group == "experiment" and option.startswith(SEPARATELY_TESTED_ROWS))
+    and group not in ("operator", "gradient_exchange", "router")
+]
 # operators are placed inside a loss (operator@individual.operator=<name>): test_every_operator_composes;
 # gradient exchanges inside the engine (gradient_exchange@engine.gradient_exchange=<name>): test_every_gradient_exchange;
 # routers inside the language model (router@model.router=<name>): test_every_router_composes
@@ -34,7 +54,18 @@ ROUTERS = sorted(path.stem for path in (CONFIG_DIR / "router").glob("*.yaml"))
 
 def test_there_is_something_to_compose():
     groups = dict(config_groups(CONFIG_DIR))
-    for group in ("dataset", "model", "loss", "individual", "optim", "engine", "task", "recipe", "logger", "experiment"):
+    for group in (
+        "dataset",
+        "model",
+        "loss",
+        "individual",
+        "optim",
+        "engine",
+        "task",
+        "recipe",
+        "logger",
+        "experiment",
+    ):
         assert groups.get(group), f"config group {group} is empty"
 
 
@@ -42,8 +73,11 @@ def test_there_is_something_to_compose():
 def test_compose_and_instantiate(compose_cfg, group, option):
     cfg = compose_cfg(f"{group}={option}")
     if cfg.model.get("pretrained"):
-        offline = [f"{k}={v}" for k, v in OFFLINE_WEIGHTS.items()
-                   if k != "model.head_init.pretrained" or "pretrained" in (cfg.model.head_init or {})]
+        offline = [
+            f"{k}={v}"
+            for k, v in OFFLINE_WEIGHTS.items()
+            if k != "model.head_init.pretrained" or "pretrained" in (cfg.model.head_init or {})
+        ]
         cfg = compose_cfg(f"{group}={option}", *offline)
     assert cfg[group] is not None if group not in ("recipe", "experiment") else cfg.recipe != "auto"
     dataset = build(cfg.dataset, "dataset")
@@ -65,7 +99,7 @@ def test_every_operator_composes_into_the_topk_ce_and_runs(compose_cfg, option):
     operator = build(cfg.individual.operator, "operator")
     scores, targets = torch.randn(4, 10), torch.tensor([0, 3, 9, 2])
     soft = operator.soft_topk(scores, 3)
-    assert soft.shape == (4, 10) and torch.isfinite(soft).all() and (soft >= -1e-6).all()   # NeuralSort may exceed 1
+    assert soft.shape == (4, 10) and torch.isfinite(soft).all() and (soft >= -1e-6).all()  # NeuralSort may exceed 1
     if operator.sums_to_k:
         assert torch.allclose(soft.sum(1), torch.full((4,), 3.0), atol=1e-4)
     if operator.gives_permutation:
@@ -93,8 +127,15 @@ def test_every_gradient_exchange_composes_into_the_engine_and_exchanges(compose_
 
 @pytest.mark.parametrize("option", ROUTERS)
 def test_every_router_composes_into_the_language_model_and_routes(compose_cfg, option):
-    cfg = compose_cfg("dataset=multi30k_en", "model=transformer_lm", f"router@model.router={option}",
-                      "model.d_model=16", "model.ffn_dim=32", "model.heads=2", "model.layers=2")
+    cfg = compose_cfg(
+        "dataset=multi30k_en",
+        "model=transformer_lm",
+        f"router@model.router={option}",
+        "model.d_model=16",
+        "model.ffn_dim=32",
+        "model.heads=2",
+        "model.layers=2",
+    )
     model = build_for_data(cfg.model, "model", FAKE_DATA).eval()
     assert list(model.routers) == ["1"]
     tokens = torch.randint(1, FAKE_DATA["vocab_size"], (3, 16))
@@ -103,15 +144,19 @@ def test_every_router_composes_into_the_language_model_and_routes(compose_cfg, o
     assert model.last_routed.shape == (3, 1) and int(model.last_routed.max()) <= 16
 
 
-@pytest.mark.parametrize("dataset,recipe,model,individual,engine_select", [
-    ("australian", "binary", "MLP", "Logistic", None), ("housing", "regression", "MLP", "Square", None),
-    ("cifar100", "multiclass", "resnet32", "LogitAdjusted", ["top1"]),
-    ("cifar100lt", "multiclass", "resnet32", "LogitAdjusted", ["top1"]),
-    ("fmnistlt", "multiclass", "resnet32", "LogitAdjusted", ["top1"]),
-    ("multi30k", "translation", "Transformer", "LabelSmoothedCrossEntropy", ["bleu"]),
-    ("wmt17", "translation", "Transformer", "LabelSmoothedCrossEntropy", ["bleu"]),
-    ("imagenet1k_embeddings", "embeddings", "EmbeddingHead", "CrossEntropy", ["top1", "top5"]),
-])
+@pytest.mark.parametrize(
+    "dataset,recipe,model,individual,engine_select",
+    [
+        ("australian", "binary", "MLP", "Logistic", None),
+        ("housing", "regression", "MLP", "Square", None),
+        ("cifar100", "multiclass", "resnet32", "LogitAdjusted", ["top1"]),
+        ("cifar100lt", "multiclass", "resnet32", "LogitAdjusted", ["top1"]),
+        ("fmnistlt", "multiclass", "resnet32", "LogitAdjusted", ["top1"]),
+        ("multi30k", "translation", "Transformer", "LabelSmoothedCrossEntropy", ["bleu"]),
+        ("wmt17", "translation", "Transformer", "LabelSmoothedCrossEntropy", ["bleu"]),
+        ("imagenet1k_embeddings", "embeddings", "EmbeddingHead", "CrossEntropy", ["top1", "top5"]),
+    ],
+)
 def test_recipe_follows_the_dataset_task(compose_cfg, dataset, recipe, model, individual, engine_select):
     cfg = compose_cfg(f"dataset={dataset}")
     assert cfg.recipe == recipe
@@ -120,7 +165,9 @@ def test_recipe_follows_the_dataset_task(compose_cfg, dataset, recipe, model, in
 
 
 def test_command_line_choices_win_over_the_recipe(compose_cfg):
-    cfg = compose_cfg("dataset=cifar100lt", "loss=stk", "model=resnet18_cifar", "individual=cross_entropy", "optim=adam")
+    cfg = compose_cfg(
+        "dataset=cifar100lt", "loss=stk", "model=resnet18_cifar", "individual=cross_entropy", "optim=adam"
+    )
     assert cfg.model._target_.endswith("resnet18_cifar") and cfg.optim._target_ == "torch.optim.Adam"
     assert cfg.individual._target_.endswith("CrossEntropy") and cfg.loss._target_.endswith("STk")
     assert compose_cfg("dataset=housing", "individual=absolute").individual._target_ == "topklab.losses.Absolute"
@@ -139,16 +186,43 @@ def test_fields_of_recipe_chosen_groups_can_be_overridden(compose_cfg):
     assert cfg.optim.momentum == 0.8 and cfg.engine.schedule.warmup_epochs == 5 and cfg.individual.tau == 2
 
 
-@pytest.mark.parametrize("row,operator", [
-    ("petersen/cifar100/diffsortnets_uniform", {"_target_": "topklab.operators.DiffSortNet", "network": "bitonic",
-                                                "steepness": 0.5, "distribution": "logistic_phi", "art_lambda": 0.5}),
-    ("petersen/cifar100/neuralsort_top5", {"_target_": "topklab.operators.NeuralSort", "tau": 16.0}),
-    ("petersen/cifar100/softsort_uniform", {"_target_": "topklab.operators.SoftSort", "tau": 16.0, "power": 1.0}),
-    ("petersen/cifar100/sinkhorn_top5", {"_target_": "topklab.operators.SinkhornSort", "inverse_temperature": 100.0,
-                                         "iterations": 50, "tol": 1e-3, "unconverged": "warn"}),
-    ("fmnistlt/topk_ce", {"_target_": "topklab.operators.DiffSortNet", "network": "odd_even", "steepness": 0.5,
-                          "distribution": "logistic_phi", "art_lambda": 0.5}),
-])
+@pytest.mark.parametrize(
+    "row,operator",
+    [
+        (
+            "petersen/cifar100/diffsortnets_uniform",
+            {
+                "_target_": "topklab.operators.DiffSortNet",
+                "network": "bitonic",
+                "steepness": 0.5,
+                "distribution": "logistic_phi",
+                "art_lambda": 0.5,
+            },
+        ),
+        ("petersen/cifar100/neuralsort_top5", {"_target_": "topklab.operators.NeuralSort", "tau": 16.0}),
+        ("petersen/cifar100/softsort_uniform", {"_target_": "topklab.operators.SoftSort", "tau": 16.0, "power": 1.0}),
+        (
+            "petersen/cifar100/sinkhorn_top5",
+            {
+                "_target_": "topklab.operators.SinkhornSort",
+                "inverse_temperature": 100.0,
+                "iterations": 50,
+                "tol": 1e-3,
+                "unconverged": "warn",
+            },
+        ),
+        (
+            "fmnistlt/topk_ce",
+            {
+                "_target_": "topklab.operators.DiffSortNet",
+                "network": "odd_even",
+                "steepness": 0.5,
+                "distribution": "logistic_phi",
+                "art_lambda": 0.5,
+            },
+        ),
+    ],
+)
 def test_topk_ce_rows_get_petersens_operator_settings_and_can_swap_the_operator(compose_cfg, row, operator):
     """The rows take their operator's config defaults (Petersen et al.'s CIFAR-100 settings), so that
     operator@individual.operator=<name> swaps the whole operator."""

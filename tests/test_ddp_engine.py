@@ -2,6 +2,7 @@
 the engine shards each global batch by rank, DDP averages the gradients of the model and λ, and
 evaluation outputs are gathered. ATk and a solved λ need objective.gather_losses=true for the global
 top-k or root."""
+
 import json
 import os
 import subprocess
@@ -15,18 +16,37 @@ TINY = ["dataset=wisconsin", "engine.epochs=2", "logger=none"]
 
 
 def run(tmp_path, name, *args, ranks=1):
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)] \
-        if ranks > 1 else [sys.executable]
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
+        if ranks > 1
+        else [sys.executable]
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([*launcher, str(ROOT / "train.py"), *TINY, *args, f"hydra.run.dir={tmp_path / name}",
-                           f"paths.log_dir={tmp_path / 'logs'}"], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            *launcher,
+            str(ROOT / "train.py"),
+            *TINY,
+            *args,
+            f"hydra.run.dir={tmp_path / name}",
+            f"paths.log_dir={tmp_path / 'logs'}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-8000:]  # enough to show a failing rank's own lines
     return json.loads((tmp_path / name / "summary.json").read_text())
 
 
 def same_training(a: dict, b: dict) -> bool:
-    return (a["metrics"] == b["metrics"] and a["best_step"] == b["best_step"] and a["steps"] == b["steps"]
-            and (a["lambda"] is None or abs(a["lambda"] - b["lambda"]) < 1e-5))
+    return (
+        a["metrics"] == b["metrics"]
+        and a["best_step"] == b["best_step"]
+        and a["steps"] == b["steps"]
+        and (a["lambda"] is None or abs(a["lambda"] - b["lambda"]) < 1e-5)
+    )
 
 
 @pytest.mark.parametrize("loss", ["loss=stk", pytest.param("loss=matk", marks=pytest.mark.slow)])

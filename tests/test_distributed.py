@@ -3,6 +3,7 @@
 One spawn (module fixture) runs every multi-process case and saves what each rank saw; the tests
 compare those with single-process references computed here.
 """
+
 import os
 from datetime import timedelta
 
@@ -44,19 +45,47 @@ class Net(nn.Module):
 # name: (aggregate on each rank, gather the losses?, single-process aggregate, global batch size)
 CASES = {
     "average": (lambda: Average(), False, lambda: Average(), 8),
-    "matk_fraction": (lambda: MATk(k=0.5, lam_update="gradient", lam_init=0.6), False, lambda: MATk(k=0.5, lam_update="gradient", lam_init=0.6), 8),
-    "stk_fraction": (lambda: STk(k=0.5, delta=0.5, lam_update="gradient", lam_init=0.6), False,
-                     lambda: STk(k=0.5, delta=0.5, lam_update="gradient", lam_init=0.6), 8),
-    "stk_fraction_atk_scale": (lambda: STk(k=0.25, lam_update="gradient", lam_init=0.6, scale="atk"), False,
-                               lambda: STk(k=0.25, lam_update="gradient", lam_init=0.6, scale="atk"), 8),
+    "matk_fraction": (
+        lambda: MATk(k=0.5, lam_update="gradient", lam_init=0.6),
+        False,
+        lambda: MATk(k=0.5, lam_update="gradient", lam_init=0.6),
+        8,
+    ),
+    "stk_fraction": (
+        lambda: STk(k=0.5, delta=0.5, lam_update="gradient", lam_init=0.6),
+        False,
+        lambda: STk(k=0.5, delta=0.5, lam_update="gradient", lam_init=0.6),
+        8,
+    ),
+    "stk_fraction_atk_scale": (
+        lambda: STk(k=0.25, lam_update="gradient", lam_init=0.6, scale="atk"),
+        False,
+        lambda: STk(k=0.25, lam_update="gradient", lam_init=0.6, scale="atk"),
+        8,
+    ),
     # k·m not whole: each rank rounds 0.375·4 = 1.5 up to 2, so the run is the global objective with k = 0.5
-    "stk_fraction_rounded": (lambda: STk(k=0.375, lam_update="gradient", lam_init=0.6), False, lambda: STk(k=0.5, lam_update="gradient", lam_init=0.6), 8),
+    "stk_fraction_rounded": (
+        lambda: STk(k=0.375, lam_update="gradient", lam_init=0.6),
+        False,
+        lambda: STk(k=0.5, lam_update="gradient", lam_init=0.6),
+        8,
+    ),
     # a count without gathering is a count per rank: 2 on each of 2 ranks is 4 of the global batch
-    "matk_count_local": (lambda: MATk(k=2, lam_update="gradient", lam_init=0.6), False, lambda: MATk(k=4, lam_update="gradient", lam_init=0.6), 8),
+    "matk_count_local": (
+        lambda: MATk(k=2, lam_update="gradient", lam_init=0.6),
+        False,
+        lambda: MATk(k=4, lam_update="gradient", lam_init=0.6),
+        8,
+    ),
     "atk_gathered": (lambda: ATk(k=0.25), True, lambda: ATk(k=0.25), 8),
     "atk_local": (lambda: ATk(k=0.25), False, lambda: ATk(k=0.25), 8),
     # with gathering a count is a count of the global batch, and λ is exact too
-    "matk_count_gathered": (lambda: MATk(k=3, lam_update="gradient", lam_init=0.6), True, lambda: MATk(k=3, lam_update="gradient", lam_init=0.6), 8),
+    "matk_count_gathered": (
+        lambda: MATk(k=3, lam_update="gradient", lam_init=0.6),
+        True,
+        lambda: MATk(k=3, lam_update="gradient", lam_init=0.6),
+        8,
+    ),
     # uneven split (4 + 3 samples): exact with gathering
     "atk_gathered_uneven": (lambda: ATk(k=3), True, lambda: ATk(k=3), 7),
 }
@@ -104,10 +133,20 @@ def single_process(name):
     return loss.detach(), [p.grad.clone() for p in net.parameters()]
 
 
-@pytest.mark.parametrize("name", [
-    "average", "matk_fraction", "stk_fraction", "stk_fraction_atk_scale", "stk_fraction_rounded", "matk_count_local",
-    "atk_gathered", "matk_count_gathered", "atk_gathered_uneven",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "average",
+        "matk_fraction",
+        "stk_fraction",
+        "stk_fraction_atk_scale",
+        "stk_fraction_rounded",
+        "matk_count_local",
+        "atk_gathered",
+        "matk_count_gathered",
+        "atk_gathered_uneven",
+    ],
+)
 def test_ddp_gradient_equals_single_process_on_the_global_batch(ranks, name):
     _, reference = single_process(name)
     for seen in ranks:
@@ -125,8 +164,8 @@ def test_gathered_loss_is_the_global_value_on_every_rank(ranks, name):
 def test_atk_without_gathering_is_not_the_global_atk(ranks):
     _, reference = single_process("atk_local")
     weight_gap = (ranks[0]["atk_local"]["grads"][0] - reference[0]).abs().max()
-    assert weight_gap > 1e-2   # the mean of the local top-1 losses is not the global top-2 mean
-    torch.testing.assert_close(ranks[0]["atk_local"]["grads"], ranks[1]["atk_local"]["grads"])   # but DDP synced
+    assert weight_gap > 1e-2  # the mean of the local top-1 losses is not the global top-2 mean
+    torch.testing.assert_close(ranks[0]["atk_local"]["grads"], ranks[1]["atk_local"]["grads"])  # but DDP synced
 
 
 def test_gather_concat_uneven_rows_in_rank_order(ranks):
@@ -139,6 +178,7 @@ def test_gather_concat_uneven_rows_in_rank_order(ranks):
 
 
 # ---------- one process ----------
+
 
 def test_single_process_is_a_no_op():
     ctx = Distributed.from_env({})
@@ -159,13 +199,16 @@ def test_from_env_reads_torchrun_variables():
     assert (ctx.rank, ctx.world_size, ctx.local_rank, ctx.is_main, ctx.device) == (3, 4, 1, False, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("environ,expected", [
-    ({"WORLD_SIZE": "2"}, "RANK is not set"),
-    ({"WORLD_SIZE": "2", "RANK": "0"}, "LOCAL_RANK is not set"),
-    ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' must be a whole number"),
-    ({"WORLD_SIZE": "2", "RANK": "2", "LOCAL_RANK": "0"}, "rank=2 with world_size=2 is impossible"),
-    ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "-1"}, "LOCAL_RANK=-1 must be a whole number >= 0"),
-])
+@pytest.mark.parametrize(
+    "environ,expected",
+    [
+        ({"WORLD_SIZE": "2"}, "RANK is not set"),
+        ({"WORLD_SIZE": "2", "RANK": "0"}, "LOCAL_RANK is not set"),
+        ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' must be a whole number"),
+        ({"WORLD_SIZE": "2", "RANK": "2", "LOCAL_RANK": "0"}, "rank=2 with world_size=2 is impossible"),
+        ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "-1"}, "LOCAL_RANK=-1 must be a whole number >= 0"),
+    ],
+)
 def test_incomplete_or_wrong_env_is_one_line_error(environ, expected):
     with pytest.raises(TopklabError, match=expected) as error:
         Distributed.from_env(environ, backend="gloo")

@@ -2,6 +2,7 @@
 broken link or anchor, a page left out of the nav, a docstring the API pages cannot read fail it);
 the README stays a short front page whose links resolve; every section the long README had lives on
 in docs/; and the code the README and the pages show runs as shown."""
+
 import importlib.util
 import os
 import re
@@ -58,8 +59,14 @@ def test_the_site_builds_with_strict(tmp_path):
         if not found:
             pytest.skip(f"{module} is not installed (requirements-cpu.txt or `pip install -e .[docs]`)")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site"),
-                           "-f", "mkdocs.yml"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site"), "-f", "mkdocs.yml"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stderr[-4000:]}"
     assert (tmp_path / "site" / "api" / "losses" / "index.html").read_text().count("STk") > 5
 
@@ -92,8 +99,9 @@ def test_every_page_is_in_the_nav():
     assert not left_out, f"pages missing from mkdocs.yml's nav: {left_out}"
 
 
-@pytest.mark.parametrize("path", ["README.md", "docs/library.md", "docs/operators.md", "docs/layout.md",
-                                  "docs/use-in-your-model.md"])
+@pytest.mark.parametrize(
+    "path", ["README.md", "docs/library.md", "docs/operators.md", "docs/layout.md", "docs/use-in-your-model.md"]
+)
 def test_the_shown_code_runs(path):
     """Each ```python block runs in order in one namespace; `x`, `y` stand for the reader's batch."""
     import torch
@@ -101,7 +109,6 @@ def test_the_shown_code_runs(path):
     blocks = PYTHON_BLOCK.findall((ROOT / path).read_text(encoding="utf-8"))
     assert blocks, f"{path} shows no python code"
     torch.manual_seed(0)
-    namespace = {"__name__": "docs_example", "x": torch.randn(16, 14),
-                 "y": torch.randint(0, 2, (16,)).float() * 2 - 1}
+    namespace = {"__name__": "docs_example", "x": torch.randn(16, 14), "y": torch.randint(0, 2, (16,)).float() * 2 - 1}
     for block in blocks:
         exec(compile(block, path, "exec"), namespace)  # noqa: S102 - the documentation's own examples

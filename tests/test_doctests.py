@@ -3,6 +3,7 @@ the module), with ELLIPSIS and NORMALIZE_WHITESPACE. Examples that cannot run he
 results/, a data or config tree, or write files) are marked ``# doctest: +SKIP`` where they stand;
 a module whose import needs an optional package that is not installed is skipped with that package
 named. This supersedes the per-module ``doctest.testmod`` tests the other files used to hold."""
+
 import doctest
 import importlib
 import re
@@ -49,5 +50,7 @@ def test_docstring_examples(name):
     for test in finder.find(module, name):
         runner.run(test, out=report.append)
     if runner.tries == 0:
-        pytest.skip(f"{name}: every example is marked +SKIP (they need results/, a data or config tree, or write files)")
+        pytest.skip(
+            f"{name}: every example is marked +SKIP (they need results/, a data or config tree, or write files)"
+        )
     assert runner.failures == 0, f"{runner.failures} of {runner.tries} examples fail:\n" + "".join(report)

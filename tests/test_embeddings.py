@@ -2,6 +2,7 @@
 backbone (end to end on a tiny image tree in the real layout, resumed after an interrupted shard),
 and the embedding dataset (difftopk's hold-out, batches straight from the memory map, one-line
 errors)."""
+
 import json
 import subprocess
 import sys
@@ -27,8 +28,18 @@ def tiny_backbone(**overrides) -> Backbone:
 
 def run_extraction(tree, out, **kwargs):
     torch.manual_seed(0)  # random weights, the same in every call
-    return extract(tiny_backbone(), tree, out, SPLITS, batch_size=2, shard_size=5, num_workers=0, device="cpu",
-                   progress=False, **kwargs)
+    return extract(
+        tiny_backbone(),
+        tree,
+        out,
+        SPLITS,
+        batch_size=2,
+        shard_size=5,
+        num_workers=0,
+        device="cpu",
+        progress=False,
+        **kwargs,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +50,9 @@ def tree(tmp_path_factory):
 def test_an_image_tree_lists_sorted_classes_and_files(tree):
     files, labels, classes = list_image_tree(tree / "train")
     assert classes == [f"n{c:08d}" for c in range(6)] and len(files) == 18
-    assert files[:2] == ["n00000000/n00000000_0.JPEG", "n00000000/n00000000_1.JPEG"] and labels.tolist() == sorted(labels.tolist())
+    assert files[:2] == ["n00000000/n00000000_0.JPEG", "n00000000/n00000000_1.JPEG"] and labels.tolist() == sorted(
+        labels.tolist()
+    )
     val_files, val_labels, _ = list_image_tree(tree / "val", classes)
     assert len(val_files) == 6 and val_labels.tolist() == list(range(6))
 
@@ -93,7 +106,9 @@ def test_extraction_resumes_after_an_interrupted_shard_with_the_same_arrays(tree
     assert report["train"]["extracted"] == 8  # shards 2 and 3 (5 + 3 images), not the finished ones
     for split in ("train", "test"):
         for name in ("embeddings.npy", "labels.npy", "files.txt"):
-            assert (tmp_path / "resumed" / split / name).read_bytes() == (tmp_path / "whole" / split / name).read_bytes()
+            assert (tmp_path / "resumed" / split / name).read_bytes() == (
+                tmp_path / "whole" / split / name
+            ).read_bytes()
     assert run_extraction(tree, tmp_path / "resumed")["train"]["extracted"] == 0  # complete: nothing to do
 
 
@@ -113,8 +128,17 @@ def test_extraction_errors_are_one_line(tree, tmp_path):
     run_extraction(tree, tmp_path / "e4")
     torch.manual_seed(0)
     with pytest.raises(TopklabError, match="started with another backbone"):
-        extract(tiny_backbone(resolution=24), tree, tmp_path / "e4", SPLITS, batch_size=2, shard_size=5, num_workers=0,
-                device="cpu", progress=False)
+        extract(
+            tiny_backbone(resolution=24),
+            tree,
+            tmp_path / "e4",
+            SPLITS,
+            batch_size=2,
+            shard_size=5,
+            num_workers=0,
+            device="cpu",
+            progress=False,
+        )
     with pytest.raises(ValueError, match="not a timm model"):
         Backbone("no_such_net", 32)
     with pytest.raises(DataUnavailableError, match="backbone.checkpoint=/nowhere/w.pth does not exist"):
@@ -126,7 +150,9 @@ def test_missing_pretrained_weights_offline_are_one_line(monkeypatch, tmp_path):
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # an empty cache
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
-    with pytest.raises(DataUnavailableError, match="pretrained weights could not be loaded .*backbone.checkpoint=") as err:
+    with pytest.raises(
+        DataUnavailableError, match="pretrained weights could not be loaded .*backbone.checkpoint="
+    ) as err:
         Backbone("test_efficientnet", 32, pretrained=True).model(torch.device("cpu"))
     assert "\n" not in str(err.value)
 
@@ -136,8 +162,17 @@ def test_an_unreadable_image_in_a_decoding_worker_is_one_line(tmp_path):
     (broken / "train" / "n00000000" / "n00000000_2.JPEG").write_bytes(b"not a jpeg")
     torch.manual_seed(0)
     with pytest.raises(TopklabError, match=r"^image .*n00000000_2.JPEG cannot be read") as err:
-        extract(tiny_backbone(), broken, tmp_path / "out", SPLITS, batch_size=2, shard_size=5, num_workers=1, device="cpu",
-                progress=False)
+        extract(
+            tiny_backbone(),
+            broken,
+            tmp_path / "out",
+            SPLITS,
+            batch_size=2,
+            shard_size=5,
+            num_workers=1,
+            device="cpu",
+            progress=False,
+        )
     assert "\n" not in str(err.value) and "Traceback" not in str(err.value)
 
 
@@ -174,23 +209,39 @@ def test_the_backbone_configs_build_the_papers_architectures():
     assert {name: (b.name, b.resolution, b.storage) for name, b in backbones.items()} == {
         "resnext101_32x48d_wsl_320": ("resnext101_32x48d.fb_wsl_ig1b_ft_in1k", 320, "float16"),
         "resnext101_32x48d_wsl_224": ("resnext101_32x48d.fb_wsl_ig1b_ft_in1k", 224, "float16"),
-        "tf_efficientnet_l2_ns_800": ("tf_efficientnet_l2.ns_jft_in1k", 800, "float16")}
+        "tf_efficientnet_l2_ns_800": ("tf_efficientnet_l2.ns_jft_in1k", 800, "float16"),
+    }
     assert backbones["tf_efficientnet_l2_ns_800"].precision == "fp16"
-    assert timm.get_pretrained_cfg("resnext101_32x48d.fb_wsl_ig1b_ft_in1k").url.endswith("ig_resnext101_32x48-3e41cc8a.pth")
+    assert timm.get_pretrained_cfg("resnext101_32x48d.fb_wsl_ig1b_ft_in1k").url.endswith(
+        "ig_resnext101_32x48-3e41cc8a.pth"
+    )
     with torch.device("meta"):  # the architecture without allocating its 826 M parameters
         model = timm.create_model("resnext101_32x48d", pretrained=False, num_classes=0)
     assert model.num_features == 2048 and 820e6 < sum(p.numel() for p in model.parameters()) < 830e6
 
 
 def test_the_extraction_script_end_to_end_and_its_one_line_errors(tree, tmp_path):
-    common = [sys.executable, str(ROOT / "scripts" / "extract_embeddings.py"), f"image_root={tree}",
-              "backbone.name=test_efficientnet", "backbone.resolution=32", "backbone.pretrained=false", "num_workers=0",
-              "device=cpu", "progress=false", f"paths.log_dir={tmp_path}/logs"]
+    common = [
+        sys.executable,
+        str(ROOT / "scripts" / "extract_embeddings.py"),
+        f"image_root={tree}",
+        "backbone.name=test_efficientnet",
+        "backbone.resolution=32",
+        "backbone.pretrained=false",
+        "num_workers=0",
+        "device=cpu",
+        "progress=false",
+        f"paths.log_dir={tmp_path}/logs",
+    ]
     done = subprocess.run([*common, f"out_dir={tmp_path}/emb"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "train: 18 images from train" in done.stdout and (tmp_path / "emb" / "test" / "embeddings.npy").exists()
-    bad = subprocess.run([*common, f"out_dir={tmp_path}/emb2", "image_root=/nowhere"], capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: /nowhere/train is not a folder")
+    bad = subprocess.run(
+        [*common, f"out_dir={tmp_path}/emb2", "image_root=/nowhere"], capture_output=True, text=True, timeout=300
+    )
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(
+        "error: /nowhere/train is not a folder"
+    )
     assert not (tmp_path / "emb2" / "train").exists()
     unknown = subprocess.run([*common, "backbone=nope"], capture_output=True, text=True, timeout=300)
     assert unknown.returncode == 2 and "unknown backbone 'nope'" in unknown.stderr
@@ -215,7 +266,9 @@ def test_batches_come_from_the_memory_map_in_the_epochs_order(tmp_path):
     stored = np.load(root / "train" / "embeddings.npy").astype(np.float32)
     index = data.parts["train"][1]
     loader = data.train_loader(64, drop_last=True, seed=3, device="cpu")
-    reference = TensorLoader(torch.from_numpy(stored[index]), data.targets("train"), 64, shuffle=True, drop_last=True, seed=3)
+    reference = TensorLoader(
+        torch.from_numpy(stored[index]), data.targets("train"), 64, shuffle=True, drop_last=True, seed=3
+    )
     assert len(loader) == len(reference) == 4
     for epoch in (1, 0, 2):  # any epoch, in any order (a resumed run)
         for (x, y), (x_ref, y_ref) in zip(loader.batches(epoch), reference.batches(epoch)):
@@ -223,7 +276,9 @@ def test_batches_come_from_the_memory_map_in_the_epochs_order(tmp_path):
     resumed = list(loader.batches(2, start=3))
     assert len(resumed) == 1 and torch.equal(resumed[0][0], list(reference.batches(2))[3][0])
     test = list(data.eval_loader("test", 20, "cpu").batches())
-    assert torch.equal(torch.cat([x for x, _ in test]), torch.from_numpy(np.load(root / "test" / "embeddings.npy").astype(np.float32)))
+    assert torch.equal(
+        torch.cat([x for x, _ in test]), torch.from_numpy(np.load(root / "test" / "embeddings.npy").astype(np.float32))
+    )
     assert isinstance(loader, MappedLoader) and not isinstance(data.parts["train"][1], torch.Tensor)
 
 
@@ -251,22 +306,38 @@ def test_bad_embeddings_are_one_line_errors(tmp_path):
         EmbeddingDataset(str(corrupt), "x", holdout=0)
 
 
-@pytest.mark.parametrize("layout,train_key,test_key,dtype", [
-    ("wsl_1k", "train", "test", torch.float32),
-    ("imagenet21k_p", "imagenet21k_train", "imagenet21k_val", torch.float16),
-    ("efficientnet_l2", "train", "val", torch.float16),
-])
+@pytest.mark.parametrize(
+    "layout,train_key,test_key,dtype",
+    [
+        ("wsl_1k", "train", "test", torch.float32),
+        ("imagenet21k_p", "imagenet21k_train", "imagenet21k_val", torch.float16),
+        ("efficientnet_l2", "train", "val", torch.float16),
+    ],
+)
 def test_difftopks_published_files_convert_into_the_datasets_layout(tmp_path, layout, train_key, test_key, dtype):
     import subprocess
     import sys
 
     torch.manual_seed(0)
-    data = {f"{train_key}_embeddings": torch.randn(300, 8).to(dtype), f"{train_key}_labels": torch.randint(0, 60, (300,)),
-            f"{test_key}_embeddings": torch.randn(50, 8).to(dtype), f"{test_key}_labels": torch.randint(0, 60, (50,))}
+    data = {
+        f"{train_key}_embeddings": torch.randn(300, 8).to(dtype),
+        f"{train_key}_labels": torch.randint(0, 60, (300,)),
+        f"{test_key}_embeddings": torch.randn(50, 8).to(dtype),
+        f"{test_key}_labels": torch.randint(0, 60, (50,)),
+    }
     data[f"{train_key}_labels"][0] = 59  # difftopk: classes = the largest label + 1
     torch.save(data, tmp_path / "file.p")
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "convert_difftopk_embeddings.py"), str(tmp_path / "file.p"),
-                           str(tmp_path / "emb")], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "convert_difftopk_embeddings.py"),
+            str(tmp_path / "file.p"),
+            str(tmp_path / "emb"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "train 300 rows, test 50 rows" in done.stdout
     split = EmbeddingDataset(str(tmp_path / "emb"), "converted", holdout=40).splits()

@@ -8,6 +8,7 @@ a SIGKILL at any moment of a run (also under torchrun) in ``test_vision_engine.p
 a code change before a rerun in ``test_run_identity.py::test_a_finished_run_is_not_reused_under_other_code_unless_forced``;
 a non-finite loss in ``test_sweeps.py::test_a_single_failed_run_exits_2_with_one_line``.
 """
+
 import errno
 import importlib.util
 import json
@@ -92,23 +93,40 @@ def run_cli(train_py, monkeypatch, capsys):
 
 # --- the run's output folders: Hydra's run directory, checkpoints, results -------------------------
 
+
 def test_a_run_directory_under_a_file_is_one_line_from_the_command_line(tmp_path):
     """Hydra would make the run directory itself and end in a traceback; train.py checks it first."""
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")  # refused even to root, unlike a chmod
-    done = subprocess.run([sys.executable, str(ROOT / "train.py"), "dataset=sinc", "logger=none", "engine.epochs=1",
-                           f"paths.log_dir={tmp_path}/logs", f"hydra.run.dir={blocker}/run"],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "dataset=sinc",
+            "logger=none",
+            "engine.epochs=1",
+            f"paths.log_dir={tmp_path}/logs",
+            f"hydra.run.dir={blocker}/run",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
-    assert one_line(done.stderr) == (f"error: cannot create the run directory {blocker}/run: {blocker} is a file, "
-                                     "not a folder; choose another hydra.run.dir")
+    assert one_line(done.stderr) == (
+        f"error: cannot create the run directory {blocker}/run: {blocker} is a file, "
+        "not a folder; choose another hydra.run.dir"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 
 
 @pytest.mark.parametrize("fault", ["read-only", "full"])
 @pytest.mark.parametrize("multirun", [False, True], ids=["run", "sweep"])
-def test_a_read_only_or_full_output_folder_is_one_line_before_hydra_starts(run_cli, tmp_path, monkeypatch, fault,
-                                                                           multirun):
+def test_a_read_only_or_full_output_folder_is_one_line_before_hydra_starts(
+    run_cli, tmp_path, monkeypatch, fault, multirun
+):
     logs = tmp_path / "logs"
     logs.mkdir()
     if fault == "read-only":
@@ -120,6 +138,7 @@ def test_a_read_only_or_full_output_folder_is_one_line_before_hydra_starts(run_c
                 if str(dir).startswith(str(logs)):
                     raise OSError(errno.EROFS, "Read-only file system")
                 return real(*args, dir=dir, **kwargs)
+
             monkeypatch.setattr(io.tempfile, "TemporaryFile", refuse)
         reason = rf"{logs} is not writable \((Permission denied|Read-only file system)\); make it writable or"
     else:
@@ -131,8 +150,10 @@ def test_a_read_only_or_full_output_folder_is_one_line_before_hydra_starts(run_c
     finally:
         logs.chmod(0o755)
     assert code == 2
-    assert re.fullmatch(f"error: cannot create the {what} directory {logs}/train/.*: {reason} choose another "
-                        f"paths.log_dir or {key}", one_line(err)), err
+    assert re.fullmatch(
+        f"error: cannot create the {what} directory {logs}/train/.*: {reason} choose another paths.log_dir or {key}",
+        one_line(err),
+    ), err
     assert list(logs.iterdir()) == []
 
 
@@ -142,29 +163,38 @@ def test_a_run_directory_that_cannot_be_written_is_one_line_from_the_library_too
     blocker.write_text("not a folder")
     cfg = compose_cfg(*SINC)
     assert failure(lambda: train(cfg, blocker / "run")) == (
-        f"cannot write to {blocker}/run (Not a directory); make it writable or choose another hydra.run.dir")
+        f"cannot write to {blocker}/run (Not a directory); make it writable or choose another hydra.run.dir"
+    )
     assert not (tmp_path / "checkpoints").exists()
 
 
 def full_device(monkeypatch, folder, free=4096):
     """The device of ``folder`` (and of what lies under it) has ``free`` bytes left."""
     real = shutil.disk_usage
-    monkeypatch.setattr(io.shutil, "disk_usage", lambda path: real(path)._replace(free=free)
-                        if str(path).startswith(str(folder)) else real(path))
+    monkeypatch.setattr(
+        io.shutil,
+        "disk_usage",
+        lambda path: real(path)._replace(free=free) if str(path).startswith(str(folder)) else real(path),
+    )
 
 
 @pytest.mark.parametrize("fault", ["a file in the way", "full"])
-def test_an_unwritable_or_full_checkpoint_folder_stops_the_run_before_training(compose_cfg, tmp_path, monkeypatch,
-                                                                              fault):
+def test_an_unwritable_or_full_checkpoint_folder_stops_the_run_before_training(
+    compose_cfg, tmp_path, monkeypatch, fault
+):
     if fault == "full":
         folder = tmp_path / "checkpoints"
         full_device(monkeypatch, folder)
-        expected = (f"no space left on the device of {folder} (4,096 bytes free); free some, or choose another "
-                    "paths.checkpoint_dir")
+        expected = (
+            f"no space left on the device of {folder} (4,096 bytes free); free some, or choose another "
+            "paths.checkpoint_dir"
+        )
     else:
         (tmp_path / "a_file").write_text("not a folder")
         folder = tmp_path / "a_file" / "checkpoints"
-        expected = f"cannot write to {folder} (Not a directory); make it writable or choose another paths.checkpoint_dir"
+        expected = (
+            f"cannot write to {folder} (Not a directory); make it writable or choose another paths.checkpoint_dir"
+        )
     cfg = compose_cfg(*SINC, f"paths.checkpoint_dir={folder}")
     assert failure(lambda: train(cfg, tmp_path / "run")) == expected
     assert not (tmp_path / "run").exists() and not list(tmp_path.rglob("*.pt")) and temporaries(tmp_path) == []
@@ -189,6 +219,7 @@ def test_a_disk_that_fills_during_a_run_is_one_line_and_leaves_no_partial_file(c
             handle.write(b"PK\x03\x04")
             raise OSError(errno.ENOSPC, "No space left on device")
         real_save(obj, handle, *args, **kwargs)
+
     overrides = [*SINC, "engine.epochs=2", "engine.patience=null", f"result_file={tmp_path}/result.json"]
     cfg = compose_cfg(*overrides)
     monkeypatch.setattr(torch, "save", save)
@@ -201,9 +232,14 @@ def test_a_disk_that_fills_during_a_run_is_one_line_and_leaves_no_partial_file(c
     assert [segment["from_step"] for segment in resumed["segments"]] == [0, 31]
 
 
-@pytest.mark.parametrize("failure_", [OSError(28, "No space left on device"),
-                                      RuntimeError("[enforce fail at inline_container.cc:778] . unexpected pos 64 vs 0")],
-                         ids=["ENOSPC", "torch.save short write"])
+@pytest.mark.parametrize(
+    "failure_",
+    [
+        OSError(28, "No space left on device"),
+        RuntimeError("[enforce fail at inline_container.cc:778] . unexpected pos 64 vs 0"),
+    ],
+    ids=["ENOSPC", "torch.save short write"],
+)
 def test_a_full_disk_is_one_line_and_leaves_no_temporary(tmp_path, failure_):
     def write(handle):
         handle.write("part")
@@ -225,15 +261,32 @@ def test_another_write_failure_keeps_its_own_error(tmp_path):
 
 # --- the data ----------------------------------------------------------------------------------------
 
+
 def test_an_empty_split_is_one_line_from_the_command_line(tmp_path):
     """50 rows split 0.6 / 0.39 / 0.01 leave the test split empty: named before training, exit 2,
     the run's record removed."""
-    done = subprocess.run([sys.executable, str(ROOT / "train.py"), "dataset=sinc", "logger=none", "engine.epochs=1",
-                           "dataset.source.n=50", "dataset.split=[0.6,0.39,0.01]", f"paths.log_dir={tmp_path}"],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "dataset=sinc",
+            "logger=none",
+            "engine.epochs=1",
+            "dataset.source.n=50",
+            "dataset.split=[0.6,0.39,0.01]",
+            f"paths.log_dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
-    assert one_line(done.stderr) == ("error: dataset sinc: the test split is empty (train 30, val 20, test 0 examples); "
-                                     "give it examples with dataset.split")
+    assert one_line(done.stderr) == (
+        "error: dataset sinc: the test split is empty (train 30, val 20, test 0 examples); "
+        "give it examples with dataset.split"
+    )
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
 
 
@@ -244,10 +297,12 @@ def test_an_empty_split_of_any_family_is_one_line_before_training(compose_cfg, t
     cfg = compose_cfg(*TINY_FMNIST, f"dataset.root={images}", "result_file=null")
     assert failure(lambda: train(cfg, tmp_path / "vision")) == (
         "dataset fmnistlt: the test split is empty (train 159, val 50, test 0 examples); "
-        f"check its data under dataset.root={images}")
+        f"check its data under dataset.root={images}"
+    )
     cfg = compose_cfg(*SINC, "dataset.source.n=50", "dataset.split=[0.6,0.01,0.39]")
     assert failure(lambda: train(cfg, tmp_path / "tabular")) == (
-        "dataset sinc: the val split is empty (train 30, val 0, test 20 examples); give it examples with dataset.split")
+        "dataset sinc: the val split is empty (train 30, val 0, test 20 examples); give it examples with dataset.split"
+    )
     assert not (tmp_path / "vision").exists() and not (tmp_path / "tabular").exists()
 
 
@@ -284,15 +339,31 @@ train(cfg, run_dir)
 
 
 def test_a_sigkill_inside_a_checkpoint_write_leaves_the_last_checkpoint_and_the_rerun_finishes_exactly(
-        compose_cfg, tmp_path):
+    compose_cfg, tmp_path
+):
     """The process is killed (SIGKILL, nothing runs after it) while the third checkpoint (step 30 of
     62) is half written: the step-20 checkpoint is intact beside the torn temporary; the rerun
     removes the temporary, resumes at step 20 and ends with the uninterrupted run's metrics."""
     overrides = [*SINC, "engine.epochs=2", "engine.checkpoint_every=10", "engine.patience=null"]
     reference = train(compose_cfg(*overrides, f"paths.checkpoint_dir={tmp_path}/reference"), tmp_path / "reference")
-    killed = subprocess.run([sys.executable, "-c", SIGKILL_DRIVER, str(ROOT / "configs"), "3", str(torch.get_num_threads()),
-                             str(tmp_path / "killed"), *overrides, f"paths.log_dir={tmp_path}"],
-                            cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            SIGKILL_DRIVER,
+            str(ROOT / "configs"),
+            "3",
+            str(torch.get_num_threads()),
+            str(tmp_path / "killed"),
+            *overrides,
+            f"paths.log_dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     cfg = compose_cfg(*overrides)
     workdir = tmp_path / "checkpoints" / run_key(cfg)
@@ -305,8 +376,11 @@ def test_a_sigkill_inside_a_checkpoint_write_leaves_the_last_checkpoint_and_the_
     assert not torn.exists() and temporaries(tmp_path) == []
     assert [segment["from_step"] for segment in resumed["segments"]] == [0, 20]
     assert resumed["metrics"] == reference["metrics"]
-    assert (resumed["steps"], resumed["best_step"], resumed["lambda"]) == (reference["steps"], reference["best_step"],
-                                                                           reference["lambda"])
+    assert (resumed["steps"], resumed["best_step"], resumed["lambda"]) == (
+        reference["steps"],
+        reference["best_step"],
+        reference["lambda"],
+    )
 
 
 def test_a_resume_under_another_thread_count_is_refused_unless_forced(compose_cfg, tmp_path):
@@ -322,7 +396,8 @@ def test_a_resume_under_another_thread_count_is_refused_unless_forced(compose_cf
     try:
         assert failure(lambda: train(compose_cfg(*overrides), tmp_path / "refused")) == (
             f"the checkpoint in {workdir} was written with threads {threads}, this run has {other}; start afresh "
-            "(engine.resume=false, or another paths.checkpoint_dir) or resume anyway with engine.resume=force")
+            "(engine.resume=false, or another paths.checkpoint_dir) or resume anyway with engine.resume=force"
+        )
         assert {p.name: p.read_bytes() for p in workdir.iterdir()} == before and not (tmp_path / "refused").exists()
         forced = train(compose_cfg(*overrides, "engine.resume=force"), tmp_path / "forced")
     finally:
@@ -342,8 +417,10 @@ def test_a_checkpoint_this_run_cannot_use_is_one_line_and_left_as_it_is(compose_
         workdir.mkdir(parents=True)
         (workdir / "last.pt").write_bytes(b"PK\x03\x04 half a zip")
     elif kind == "another model":
-        train(compose_cfg(*SINC, "engine.epochs=1", "model.hidden=12", f"paths.checkpoint_dir={tmp_path}/other"),
-              tmp_path / "other_run")
+        train(
+            compose_cfg(*SINC, "engine.epochs=1", "model.hidden=12", f"paths.checkpoint_dir={tmp_path}/other"),
+            tmp_path / "other_run",
+        )
         shutil.copytree(next((tmp_path / "other").iterdir()), workdir)
     else:
         workdir.mkdir(parents=True)
@@ -353,13 +430,15 @@ def test_a_checkpoint_this_run_cannot_use_is_one_line_and_left_as_it_is(compose_
     expected = {
         "torn": f"checkpoint {workdir}/last.pt cannot be read (",
         "another model": f"checkpoint {workdir}/last.pt does not fit this run (another model wrote it: "
-                         "model.net.0.weight is [12, 10] there, [10, 10] here; ",
+        "model.net.0.weight is [12, 10] there, [10, 10] here; ",
         "not a checkpoint": f"checkpoint {workdir}/last.pt does not fit this run (it is not a training checkpoint of "
-                            "this engine: no module, optimizer, scheduler, scaler, rng, progress); ",
+        "this engine: no module, optimizer, scheduler, scaler, rng, progress); ",
     }[kind]
     assert message.startswith(expected), message
     if kind != "torn":
-        assert message.endswith(f"delete {workdir} to start the run over, or give this run a fresh paths.checkpoint_dir")
+        assert message.endswith(
+            f"delete {workdir} to start the run over, or give this run a fresh paths.checkpoint_dir"
+        )
     assert {p.name: p.read_bytes() for p in workdir.iterdir()} == before
     assert not (tmp_path / "run").exists() and temporaries(tmp_path) == []
 
@@ -371,7 +450,8 @@ def test_a_corrupt_run_record_in_the_checkpoint_folder_is_one_line(compose_cfg, 
     (workdir / "run.json").write_text('{"epoch": 3, "ste')
     assert failure(lambda: train(cfg, tmp_path / "run")) == (
         f"{workdir}/run.json is corrupt (Unterminated string starting at: line 1 column 14 (char 13)); "
-        f"delete {workdir} to start this run afresh")
+        f"delete {workdir} to start this run afresh"
+    )
     assert (workdir / "run.json").read_text() == '{"epoch": 3, "ste' and not (tmp_path / "run").exists()
 
 
@@ -388,11 +468,14 @@ def test_a_run_removes_the_temporaries_a_killed_write_left(compose_cfg, tmp_path
 
 # --- a bug is not a fault ----------------------------------------------------------------------------
 
+
 def test_an_unexpected_exception_keeps_its_traceback(run_cli, train_py, monkeypatch, tmp_path):
     """Only a TopklabError becomes one line; anything else is a bug and is printed with its
     traceback (Hydra's, its own frames left out), exit code 1."""
+
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug in the engine")
+
     monkeypatch.setattr(train_py, "train", broken)
     code, _, err = run_cli("dataset=sinc", "logger=none", f"paths.log_dir={tmp_path}")
     assert code == 1

@@ -11,6 +11,7 @@ modules ``topklab.cli`` and ``topklab.config`` are packages of their own, ``topk
   same layer or a higher one fails);
 - no circle among modules and none among packages.
 """
+
 from __future__ import annotations
 
 import ast
@@ -22,20 +23,21 @@ ROOT_PACKAGE = "topklab"
 
 # Layers of src/topklab, lowest first: a package may import packages of lower layers only.
 LAYERS = (
-    ("compat", "utils"),                     # the floor: torchvision shim, errors, io, seeds, device
-    ("topklab",),                            # topklab/__init__.py: runs the torchvision shim
-    ("config", "smoothing"),                 # configs/ and overrides (groups, parsing, sweeps, composition, recipe);
-                                             # the hinge functions φ and SReLU's slopes, shared by operators and losses
-    ("operators",),                          # differentiable top-k / sorting operators
-    ("losses",),                             # individual and aggregate losses (use operators)
+    ("compat", "utils"),  # the floor: torchvision shim, errors, io, seeds, device
+    ("topklab",),  # topklab/__init__.py: runs the torchvision shim
+    ("config", "smoothing"),  # configs/ and overrides (groups, parsing, sweeps, composition, recipe);
+    # the hinge functions φ and SReLU's slopes, shared by operators and losses
+    ("operators",),  # differentiable top-k / sorting operators
+    ("losses",),  # individual and aggregate losses (use operators)
     ("models", "loggers", "sparsification"),  # networks; run loggers; sparse-feature selectors
-    ("data",),                               # datasets and loaders (embedding extraction uses models)
-    ("tasks", "report"),                     # what a model is trained for; result envelopes and tables
-    ("engine",),                             # build objects from a config, the training loop, the run record
-    ("synthetic", "bench", "protocol"),      # experiments and benchmarks built on the engine
-    ("launch",),                             # Hydra's job callback, failure records, GPU pinning, resolver
-    ("cli",),                                # the checks train.py runs before Hydra starts
+    ("data",),  # datasets and loaders (embedding extraction uses models)
+    ("tasks", "report"),  # what a model is trained for; result envelopes and tables
+    ("engine",),  # build objects from a config, the training loop, the run record
+    ("synthetic", "bench", "protocol"),  # experiments and benchmarks built on the engine
+    ("launch",),  # Hydra's job callback, failure records, GPU pinning, resolver
+    ("cli",),  # the checks train.py runs before Hydra starts
 )
+
 
 def module_files() -> dict[str, tuple[Path, bool]]:
     """``{module name: (file, is a package's __init__)}`` for every module under src/topklab."""
@@ -57,7 +59,7 @@ def imported_names(tree: ast.AST, module: str, is_package: bool) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = module.split(".") if is_package else module.split(".")[:-1]
-                base = base[:len(base) - node.level + 1]
+                base = base[: len(base) - node.level + 1]
                 source = ".".join(base + ([node.module] if node.module else []))
             else:
                 source = node.module
@@ -147,10 +149,13 @@ def test_every_package_has_one_layer():
 
 
 def test_no_upward_imports():
-    upward = sorted(f"{m} ({package_of(m)}, layer {LAYER[package_of(m)]}) imports {t} "
-                    f"({package_of(t)}, layer {LAYER[package_of(t)]})"
-                    for m, targets in GRAPH.items() for t in targets
-                    if package_of(t) != package_of(m) and LAYER[package_of(t)] >= LAYER[package_of(m)])
+    upward = sorted(
+        f"{m} ({package_of(m)}, layer {LAYER[package_of(m)]}) imports {t} "
+        f"({package_of(t)}, layer {LAYER[package_of(t)]})"
+        for m, targets in GRAPH.items()
+        for t in targets
+        if package_of(t) != package_of(m) and LAYER[package_of(t)] >= LAYER[package_of(m)]
+    )
     assert upward == [], "imports from a layer to the same or a higher one:\n" + "\n".join(upward)
 
 

@@ -1,6 +1,7 @@
 """The fused kernels of MATk/STk (topklab.losses.aggregate.kernels): eager gradients equal autograd
 of the elementwise formula bit for bit, float64 gradcheck, the compiled kernel equals the eager one
 to float32 rounding, and the compiler's failure, dynamic shapes and retain_graph are handled."""
+
 import pytest
 import torch
 
@@ -49,8 +50,7 @@ def test_eager_gradients_are_autograds_of_the_formula_bit_for_bit(smoothing, pap
 def test_eager_gradcheck_float64(smoothing):
     losses, lam, delta, k, scale = rows(P=3, n=13, dtype=torch.float64, seed=1)
     phi = SMOOTHINGS[smoothing]
-    assert torch.autograd.gradcheck(lambda l, t: thresholded(l, t, delta, k, scale, phi),
-                                    (losses, lam))
+    assert torch.autograd.gradcheck(lambda values, t: thresholded(values, t, delta, k, scale, phi), (losses, lam))
 
 
 def test_upstream_gradient_scales_every_row():
@@ -82,8 +82,9 @@ def test_retain_graph_backward_twice_recomputes_and_double_backward_is_refused()
     value.backward()
     for twice, single in zip((losses.grad, lam.grad), once):
         torch.testing.assert_close(twice, 2 * single, rtol=1e-6, atol=0)
-    (grad,) = torch.autograd.grad(thresholded(losses, lam, delta, k, scale, SMOOTHINGS["srelu"]).sum(), losses,
-                                  create_graph=True)
+    (grad,) = torch.autograd.grad(
+        thresholded(losses, lam, delta, k, scale, SMOOTHINGS["srelu"]).sum(), losses, create_graph=True
+    )
     with pytest.raises(RuntimeError, match="does not require grad"):  # its gradient is not differentiable
         grad.sum().backward()
 
@@ -126,8 +127,9 @@ def test_fast_kernels_match_eager(path, smoothing, P, n):
     phi = SMOOTHINGS[smoothing]
     close_to_float32_rounding(evaluate(phi, path, args), evaluate(phi, "eager", args), args[0], args[3], args[4])
     with torch.no_grad():
-        torch.testing.assert_close(thresholded(*args, phi, path, required=True), thresholded(*args, phi),
-                                   rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(
+            thresholded(*args, phi, path, required=True), thresholded(*args, phi), rtol=1e-6, atol=1e-7
+        )
 
 
 @pytest.mark.parametrize("smoothing", ["elu", "softplus", "leaky_relu"])
@@ -174,8 +176,9 @@ def test_compiled_kernel_matches_eager_other_smoothings(smoothing):
 def test_fast_kernels_gradcheck_float64(path, smoothing):
     losses, lam, delta, k, scale = rows(P=2, n=11, dtype=torch.float64, seed=7)
     phi = SMOOTHINGS[smoothing]
-    assert torch.autograd.gradcheck(lambda l, t: thresholded(l, t, delta, k, scale, phi, path, required=True),
-                                    (losses, lam))
+    assert torch.autograd.gradcheck(
+        lambda values, t: thresholded(values, t, delta, k, scale, phi, path, required=True), (losses, lam)
+    )
 
 
 def test_one_compilation_serves_every_batch_size():
@@ -203,7 +206,9 @@ def test_a_kernel_that_cannot_be_built_falls_back_once_or_fails_when_required(mo
     with pytest.warns(UserWarning) as caught:
         fallback = thresholded(*args, phi, "native")
     assert [str(w.message).split(" (")[0] for w in caught] == [
-        "the native kernel of the thresholded losses failed on cpu", "the compiled kernel of the thresholded losses failed on cpu"]
+        "the native kernel of the thresholded losses failed on cpu",
+        "the compiled kernel of the thresholded losses failed on cpu",
+    ]
     assert torch.equal(fallback, eager)
     thresholded(*args, phi, "native")  # known to fail: not retried, no second warning
     assert len(calls) == 2 and kernels.compiler_error("native", torch.device("cpu")).startswith("CppCompileError")
@@ -232,11 +237,14 @@ def test_auto_sends_long_rows_to_the_fast_kernel():
     assert MATk(5, kernel="native").path_for(short) == "native"
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"kernel": "triton"}, "unknown kernel 'triton'; choose one of: auto, native, compiled, eager"),
-    ({"compile_min_n": 0}, "compile_min_n=0 must be an int >= 1"),
-    ({"compile_min_n": 1.5}, "compile_min_n=1.5 must be an int >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"kernel": "triton"}, "unknown kernel 'triton'; choose one of: auto, native, compiled, eager"),
+        ({"compile_min_n": 0}, "compile_min_n=0 must be an int >= 1"),
+        ({"compile_min_n": 1.5}, "compile_min_n=1.5 must be an int >= 1"),
+    ],
+)
 def test_bad_kernel_settings(kwargs, match):
     with pytest.raises(ValueError, match=match):
         STk(0.5, **kwargs)

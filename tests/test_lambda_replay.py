@@ -4,15 +4,16 @@ losses of the first training calls; the replay feeds them to the recipe's own MA
 recipe's optimizer and schedule on λ and requires λ in band on >= 90 % of the calls after the
 first 10 % (and, under lam_update=solve, the running-average λ in band on unseen batches, a hard
 share below λ, and a gradient far from Average's)."""
+
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
+from topklab.engine.aggregates import build_aggregate, build_paper_update_aggregate
 from topklab.engine.schedules import LRFactor
 from topklab.losses import STk
-from topklab.engine.aggregates import build_aggregate, build_paper_update_aggregate
 from topklab.losses.aggregate.loss_stream import LEVELS, LossStream, replay
 
 FIXTURES = Path(__file__).parent / "fixtures" / "loss_streams"
@@ -26,8 +27,9 @@ def _engine_replay(recipe: str) -> dict:
     if list(aggregate.parameters()):  # lam_update=gradient: the recipe's optimizer and schedule on λ
         optim = stream.source["optim"]
         optimizer = torch.optim.Adam(aggregate.parameters(), lr=optim["lr"])
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, LRFactor(steps_per_epoch=10**6, epochs=1,
-                                                                          **stream.source["schedule"]))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, LRFactor(steps_per_epoch=10**6, epochs=1, **stream.source["schedule"])
+        )
     return replay(stream, aggregate, optimizer, scheduler), aggregate
 
 
@@ -57,8 +59,9 @@ def test_the_translation_paper_update_does_not_track_its_losses():
     stream = LossStream.load(FIXTURES / "translation.json")
     aggregate = STk(k=0.96, delta=0.01, lam_update="gradient", lam_init=0.0)
     optimizer = torch.optim.Adam(aggregate.parameters(), lr=stream.source["optim"]["lr"])
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, LRFactor(steps_per_epoch=10**6, epochs=1,
-                                                                      **stream.source["schedule"]))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, LRFactor(steps_per_epoch=10**6, epochs=1, **stream.source["schedule"])
+    )
     result = replay(stream, aggregate, optimizer, scheduler)
     assert result["in_band"] < 0.5 and result["gradient_gap"] < 1e-3
 
@@ -105,4 +108,6 @@ def test_a_stream_keeps_short_batches_whole_and_long_ones_as_quantiles():
     assert stream.batch(0).tolist() == [1.0, 2.0, 3.0]
     rebuilt = stream.batch(1)
     assert rebuilt.numel() == 1001 and len(stream.steps[1]) == 1 + len(LEVELS)
-    assert math.isclose(float(rebuilt.mean()), 0.5, abs_tol=1e-3) and float((rebuilt - long_.double()).abs().max()) < 2e-3
+    assert (
+        math.isclose(float(rebuilt.mean()), 0.5, abs_tol=1e-3) and float((rebuilt - long_.double()).abs().max()) < 2e-3
+    )

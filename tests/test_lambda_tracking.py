@@ -1,6 +1,7 @@
 """λ of MATk/STk tracks the k-th largest loss (issue 28): the library's defaults in a user's
 single-group Adam, the per-batch solver against a float64 root, and the diagnostic that flags
 a λ which does not track (the paper's update from λ₀ = 0 or auto at the translation rows' rate)."""
+
 import math
 import warnings
 
@@ -52,7 +53,7 @@ def train_on_stream(loss, steps, n, draw, lr=1e-3, seed=0):
 
 
 def band_share(shares, target, skip=0.1):
-    counted = shares[int(len(shares) * skip):]
+    counted = shares[int(len(shares) * skip) :]
     return sum(bool(in_band(torch.tensor(s), target)) for s in counted) / len(counted)
 
 
@@ -123,7 +124,7 @@ def test_solve_gradient_is_the_smoothed_indicator_and_differs_from_average():
     loss(losses).backward()
     lam = loss.lam_last
     z = losses.detach() - lam
-    expected = 0.5 * (1 + z / torch.sqrt(z * z + 0.01 ** 2)) / 4096
+    expected = 0.5 * (1 + z / torch.sqrt(z * z + 0.01**2)) / 4096
     assert torch.allclose(losses.grad, expected, rtol=1e-9, atol=1e-15)
     average_grad = torch.full_like(expected, 1 / 4096)
     assert float((losses.grad - 0.96 * average_grad).abs().max()) > 0.1 / 4096  # far more than rounding
@@ -167,16 +168,19 @@ def test_gradient_update_with_lam_lr_is_its_own_constant_group():
     assert STk(k=0.5, lam_update="gradient").parameter_groups()[0].keys() == {"params", "weight_decay"}
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"lam_update": "newton"}, "unknown lam_update"),
-    ({"lam_update": "solve", "smoothing": "elu"}, "needs smoothing"),
-    ({"lam_update": "solve", "lam_lr": 0.1}, "lam_lr applies to lam_update='gradient'"),
-    ({"lam_update": "solve", "lam_constraint": "clamp"}, "lam_constraint='clamp' applies"),
-    ({"lam_update": "gradient", "lam_lr": -1.0}, "lam_lr=-1.0 must be a positive number"),
-    ({"solve_steps": 0}, "solve_steps=0"),
-    ({"lam_momentum": 0.0}, "lam_momentum=0.0"),
-    ({"lam_init": "first"}, "lam_init='first'"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"lam_update": "newton"}, "unknown lam_update"),
+        ({"lam_update": "solve", "smoothing": "elu"}, "needs smoothing"),
+        ({"lam_update": "solve", "lam_lr": 0.1}, "lam_lr applies to lam_update='gradient'"),
+        ({"lam_update": "solve", "lam_constraint": "clamp"}, "lam_constraint='clamp' applies"),
+        ({"lam_update": "gradient", "lam_lr": -1.0}, "lam_lr=-1.0 must be a positive number"),
+        ({"solve_steps": 0}, "solve_steps=0"),
+        ({"lam_momentum": 0.0}, "lam_momentum=0.0"),
+        ({"lam_init": "first"}, "lam_init='first'"),
+    ],
+)
 def test_bad_update_settings_are_one_line_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         STk(k=0.5, **kwargs)
@@ -200,7 +204,9 @@ def test_engine_logs_the_diagnostics_per_epoch_and_flags_a_stranded_lambda(compo
         rows = list(csv.DictReader(f))
     assert len(rows) == 3 and {"lam_in_band", "smoothed_share", "hard_share", "lam_minus_kth"} <= rows[0].keys()
     assert tracked["lambda_tracking"]["in_band"] >= 0.9 and tracked["lambda_tracking"]["flag"] is None
-    stranded = train(compose_cfg("loss=stk", "loss.lam_update=gradient", "loss.lam_init=100.0", *base), tmp_path / "grad")
+    stranded = train(
+        compose_cfg("loss=stk", "loss.lam_update=gradient", "loss.lam_init=100.0", *base), tmp_path / "grad"
+    )
     assert stranded["lambda_tracking"]["in_band"] == 0.0
     assert LOW_BAND_FLAG in format_summary(stranded)
     assert train(compose_cfg("loss=average", *base), tmp_path / "avg")["lambda_tracking"] is None
@@ -215,7 +221,12 @@ def test_the_committed_full_protocol_cells_still_load_as_done():
 
     root = Path(__file__).resolve().parents[1]
     for row in ("stk/table3/australian", "stk/table6/housing"):
-        out = subprocess.run([sys.executable, "scripts/reproduce_tabular.py", "preset=full", f"row={row}", "progress=false"],
-                             cwd=root, capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "scripts/reproduce_tabular.py", "preset=full", f"row={row}", "progress=false"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         assert " 0 to train (0 trainings)" in out.stdout, out.stdout

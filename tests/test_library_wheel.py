@@ -7,6 +7,7 @@ is compiled: TORCH_EXTENSIONS_DIR (the native kernel's build folder) and the ind
 The second test shows what the fast paths do there on first use (a row of >= ``compile_min_n``
 losses under ``kernel="auto"``): the native kernel cannot be built (no ninja) and the compiled one
 finds no compiler, so both fall back, with one warning each, to the eager kernel and its values."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -77,40 +78,80 @@ def bare(tmp_path_factory):
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, source / name)
-    shutil.copytree(ROOT / "src" / "topklab", source / "src" / "topklab",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+    shutil.copytree(
+        ROOT / "src" / "topklab",
+        source / "src" / "topklab",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"),
+    )
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INDEX": "1"}
-    done = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(tmp / "dist"),
-                           str(source)], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(tmp / "dist"), str(source)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, f"python -m build failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     (wheel,) = (tmp / "dist").glob("topklab-*.whl")
 
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     link_distributions(runtime_closure(sorted(LIBRARY_REQUIREMENTS)), tmp / "torch_runtime")
     Path(purelib, "torch_runtime.pth").write_text(f"{tmp / 'torch_runtime'}\n")
     # this venv's pip installs into the bare one (which has no pip); the wheel alone, offline
-    done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
-                           "--no-compile", "-q", str(wheel)], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--no-compile",
+            "-q",
+            str(wheel),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, f"pip install of the wheel failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
     for name in ("home", "torch_extensions", "inductor"):
         (tmp / name).mkdir()
     run_env = {
         "PATH": str(venv / "bin"),  # not .venv/bin (ninja, the project's tools), not /usr/bin (gcc, g++, c++)
-        "HOME": str(tmp / "home"), "PYTHONNOUSERSITE": "1", "OMP_NUM_THREADS": "1", "LANG": "C.UTF-8",
-        "CC": "/nonexistent/cc", "CXX": "/nonexistent/c++",
-        "TORCH_EXTENSIONS_DIR": str(tmp / "torch_extensions"), "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor"),
+        "HOME": str(tmp / "home"),
+        "PYTHONNOUSERSITE": "1",
+        "OMP_NUM_THREADS": "1",
+        "LANG": "C.UTF-8",
+        "CC": "/nonexistent/cc",
+        "CXX": "/nonexistent/c++",
+        "TORCH_EXTENSIONS_DIR": str(tmp / "torch_extensions"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor"),
     }
     return python, run_env, wheel
 
 
 def run_bare(python: Path, env: dict, script: str, timeout: int = 300) -> dict:
-    done = subprocess.run([str(python), "-c", textwrap.dedent(script)], env=env, cwd=env["HOME"],
-                          capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [str(python), "-c", textwrap.dedent(script)],
+        env=env,
+        cwd=env["HOME"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert done.returncode == 0, f"in the bare venv:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -124,7 +165,9 @@ def test_the_wheel_requires_torch_and_numpy_only(bare):
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    required = [Requirement(line.split(":", 1)[1]) for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    required = [
+        Requirement(line.split(":", 1)[1]) for line in metadata.splitlines() if line.startswith("Requires-Dist:")
+    ]
     assert {r.name for r in required if r.marker is None} == LIBRARY_REQUIREMENTS
     extras = {line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Provides-Extra:")}
     assert {"experiments", "tabular", "translation", "vision", "docs"} <= extras
@@ -134,7 +177,10 @@ def test_the_wheel_requires_torch_and_numpy_only(bare):
 def test_the_readme_example_runs_without_the_experiment_stack(bare):
     python, env, _ = bare
     started = time.perf_counter()
-    result = run_bare(python, env, f"""
+    result = run_bare(
+        python,
+        env,
+        f"""
         import importlib.util, json, math, sys
         example = {readme_library_example()!r}
         try:
@@ -165,7 +211,8 @@ def test_the_readme_example_runs_without_the_experiment_stack(bare):
             "loss": loss.item(), "row_sums": p.sum(1).tolist(), "ce": ce.tolist(),
             "grad_finite": bool(torch.isfinite(scores.grad).all()),
         }}))
-    """)
+    """,
+    )
     elapsed = time.perf_counter() - started
     assert result["hydra_importable"] is False, "hydra is importable in the bare venv: it is not bare"
     assert result["loaded"] == [], f"importing the library loaded {result['loaded']}"
@@ -184,7 +231,10 @@ def test_the_fast_kernels_fall_back_where_nothing_can_be_built(bare):
     """kernel="auto" on a row of compile_min_n losses: native (no ninja) -> compiled (no compiler) -> eager."""
     python, env, _ = bare
     started = time.perf_counter()
-    result = run_bare(python, env, """
+    result = run_bare(
+        python,
+        env,
+        """
         import json, time, warnings
         import torch
         from topklab.losses import STk
@@ -210,7 +260,8 @@ def test_the_fast_kernels_fall_back_where_nothing_can_be_built(bare):
             "first_call_s": values["auto"][2], "second_call_s": second,
             "warnings": [str(w.message)[:300] for w in caught],
         }))
-    """)
+    """,
+    )
     elapsed = time.perf_counter() - started
     assert abs(result["auto"] - result["eager"]) <= 1e-6 * max(1.0, abs(result["eager"])) and result["grad_close"]
     fallbacks = [w for w in result["warnings"] if "kernel of the thresholded losses failed" in w]
@@ -218,8 +269,10 @@ def test_the_fast_kernels_fall_back_where_nothing_can_be_built(bare):
     assert any(w.startswith("the compiled kernel") for w in fallbacks), result["warnings"]
     assert len(fallbacks) == 2, "each failed path is tried once per process"
     assert folder_contents(env["TORCH_EXTENSIONS_DIR"]) == [], "the native kernel was built"
-    print(f"fallback: first call {result['first_call_s']:.1f} s, second {result['second_call_s']:.3f} s, "
-          f"test {elapsed:.1f} s, inductor cache {len(folder_contents(env['TORCHINDUCTOR_CACHE_DIR']))} files; {fallbacks}")
+    print(
+        f"fallback: first call {result['first_call_s']:.1f} s, second {result['second_call_s']:.3f} s, "
+        f"test {elapsed:.1f} s, inductor cache {len(folder_contents(env['TORCHINDUCTOR_CACHE_DIR']))} files; {fallbacks}"
+    )
 
 
 def _finite(value: float) -> bool:

@@ -1,6 +1,7 @@
 """ImageNet-LT / Places-LT data: the OLTR lists and classnames on files written in the real layout,
 decoded images (also by worker processes), exact replay and mid-epoch resume, the test-time
 ensemble, and the one-line errors; the real Places-LT / ImageNet-LT lists when ../shared/data is here."""
+
 import numpy as np
 import pytest
 import torch
@@ -37,9 +38,14 @@ def write_tree(base, per_class=(6, 3, 1), size=40):
 
 
 def dataset(images, lists, **kwargs):
-    return ListedImageDataset(name="tiny_lt", root=str(images), split_dir=str(lists), num_classes=3,
-                              lists={s: f"Tiny_{s}.txt" for s in ("train", "val", "test")},
-                              **{"resolution": 16, "num_workers": 0, **kwargs})
+    return ListedImageDataset(
+        name="tiny_lt",
+        root=str(images),
+        split_dir=str(lists),
+        num_classes=3,
+        lists={s: f"Tiny_{s}.txt" for s in ("train", "val", "test")},
+        **{"resolution": 16, "num_workers": 0, **kwargs},
+    )
 
 
 def test_lists_images_and_counts(tmp_path):
@@ -82,10 +88,16 @@ def test_test_time_ensemble_averages_the_crops_logits(tmp_path):
     torch.testing.assert_close(task.outputs(model, x, y, "test"), per_crop)
 
 
-@pytest.mark.parametrize("breakage,message", [
-    ("root", "image root"), ("list", "split list"), ("label", "label 7 is outside 0..2"),
-    ("first image", "first image of the val list"), ("classnames", "must hold 3 lines"),
-])
+@pytest.mark.parametrize(
+    "breakage,message",
+    [
+        ("root", "image root"),
+        ("list", "split list"),
+        ("label", "label 7 is outside 0..2"),
+        ("first image", "first image of the val list"),
+        ("classnames", "must hold 3 lines"),
+    ],
+)
 def test_bad_listed_input_is_one_line(tmp_path, breakage, message):
     images, lists = write_tree(tmp_path)
     kwargs = {}
@@ -99,8 +111,15 @@ def test_bad_listed_input_is_one_line(tmp_path, breakage, message):
         (lists / "Tiny_val.txt").write_text("train/class_9/missing.jpg 0\n")
     elif breakage == "classnames":
         (lists / "classnames.txt").write_text("a a\n")
-    arguments = {"name": "tiny_lt", "root": str(images), "split_dir": str(lists), "num_classes": 3,
-                 "lists": {s: f"Tiny_{s}.txt" for s in ("train", "val", "test")}, "num_workers": 0, **kwargs}
+    arguments = {
+        "name": "tiny_lt",
+        "root": str(images),
+        "split_dir": str(lists),
+        "num_classes": 3,
+        "lists": {s: f"Tiny_{s}.txt" for s in ("train", "val", "test")},
+        "num_workers": 0,
+        **kwargs,
+    }
     with pytest.raises(TopklabError, match=message) as raised:
         ListedImageDataset(**arguments).splits()
     assert "\n" not in str(raised.value)
@@ -135,25 +154,50 @@ def test_the_real_oltr_lists():
     assert len(labels) == 50000 and set(np.bincount(labels).tolist()) == {50}
 
 
-@pytest.mark.parametrize("model,tuner,tte", [pytest.param("peft_vit_clip_b16", "adaptformer", "fivecrop", marks=pytest.mark.slow),
-                                             ("peft_vit_clip_b16", "lora", "none"),
-                                             ("peft_vit_in21k_b16", "vpt_deep", "none")])
+@pytest.mark.parametrize(
+    "model,tuner,tte",
+    [
+        pytest.param("peft_vit_clip_b16", "adaptformer", "fivecrop", marks=pytest.mark.slow),
+        ("peft_vit_clip_b16", "lora", "none"),
+        ("peft_vit_in21k_b16", "vpt_deep", "none"),
+    ],
+)
 def test_a_peft_vit_trains_on_listed_images_through_the_engine(compose_cfg, tmp_path, monkeypatch, model, tuner, tte):
     from topklab.engine.run import train
     from topklab.models.peft import PeftViT
 
     initialised = []
-    monkeypatch.setattr(PeftViT, "initialise_from_data",
-                        lambda self, data, device, original=PeftViT.initialise_from_data: initialised.append(
-                            self.head_from_data is not None) or original(self, data, device))
+    monkeypatch.setattr(
+        PeftViT,
+        "initialise_from_data",
+        lambda self, data, device, original=PeftViT.initialise_from_data: (
+            initialised.append(self.head_from_data is not None) or original(self, data, device)
+        ),
+    )
     images, lists = write_tree(tmp_path)
     head = ["model.head_init.pretrained=null"] if model == "peft_vit_clip_b16" else []
     cfg = compose_cfg(
-        "dataset=places_lt", f"dataset.root={images}", f"dataset.split_dir={lists}", "dataset.num_classes=3",
-        "dataset.lists={train: Tiny_train.txt, val: Tiny_val.txt, test: Tiny_test.txt}", "dataset.resolution=32",
-        "dataset.num_workers=0", f"dataset.tte={tte}", "dataset.tte_expand=8", f"model={model}",
-        f"tuner={tuner}", "model.pretrained=false", "model.img_size=32", *head, "loss=stk",
-        "engine.batch_size=4", "engine.epochs=1", "engine.progress=false", "logger=none", "result_file=null")
+        "dataset=places_lt",
+        f"dataset.root={images}",
+        f"dataset.split_dir={lists}",
+        "dataset.num_classes=3",
+        "dataset.lists={train: Tiny_train.txt, val: Tiny_val.txt, test: Tiny_test.txt}",
+        "dataset.resolution=32",
+        "dataset.num_workers=0",
+        f"dataset.tte={tte}",
+        "dataset.tte_expand=8",
+        f"model={model}",
+        f"tuner={tuner}",
+        "model.pretrained=false",
+        "model.img_size=32",
+        *head,
+        "loss=stk",
+        "engine.batch_size=4",
+        "engine.epochs=1",
+        "engine.progress=false",
+        "logger=none",
+        "result_file=null",
+    )
     summary = train(cfg, tmp_path / "run")
     assert summary["steps"] == 3 and 0 <= summary["metrics"]["test"]["top1"] <= 100
     assert summary["data"]["tte"] == tte and summary["lambda"] != 0.0
@@ -166,14 +210,21 @@ def test_class_mean_head_is_the_normalised_mean_feature_of_each_class(tmp_path):
 
     data = dataset(*write_tree(tmp_path)).splits()
     torch.manual_seed(0)
-    model = PeftViT(3, backbone="vit_tiny_patch16_224", tuner=AdaptFormer(rank=2), img_size=16,
-                    head_init=ClassMeanHead(batch_size=4)).eval()
+    model = PeftViT(
+        3,
+        backbone="vit_tiny_patch16_224",
+        tuner=AdaptFormer(rank=2),
+        img_size=16,
+        head_init=ClassMeanHead(batch_size=4),
+    ).eval()
     with torch.no_grad():
         model.initialise_from_data(data, "cpu")
         features = {c: [] for c in range(3)}
         for x, y in data.feature_loader(1, "cpu").batches():  # one image at a time
             features[int(y)].append(model.features(x)[0])
-        expected = torch.stack([torch.nn.functional.normalize(torch.stack(features[c]).mean(0), dim=0) for c in range(3)])
+        expected = torch.stack(
+            [torch.nn.functional.normalize(torch.stack(features[c]).mean(0), dim=0) for c in range(3)]
+        )
     torch.testing.assert_close(model.head.weight, expected, rtol=1e-5, atol=1e-6)
     x, _ = next(iter(data.feature_loader(10, "cpu").batches()))
     assert x.shape == (10, 3, 16, 16)  # one plain crop, whatever the evaluation transform

@@ -2,8 +2,8 @@ import csv
 
 import pytest
 
-from topklab.loggers import CSVLogger, WandbLogger
 from topklab.engine.run import train
+from topklab.loggers import CSVLogger, WandbLogger
 
 
 def test_wandb_mode_resolution(monkeypatch, tmp_path):
@@ -24,8 +24,7 @@ def test_wandb_offline_run_is_written_and_finished(compose_cfg, tmp_path, monkey
     monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
     run = tmp_path / "run"
-    summary = train(compose_cfg("dataset=appendicitis", "engine.epochs=1", "logger=wandb",
-                                "logger.mode=offline"), run)
+    summary = train(compose_cfg("dataset=appendicitis", "engine.epochs=1", "logger=wandb", "logger.mode=offline"), run)
     assert summary["logger_id"]
     assert list((run / "wandb").glob("offline-run-*"))
     assert wandb.run is None  # finish() was called, so the next sweep job starts a fresh run

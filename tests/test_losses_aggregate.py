@@ -27,6 +27,7 @@ def slow_matk(losses, k, lam):
 
 # ---------- ATk / Average / Maximum ----------
 
+
 @pytest.mark.parametrize("method", ["topk", "sort"])
 @pytest.mark.parametrize("n,k", [(1, 1), (7, 1), (7, 3), (50, 17), (50, 50), (64, 0.25), (33, 1.0)])
 def test_atk_matches_sorted_reference(method, n, k):
@@ -60,6 +61,7 @@ def test_gradcheck_sort_based(make):
 
 # ---------- MATk ----------
 
+
 def min_over_lambda(loss, losses):
     """Exact minimum of the piecewise-linear convex MATk over λ: attained at a breakpoint ℓ_i."""
     best = math.inf
@@ -92,7 +94,10 @@ def test_matk_matches_equation_5_at_any_lambda():
 def test_atk_scale_is_n_over_k_times_paper_scale():
     losses = distinct_losses(30, seed=2)
     for cls in (MATk, STk):
-        paper, atk = cls(9, lam_update="gradient", lam_init=0.75).double(), cls(9, lam_update="gradient", lam_init=0.75, scale="atk").double()
+        paper, atk = (
+            cls(9, lam_update="gradient", lam_init=0.75).double(),
+            cls(9, lam_update="gradient", lam_init=0.75, scale="atk").double(),
+        )
         assert atk(losses).item() == pytest.approx(paper(losses).item() * 30 / 9, rel=1e-12)
 
 
@@ -113,21 +118,25 @@ def _module_value(module, losses, lam):
 
 # ---------- STk ----------
 
+
 @pytest.mark.parametrize("smoothing", sorted(set(SMOOTHINGS) - {"relu"}))
 def test_gradcheck_stk(smoothing):
     losses = distinct_losses(19, seed=6).requires_grad_()
     lam = torch.tensor(0.9, dtype=torch.float64, requires_grad=True)
     stk = STk(0.4, delta=0.05, smoothing=smoothing, lam_update="gradient", lam_init=0.0).double()
-    assert torch.autograd.gradcheck(lambda l, t: _module_value(stk, l, t), (losses, lam))
+    assert torch.autograd.gradcheck(lambda values, t: _module_value(stk, values, t), (losses, lam))
 
 
 def test_stk_matches_equation_6():
     losses = distinct_losses(25, seed=8)
     delta, k, lam = 0.01, 5, 1.125
-    expected = sum(
-        (v - lam) + delta * (math.sqrt((v - lam) ** 2 / delta**2 + 1) - 1) for v in losses.tolist()
-    ) / (2 * 25) + k / 25 * lam
-    assert STk(k, delta=delta, lam_update="gradient", lam_init=lam).double()(losses).item() == pytest.approx(expected, rel=1e-12)
+    expected = (
+        sum((v - lam) + delta * (math.sqrt((v - lam) ** 2 / delta**2 + 1) - 1) for v in losses.tolist()) / (2 * 25)
+        + k / 25 * lam
+    )
+    assert STk(k, delta=delta, lam_update="gradient", lam_init=lam).double()(losses).item() == pytest.approx(
+        expected, rel=1e-12
+    )
 
 
 @pytest.mark.parametrize("delta", [0.1, 0.01, 1e-3, 1e-4])
@@ -141,8 +150,13 @@ def test_stk_within_delta_over_two_below_matk(delta):
 
 def test_stk_tends_to_matk_as_delta_shrinks():
     losses = distinct_losses(50, seed=10)
-    gaps = [abs(STk(10, delta=d, lam_update="gradient", lam_init=1.0).double()(losses).item() - MATk(10, lam_update="gradient", lam_init=1.0).double()(losses).item())
-            for d in (1e-1, 1e-2, 1e-3, 1e-4, 1e-6)]
+    gaps = [
+        abs(
+            STk(10, delta=d, lam_update="gradient", lam_init=1.0).double()(losses).item()
+            - MATk(10, lam_update="gradient", lam_init=1.0).double()(losses).item()
+        )
+        for d in (1e-1, 1e-2, 1e-3, 1e-4, 1e-6)
+    ]
     assert all(a > b for a, b in zip(gaps, gaps[1:]))
     assert gaps[-1] < 1e-6
 
@@ -159,6 +173,7 @@ def test_srelu_values_and_bound():
 
 
 # ---------- λ ----------
+
 
 @pytest.mark.parametrize("cls,kwargs", [(MATk, {}), (STk, {"delta": 1e-3})])
 def test_sgd_on_lambda_approaches_kth_largest(cls, kwargs):
@@ -203,6 +218,7 @@ def test_lambda_is_a_parameter_named_lam():
 
 
 # ---------- validation ----------
+
 
 @pytest.mark.parametrize("k", [0, -3, 0.0, 1.5, float("nan"), -0.1])
 def test_bad_k_values(k):
@@ -254,14 +270,17 @@ def test_fraction_rounding():
     assert resolve_k(1.0, 7) == 7
 
 
-@pytest.mark.parametrize("p_k,error,match", [
-    ([0.5, 0.4], ValueError, "sums to 0.9"),
-    ([1.2, -0.2], ValueError, "P_K\\[1\\]=-0.2 must be"),
-    (["a", 1], TypeError, "P_K\\[0\\]='a' is not a number"),
-    ("0.5,0.5", TypeError, "non-empty list"),
-    ([], TypeError, "non-empty list"),
-    ([0.2] * 5, None, None),
-])
+@pytest.mark.parametrize(
+    "p_k,error,match",
+    [
+        ([0.5, 0.4], ValueError, "sums to 0.9"),
+        ([1.2, -0.2], ValueError, "P_K\\[1\\]=-0.2 must be"),
+        (["a", 1], TypeError, "P_K\\[0\\]='a' is not a number"),
+        ("0.5,0.5", TypeError, "non-empty list"),
+        ([], TypeError, "non-empty list"),
+        ([0.2] * 5, None, None),
+    ],
+)
 def test_p_k_validation(p_k, error, match):
     from topklab.losses.pk import validate_p_k
 
@@ -276,15 +295,31 @@ def test_p_k_validation(p_k, error, match):
 
 # ---------- one kernel per aggregate: batched rows vs the 1-D module ----------
 
+
 def _module(name, k, delta, **settings):
-    return {"average": lambda: Average(), "maximum": lambda: Maximum(), "atk": lambda: ATk(k, **settings),
-            "matk": lambda: MATk(k, lam_update="gradient", lam_init=0.0, **settings), "stk": lambda: STk(k, delta=delta, lam_update="gradient", lam_init=0.0, **settings)}[name]()
+    return {
+        "average": lambda: Average(),
+        "maximum": lambda: Maximum(),
+        "atk": lambda: ATk(k, **settings),
+        "matk": lambda: MATk(k, lam_update="gradient", lam_init=0.0, **settings),
+        "stk": lambda: STk(k, delta=delta, lam_update="gradient", lam_init=0.0, **settings),
+    }[name]()
 
 
-@pytest.mark.parametrize("name,settings", [
-    ("average", {}), ("maximum", {}), ("atk", {}), ("atk", {"method": "sort"}), ("matk", {}),
-    ("matk", {"scale": "atk"}), ("stk", {}), ("stk", {"smoothing": "elu"}), ("stk", {"scale": "atk"}),
-])
+@pytest.mark.parametrize(
+    "name,settings",
+    [
+        ("average", {}),
+        ("maximum", {}),
+        ("atk", {}),
+        ("atk", {"method": "sort"}),
+        ("matk", {}),
+        ("matk", {"scale": "atk"}),
+        ("stk", {}),
+        ("stk", {"smoothing": "elu"}),
+        ("stk", {"scale": "atk"}),
+    ],
+)
 def test_batched_kernel_matches_the_module_row_by_row(name, settings):
     g = torch.Generator().manual_seed(7)
     losses = (torch.rand(5, 12, dtype=torch.float64, generator=g) * 3).requires_grad_()
@@ -305,10 +340,16 @@ def test_batched_kernel_matches_the_module_row_by_row(name, settings):
         torch.testing.assert_close(grad_batched[row], grad_row[row], rtol=1e-12, atol=1e-15)
 
 
-@pytest.mark.parametrize("name,axes,threshold", [
-    ("average", (), False), ("maximum", (), False), ("atk", ("k",), False), ("matk", ("k",), True),
-    ("stk", ("k", "delta"), True),
-])
+@pytest.mark.parametrize(
+    "name,axes,threshold",
+    [
+        ("average", (), False),
+        ("maximum", (), False),
+        ("atk", ("k",), False),
+        ("matk", ("k",), True),
+        ("stk", ("k", "delta"), True),
+    ],
+)
 def test_registry_resolves_loss_configs(name, axes, threshold):
     from topklab.engine.aggregates import aggregate_class, build_aggregate
 
@@ -343,7 +384,11 @@ def test_kth_largest_by_topk_is_kthvalue_with_ties_infinities_and_nan():
             n = int(torch.randint(1, 30, (1,), generator=generator))
             x = torch.randint(-3, 4, (n,), generator=generator).to(dtype)
             draw = torch.rand(n, generator=generator)
-            x[draw < 0.1], x[(draw >= 0.1) & (draw < 0.2)], x[(draw >= 0.2) & (draw < 0.25)] = float("inf"), float("-inf"), float("nan")
+            x[draw < 0.1], x[(draw >= 0.1) & (draw < 0.2)], x[(draw >= 0.2) & (draw < 0.25)] = (
+                float("inf"),
+                float("-inf"),
+                float("nan"),
+            )
             for k in range(1, n + 1):
                 expected, got = x.kthvalue(n + 1 - k).values, kth_largest_value(x, k, by_topk=True)
                 assert got.dtype == dtype and (torch.equal(got, expected) or (got.isnan() and expected.isnan())), (x, k)

@@ -11,7 +11,9 @@ def test_logistic_matches_formula_and_is_stable():
     f = torch.tensor([-3.0, 0.0, 2.5, 800.0, -800.0], dtype=torch.float64)
     y = torch.tensor([1.0, -1.0, -1.0, -1.0, -1.0], dtype=torch.float64)
     got = Logistic()(f, y)
-    expected = [math.log1p(math.exp(-yi * fi)) if -yi * fi < 700 else -yi * fi for fi, yi in zip(f.tolist(), y.tolist())]
+    expected = [
+        math.log1p(math.exp(-yi * fi)) if -yi * fi < 700 else -yi * fi for fi, yi in zip(f.tolist(), y.tolist())
+    ]
     assert got.tolist() == pytest.approx(expected, rel=1e-12)
     assert torch.isfinite(got).all()
 

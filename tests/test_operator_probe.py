@@ -5,6 +5,7 @@ itself on the same scores, or, for infinite scores, the rule of :mod:`topklab.op
 applied by :func:`rule_reference` (the operator in float64 on the finite entries alone, the
 infinite entries' shares around it). Every output is also checked for shape, dtype, finiteness,
 range and row sums, and its gradient for finiteness (0 on infinite and NaN scores)."""
+
 import functools
 import math
 import re
@@ -25,16 +26,16 @@ NAMES = sorted(path.stem for path in (CONFIG_DIR / "operator").glob("*.yaml"))
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def configured(name: str):
     return build(OmegaConf.load(CONFIG_DIR / "operator" / f"{name}.yaml"), "operator")
 
 
 class Case(NamedTuple):
-    rows: object     # dtype -> list of rows (float64 values, cast to the dtype)
+    rows: object  # dtype -> list of rows (float64 values, cast to the dtype)
     k: int
-    expect: str      # same: the operator in float64 on the same scores; rule: rule_reference;
-                     # nan: row 0 NaN, the others as without row 0; empty: an empty result
+    expect: str  # same: the operator in float64 on the same scores; rule: rule_reference;
+    # nan: row 0 NaN, the others as without row 0; empty: an empty result
 
 
 def ordinary(dtype):
@@ -57,16 +58,19 @@ CASES = {
     "ordinary": Case(ordinary, 2, "same"),
     "1e30": Case(lambda d: [[1e30, 0.3, -1.0, 2.0, 0.5, 1.1], [0.2, -1e30, 1.5, -0.7, 1e30, 0.1]], 2, "same"),
     "near_max": Case(near_max, 2, "same"),
-    "plus_and_minus_max": Case(plus_and_minus_max, 2, "same"),     # differences overflow the dtype
+    "plus_and_minus_max": Case(plus_and_minus_max, 2, "same"),  # differences overflow the dtype
     "plus_inf": Case(lambda d: [[INF, 0.3, -1.0, 2.0, 0.5, 1.1], [0.2, 1.5, -0.7, INF, 0.1, -2.0]], 2, "rule"),
     "minus_inf": Case(lambda d: [[-INF, 0.3, -1.0, 2.0, 0.5, 1.1], [0.2, 1.5, -0.7, 0.9, -INF, -2.0]], 2, "rule"),
-    "plus_and_minus_inf": Case(lambda d: [[INF, 0.3, -INF, 2.0, 0.5, 1.1], [-INF, 1.5, -0.7, 0.9, INF, -2.0]], 2,
-                               "rule"),
+    "plus_and_minus_inf": Case(
+        lambda d: [[INF, 0.3, -INF, 2.0, 0.5, 1.1], [-INF, 1.5, -0.7, 0.9, INF, -2.0]], 2, "rule"
+    ),
     "two_plus_inf": Case(lambda d: [[INF, 0.3, -1.0, INF, 0.5, 1.1], [0.2, INF, INF, 0.9, 0.1, -2.0]], 3, "rule"),
-    "more_plus_inf_than_k": Case(lambda d: [[INF, 0.3, INF, INF, 0.5, 1.1], [INF, 1.5, INF, 0.9, INF, -2.0]], 2,
-                                 "rule"),
-    "fewer_than_k_above_minus_inf": Case(lambda d: [[-INF, 0.3, -INF, -INF, 0.5], [1.5, -INF, -INF, 0.9, -INF]], 3,
-                                         "rule"),
+    "more_plus_inf_than_k": Case(
+        lambda d: [[INF, 0.3, INF, INF, 0.5, 1.1], [INF, 1.5, INF, 0.9, INF, -2.0]], 2, "rule"
+    ),
+    "fewer_than_k_above_minus_inf": Case(
+        lambda d: [[-INF, 0.3, -INF, -INF, 0.5], [1.5, -INF, -INF, 0.9, -INF]], 3, "rule"
+    ),
     "all_minus_inf": Case(lambda d: [[-INF] * 4, [-INF] * 4], 2, "rule"),
     "empty": Case(lambda d: torch.zeros(0, 6, dtype=torch.float64), 2, "empty"),
     "one_item": Case(lambda d: [[0.7], [-3.0]], 1, "same"),
@@ -108,19 +112,19 @@ def rule_reference(operator, scores: torch.Tensor, k: int, columns: bool) -> tor
         for slot, i in enumerate(finite[b].nonzero()[:, 0].tolist()):
             if inner is not None:
                 if columns:
-                    out[b, i, m_plus:m_plus + rest_k] = inner[b, slot]
+                    out[b, i, m_plus : m_plus + rest_k] = inner[b, slot]
                 else:
                     out[b, i] = inner[b, slot]
         for i in plus[b].nonzero()[:, 0].tolist():
             if columns:
-                out[b, i, :min(m_plus, k)] = 1 / m_plus
+                out[b, i, : min(m_plus, k)] = 1 / m_plus
             else:
                 out[b, i] = min(1.0, k / m_plus)
         for i in minus[b].nonzero()[:, 0].tolist():
             missing = k - m_plus - count
             if missing > 0:
                 if columns:
-                    out[b, i, m_plus + count:] = 1 / m_minus
+                    out[b, i, m_plus + count :] = 1 / m_minus
                 else:
                     out[b, i] = missing / m_minus
     return out
@@ -132,16 +136,16 @@ def expected(operator, case: Case, scores: torch.Tensor, columns: bool) -> torch
         return run(operator, x, case.k, columns)
     if case.expect == "rule":
         return rule_reference(operator, x, case.k, columns)
-    others = run(operator, x[1:], case.k, columns)                   # "nan": row 0 takes no part
+    others = run(operator, x[1:], case.k, columns)  # "nan": row 0 takes no part
     return torch.cat([torch.full_like(others[:1], NAN).detach(), others])
 
 
 def atol(operator, dtype) -> float:
-    if operator.stochastic:   # a different draw: 5 standard errors of a difference of two estimates
+    if operator.stochastic:  # a different draw: 5 standard errors of a difference of two estimates
         return 5 * math.sqrt(2) * 0.5 / math.sqrt(operator.num_samples)
     if dtype == torch.float64:
         return 1e-8
-    return 5e-3 if isinstance(operator, SinkhornSort) else 2e-4   # Sinkhorn: tol 1e-3 on either side
+    return 5e-3 if isinstance(operator, SinkhornSort) else 2e-4  # Sinkhorn: tol 1e-3 on either side
 
 
 def upper_bound(operator) -> float:
@@ -167,7 +171,7 @@ def test_every_operator_meets_the_probe(name, dtype_name, case_name):
         scores = scores_for(case, dtype)
         try:
             want = expected(operator, case, scores, columns)
-        except ValueError as error:       # the float64 operator refuses the input: so must this one
+        except ValueError as error:  # the float64 operator refuses the input: so must this one
             with pytest.raises(ValueError, match=re.escape(str(error))) as raised:
                 run(operator, scores, case.k, columns)
             assert "\n" not in str(raised.value)
@@ -188,9 +192,10 @@ def test_every_operator_meets_the_probe(name, dtype_name, case_name):
         if operator.bounded:
             assert (kept.sum(-1) if columns else kept).max() <= upper_bound(operator), kept
         if operator.sums_to_k:
-            totals = kept.sum(1) if columns else kept.sum(-1)   # each rank's column sums to 1; p sums to k
-            torch.testing.assert_close(totals, torch.full_like(totals, 1.0 if columns else case.k), rtol=0,
-                                       atol=tolerance)
+            totals = kept.sum(1) if columns else kept.sum(-1)  # each rank's column sums to 1; p sums to k
+            torch.testing.assert_close(
+                totals, torch.full_like(totals, 1.0 if columns else case.k), rtol=0, atol=tolerance
+            )
         # gradients reach the finite scores only, and are finite; in float64 they are the reference's
         weights = torch.linspace(-1.0, 1.0, got.numel(), dtype=torch.float64).view(got.shape)
         (got.double().nan_to_num(0.0) * weights).sum().backward()
@@ -204,7 +209,7 @@ def test_every_operator_meets_the_probe(name, dtype_name, case_name):
             if want.requires_grad:
                 (want.nan_to_num(0.0) * weights).sum().backward()
                 torch.testing.assert_close(grad[kept], reference.grad[kept], rtol=1e-6, atol=1e-8)
-            else:                       # the finite scores share nothing (k' = 0) or all of it (DFTopK's limit)
+            else:  # the finite scores share nothing (k' = 0) or all of it (DFTopK's limit)
                 assert (grad[kept] == 0).all()
 
 
@@ -222,8 +227,9 @@ def test_every_operator_keeps_a_half_precision_dtype(name, dtype, case_name):
         torch.testing.assert_close(got.double(), want, rtol=0, atol=loose)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16],
-                         ids=["float64", "float16", "bfloat16"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float64, torch.float16, torch.bfloat16], ids=["float64", "float16", "bfloat16"]
+)
 def test_difftopk_network_follows_the_scores_dtype(dtype):
     """It crashed on anything but float32 (its matrices were float32, its identity the default dtype)."""
     scores = torch.randn(3, 7, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
@@ -250,4 +256,3 @@ def test_one_nan_leaves_the_other_rows_alone_and_the_learned_threshold_is_elemen
     learned = STkThreshold(delta=0.01, threshold="learned", lam_init=1.0)
     got = learned.soft_topk(torch.tensor([[INF, NAN, -INF, 2.0]], dtype=torch.float64), 1).detach()
     assert got[0, 0] == 1 and torch.isnan(got[0, 1]) and got[0, 2] == 0 and got[0, 3] > 0.99
-

@@ -1,5 +1,6 @@
 """LapSum, DFTopK and SOFT top-k under the operator API: float64 gradchecks, slow obvious references,
 the hard limit, Σp = k where promised, one-line errors."""
+
 import math
 
 import numpy as np
@@ -31,8 +32,9 @@ def dftopk_by_sorting(row: list[float], k: int, tau: float) -> list[float]:
     return [1.0 / (1.0 + math.exp(-(x - threshold) / tau)) for x in row]
 
 
-def soft_ot_by_plain_sinkhorn(row: np.ndarray, anchors, masses, epsilon: float, rounds: int = 20000,
-                              divisor: float | None = None) -> np.ndarray:
+def soft_ot_by_plain_sinkhorn(
+    row: np.ndarray, anchors, masses, epsilon: float, rounds: int = 20000, divisor: float | None = None
+) -> np.ndarray:
     """Xie et al.'s plan with the textbook (not log-domain) Sinkhorn scaling, μ = 1/n; the cost is
     divided by ``divisor`` (default: the row's own largest entry)."""
     n = len(row)
@@ -52,7 +54,9 @@ def test_lapsum_matches_bisection_and_sums_to_k():
     for alpha in (0.3, 1.0, 4.0):
         p = LapSum(alpha).soft_topk(scores, 4)
         for row, ours in zip(scores.tolist(), p):
-            assert torch.allclose(ours, torch.tensor(lapsum_by_bisection(row, 4, alpha), dtype=torch.float64), atol=1e-10)
+            assert torch.allclose(
+                ours, torch.tensor(lapsum_by_bisection(row, 4, alpha), dtype=torch.float64), atol=1e-10
+            )
         assert torch.allclose(p.sum(1), torch.full((4,), 4.0, dtype=torch.float64), atol=1e-10)
 
 
@@ -99,8 +103,12 @@ def test_soft_topk_ot_follows_the_authors_semantics_batch_maximum_as_a_constant(
     operator = SoftTopKOT(epsilon=epsilon, max_iter=3000, tol=0.0)
     scores = torch.tensor(rows, requires_grad=True)
     ours = operator.soft_topk(scores, k)
-    expected = np.stack([n * soft_ot_by_plain_sinkhorn(-r, [0.0, 1.0], [k / n, (n - k) / n], epsilon, 3000, divisor)[:, 0]
-                         for r in rows])
+    expected = np.stack(
+        [
+            n * soft_ot_by_plain_sinkhorn(-r, [0.0, 1.0], [k / n, (n - k) / n], epsilon, 3000, divisor)[:, 0]
+            for r in rows
+        ]
+    )
     assert np.allclose(ours.detach().numpy(), expected, atol=1e-8)
     per_row = SoftTopKOT(epsilon=epsilon, max_iter=3000, tol=0.0, normalise="row").soft_topk(scores, k)
     assert not np.allclose(per_row.detach().numpy(), expected, atol=1e-3)
@@ -108,17 +116,24 @@ def test_soft_topk_ot_follows_the_authors_semantics_batch_maximum_as_a_constant(
     (ours * torch.tensor(weights)).sum().backward()
     step = 1e-6
     for b, j in ((0, 1), (1, 4), (2, 0)):
-        def objective(delta):
+
+        def objective(delta, b=b, j=j):
             shifted = rows[b].copy()
             shifted[j] += delta
             plan = soft_ot_by_plain_sinkhorn(-shifted, [0.0, 1.0], [k / n, (n - k) / n], epsilon, 3000, divisor)
             return float(weights[b] @ (n * plan[:, 0]))
+
         assert scores.grad[b, j].item() == pytest.approx((objective(step) - objective(-step)) / (2 * step), abs=1e-6)
 
 
-@pytest.mark.parametrize("operator,output", [
-    (LapSum(0.7), "soft"), (LapSum(0.7), "permutation"), (DFTopK(0.5), "soft"),
-])
+@pytest.mark.parametrize(
+    "operator,output",
+    [
+        (LapSum(0.7), "soft"),
+        (LapSum(0.7), "permutation"),
+        (DFTopK(0.5), "soft"),
+    ],
+)
 def test_closed_form_operators_gradcheck_float64(operator, output):
     torch.manual_seed(2)
     scores = torch.randn(2, 6, dtype=torch.float64, requires_grad=True)
@@ -128,8 +143,9 @@ def test_closed_form_operators_gradcheck_float64(operator, output):
 
 # SOFT's cost is normalised by its largest entry, so a unit gap between integer scores up to 15 is a
 # gap of ~1/100 in cost: ε = 1e-4 is sharp there, and Sinkhorn needs thousands of rounds to get it
-@pytest.mark.parametrize("operator,atol", [(LapSum(1e-3), 1e-6), (DFTopK(1e-3), 1e-6),
-                                           (SoftTopKOT(1e-4, max_iter=5000), 2e-3)])
+@pytest.mark.parametrize(
+    "operator,atol", [(LapSum(1e-3), 1e-6), (DFTopK(1e-3), 1e-6), (SoftTopKOT(1e-4, max_iter=5000), 2e-3)]
+)
 def test_closed_form_operators_are_the_hard_top_k_at_low_temperature(operator, atol):
     scores = torch.randperm(16, generator=torch.Generator().manual_seed(3)).double().reshape(2, 8)
     assert torch.allclose(operator.soft_topk(scores, 3), hard_topk(scores, 3), atol=atol)
@@ -140,18 +156,23 @@ def test_closed_form_operators_are_the_hard_top_k_at_low_temperature(operator, a
 def test_soft_topk_ot_and_lapsum_sum_to_k_and_dftopk_need_not():
     scores = torch.randn(6, 20, dtype=torch.float64) * 3
     for operator in (LapSum(1.0), SoftTopKOT(0.1)):
-        assert torch.allclose(operator.soft_topk(scores, 5).sum(1), torch.full((6,), 5.0, dtype=torch.float64), atol=1e-8)
+        assert torch.allclose(
+            operator.soft_topk(scores, 5).sum(1), torch.full((6,), 5.0, dtype=torch.float64), atol=1e-8
+        )
     assert not torch.allclose(DFTopK(1.0).soft_topk(scores, 5).sum(1), torch.full((6,), 5.0, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("make,match", [
-    (lambda: LapSum(alpha=0.0), "smaller = sharper"),
-    (lambda: DFTopK(temperature=-1.0), "smaller = sharper"),
-    (lambda: DFTopK().soft_topk(torch.zeros(1, 4), 4), "k < n"),
-    (lambda: SoftTopKOT(epsilon=0.0), "smaller = sharper"),
-    (lambda: SoftTopKOT(max_iter=0), "max_iter"),
-    (lambda: LapSum().soft_topk(torch.zeros(2, 3), 0), r"k=0 must be an int in \[1, 3\]"),
-])
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda: LapSum(alpha=0.0), "smaller = sharper"),
+        (lambda: DFTopK(temperature=-1.0), "smaller = sharper"),
+        (lambda: DFTopK().soft_topk(torch.zeros(1, 4), 4), "k < n"),
+        (lambda: SoftTopKOT(epsilon=0.0), "smaller = sharper"),
+        (lambda: SoftTopKOT(max_iter=0), "max_iter"),
+        (lambda: LapSum().soft_topk(torch.zeros(2, 3), 0), r"k=0 must be an int in \[1, 3\]"),
+    ],
+)
 def test_closed_form_operators_bad_input_is_one_line(make, match):
     with pytest.raises(ValueError, match=match):
         make()

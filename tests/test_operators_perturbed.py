@@ -1,6 +1,7 @@
 """PerturbedTopK: the Monte-Carlo forward against the definition and an exact expectation, the
 stochastic gradient estimator against finite differences (common random numbers), the hard
 limit, seeding, one-line errors."""
+
 import math
 
 import numpy as np
@@ -28,7 +29,9 @@ def test_forward_is_the_mean_of_hard_topk_and_sums_to_k():
     expected_perm = torch.stack([hard_permutation(x + 0.7 * z, 3) for z in noise]).mean(0)
     torch.testing.assert_close(op.soft_topk(x, 3), expected, rtol=0, atol=1e-15)
     torch.testing.assert_close(op.permutation(x, 3), expected_perm, rtol=0, atol=1e-15)
-    torch.testing.assert_close(op.soft_topk(x, 3).sum(1), torch.full((3,), 3.0, dtype=torch.float64), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        op.soft_topk(x, 3).sum(1), torch.full((3,), 3.0, dtype=torch.float64), rtol=0, atol=1e-12
+    )
     permutation = op.permutation(x, 3)
     torch.testing.assert_close(permutation.sum(1), torch.ones(3, 3, dtype=torch.float64), rtol=0, atol=1e-12)
 
@@ -40,8 +43,10 @@ def test_forward_matches_the_exact_expectation():
     z = np.linspace(-9, 9, 4001)
     phi = np.exp(-z * z / 2) / math.sqrt(2 * math.pi)
     cdf = np.vectorize(lambda u: 0.5 * math.erfc(-u / math.sqrt(2)))
-    exact = [np.trapezoid(phi * np.prod([cdf((x[i] - x[j]) / sigma + z) for j in range(3) if j != i], axis=0), z)
-             for i in range(3)]
+    exact = [
+        np.trapezoid(phi * np.prod([cdf((x[i] - x[j]) / sigma + z) for j in range(3) if j != i], axis=0), z)
+        for i in range(3)
+    ]
     got = PerturbedTopK(sigma, num_samples=20000, seed=0).soft_topk(torch.tensor(x)[None], 1)[0].numpy()
     assert np.abs(got - exact).max() <= 5 * 0.5 / math.sqrt(20000)
     # top-2 of 3 = 1 − bottom-1 = 1 − top-1 of −x
@@ -67,7 +72,7 @@ def test_gradient_estimator_agrees_with_finite_differences(as_permutation):
     n, k, sigma, h, draws = 5, 2, 1.0, 0.1, 100_000
     x = torch.tensor([[0.4, -0.3, 0.9, 0.0, -1.1]], dtype=torch.float64)
     c = torch.tensor([1.0, -1.0, 2.0, 0.5, -2.0], dtype=torch.float64)
-    if as_permutation:   # different weights for the top-1 and top-2 columns
+    if as_permutation:  # different weights for the top-1 and top-2 columns
         c = torch.stack((c, torch.tensor([-1.5, 0.5, 1.0, 1.0, 0.0], dtype=torch.float64)), dim=1)
     noise = torch.randn(draws, 1, n, dtype=torch.float64)
     op = with_noise(PerturbedTopK(sigma, num_samples=draws), noise)
@@ -75,24 +80,24 @@ def test_gradient_estimator_agrees_with_finite_differences(as_permutation):
     out = op.permutation(scores, k) if as_permutation else op.soft_topk(scores, k)
     (gradient,) = torch.autograd.grad((out[0] * c).sum(), scores)
 
-    def per_draw(point):   # ⟨c, y(point + σZ_s)⟩ for every draw s: (draws,)
+    def per_draw(point):  # ⟨c, y(point + σZ_s)⟩ for every draw s: (draws,)
         perturbed = point + sigma * noise[:, 0, :]
         y = hard_permutation(perturbed, k) if as_permutation else hard_topk(perturbed, k)
         return (y * c).reshape(draws, -1).sum(1)
 
-    estimator_terms = per_draw(x)[:, None] * noise[:, 0, :] / sigma                      # (draws, n)
+    estimator_terms = per_draw(x)[:, None] * noise[:, 0, :] / sigma  # (draws, n)
     torch.testing.assert_close(gradient[0], estimator_terms.mean(0), rtol=0, atol=1e-12)
     eye = torch.eye(n, dtype=torch.float64)
     fd_terms = torch.stack([(per_draw(x + h * eye[i]) - per_draw(x - h * eye[i])) / (2 * h) for i in range(n)], 1)
     paired = estimator_terms - fd_terms
     standard_error = paired.std(0) / math.sqrt(draws)
-    bias = h ** 2 / 6 * 1.6 * c.abs().sum() / sigma ** 3
+    bias = h**2 / 6 * 1.6 * c.abs().sum() / sigma**3
     assert ((paired.mean(0)).abs() <= 5 * standard_error + bias).all(), (paired.mean(0), standard_error, bias)
     assert gradient.abs().max() > 3 * (5 * standard_error.max() + bias)
 
 
 def test_hard_limit():
-    x = torch.randperm(24).reshape(2, 12).to(torch.float64)   # gaps >= 1
+    x = torch.randperm(24).reshape(2, 12).to(torch.float64)  # gaps >= 1
     op = PerturbedTopK(sigma=1e-6, num_samples=8, seed=0)
     assert torch.equal(op.soft_topk(x, 5), hard_topk(x, 5))
     assert torch.equal(op.permutation(x, 5), hard_permutation(x, 5))
@@ -104,19 +109,22 @@ def test_seeds():
     assert torch.equal(same[0], same[1])
     assert not torch.equal(same[0], PerturbedTopK(0.5, num_samples=20, seed=8).soft_topk(x, 3))
     op = PerturbedTopK(0.5, num_samples=20, seed=7)
-    assert not torch.equal(op.soft_topk(x, 3), op.soft_topk(x, 3))   # seeded once: the stream moves on
+    assert not torch.equal(op.soft_topk(x, 3), op.soft_topk(x, 3))  # seeded once: the stream moves on
     torch.manual_seed(3)
     first = PerturbedTopK(0.5, num_samples=20).soft_topk(x, 3)
     torch.manual_seed(3)
-    assert torch.equal(first, PerturbedTopK(0.5, num_samples=20).soft_topk(x, 3))   # seed=None: global RNG
+    assert torch.equal(first, PerturbedTopK(0.5, num_samples=20).soft_topk(x, 3))  # seed=None: global RNG
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"sigma": 0}, r"sigma=0 must be a number > 0 \(smaller = closer to the hard top-k, noisier gradient\)"),
-    ({"num_samples": 0}, r"num_samples=0 must be an int >= 1"),
-    ({"num_samples": 2.5}, r"num_samples=2.5 must be an int >= 1"),
-    ({"seed": "a"}, r"seed='a' must be an int or null"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"sigma": 0}, r"sigma=0 must be a number > 0 \(smaller = closer to the hard top-k, noisier gradient\)"),
+        ({"num_samples": 0}, r"num_samples=0 must be an int >= 1"),
+        ({"num_samples": 2.5}, r"num_samples=2.5 must be an int >= 1"),
+        ({"seed": "a"}, r"seed='a' must be an int or null"),
+    ],
+)
 def test_bad_settings_are_one_line_errors(kwargs, message):
     with pytest.raises(ValueError, match=message) as error:
         PerturbedTopK(**kwargs)

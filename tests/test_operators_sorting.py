@@ -1,6 +1,7 @@
 """The sorting operators (DiffSortNet, NeuralSort, SoftSort, SinkhornSort, difftopk's networks) under
 the one operator API: float64 gradchecks, a slow obvious reference, the hard limit, and agreement
 with difftopk 0.2.0 / diffsort 0.2.0 (P_topk to 1e-5)."""
+
 import contextlib
 import io
 import math
@@ -8,8 +9,15 @@ import math
 import pytest
 import torch
 
-from topklab.operators import (DiffSortNet, DifftopkNetwork, NeuralSort, SinkhornSort, SoftSort, hard_permutation,
-                               hard_topk)
+from topklab.operators import (
+    DiffSortNet,
+    DifftopkNetwork,
+    NeuralSort,
+    SinkhornSort,
+    SoftSort,
+    hard_permutation,
+    hard_topk,
+)
 from topklab.operators.networks import NETWORKS, bitonic_layers, odd_even_layers, splitter_selection_layers
 from topklab.operators.relaxations import RELAXATIONS
 
@@ -47,7 +55,7 @@ def slow_network_permutation(scores: torch.Tensor, layers, k: int, distribution:
         for layer in layers:
             mix = torch.eye(n, dtype=x.dtype)
             new = x.clone()
-            for low, high in layer:                      # min leaves on `low`, max on `high`
+            for low, high in layer:  # min leaves on `low`, max on `high`
                 alpha = swap_alpha(x[high] - x[low], distribution, beta, lam)  # ≈ 1 when in order
                 mix[low, low], mix[low, high] = alpha, 1 - alpha
                 mix[high, low], mix[high, high] = 1 - alpha, alpha
@@ -57,7 +65,7 @@ def slow_network_permutation(scores: torch.Tensor, layers, k: int, distribution:
             x = new
         total = torch.eye(n, dtype=x.dtype)
         for mix in matrices:
-            total = mix @ total                          # output wires = total @ input wires
+            total = mix @ total  # output wires = total @ input wires
         rows.append(torch.stack([total[n - 1 - j] for j in range(k)], dim=1))
     return torch.stack(rows)
 
@@ -96,8 +104,10 @@ def test_diffsortnet_matches_the_slow_reference_in_float64(network, distribution
     assert torch.allclose(ours, expected, atol=1e-12)
 
 
-@pytest.mark.parametrize("network,n,k", [("odd_even", 7, 3), ("odd_even", 6, 6), ("bitonic", 8, 2), ("bitonic", 6, 3),
-                                         ("splitter_selection", 7, 2)])
+@pytest.mark.parametrize(
+    "network,n,k",
+    [("odd_even", 7, 3), ("odd_even", 6, 6), ("bitonic", 8, 2), ("bitonic", 6, 3), ("splitter_selection", 7, 2)],
+)
 @pytest.mark.parametrize("distribution", list(RELAXATIONS))
 def test_diffsortnet_gradcheck_float64(network, n, k, distribution):
     torch.manual_seed(1)
@@ -106,8 +116,9 @@ def test_diffsortnet_gradcheck_float64(network, n, k, distribution):
     assert torch.autograd.gradcheck(lambda s: operator.permutation(s, k), (scores,))
 
 
-@pytest.mark.parametrize("network,n,k", [("odd_even", 100, 5), ("odd_even", 11, 11), ("bitonic", 100, 5),
-                                         ("bitonic", 32, 7)])
+@pytest.mark.parametrize(
+    "network,n,k", [("odd_even", 100, 5), ("odd_even", 11, 11), ("bitonic", 100, 5), ("bitonic", 32, 7)]
+)
 @pytest.mark.parametrize("distribution", list(RELAXATIONS))
 def test_diffsortnet_gives_difftopks_p_topk_and_gradient(network, n, k, distribution):
     torch.manual_seed(2)
@@ -162,15 +173,16 @@ def test_diffsortnet_half_precision_runs_in_float32_and_returns_the_input_dtype(
     scores = torch.randn(4, 10)
     half = DiffSortNet("odd_even", 2.0, "logistic").permutation(scores.half(), 3)
     assert half.dtype == torch.float16
-    assert torch.allclose(half.float(), DiffSortNet("odd_even", 2.0, "logistic").permutation(scores.half().float(), 3),
-                          atol=1e-3)
+    assert torch.allclose(
+        half.float(), DiffSortNet("odd_even", 2.0, "logistic").permutation(scores.half().float(), 3), atol=1e-3
+    )
 
 
 @pytest.mark.parametrize("tau", [0.5, 4.0])
 def test_neuralsort_and_softsort_give_difftopks_top_columns(tau):
     torch.manual_seed(5)
     scores = torch.randn(6, 10) * 2
-    neural = difftopk.NeuralSort(tau=tau)(scores)                   # sorts −scores: ascending ranks
+    neural = difftopk.NeuralSort(tau=tau)(scores)  # sorts −scores: ascending ranks
     assert torch.allclose(NeuralSort(tau).permutation(scores, 4), neural[:, :, -4:].flip(-1), atol=1e-6)
     soft = difftopk.SoftSort(tau=tau)(-scores).transpose(-2, -1)
     assert torch.allclose(SoftSort(tau).permutation(scores, 4), soft[:, :, -4:].flip(-1), atol=1e-6)
@@ -198,16 +210,19 @@ def test_difftopk_network_operator_is_difftopks_output_in_our_column_order():
     assert torch.allclose(ours, DiffSortNet("odd_even", 2.0, "cauchy").permutation(scores, 3), atol=1e-6)
 
 
-@pytest.mark.parametrize("make,match", [
-    (lambda: DiffSortNet("quicksort"), "choose one of"),
-    (lambda: DiffSortNet("odd_even", steepness=0.0), "larger is sharper"),
-    (lambda: DiffSortNet("odd_even", distribution="uniform"), "choose one of"),
-    (lambda: DiffSortNet("odd_even", art_lambda=-1.0), ">= 0"),
-    (lambda: DiffSortNet().permutation(torch.zeros(2, 3), 4), r"k=4 must be an int in \[1, 3\]"),
-    (lambda: DiffSortNet().permutation(torch.zeros(3), 1), r"\(batch, n\)"),
-    (lambda: DifftopkNetwork("splitter_selection"), "sparse=true"),
-    (lambda: SoftSort(tau=-1.0), "smaller is sharper"),
-])
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda: DiffSortNet("quicksort"), "choose one of"),
+        (lambda: DiffSortNet("odd_even", steepness=0.0), "larger is sharper"),
+        (lambda: DiffSortNet("odd_even", distribution="uniform"), "choose one of"),
+        (lambda: DiffSortNet("odd_even", art_lambda=-1.0), ">= 0"),
+        (lambda: DiffSortNet().permutation(torch.zeros(2, 3), 4), r"k=4 must be an int in \[1, 3\]"),
+        (lambda: DiffSortNet().permutation(torch.zeros(3), 1), r"\(batch, n\)"),
+        (lambda: DifftopkNetwork("splitter_selection"), "sparse=true"),
+        (lambda: SoftSort(tau=-1.0), "smaller is sharper"),
+    ],
+)
 def test_bad_operator_input_is_one_line(make, match):
     with pytest.raises(ValueError, match=match):
         make()
@@ -241,5 +256,10 @@ def test_only_the_unbounded_operators_give_entries_above_one():
 
     close = torch.tensor([[0.0, 0.01, 0.02, 0.03, 1.0, -1.0]])
     assert float(NeuralSort(0.01).soft_topk(close, 4).max()) > 1.0 and not NeuralSort.bounded and not SoftSort.bounded
-    for operator in (DFTopK(0.01), LapSum(0.01), SoftTopKOT(0.01), SinkhornSort(100.0, 1000)):  # Sinkhorn: up to its tol
+    for operator in (
+        DFTopK(0.01),
+        LapSum(0.01),
+        SoftTopKOT(0.01),
+        SinkhornSort(100.0, 1000),
+    ):  # Sinkhorn: up to its tol
         assert operator.bounded and float(operator.soft_topk(close, 4).max()) <= 1.0 + 1e-3

@@ -1,5 +1,6 @@
 """SparseTopK (Sander et al., ICML 2023): PAV and Dykstra against slow obvious references, the
 promised properties (Σp = k, exact 0s and 1s, hard limit), float64 gradchecks, one-line errors."""
+
 import itertools
 import warnings
 
@@ -40,10 +41,15 @@ def capped_simplex_projection(z: np.ndarray, k: int) -> np.ndarray:
 def regularised_lp(x: np.ndarray, k: int, ell: float, p: float) -> np.ndarray:
     """The definition, solved by a generic QP/NLP solver: argmax_{μ ∈ [0,1]^n, Σμ = k} ⟨μ, x⟩ − (ℓ/p)Σμ^p."""
     n = len(x)
-    result = minimize(lambda mu: -(mu @ x) + ell / p * (np.abs(mu) ** p).sum(), np.full(n, k / n),
-                      jac=lambda mu: -x + ell * np.sign(mu) * np.abs(mu) ** (p - 1), method="SLSQP",
-                      bounds=[(0.0, 1.0)] * n, constraints=[{"type": "eq", "fun": lambda mu: mu.sum() - k}],
-                      options={"ftol": 1e-14, "maxiter": 500})
+    result = minimize(
+        lambda mu: -(mu @ x) + ell / p * (np.abs(mu) ** p).sum(),
+        np.full(n, k / n),
+        jac=lambda mu: -x + ell * np.sign(mu) * np.abs(mu) ** (p - 1),
+        method="SLSQP",
+        bounds=[(0.0, 1.0)] * n,
+        constraints=[{"type": "eq", "fun": lambda mu: mu.sum() - k}],
+        options={"ftol": 1e-14, "maxiter": 500},
+    )
     assert result.success, result.message
     return result.x
 
@@ -52,7 +58,8 @@ def regularised_lp(x: np.ndarray, k: int, ell: float, p: float) -> np.ndarray:
 def test_pav_and_dykstra_match_brute_force_isotonic_regression(seed):
     generator = torch.Generator().manual_seed(seed)
     y = torch.randn(3, 7, generator=generator, dtype=torch.float64).cumsum(1) * 0.3 + torch.randn(
-        3, 7, generator=generator, dtype=torch.float64)  # mixed trends: several pooled blocks per row
+        3, 7, generator=generator, dtype=torch.float64
+    )  # mixed trends: several pooled blocks per row
     expected = torch.tensor(np.stack([isotonic_brute_force(row) for row in y.numpy()]))
     pav, _ = isotonic_pav(y, torch.zeros(7, dtype=torch.float64), 2)
     dykstra, _, certified = isotonic_dykstra(y, max_iter=20000, tol=1e-10)
@@ -96,15 +103,18 @@ def test_pav_and_dykstra_agree_and_sum_to_k_with_exact_zeros_and_ones():
 
 def test_float32_keeps_exact_zeros_ones_and_sum():
     torch.manual_seed(1)
-    x = 100 * torch.randn(8, 200)   # large t = x/ℓ: t − (t − 1) would not round to exactly 1
+    x = 100 * torch.randn(8, 200)  # large t = x/ℓ: t − (t − 1) would not round to exactly 1
     for solver in ("pav", "dykstra"):
         mask = SparseTopK(0.5, solver=solver).soft_topk(x, 20)
         assert mask.dtype == torch.float32 and ((mask == 0) | (mask == 1)).float().mean() > 0.9
         torch.testing.assert_close(mask.sum(1), torch.full((8,), 20.0), rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("options", [{}, {"solver": "dykstra", "tol": 1e-10, "max_iter": 20000}, {"p": 4 / 3}],
-                         ids=["pav", "dykstra", "pav-p4/3"])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"solver": "dykstra", "tol": 1e-10, "max_iter": 20000}, {"p": 4 / 3}],
+    ids=["pav", "dykstra", "pav-p4/3"],
+)
 def test_gradcheck(options):
     torch.manual_seed(2)
     x = torch.randn(3, 10, dtype=torch.float64, requires_grad=True)
@@ -119,29 +129,32 @@ def test_gradcheck(options):
 
 def test_hard_limit_and_uniform_limit():
     torch.manual_seed(3)
-    x = torch.randperm(40).reshape(2, 20).to(torch.float64)   # distinct, gaps >= 1
+    x = torch.randperm(40).reshape(2, 20).to(torch.float64)  # distinct, gaps >= 1
     for options in ({}, {"solver": "dykstra"}, {"p": 4 / 3}):
         assert torch.equal(SparseTopK(0.5, **options).soft_topk(x, 7), hard_topk(x, 7))
     torch.testing.assert_close(SparseTopK(1e6).soft_topk(x, 5), torch.full_like(x, 5 / 20), rtol=0, atol=1e-4)
 
 
 def test_dykstra_warns_when_it_cannot_certify_in_max_iter():
-    x = torch.linspace(0, 1, 200, dtype=torch.float64)[None]   # one pooled block of ~all items
+    x = torch.linspace(0, 1, 200, dtype=torch.float64)[None]  # one pooled block of ~all items
     with pytest.warns(RuntimeWarning, match="raise max_iter or use solver='pav'"):
         SparseTopK(1.0, solver="dykstra", max_iter=20).soft_topk(x, 100)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        SparseTopK(0.001, solver="dykstra", max_iter=20).soft_topk(x, 100)   # singletons: certified at once
+        SparseTopK(0.001, solver="dykstra", max_iter=20).soft_topk(x, 100)  # singletons: certified at once
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"regularization": 0.0}, r"regularization=0.0 must be a number > 0 \(smaller = sharper and sparser\)"),
-    ({"p": 1.5}, r"p=1.5 is not supported; choose 2 .* or 4/3"),
-    ({"solver": "sinkhorn"}, r"solver='sinkhorn' is unknown; choose one of pav, dykstra"),
-    ({"solver": "dykstra", "p": 4 / 3}, r"solver='dykstra' supports p=2 only; use solver='pav' for p=4/3"),
-    ({"max_iter": 0}, r"max_iter=0 must be an int >= 1"),
-    ({"tol": -1.0}, r"tol=-1.0 must be a number > 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"regularization": 0.0}, r"regularization=0.0 must be a number > 0 \(smaller = sharper and sparser\)"),
+        ({"p": 1.5}, r"p=1.5 is not supported; choose 2 .* or 4/3"),
+        ({"solver": "sinkhorn"}, r"solver='sinkhorn' is unknown; choose one of pav, dykstra"),
+        ({"solver": "dykstra", "p": 4 / 3}, r"solver='dykstra' supports p=2 only; use solver='pav' for p=4/3"),
+        ({"max_iter": 0}, r"max_iter=0 must be an int >= 1"),
+        ({"tol": -1.0}, r"tol=-1.0 must be a number > 0"),
+    ],
+)
 def test_bad_settings_are_one_line_errors(kwargs, message):
     with pytest.raises(ValueError, match=message) as error:
         SparseTopK(**kwargs)
@@ -150,8 +163,11 @@ def test_bad_settings_are_one_line_errors(kwargs, message):
 
 def test_bad_input_is_a_one_line_error():
     op = SparseTopK()
-    for scores, k, message in ((torch.zeros(5), 1, "shape"), (torch.zeros(2, 5), 6, "k=6"),
-                               (torch.zeros(2, 5, dtype=torch.long), 1, "floating-point")):
+    for scores, k, message in (
+        (torch.zeros(5), 1, "shape"),
+        (torch.zeros(2, 5), 6, "k=6"),
+        (torch.zeros(2, 5, dtype=torch.long), 1, "floating-point"),
+    ):
         with pytest.raises(ValueError, match=message) as error:
             op.soft_topk(scores, k)
         assert "\n" not in str(error.value)

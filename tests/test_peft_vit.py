@@ -1,6 +1,7 @@
 """PEL/LIFT's parameter-efficient ViT: each tuner trains only its own parameters (the frozen backbone
 gets no gradient), AdaptFormer and LoRA leave the backbone's output unchanged at step 0, and the
 trainable-parameter counts of ViT-B/16 are those of the methods' definitions."""
+
 import pytest
 import torch
 
@@ -20,15 +21,22 @@ def test_default_rank_follows_pel():
     assert [default_rank(c, 12) for c in (100, 365, 1000, 8142)] == [4, 8, 32, 256]
 
 
-@pytest.mark.parametrize("tuner,expected", [
-    (AdaptFormer(rank=4), LAYERS * (2 * DIM + (DIM * 4 + 4) + (4 * DIM + DIM) + 1)),  # PEL: 101,436
-    (LoRA(rank=4), LAYERS * 2 * (DIM * 4 + 4 * DIM)),
-    (VPT(length=10, deep=True), LAYERS * 10 * DIM),
-    (VPT(length=10, deep=False), 10 * DIM),
-    (BiasOnly(), LAYERS * (DIM + 3 * DIM + DIM + DIM + 4 * DIM + DIM)),  # norm1, qkv, proj, norm2, fc1, fc2
-    (LinearProbe(), 0),
-    (FullFineTuning(), LAYERS * (2 * 2 * DIM + DIM * 3 * DIM + 3 * DIM + DIM * DIM + DIM + 2 * DIM * 4 * DIM + 4 * DIM + DIM)),
-], ids=["adaptformer", "lora", "vpt_deep", "vpt_shallow", "bias_only", "linear_probe", "full"])
+@pytest.mark.parametrize(
+    "tuner,expected",
+    [
+        (AdaptFormer(rank=4), LAYERS * (2 * DIM + (DIM * 4 + 4) + (4 * DIM + DIM) + 1)),  # PEL: 101,436
+        (LoRA(rank=4), LAYERS * 2 * (DIM * 4 + 4 * DIM)),
+        (VPT(length=10, deep=True), LAYERS * 10 * DIM),
+        (VPT(length=10, deep=False), 10 * DIM),
+        (BiasOnly(), LAYERS * (DIM + 3 * DIM + DIM + DIM + 4 * DIM + DIM)),  # norm1, qkv, proj, norm2, fc1, fc2
+        (LinearProbe(), 0),
+        (
+            FullFineTuning(),
+            LAYERS * (2 * 2 * DIM + DIM * 3 * DIM + 3 * DIM + DIM * DIM + DIM + 2 * DIM * 4 * DIM + 4 * DIM + DIM),
+        ),
+    ],
+    ids=["adaptformer", "lora", "vpt_deep", "vpt_shallow", "bias_only", "linear_probe", "full"],
+)
 def test_trainable_parameter_counts_of_vit_b16(tuner, expected):
     model = vit_b(tuner)
     assert model.trainable_parameters == expected + 100 * DIM  # + the cosine head
@@ -36,8 +44,11 @@ def test_trainable_parameter_counts_of_vit_b16(tuner, expected):
     assert expected != 101436 or isinstance(tuner, AdaptFormer)
 
 
-@pytest.mark.parametrize("tuner", [AdaptFormer(rank=4), LoRA(rank=4), VPT(length=3), BiasOnly()],
-                         ids=["adaptformer", "lora", "vpt", "bias_only"])
+@pytest.mark.parametrize(
+    "tuner",
+    [AdaptFormer(rank=4), LoRA(rank=4), VPT(length=3), BiasOnly()],
+    ids=["adaptformer", "lora", "vpt", "bias_only"],
+)
 def test_only_the_branch_and_head_get_gradients(tuner):
     model = vit_b(tuner, num_classes=5)
     if isinstance(tuner, (AdaptFormer, LoRA)):  # their zero-initialised factor would block the other's gradient
@@ -95,14 +106,25 @@ def test_text_head_is_clip_zero_shot_through_the_visual_projection():
     clip = open_clip.create_model("ViT-B-16", pretrained=None).eval()  # the same random tower
     tokenizer = open_clip.get_tokenizer("ViT-B-16")
     with torch.no_grad():  # templates averaged after normalising each, then normalised (slow, per class)
-        text = normalize(torch.stack([normalize(clip.encode_text(tokenizer([f"a photo of a {n}.", f"a {n}."])), dim=-1).mean(0)
-                                      for n in names]), dim=-1)
+        text = normalize(
+            torch.stack(
+                [
+                    normalize(clip.encode_text(tokenizer([f"a photo of a {n}.", f"a {n}."])), dim=-1).mean(0)
+                    for n in names
+                ]
+            ),
+            dim=-1,
+        )
         pulled_back = text @ clip.visual.proj.T
         features = torch.randn(4, 768)
         torch.testing.assert_close(weights, normalize(pulled_back, dim=-1))
         # ⟨x, P t_c⟩ = ⟨x P, t_c⟩: the head scores a feature as CLIP's zero-shot classifier does, up to ‖P t_c‖
-        torch.testing.assert_close((features @ weights.T) * pulled_back.norm(dim=1), (features @ clip.visual.proj) @ text.T,
-                                   rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            (features @ weights.T) * pulled_back.norm(dim=1),
+            (features @ clip.visual.proj) @ text.T,
+            rtol=1e-4,
+            atol=1e-4,
+        )
 
 
 def test_the_head_starts_from_the_text_weights_and_needs_class_names():
@@ -128,7 +150,9 @@ def test_missing_clip_weights_are_one_line(tmp_path, monkeypatch):
 def test_the_clip_config_builds_quickgelu_towers_as_openai_trained_them(compose_cfg):
     from hydra.utils import instantiate
 
-    cfg = compose_cfg("model=peft_vit_clip_b16", "model.pretrained=false", "model.img_size=32", "model.head_init.pretrained=null")
+    cfg = compose_cfg(
+        "model=peft_vit_clip_b16", "model.pretrained=false", "model.img_size=32", "model.head_init.pretrained=null"
+    )
     head = instantiate(cfg.model.head_init)
     clip, _ = head._clip()
     assert "QuickGELU" in type(clip.transformer.resblocks[0].mlp.gelu).__name__

@@ -1,6 +1,7 @@
 """Petersen et al.'s CIFAR-100 rows as difftopk's scripts run them: the ResNet-18 with the max-pool after
 its stem and fan-out initialisation, the last partial batch dropped, and a random (not per-class) 5 %
 hold-out scored on augmented images."""
+
 import numpy as np
 import pytest
 import torch
@@ -17,8 +18,10 @@ def test_difftopks_resnet18_pools_after_the_stem_and_inits_fan_out():
     sizes = {}
     for name, net in (("pooled", pooled), ("plain", plain)):
         stages = [m for m in net.layers]
-        hooks = [stages[i].register_forward_hook(lambda m, i, o, k=(name, i): sizes.__setitem__(k, o.shape[-1]))
-                 for i in (0, 2, 4, 6)]
+        hooks = [
+            stages[i].register_forward_hook(lambda m, i, o, k=(name, i): sizes.__setitem__(k, o.shape[-1]))
+            for i in (0, 2, 4, 6)
+        ]
         net(torch.zeros(2, 3, 32, 32))
         for hook in hooks:
             hook.remove()
@@ -26,7 +29,7 @@ def test_difftopks_resnet18_pools_after_the_stem_and_inits_fan_out():
     assert [sizes[("plain", i)] for i in (0, 2, 4, 6)] == [32, 16, 8, 4]
     conv = pooled.layers[6].conv2.weight  # 512 → 512, 3 × 3: fan-out Kaiming std = sqrt(2 / (512 · 9))
     assert conv.std().item() == pytest.approx((2 / (512 * 9)) ** 0.5, rel=0.02)
-    bound = 1 / 512 ** 0.5  # PyTorch's default Linear init: U(−1/√fan_in, 1/√fan_in)
+    bound = 1 / 512**0.5  # PyTorch's default Linear init: U(−1/√fan_in, 1/√fan_in)
     assert pooled.fc.weight.abs().max().item() <= bound and plain.fc.weight.abs().max().item() > bound
     with pytest.raises(ValueError, match="model.init='xavier'"):
         resnet18_cifar(10, init="xavier")
@@ -63,7 +66,9 @@ def test_cifar100_with_difftopks_hold_out_end_to_end(tmp_path):
     from vision_files import write_cifar100
 
     root = write_cifar100(tmp_path, per_class_train=20, per_class_test=1)
-    data = CIFAR100(root=str(root), mean=[0.5] * 3, std=[0.25] * 3, validation="random_holdout", val_augment=True).splits()
+    data = CIFAR100(
+        root=str(root), mean=[0.5] * 3, std=[0.25] * 3, validation="random_holdout", val_augment=True
+    ).splits()
     assert data.sizes() == {"train": 1900, "val": 100, "test": 100} and data.info["validation"] == "random_holdout"
     val = torch.cat([x for x, _ in data.eval_loader("val", 64, "cpu").batches()])
     stored = (data.x_val.float() - 127.5) / 63.75

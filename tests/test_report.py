@@ -1,5 +1,6 @@
 """topklab.report: the result envelope, the converter of old result files, the cell store on
 converted cells, and the figures redrawn from the committed results."""
+
 import json
 import sys
 
@@ -25,15 +26,23 @@ def one_line_error(call, *args) -> str:
 
 
 def test_make_result_checks_its_input():
-    result = make_result("vision", "fmnistlt/la", {"table": "fmnistlt", "row": "la", "label": "LA", "summary": {}},
-                         "python train.py", {"seed": 0}, {"git": {}})
+    result = make_result(
+        "vision",
+        "fmnistlt/la",
+        {"table": "fmnistlt", "row": "la", "label": "LA", "summary": {}},
+        "python train.py",
+        {"seed": 0},
+        {"git": {}},
+    )
     assert list(result) == ["schema", "family", "experiment", "command", "config", "provenance", "result"]
     assert "choose one of: tabular, synthetic, vision, translation, language_modeling, bench" in one_line_error(
-        make_result, "tabular2", "x", {}, "python x", {}, {})
+        make_result, "tabular2", "x", {}, "python x", {}, {}
+    )
     assert "experiment must be a non-empty str" in one_line_error(make_result, "bench", "", {}, "python x", {}, {})
     assert "config must be a dict, got None" in one_line_error(make_result, "bench", "x", {}, "python x", None, {})
     assert "needs the payload key(s) ['label', 'summary']" in one_line_error(
-        make_result, "vision", "t/r", {"table": "t", "row": "r"}, "python x", {}, {})
+        make_result, "vision", "t/r", {"table": "t", "row": "r"}, "python x", {}, {}
+    )
 
 
 def test_read_result_names_what_is_wrong_and_how_to_fix_it(tmp_path):
@@ -54,9 +63,14 @@ def test_every_committed_result_is_in_the_envelope():
     converted, current = convert_results.convert(RESULTS, check=True)
     assert converted == [] and current == len(list(RESULTS.rglob("*.json")))
     families = {r["family"] for r in read_results(RESULTS)}
-    assert {"tabular", "synthetic", "vision", "bench"} <= families <= {"tabular", "synthetic", "vision", "translation",
-                                                                     "language_modeling", "bench"}
-    assert not (RESULTS / "synthetic" / "table1.json").exists() and read_result(RESULTS / "bench" / "table1.json", "bench")
+    assert (
+        {"tabular", "synthetic", "vision", "bench"}
+        <= families
+        <= {"tabular", "synthetic", "vision", "translation", "language_modeling", "bench"}
+    )
+    assert not (RESULTS / "synthetic" / "table1.json").exists() and read_result(
+        RESULTS / "bench" / "table1.json", "bench"
+    )
 
 
 def old_tree(root):
@@ -64,16 +78,42 @@ def old_tree(root):
     files = {
         "tabular/p/table3/d/logistic-stk.json": {
             "cell": {"table": "table3", "dataset": "d", "individual": "logistic", "aggregate": "stk"},
-            "fingerprint": {"protocol": {"n_splits": 2}}, "metric": "error_pct", "selected": {"k": 1},
-            "test_mean": 1.0, "test_std": 0.5, "per_split": {"test": [0.5, 1.5]}, "combos": {"k": [1]},
-            "preset": "p", "command": "python scripts/reproduce_tabular.py", "provenance": {"git": {"sha": "a"}}},
-        "synthetic/table2.json": {"experiment": "table2", "columns": {}, "order": [], "seconds": 1.5,
-                                  "command": "python scripts/reproduce_synthetic.py", "config": {"repeats": 2},
-                                  "provenance": {"git": {"sha": "b"}}},
-        "synthetic/table1.json": {"n": 10, "k": 5, "runs": 2, "threads": 1, "algorithms": {}, "order": [],
-                                  "command": "python scripts/table1_topk_time.py", "provenance": {}},
-        "vision/fmnistlt/la/seed0.json": {"command": "python train.py", "config": {"row": "LA", "seed": 0},
-                                          "summary": {"metrics": {}}, "provenance": {}},
+            "fingerprint": {"protocol": {"n_splits": 2}},
+            "metric": "error_pct",
+            "selected": {"k": 1},
+            "test_mean": 1.0,
+            "test_std": 0.5,
+            "per_split": {"test": [0.5, 1.5]},
+            "combos": {"k": [1]},
+            "preset": "p",
+            "command": "python scripts/reproduce_tabular.py",
+            "provenance": {"git": {"sha": "a"}},
+        },
+        "synthetic/table2.json": {
+            "experiment": "table2",
+            "columns": {},
+            "order": [],
+            "seconds": 1.5,
+            "command": "python scripts/reproduce_synthetic.py",
+            "config": {"repeats": 2},
+            "provenance": {"git": {"sha": "b"}},
+        },
+        "synthetic/table1.json": {
+            "n": 10,
+            "k": 5,
+            "runs": 2,
+            "threads": 1,
+            "algorithms": {},
+            "order": [],
+            "command": "python scripts/table1_topk_time.py",
+            "provenance": {},
+        },
+        "vision/fmnistlt/la/seed0.json": {
+            "command": "python train.py",
+            "config": {"row": "LA", "seed": 0},
+            "summary": {"metrics": {}},
+            "provenance": {},
+        },
         "bench/loader_cpu.json": {"results": [], "ratio": 2.0, "images": 10, "command": "python b", "provenance": {}},
     }
     for rel, content in files.items():

@@ -1,4 +1,5 @@
 """A trial run cannot overwrite a row's committed result (issue 28 item 2)."""
+
 import json
 import subprocess
 import sys
@@ -15,10 +16,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_only_row_seed_launcher_paths_and_logger_keep_a_row_s_settings():
-    own = ["experiment=fmnistlt/la_stk", "seed=3", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "logger=none",
-           "paths.data_dir=/data", "recipe=multiclass", "engine.progress=false", "force_result=true"]
+    own = [
+        "experiment=fmnistlt/la_stk",
+        "seed=3",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "logger=none",
+        "paths.data_dir=/data",
+        "recipe=multiclass",
+        "engine.progress=false",
+        "force_result=true",
+    ]
     assert changed_settings(own) == []
-    assert changed_settings(own + ["engine.epochs=1", "loss.k=0.5", "+extra=1"]) == ["engine.epochs=1", "loss.k=0.5", "+extra=1"]
+    assert changed_settings(own + ["engine.epochs=1", "loss.k=0.5", "+extra=1"]) == [
+        "engine.epochs=1",
+        "loss.k=0.5",
+        "+extra=1",
+    ]
 
 
 def test_destination(tmp_path):
@@ -35,8 +49,14 @@ def test_destination(tmp_path):
 
 def _tabular_row(compose_cfg, tmp_path, *overrides):
     result = tmp_path / "results" / "vision" / "t" / "r" / "seed0.json"
-    cfg = compose_cfg("dataset=wisconsin", "logger=none", f"paths.root_dir={tmp_path}", f"paths.data_dir={ROOT}/.data",
-                      f"result_file={result}", *overrides)
+    cfg = compose_cfg(
+        "dataset=wisconsin",
+        "logger=none",
+        f"paths.root_dir={tmp_path}",
+        f"paths.data_dir={ROOT}/.data",
+        f"result_file={result}",
+        *overrides,
+    )
     return cfg, result
 
 
@@ -48,7 +68,9 @@ def test_a_trial_run_writes_beside_and_a_different_result_needs_force(compose_cf
     train(cfg, tmp_path / "own", overrides=[])
     stored = result.read_bytes()
     other, _ = _tabular_row(compose_cfg, tmp_path, "engine.epochs=2")
-    with pytest.raises(TopklabError, match=r"holds a result with other settings \(config engine.epochs\).*force_result=true"):
+    with pytest.raises(
+        TopklabError, match=r"holds a result with other settings \(config engine.epochs\).*force_result=true"
+    ):
         train(other, tmp_path / "refused", overrides=[])
     assert result.read_bytes() == stored and not (tmp_path / "refused").exists()
     forced, _ = _tabular_row(compose_cfg, tmp_path, "engine.epochs=2", "force_result=true")
@@ -58,8 +80,15 @@ def test_a_trial_run_writes_beside_and_a_different_result_needs_force(compose_cf
 
 def test_another_thread_count_is_another_identity(tmp_path):
     path = tmp_path / "seed0.json"
-    path.write_text(json.dumps({"config": {"a": 1}, "provenance": {"hardware": {"torch_threads": 64}},
-                                "result": {"summary": {"device": "cpu"}}}))
+    path.write_text(
+        json.dumps(
+            {
+                "config": {"a": 1},
+                "provenance": {"hardware": {"torch_threads": 64}},
+                "result": {"summary": {"device": "cpu"}},
+            }
+        )
+    )
     mine = identity(torch.device("cpu"))
     with pytest.raises(TopklabError, match=f"threads 64 → {mine['threads']}"):
         check_replaceable(path, {"a": 1}, mine, force=False)
@@ -72,10 +101,23 @@ def test_another_thread_count_is_another_identity(tmp_path):
 def test_train_py_passes_its_overrides(tmp_path):
     """The command line decides: a trial override keeps results/ clean (a wrong result_file row in the repo is untouched)."""
     result = tmp_path / "results" / "vision" / "t" / "r" / "seed0.json"
-    out = subprocess.run([sys.executable, "train.py", "dataset=wisconsin", "engine.epochs=1", "logger=none",
-                          f"paths.root_dir={tmp_path}", f"paths.data_dir={ROOT}/.data", f"paths.log_dir={tmp_path}/logs",
-                          f"result_file={result}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "dataset=wisconsin",
+            "engine.epochs=1",
+            "logger=none",
+            f"paths.root_dir={tmp_path}",
+            f"paths.data_dir={ROOT}/.data",
+            f"paths.log_dir={tmp_path}/logs",
+            f"result_file={result}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "engine.epochs=1" in out.stdout and not result.exists()
 

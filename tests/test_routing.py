@@ -1,6 +1,7 @@
 """Token routing (Mixture-of-Depths blocks): each router's selection rule, the routed block against a
 slow per-sequence reference, causality, the STk threshold holding its capacity, and every routing
 row end to end on a tiny corpus written in Multi30k's layout."""
+
 import json
 import math
 from functools import partial
@@ -17,8 +18,11 @@ from topklab.models.language_model import causal_mask, run_routed
 from topklab.models.transformer import EncoderLayer
 from translation_files import write_text_corpus
 
-ROUTERS = {"top_k": partial(TopKRouter, capacity=0.25), "threshold_p": partial(ProbabilityThresholdRouter, probability=0.5),
-           "stk_threshold": partial(STkThresholdRouter, capacity=0.25)}
+ROUTERS = {
+    "top_k": partial(TopKRouter, capacity=0.25),
+    "threshold_p": partial(ProbabilityThresholdRouter, probability=0.5),
+    "stk_threshold": partial(STkThresholdRouter, capacity=0.25),
+}
 
 
 def padded_tokens(lengths, vocab=20, seed=0):
@@ -36,7 +40,7 @@ def test_top_k_sequence_scope_takes_the_ceil_of_c_times_each_sequence_length_of_
     scores = torch.randn(3, 10, generator=torch.Generator().manual_seed(1))
     selected = router.top_k(scores, real) & real
     for row, length in enumerate([10, 7, 3]):
-        expected = sorted(range(length), key=lambda j: -float(scores[row, j]))[:math.ceil(0.3 * length)]
+        expected = sorted(range(length), key=lambda j: -float(scores[row, j]))[: math.ceil(0.3 * length)]
         assert sorted(selected[row].nonzero().view(-1).tolist()) == sorted(expected)
 
 
@@ -46,7 +50,7 @@ def test_top_k_batch_scope_routes_exactly_c_of_the_batch():
     scores = torch.randn(3, 10, generator=torch.Generator().manual_seed(1))
     selected = router.top_k(scores, real) & real
     flat = [(float(scores[b, j]), b, j) for b in range(3) for j in range(10) if real[b, j]]
-    expected = {(b, j) for _, b, j in sorted(flat, reverse=True)[:round(0.3 * 20)]}
+    expected = {(b, j) for _, b, j in sorted(flat, reverse=True)[: round(0.3 * 20)]}
     assert {tuple(i) for i in selected.nonzero().tolist()} == expected
 
 
@@ -90,7 +94,9 @@ def test_the_routed_block_equals_running_each_sequence_of_selected_tokens_alone(
 @pytest.mark.parametrize("name", ROUTERS)
 def test_threshold_routing_is_causal_and_top_k_is_not(name):
     torch.manual_seed(0)
-    model = TransformerLM(vocab_size=20, d_model=16, ffn_dim=32, heads=2, layers=2, dropout=0.0, router=ROUTERS[name]).eval()
+    model = TransformerLM(
+        vocab_size=20, d_model=16, ffn_dim=32, heads=2, layers=2, dropout=0.0, router=ROUTERS[name]
+    ).eval()
     tokens = padded_tokens([12])
     with torch.no_grad():
         full = model(PairBatch(tokens[:, :0], tokens))
@@ -101,8 +107,15 @@ def test_threshold_routing_is_causal_and_top_k_is_not(name):
 
 def test_top_k_at_inference_is_not_causal_without_its_predictor():
     torch.manual_seed(0)
-    model = TransformerLM(vocab_size=20, d_model=16, ffn_dim=32, heads=2, layers=2, dropout=0.0,
-                          router=partial(TopKRouter, capacity=0.25, inference="top_k")).eval()
+    model = TransformerLM(
+        vocab_size=20,
+        d_model=16,
+        ffn_dim=32,
+        heads=2,
+        layers=2,
+        dropout=0.0,
+        router=partial(TopKRouter, capacity=0.25, inference="top_k"),
+    ).eval()
     tokens = padded_tokens([12])
     with torch.no_grad():
         full = model(PairBatch(tokens[:, :0], tokens))
@@ -118,7 +131,7 @@ def test_the_paper_update_stk_threshold_lets_the_capacity_through_on_static_scor
     optimizer = torch.optim.SGD([router.lam], lr=0.5)
     real = torch.ones(16, 32, dtype=torch.bool)
     fractions = []
-    for step in range(400):
+    for _ in range(400):
         x = torch.randn(16, 32, 8) + 0.5
         selected, _ = router(x, real)
         optimizer.zero_grad()
@@ -176,8 +189,10 @@ def test_the_routers_auxiliary_terms_reach_the_training_objective():
     from topklab.engine.objective import Objective
     from topklab.losses import Average, LabelSmoothedCrossEntropy
 
-    for router, trained in ((partial(STkThresholdRouter, capacity=0.25, lam_update="gradient"), "lam"),
-                            (ROUTERS["top_k"], "predictor.weight")):
+    for router, trained in (
+        (partial(STkThresholdRouter, capacity=0.25, lam_update="gradient"), "lam"),
+        (ROUTERS["top_k"], "predictor.weight"),
+    ):
         model = TransformerLM(vocab_size=20, d_model=16, ffn_dim=32, heads=2, layers=2, router=router)
         tokens = padded_tokens([9, 5])
         objective = Objective(LabelSmoothedCrossEntropy(smoothing=0.0), Average())
@@ -211,7 +226,8 @@ def routing_rows():
 
 def test_every_routing_cell_has_a_row():
     assert set(routing_rows()) == {"routing/dense", "routing/stk_threshold_c0125_lam0_model_lr"} | {
-        f"routing/{r}_c{c}" for r in ("top_k", "threshold_p", "stk_threshold") for c in ("0125", "025", "05")}
+        f"routing/{r}_c{c}" for r in ("top_k", "threshold_p", "stk_threshold") for c in ("0125", "025", "05")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -224,9 +240,20 @@ def corpus(tmp_path_factory):
 def test_routing_row_composes_and_smoke_runs_offline(compose_cfg, tmp_path, corpus, row):
     root, spm = corpus
     result = tmp_path / "result.json"
-    cfg = compose_cfg(f"experiment={row}", f"dataset.root={root}", f"dataset.vocab_dir={spm}", "dataset.vocab_size=40",
-                      "model.d_model=16", "model.ffn_dim=32", "model.heads=2", "engine.max_steps=2", "engine.batch_size=128",
-                      "logger=none", f"result_file={result}", f"paths.log_dir={tmp_path}")
+    cfg = compose_cfg(
+        f"experiment={row}",
+        f"dataset.root={root}",
+        f"dataset.vocab_dir={spm}",
+        "dataset.vocab_size=40",
+        "model.d_model=16",
+        "model.ffn_dim=32",
+        "model.heads=2",
+        "engine.max_steps=2",
+        "engine.batch_size=128",
+        "logger=none",
+        f"result_file={result}",
+        f"paths.log_dir={tmp_path}",
+    )
     assert cfg.recipe == "language_modeling"
     summary = train(cfg, tmp_path / "run")
     test = summary["metrics"]["test"]

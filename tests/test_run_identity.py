@@ -2,6 +2,7 @@
 resumed under other ones without ``engine.resume=force``, and every segment of a run is recorded.
 Faults around a run's folders (unwritable, corrupt record, stale temporaries, a full disk) and a resume
 under another thread count are in test_faults.py."""
+
 import pytest
 
 import topklab.engine.loop as loop
@@ -32,9 +33,17 @@ def write_package(root, loss=LOSS, report="def render():\n    return 'table'\n",
 def test_code_version_ignores_comments_docstrings_layout_and_reports_but_not_code(tmp_path):
     original = write_package(tmp_path / "a")
     reformatted = LOSS.replace('"""Twice x."""', '"""Twice x, documented at length."""  ').replace(
-        "return 2 * x", "# doubled\n    return (2 *\n            x)")
-    assert write_package(tmp_path / "b", loss=reformatted, report="def render():\n    return 'another table'\n",
-                         kernel="\n  int f() { return 1; }  \n\n") == original
+        "return 2 * x", "# doubled\n    return (2 *\n            x)"
+    )
+    assert (
+        write_package(
+            tmp_path / "b",
+            loss=reformatted,
+            report="def render():\n    return 'another table'\n",
+            kernel="\n  int f() { return 1; }  \n\n",
+        )
+        == original
+    )
     assert write_package(tmp_path / "c", loss=LOSS.replace("2 * x", "3 * x")) != original
     assert write_package(tmp_path / "d", kernel="int f() { return 2; }\n") != original
 
@@ -50,8 +59,12 @@ def test_a_checkpoint_without_a_record_is_not_resumed_silently():
     check_resumable(None, me, "ckpt", force=True)
 
 
-def test_a_finished_run_is_not_reused_under_other_code_unless_forced(compose_cfg, tmp_path, fmnist_root,  # noqa: F811
-                                                                       monkeypatch):
+def test_a_finished_run_is_not_reused_under_other_code_unless_forced(
+    compose_cfg,
+    tmp_path,
+    fmnist_root,  # noqa: F811
+    monkeypatch,
+):
     overrides = [*TINY_FMNIST, f"dataset.root={fmnist_root}", "engine.epochs=1", "loss=stk", "result_file=null"]
     first = train(compose_cfg(*overrides), tmp_path / "first")
     assert [segment["from_step"] for segment in first["segments"]] == [0]
@@ -60,7 +73,9 @@ def test_a_finished_run_is_not_reused_under_other_code_unless_forced(compose_cfg
 
     identity = loop.segment_identity
     monkeypatch.setattr(loop, "segment_identity", lambda device: {**identity(device), "code": "0" * 16})
-    with pytest.raises(TopklabError, match=f"code {first['segments'][0]['code']}, this run has 0{{16}}.*engine.resume=force"):
+    with pytest.raises(
+        TopklabError, match=f"code {first['segments'][0]['code']}, this run has 0{{16}}.*engine.resume=force"
+    ):
         train(compose_cfg(*overrides), tmp_path / "changed")
     forced = train(compose_cfg(*overrides, "engine.resume=force"), tmp_path / "forced")
     assert [segment["code"] for segment in forced["segments"]] == [first["segments"][0]["code"], "0" * 16]

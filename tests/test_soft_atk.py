@@ -1,4 +1,5 @@
 """SoftATk: average-top-k through any operator's soft top-k indicator."""
+
 import pytest
 import torch
 

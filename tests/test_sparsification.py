@@ -1,5 +1,6 @@
 """Top-k gradient sparsification: each selector against a slow obvious reference, error feedback's
 conservation law, the dense exchange equal to the whole-batch gradient, and the engine's resume."""
+
 from functools import partial
 
 import pytest
@@ -26,8 +27,8 @@ def test_stk_threshold_sends_k_up_to_its_tolerance_and_only_entries_above_lambda
     selector = STkThresholdSelector(delta=0.01, count_tolerance=0.05)
     chosen = selector(values, k)
     lam = float(selector.lam)
-    assert chosen.tolist() == [i for i, v in enumerate(values.tolist()) if v > lam]   # slow obvious reference
-    assert abs(len(chosen) - k) <= 0.1 * k + 2   # 5 % on the smoothed count, a little more on the hard one
+    assert chosen.tolist() == [i for i, v in enumerate(values.tolist()) if v > lam]  # slow obvious reference
+    assert abs(len(chosen) - k) <= 0.1 * k + 2  # 5 % on the smoothed count, a little more on the hard one
 
 
 def test_stk_threshold_warm_start_needs_fewer_steps_on_a_slightly_changed_vector():
@@ -53,8 +54,9 @@ def test_selectors_reject_a_k_out_of_range(selector):
         selector()(torch.rand(10), 11)
 
 
-@pytest.mark.parametrize("selector", [partial(ExactTopK), partial(SampledThreshold, sample_ratio=0.2),
-                                      partial(STkThresholdSelector)])
+@pytest.mark.parametrize(
+    "selector", [partial(ExactTopK), partial(SampledThreshold, sample_ratio=0.2), partial(STkThresholdSelector)]
+)
 def test_error_feedback_conserves_the_sum_of_the_gradients(selector):
     torch.manual_seed(0)
     weight = nn.Parameter(torch.zeros(3000))
@@ -68,7 +70,7 @@ def test_error_feedback_conserves_the_sum_of_the_gradients(selector):
             exchange.collect(worker)
         exchange.apply()
         sent += weight.grad.double()
-        assert (weight.grad != 0).sum() <= 3 * 1.3 * exchange.k   # sparse: at most workers × k entries
+        assert (weight.grad != 0).sum() <= 3 * 1.3 * exchange.k  # sparse: at most workers × k entries
     torch.testing.assert_close(sent + exchange.residual.double().sum(0), computed, atol=1e-4, rtol=0)
 
 

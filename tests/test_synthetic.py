@@ -1,6 +1,7 @@
 """STk §4: the Gaussian data generator, the LDA boundary, ParaF1, the synthetic population (the
 executor's grouped layout with Adam) against a plain torch.optim.Adam loop, the Table 1 solvers,
 and the scripts end to end on tiny settings."""
+
 import json
 import subprocess
 import sys
@@ -9,12 +10,17 @@ import pytest
 import torch
 
 from conftest import ROOT
-from topklab.bench.topk_sum import (bubble_sort_topk_sum, exact_objective, heap_sort_topk_sum, lambda_iteration,
-                                    sort_topk_sum)
-from topklab.synthetic import GaussianTask, lda_boundary, para_f1
-from topklab.engine.population import initial_threshold
+from topklab.bench.topk_sum import (
+    bubble_sort_topk_sum,
+    exact_objective,
+    heap_sort_topk_sum,
+    lambda_iteration,
+    sort_topk_sum,
+)
 from topklab.engine.aggregates import build_paper_update_aggregate
+from topklab.engine.population import initial_threshold
 from topklab.losses.k import resolve_k
+from topklab.synthetic import GaussianTask, lda_boundary, para_f1
 from topklab.synthetic.train import BinaryCrossEntropy, Column, SyntheticTrainer, accuracy, train_logistic
 from topklab.utils.errors import TopklabError
 
@@ -104,9 +110,16 @@ def tiny_data():
     return train, val
 
 
-COLUMNS = [Column("average"), Column("maximum"), Column("atk"), Column("matk"), Column("stk"),
-           Column("stk", {"smoothing": "elu"}), Column("stk", {"smoothing": "softplus"}),
-           Column("stk", {"smoothing": "leaky_relu"})]
+COLUMNS = [
+    Column("average"),
+    Column("maximum"),
+    Column("atk"),
+    Column("matk"),
+    Column("stk"),
+    Column("stk", {"smoothing": "elu"}),
+    Column("stk", {"smoothing": "softplus"}),
+    Column("stk", {"smoothing": "leaky_relu"}),
+]
 
 
 def single_model(column, k, train, val, seed, settings, scale="paper", on_eval=None):
@@ -127,21 +140,37 @@ def single_model(column, k, train, val, seed, settings, scale="paper", on_eval=N
             lam_init = float(initial_threshold(losses, torch.tensor(float(resolve_k(k, batch))), batch))
         fields.update(lam_init=lam_init, scale=scale)
     aggregate = build_paper_update_aggregate(column.aggregate, **fields)
-    optimizer = torch.optim.Adam([*model.parameters(), *aggregate.parameters()], lr=settings.lr, betas=settings.betas,
-                                 eps=settings.eps)
+    optimizer = torch.optim.Adam(
+        [*model.parameters(), *aggregate.parameters()], lr=settings.lr, betas=settings.betas, eps=settings.eps
+    )
     data = type("Data", (), {"x_train": train.x, "y_train": train.y, "x_val": val.x, "y_val": val.y})
-    return reference_fit(model, BinaryCrossEntropy(), aggregate, optimizer, data, seed, max_epochs=settings.max_epochs,
-                         batch_size=settings.batch_size, eval_every=settings.eval_every, patience=settings.patience,
-                         min_delta=settings.min_delta, metric=accuracy, higher_is_better=True, l1=settings.l1,
-                         parts=("val",), on_eval=on_eval)
+    return reference_fit(
+        model,
+        BinaryCrossEntropy(),
+        aggregate,
+        optimizer,
+        data,
+        seed,
+        max_epochs=settings.max_epochs,
+        batch_size=settings.batch_size,
+        eval_every=settings.eval_every,
+        patience=settings.patience,
+        min_delta=settings.min_delta,
+        metric=accuracy,
+        higher_is_better=True,
+        l1=settings.l1,
+        parts=("val",),
+        on_eval=on_eval,
+    )
 
 
 @pytest.mark.parametrize("column", COLUMNS, ids=lambda c: f"{c.aggregate}-{c.overrides.get('smoothing', '')}")
 @pytest.mark.parametrize("lam_init", [0.0, "auto"])
 def test_population_equals_single_model_loop(tiny_data, column, lam_init):
     train, val = tiny_data
-    settings = SyntheticTrainer(batch_size=64, lr=1e-2, l1=1e-3, eval_every=5, patience=30, max_epochs=12,
-                                lam_init=lam_init)
+    settings = SyntheticTrainer(
+        batch_size=64, lr=1e-2, l1=1e-3, eval_every=5, patience=30, max_epochs=12, lam_init=lam_init
+    )
     seeds, ks = [3, 4], [0.5, 0.2, 5]
     population = train_logistic(column, settings, train, val, seeds, ks)
     for r in range(2):
@@ -213,15 +242,30 @@ def test_lambda_iteration_reaches_the_tolerance(method):
 
 # ---------- scripts end to end ----------
 
-TINY = ["repeats=2", "threads=1", "task.d=12", "task.n_signal=3", "sizes.train=600", "sizes.val=200",
-        "sizes.test=200", "trainer.batch_size=64", "trainer.max_epochs=3", "k_grid=[0.2,0.8]", "time_repeats=1",
-        "figure3.sizes.train=300", "figure3.sizes.val=100", "figure3.sizes.test=100", "figure3.trainer.max_epochs=3",
-        "figure4.negative_ratios=[0.5,0.05]"]
+TINY = [
+    "repeats=2",
+    "threads=1",
+    "task.d=12",
+    "task.n_signal=3",
+    "sizes.train=600",
+    "sizes.val=200",
+    "sizes.test=200",
+    "trainer.batch_size=64",
+    "trainer.max_epochs=3",
+    "k_grid=[0.2,0.8]",
+    "time_repeats=1",
+    "figure3.sizes.train=300",
+    "figure3.sizes.val=100",
+    "figure3.sizes.test=100",
+    "figure3.trainer.max_epochs=3",
+    "figure4.negative_ratios=[0.5,0.05]",
+]
 
 
 def run_script(name, *args, cwd=ROOT):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], capture_output=True, text=True,
-                          timeout=300, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / name), *args], capture_output=True, text=True, timeout=300, cwd=cwd
+    )
 
 
 def test_reproduce_synthetic_then_tables_and_figures(tmp_path):
@@ -237,7 +281,12 @@ def test_reproduce_synthetic_then_tables_and_figures(tmp_path):
         assert len(column["test_acc"]) == 2 and all(0 <= a <= 100 for a in column["test_acc"])
         assert all(0 <= f <= 1 for f in column["paraf1"] + column["paraf1_paper"])
         assert all(b <= s <= column["step_cap"] for b, s in zip(column["best_step"], column["steps"]))
-    assert table2["paper_support"] == [0, 1, 2] and table2["true_support"] == [0, 1, 2, 3]  # Σ⁻¹ spreads the shift one further
+    assert table2["paper_support"] == [0, 1, 2] and table2["true_support"] == [
+        0,
+        1,
+        2,
+        3,
+    ]  # Σ⁻¹ spreads the shift one further
     assert table2["columns"]["STk (SReLU), λ₀ = 0"]["trainer"] == {"lam_init": 0.0}
     assert table2["columns"]["STk (SReLU)"]["k"] in (0.2, 0.8) and table2["columns"]["Average"]["k"] is None
     assert envelope["provenance"]["git"] and "repeats=2" in envelope["command"]
@@ -264,15 +313,21 @@ def test_table1_script_rejects_bad_input(tmp_path):
 
 
 def test_reproduce_synthetic_rejects_unknown_experiment(tmp_path):
-    out = run_script("reproduce_synthetic.py", "experiments=[table9]", f"results_dir={tmp_path}/r",
-                     f"hydra.run.dir={tmp_path}/h")
+    out = run_script(
+        "reproduce_synthetic.py", "experiments=[table9]", f"results_dir={tmp_path}/r", f"hydra.run.dir={tmp_path}/h"
+    )
     assert out.returncode == 2 and "unknown synthetic experiment" in out.stderr
     assert not (tmp_path / "r").exists()
 
 
 def test_synthetic_columns_are_experiment_rows_and_unknown_ones_fail_in_one_line(tmp_path):
-    out = run_script("reproduce_synthetic.py", "experiments=[table2]", "table2.columns=[stk/table2/nope]",
-                     f"results_dir={tmp_path}/r", f"hydra.run.dir={tmp_path}/h")
+    out = run_script(
+        "reproduce_synthetic.py",
+        "experiments=[table2]",
+        "table2.columns=[stk/table2/nope]",
+        f"results_dir={tmp_path}/r",
+        f"hydra.run.dir={tmp_path}/h",
+    )
     assert out.returncode == 2 and not (tmp_path / "r").exists()
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: synthetic column 'stk/table2/nope'"), out.stderr

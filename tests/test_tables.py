@@ -1,4 +1,5 @@
 """scripts/make_tables.py (topklab.report) on small fake results trees, and on the committed one."""
+
 import json
 import shutil
 import sys
@@ -19,20 +20,53 @@ import make_tables  # noqa: E402
 GRID = {"k": [1, 0.5], "C": [100.0, 10.0], "lr": [0.01, 0.1], "delta": [0.001, 0.1]}
 
 
-def fake_cell(results, table, dataset, individual, aggregate, test, selected, searched=("C", "lr", "k", "delta"),
-              ties=None, seconds=10.0):
+def fake_cell(
+    results,
+    table,
+    dataset,
+    individual,
+    aggregate,
+    test,
+    selected,
+    searched=("C", "lr", "k", "delta"),
+    ties=None,
+    seconds=10.0,
+):
     combos = {axis: values if axis in searched else values[:1] * 2 for axis, values in GRID.items()}
     mean = float(np.mean(test))
-    payload = {"cell": {"table": table, "dataset": dataset, "individual": individual, "aggregate": aggregate},
-               "metric": "error_pct", "test_mean": mean, "test_std": float(np.std(test)),
-               "per_split": {"test": list(test)}, "selected": {"index": 0, **selected}, "combos": combos,
-               "ties": ties or {"rule": "first in grid order", "count": 1, "indices": [0], "test_min": mean,
-                                "test_max": mean, "test_mean": mean},
-               "preset": "fake", "seconds": seconds}
+    payload = {
+        "cell": {"table": table, "dataset": dataset, "individual": individual, "aggregate": aggregate},
+        "metric": "error_pct",
+        "test_mean": mean,
+        "test_std": float(np.std(test)),
+        "per_split": {"test": list(test)},
+        "selected": {"index": 0, **selected},
+        "combos": combos,
+        "ties": ties
+        or {
+            "rule": "first in grid order",
+            "count": 1,
+            "indices": [0],
+            "test_min": mean,
+            "test_max": mean,
+            "test_mean": mean,
+        },
+        "preset": "fake",
+        "seconds": seconds,
+    }
     path = results / "tabular" / "fake" / table / dataset / f"{individual}-{aggregate}.json"
-    write_result(path, make_result("tabular", f"{table}/{dataset}/{individual}/{aggregate}", payload,
-                                   "python scripts/reproduce_tabular.py preset=fake", {},
-                                   {"git": {"sha": "abc1234"}}), indent=None)
+    write_result(
+        path,
+        make_result(
+            "tabular",
+            f"{table}/{dataset}/{individual}/{aggregate}",
+            payload,
+            "python scripts/reproduce_tabular.py preset=fake",
+            {},
+            {"git": {"sha": "abc1234"}},
+        ),
+        indent=None,
+    )
 
 
 @pytest.fixture
@@ -42,11 +76,34 @@ def results(tmp_path):
     hyper = {"k": 0.5, "C": 100.0, "lr": 0.01, "delta": 0.001}
     stk = [13.0, 13.5, 12.0, 14.0, 13.2, 12.8]
     fake_cell(tmp_path, "table3", "australian", "logistic", "stk", stk, hyper, seconds=7200.0)
-    fake_cell(tmp_path, "table3", "australian", "logistic", "atk", [16.0, 17.5, 15.0, 14.5, 16.5, 17.0], hyper,
-              searched=("C", "lr", "k"))
-    fake_cell(tmp_path, "table3", "australian", "logistic", "average", stk, hyper, searched=("C", "lr"),
-              ties={"rule": "first in grid order", "count": 3, "indices": [0, 1, 3], "test_min": 12.5, "test_max": 15.25,
-                    "test_mean": 14.0})
+    fake_cell(
+        tmp_path,
+        "table3",
+        "australian",
+        "logistic",
+        "atk",
+        [16.0, 17.5, 15.0, 14.5, 16.5, 17.0],
+        hyper,
+        searched=("C", "lr", "k"),
+    )
+    fake_cell(
+        tmp_path,
+        "table3",
+        "australian",
+        "logistic",
+        "average",
+        stk,
+        hyper,
+        searched=("C", "lr"),
+        ties={
+            "rule": "first in grid order",
+            "count": 3,
+            "indices": [0, 1, 3],
+            "test_min": 12.5,
+            "test_max": 15.25,
+            "test_mean": 14.0,
+        },
+    )
     fake_cell(tmp_path, "table6", "sinc", "square", "stk", [0.15, 0.14, 0.16, 0.15, 0.14, 0.16], hyper)
     return tmp_path
 
@@ -67,7 +124,11 @@ def test_tables_show_paper_ours_difference_mark_and_paired_tests(results):
     assert atk.split("|")[9].strip() == "C=100, η=0.01, k=0.5"  # only the axes the cell searched
     average = next(line for line in md.splitlines() if line.startswith("| australian | logistic | Average |"))
     assert average.split("|")[9].strip() == "C=100, η=0.01" and average.split("|")[10].strip() == "3 (12.500–15.250)"
-    assert atk.split("|")[10].strip() == "1" and "2 of 4 cells tied" not in md and "1 of 3 cells tied, the widest test range 2.75" in md
+    assert (
+        atk.split("|")[10].strip() == "1"
+        and "2 of 4 cells tied" not in md
+        and "1 of 3 cells tied, the widest test range 2.75" in md
+    )
     assert "a tie goes to the first combination in grid order" in md
     p = wilcoxon(stk, [16.0, 17.5, 15.0, 14.5, 16.5, 17.0]).pvalue
     test_row = next(line for line in md.splitlines() if line.startswith("| australian | logistic | ATk | 6 |"))
@@ -76,8 +137,10 @@ def test_tables_show_paper_ours_difference_mark_and_paired_tests(results):
     assert same.split("|")[5].strip() == "+0.000" and same.split("|")[7].strip() == "1"
     assert "Missing cells (32)" in md and "| german | logistic | STk | 25.561 ± 1.988 | — | — | — | — | — | — |" in md
     assert "preset=fake" in md and "abc1234" in md
-    assert "Time: 7,220 s of cell time over 3 cells (2.01 h; each cell's training wall clock, summed), the longest " \
-           "7,200 s (australian/logistic/stk)." in md
+    assert (
+        "Time: 7,220 s of cell time over 3 cells (2.01 h; each cell's training wall clock, summed), the longest "
+        "7,200 s (australian/logistic/stk)." in md
+    )
     tex = (results / "tables" / "table6_fake.tex").read_text()
     assert r"sinc & square & STk & $0.1446 \pm 0.0070$ & $0.1500 \pm 0.0082$ & 0.0054 & \checkmark \\" in tex
     assert (results / "tables" / "table4_fake.md").exists() and not (results / "tables" / "table3.md").exists()
@@ -86,7 +149,9 @@ def test_tables_show_paper_ours_difference_mark_and_paired_tests(results):
 def test_the_full_preset_gives_the_papers_table_files_and_every_stored_preset_renders(results):
     full = results / "tabular" / "full"
     (results / "tabular" / "fake").rename(full)
-    fake_cell(results, "table3", "german", "logistic", "stk", [25.0, 26.0], {"k": 0.5, "C": 100.0, "lr": 0.01, "delta": 0.001})
+    fake_cell(
+        results, "table3", "german", "logistic", "stk", [25.0, 26.0], {"k": 0.5, "C": 100.0, "lr": 0.01, "delta": 0.001}
+    )
     assert make_tables.main(["--results", str(results)]) == 0
     written = sorted(p.name for p in (results / "tables").iterdir())
     assert {"table3.md", "table3.tex", "table6.md", "table3_fake.md", "table4_fake.md"} <= set(written)
@@ -112,7 +177,10 @@ def test_an_old_format_cell_is_a_one_line_error_naming_the_converter(results, ca
 def test_ties_of_cells_stored_before_ties_were_recorded_come_from_their_rounded_means():
     from topklab.report.tabular import cell_ties
 
-    legacy = {"selected": {"index": 1}, "combos": {"val_mean": [3.0, 2.5, 2.500001, 2.50001], "test_mean": [1.0, 7.0, 4.0, 9.0]}}
+    legacy = {
+        "selected": {"index": 1},
+        "combos": {"val_mean": [3.0, 2.5, 2.500001, 2.50001], "test_mean": [1.0, 7.0, 4.0, 9.0]},
+    }
     ties = cell_ties(legacy)
     assert ties["indices"] == [1, 2] and (ties["test_min"], ties["test_max"]) == (4.0, 7.0)
     assert cell_ties({"ties": {"count": 5}, **legacy}) == {"count": 5}
@@ -125,14 +193,29 @@ def test_paired_p_value_needs_paired_samples():
 
 
 def fake_vision_run(results, table, row, label, seed, top1, top5, per_class):
-    test = {"top1": top1, "top5": top5, "many": per_class[0], "medium": per_class[1], "few": per_class[2],
-            "per_class": per_class, "score": top1}
-    summary = {"metrics": {"test": test}, "class_counts": [150, 50, 5],
-               "selection": {"top1": {"test": top1}, "top5": {"test": top5 + 1.0}}}
+    test = {
+        "top1": top1,
+        "top5": top5,
+        "many": per_class[0],
+        "medium": per_class[1],
+        "few": per_class[2],
+        "per_class": per_class,
+        "score": top1,
+    }
+    summary = {
+        "metrics": {"test": test},
+        "class_counts": [150, 50, 5],
+        "selection": {"top1": {"test": top1}, "top5": {"test": top5 + 1.0}},
+    }
     config = {"trainer": {"epochs": 3, "batch_size": 8, "select_metrics": ["top1", "top5"]}}
-    result = make_result("vision", f"{table}/{row}", {"table": table, "row": row, "label": label, "summary": summary},
-                         f"python train.py vision={table}/{row} seed={seed}", config,
-                         {"git": {"sha": "def5678"}, "seeds": {"seed": seed}})
+    result = make_result(
+        "vision",
+        f"{table}/{row}",
+        {"table": table, "row": row, "label": label, "summary": summary},
+        f"python train.py vision={table}/{row} seed={seed}",
+        config,
+        {"git": {"sha": "def5678"}, "seeds": {"seed": seed}},
+    )
     return write_result(results / "vision" / table / row / f"seed{seed}.json", result)
 
 
@@ -145,12 +228,17 @@ def test_vision_table_shows_mean_std_over_seeds_paper_values_order_and_per_class
     assert make_tables.main(["--preset", "fake", "--results", str(results)]) == 0
     text = (results / "tables" / "petersen_cifar100.md").read_text()
     # top-1 from its own selection, top-5 from the top-5 selection (+1 in the fake), population std
-    assert "| Softmax CE | 2 | 61.00 ± 1.00 | 86.00 ± 1.00 | 85.00 ± 5.00 | 60.00 ± 10.00 | 20.00 ± 10.00 | 61.27 | 85.31 |" in text
+    assert (
+        "| Softmax CE | 2 | 61.00 ± 1.00 | 86.00 ± 1.00 | 85.00 ± 5.00 | 60.00 ± 10.00 | 20.00 ± 10.00 | 61.27 | 85.31 |"
+        in text
+    )
     assert "| Softmax CE | 85.0 | 60.0 | 20.0 |" in text
-    assert "| not in the paper | 1 | 1.00 ± 0.00 | 6.00 ± 0.00 | 1.00 ± 0.00 | 1.00 ± 0.00 | 1.00 ± 0.00 | — | — |" in text
+    assert (
+        "| not in the paper | 1 | 1.00 ± 0.00 | 6.00 ± 0.00 | 1.00 ± 0.00 | 1.00 ± 0.00 | 1.00 ± 0.00 | — | — |" in text
+    )
     rows = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ") and "±" in line]
     assert rows == ["Softmax CE", "NeuralSort", "not in the paper"]  # the paper's order, then the rest by id
-    assert "| row | seed 0 | seed 1 | median | range |" in text                 # each seed's top-1, as selected
+    assert "| row | seed 0 | seed 1 | median | range |" in text  # each seed's top-1, as selected
     assert "| Softmax CE | 60.00 | 62.00 | 61.00 | 60.00–62.00 |" in text
     assert "| NeuralSort | 20.00 | — | 20.00 | 20.00–20.00 |" in text
 
@@ -179,38 +267,72 @@ def test_tables_1_and_2_beside_the_paper():
     from topklab.report.synthetic import render_table1, render_table2
 
     paper = yaml.safe_load((ROOT / "results/paper/stk_neurips2024.yaml").read_text())
-    algorithms = {"HeapSort": {"level": "pure Python loops", "seconds": [0.1, 0.3], "mean": 0.2, "std": 0.1,
-                               "iterations": []},
-                  "STk": {"level": "torch", "seconds": [0.01], "mean": 0.0254, "std": 0.0, "iterations": [10, 30]}}
-    table1 = make_result("bench", "table1", {"algorithms": algorithms, "order": ["HeapSort", "STk"]}, "python x",
-                         {"n": 10000, "k": 5, "runs": 2, "threads": 1}, {"git": {"sha": "0123456789abc"}})
+    algorithms = {
+        "HeapSort": {"level": "pure Python loops", "seconds": [0.1, 0.3], "mean": 0.2, "std": 0.1, "iterations": []},
+        "STk": {"level": "torch", "seconds": [0.01], "mean": 0.0254, "std": 0.0, "iterations": [10, 30]},
+    }
+    table1 = make_result(
+        "bench",
+        "table1",
+        {"algorithms": algorithms, "order": ["HeapSort", "STk"]},
+        "python x",
+        {"n": 10000, "k": 5, "runs": 2, "threads": 1},
+        {"git": {"sha": "0123456789abc"}},
+    )
     text = render_table1(table1, paper)
     assert "| HeapSort | pure Python loops | 0.1243 ± 0.045 | 0.2 ± 0.1 | 1.61 | — |" in text
     assert "| STk | torch | 0.0127 ± 0.002 | 0.0254 ± 0 | 2 | 20 (max 30) |" in text
     assert "n = 10000, k = 5, 2 runs" in text and "code 0123456789 (tree state unknown)." in text
-    columns = {name: {"test_acc": [70.0, 80.0], "paraf1": [0.5, 0.5], "seconds_single": [1.0], "k": 0.5}
-               for name in ("Average", "STk (SReLU)")}
-    config = {"task": {"covariance": "printed"}, "trainer": {"l1": 0.01, "lam_init": "auto"}, "k_grid": [0.5],
-              "support_tol": 0.01, "time_repeats": 1}
-    table2 = make_result("synthetic", "table2", {"columns": columns, "order": ["Average", "STk (SReLU)"],
-                                                 "bayes_accuracy_balanced_test": 96.4}, "python y", config, {})
+    columns = {
+        name: {"test_acc": [70.0, 80.0], "paraf1": [0.5, 0.5], "seconds_single": [1.0], "k": 0.5}
+        for name in ("Average", "STk (SReLU)")
+    }
+    config = {
+        "task": {"covariance": "printed"},
+        "trainer": {"l1": 0.01, "lam_init": "auto"},
+        "k_grid": [0.5],
+        "support_tol": 0.01,
+        "time_repeats": 1,
+    }
+    table2 = make_result(
+        "synthetic",
+        "table2",
+        {"columns": columns, "order": ["Average", "STk (SReLU)"], "bayes_accuracy_balanced_test": 96.4},
+        "python y",
+        config,
+        {},
+    )
     text = render_table2(table2, paper)
     assert "| Accuracy (%), paper | 72.86 | 76.10 |" in text
     assert "| Accuracy (%), ours | 75.00 ± 5.00 | 75.00 ± 5.00 |" in text
-    assert "| ParaF1 (the paper's 10-entry w*), paper | 0.190 | 0.345 |" in text and "2 repeats, covariance `printed`" in text
+    assert (
+        "| ParaF1 (the paper's 10-entry w*), paper | 0.190 | 0.345 |" in text
+        and "2 repeats, covariance `printed`" in text
+    )
     assert "| Accuracy (%), ours median [q25, q75] | 75.00 [72.50, 77.50] | 75.00 [72.50, 77.50] |" in text
     assert "Bayes support" not in text  # a result from before the Bayes support was scored: the paper's ParaF1 only
     for column in columns.values():  # the current result's fields
-        column.update(paraf1=[0.8, 1.0], paraf1_paper=[0.9, 0.9], best_step=[20, 3800], steps=[220, 3800], step_cap=3800)
-    payload = {"columns": columns, "order": ["Average", "STk (SReLU)"], "bayes_accuracy_balanced_test": 96.4,
-               "true_support": list(range(11)), "paper_support": list(range(10))}
-    text = render_table2(make_result("synthetic", "table2", payload, "python y", {**config, "scale": "atk", "suffix": "_scale_atk"},
-                                     {}), paper)
+        column.update(
+            paraf1=[0.8, 1.0], paraf1_paper=[0.9, 0.9], best_step=[20, 3800], steps=[220, 3800], step_cap=3800
+        )
+    payload = {
+        "columns": columns,
+        "order": ["Average", "STk (SReLU)"],
+        "bayes_accuracy_balanced_test": 96.4,
+        "true_support": list(range(11)),
+        "paper_support": list(range(10)),
+    }
+    text = render_table2(
+        make_result("synthetic", "table2", payload, "python y", {**config, "scale": "atk", "suffix": "_scale_atk"}, {}),
+        paper,
+    )
     assert text.splitlines()[0].endswith("(covariance `printed`, scale `atk`)") and "coordinates 0–10 (11)" in text
     assert "| ParaF1 (Bayes support), ours | 0.900 ± 0.100 | 0.900 ± 0.100 |" in text
     assert "| ParaF1 (the paper's 10-entry w*), ours | 0.900 ± 0.000 | 0.900 ± 0.000 |" in text
     assert "| best step: median [min, max] | 1910 [20, 3800] | 1910 [20, 3800] |" in text
-    assert "| repeats at the 3,800-step cap | 1 | 1 |" in text and "| repeats whose best step is ≤ 200 | 1 | 1 |" in text
+    assert (
+        "| repeats at the 3,800-step cap | 1 | 1 |" in text and "| repeats whose best step is ≤ 200 | 1 | 1 |" in text
+    )
 
 
 def test_dirty_results_are_refused_unless_allowed_and_then_marked(results, capsys):
@@ -220,7 +342,12 @@ def test_dirty_results_are_refused_unless_allowed_and_then_marked(results, capsy
     path.write_text(json.dumps(envelope))
     assert make_tables.main(["--results", str(results), "--preset", "fake"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "uncommitted changes" in err[0] and "logistic-stk.json" in err[0] and "--allow-dirty" in err[0]
+    assert (
+        len(err) == 1
+        and "uncommitted changes" in err[0]
+        and "logistic-stk.json" in err[0]
+        and "--allow-dirty" in err[0]
+    )
     assert not (results / "tables").exists()
     assert make_tables.main(["--results", str(results), "--preset", "fake", "--allow-dirty"]) == 0
     assert "abc1234 (DIRTY tree)" in (results / "tables" / "table3_fake.md").read_text()

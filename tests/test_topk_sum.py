@@ -1,6 +1,7 @@
 """Table 1's bracketed λ solvers (ours, beside the paper's Adam iteration): STk by safeguarded Newton,
 ATk by bisection and by selection, each on torch tensors and numpy arrays, against torch.topk and
 under the paper's stopping rule (Eq. 1 at λ within tol of the true top-k sum)."""
+
 import numpy as np
 import pytest
 import torch
@@ -25,8 +26,10 @@ def top_sum(values, k):
 
 def cases():
     rounded = torch.round(draw(2000, seed=7) * 10) / 10  # many duplicates, a few ties at e_[k]
-    yield from ((f"randn n={n} k={k}", draw(n, seed=n + k), k)
-                for n, k in ((1, 1), (2, 1), (2, 2), (50, 5), (301, 1), (400, 399), (400, 400), (1000, 500)))
+    yield from (
+        (f"randn n={n} k={k}", draw(n, seed=n + k), k)
+        for n, k in ((1, 1), (2, 1), (2, 2), (50, 5), (301, 1), (400, 399), (400, 400), (1000, 500))
+    )
     # (k = 50 splits a large group tied at e_[k]: there Eq. 3's minimiser is off, see the RuntimeError test)
     yield from ((f"rounded k={k}", rounded, k) for k in (1, 5, 10, 1999, 2000))
     yield "duplicated pairs k=4", torch.cat([draw(100, seed=3)] * 2), 4  # e_[3] = e_[4], two copies each
@@ -70,8 +73,12 @@ def test_newton_takes_far_fewer_steps_than_adam_in_the_papers_setting():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_bracket_safeguard_rescues_far_starts_and_scaled_data(backend):
-    for values, lam_init in ((draw(10_000, seed=1), 1e3), (draw(10_000, seed=1), -1e6),
-                             (draw(10_000, seed=2, scale=1e3), 0.0), (draw(10_000, seed=3) + 1e3, 0.0)):
+    for values, lam_init in (
+        (draw(10_000, seed=1), 1e3),
+        (draw(10_000, seed=1), -1e6),
+        (draw(10_000, seed=2, scale=1e3), 0.0),
+        (draw(10_000, seed=3) + 1e3, 0.0),
+    ):
         target = top_sum(values, 5)
         for solve in (stk_newton, atk_bisection):
             answer, iterations = solve(BACKENDS[backend](values), 5, target, lam_init=lam_init)
@@ -91,16 +98,19 @@ def test_stk_newton_says_when_eq3s_minimiser_is_not_eq1s():
         atk_bisection(draw(1000).numpy(), 5, top_sum(draw(1000), 5), max_iter=0)
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: stk_newton(draw(10), 0, 0.0), r"k must be an integer in \[1, n = 10\], got 0"),
-    (lambda: atk_bisection(draw(10).numpy(), 11, 0.0), r"k must be an integer in \[1, n = 10\], got 11"),
-    (lambda: atk_selection(draw(10), 2.0), "k must be an integer"),
-    (lambda: stk_newton(draw(10).tolist(), 2, 0.0), "values must be a torch.Tensor or a numpy.ndarray, got list"),
-    (lambda: atk_selection(torch.arange(10), 2), "values must be a non-empty 1-D float64 torch array"),
-    (lambda: atk_bisection(np.zeros((2, 3)), 2, 0.0), r"non-empty 1-D float64 numpy array .*, got shape \(2, 3\)"),
-    (lambda: stk_newton(draw(10), 2, 0.0, delta=0.0), "delta and tol must be > 0"),
-    (lambda: atk_bisection(draw(10), 2, 0.0, tol=-1.0), "tol must be > 0"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: stk_newton(draw(10), 0, 0.0), r"k must be an integer in \[1, n = 10\], got 0"),
+        (lambda: atk_bisection(draw(10).numpy(), 11, 0.0), r"k must be an integer in \[1, n = 10\], got 11"),
+        (lambda: atk_selection(draw(10), 2.0), "k must be an integer"),
+        (lambda: stk_newton(draw(10).tolist(), 2, 0.0), "values must be a torch.Tensor or a numpy.ndarray, got list"),
+        (lambda: atk_selection(torch.arange(10), 2), "values must be a non-empty 1-D float64 torch array"),
+        (lambda: atk_bisection(np.zeros((2, 3)), 2, 0.0), r"non-empty 1-D float64 numpy array .*, got shape \(2, 3\)"),
+        (lambda: stk_newton(draw(10), 2, 0.0, delta=0.0), "delta and tol must be > 0"),
+        (lambda: atk_bisection(draw(10), 2, 0.0, tol=-1.0), "tol must be > 0"),
+    ],
+)
 def test_bad_input_is_a_one_line_value_error(call, message):
     with pytest.raises(ValueError, match=message) as error:
         call()
@@ -121,11 +131,20 @@ def test_table1_script_records_origin_and_iterations_and_the_table_shows_them(tm
         import table1_topk_time
     finally:
         sys.path.pop(0)
-    names = ["STk", "STk Newton (torch)", "STk Newton (numpy)", "ATk bisection (numpy)", "ATk selection (torch)",
-             "sort (torch)"]
+    names = [
+        "STk",
+        "STk Newton (torch)",
+        "STk Newton (numpy)",
+        "ATk bisection (numpy)",
+        "ATk selection (torch)",
+        "sort (torch)",
+    ]
     out = tmp_path / "table1.json"
-    monkeypatch.setattr(sys, "argv", ["table1_topk_time.py", "--runs", "2", "--n", "300", "--algorithms",
-                                      ",".join(names), "--out", str(out)])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        ["table1_topk_time.py", "--runs", "2", "--n", "300", "--algorithms", ",".join(names), "--out", str(out)],
+    )
     threads = torch.get_num_threads()
     try:
         table1_topk_time.main()  # sets one torch thread, like every timing
@@ -142,6 +161,9 @@ def test_table1_script_records_origin_and_iterations_and_the_table_shows_them(tm
     assert "| λ iterations | origin |" in text and "within 0.01 of the true top-k sum" in text
     assert "| 1 (max 1) | ours |" in text and text.rstrip().endswith("| — | — | reference |")
     assert [line.rsplit("|", 2)[1].strip() for line in text.splitlines() if line.startswith("| STk")] == [
-        "paper's algorithm", "ours", "ours"]
+        "paper's algorithm",
+        "ours",
+        "ours",
+    ]
     del rows["STk"]["origin"]  # a result written before "origin" was recorded: the old rows' default
     assert render_table1(result, paper).count("| paper's algorithm |") == 1

@@ -9,11 +9,10 @@ import torch
 
 from conftest import ROOT, TABULAR_DATASETS
 from topklab.cli import preflight
-from topklab.losses import STk
-from topklab.models import MLP
 from topklab.engine import Objective, TrainingModule
 from topklab.engine.run import optimized_value, train
-from topklab.losses import Logistic
+from topklab.losses import Logistic, STk
+from topklab.models import MLP
 from topklab.utils.errors import NonFiniteLossError, TopklabError
 
 FAST = ("engine.epochs=1", "logger=none")
@@ -55,7 +54,9 @@ def test_same_seed_gives_identical_metrics(compose_cfg, tmp_path):
 def test_run_record_contents(compose_cfg, tmp_path):
     run = tmp_path / "run"
     train(compose_cfg("dataset=sinc", "engine.epochs=2", "logger=csv"), run)
-    assert {"config.yaml", "provenance.json", "epochs.csv", "summary.json", "log.csv"} <= {p.name for p in run.iterdir()}
+    assert {"config.yaml", "provenance.json", "epochs.csv", "summary.json", "log.csv"} <= {
+        p.name for p in run.iterdir()
+    }
     provenance = json.loads((run / "provenance.json").read_text())
     assert provenance["seeds"] == {"seed": 0, "split_seed": 0, "data_generation_seed": 0}
     assert provenance["packages"]["torch"].startswith(torch.__version__.split("+")[0])
@@ -95,15 +96,18 @@ def test_without_a_per_step_check_last_good_is_the_last_finite_state(compose_cfg
     assert kept.keys() == initial.keys() and all(torch.equal(kept[k], initial[k]) for k in kept)
 
 
-@pytest.mark.parametrize("overrides,match", [
-    (["loss.k=40"], "loss.k: k=40 exceeds the number of losses n=16"),
-    (["engine.batch_size=0"], "engine.batch_size=0 must be an int >= 1"),
-    (["dataset.source.package=not_installed_pkg", "dataset=german"], "not installed; run `make setup`"),
-    (["optim.lr=-1"], r"optim.lr=-1 must be a finite number > 0"),
-    (["optim.lr=nan"], r"optim.lr=nan must be a finite number > 0"),
-    (["optim.weight_decay=-0.1", "optim=sgd_momentum"], r"optim.weight_decay=-0.1 must be a finite number >= 0"),
-    (["seed=1.5"], r"seed=1.5 must be an int >= 0"),
-])
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (["loss.k=40"], "loss.k: k=40 exceeds the number of losses n=16"),
+        (["engine.batch_size=0"], "engine.batch_size=0 must be an int >= 1"),
+        (["dataset.source.package=not_installed_pkg", "dataset=german"], "not installed; run `make setup`"),
+        (["optim.lr=-1"], r"optim.lr=-1 must be a finite number > 0"),
+        (["optim.lr=nan"], r"optim.lr=nan must be a finite number > 0"),
+        (["optim.weight_decay=-0.1", "optim=sgd_momentum"], r"optim.weight_decay=-0.1 must be a finite number >= 0"),
+        (["seed=1.5"], r"seed=1.5 must be an int >= 0"),
+    ],
+)
 def test_bad_input_leaves_no_run_record(compose_cfg, tmp_path, overrides, match):
     run = tmp_path / "run"
     with pytest.raises(TopklabError, match=match):
@@ -111,18 +115,24 @@ def test_bad_input_leaves_no_run_record(compose_cfg, tmp_path, overrides, match)
     assert not run.exists()
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["loss=foo"], "error: unknown loss 'foo'; choose one of: atk, average, matk, maximum, stk"),
-    (["-m", "dataset=german,nope"], "error: unknown dataset 'nope'; choose one of: abalone,"),
-    (["loss.k=0"], "error: loss: k=0 must be a positive count"),
-    (["loss.k=1.5"], "error: loss: k=1.5 as a float is a fraction"),
-    (["loss.delta=0"], "error: loss: delta=0 must be a positive number"),
-    (["loss.delta=-0.1"], "error: loss: delta=-0.1 must be a positive number"),
-    (["loss.delta=1e300"], "error: loss: delta=1e+300 is too large: SReLU is computed without overflow for δ up to 1e+12"),
-    (["-m", "loss.k=0.5,abc"], "error: loss: k must be an int (a count) or a float in (0, 1]"),
-    (["loss=atk", "loss.k=[1,2]"], "error: loss: k must be an int"),
-    (["loss.nonexistent=1"], "error: "),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["loss=foo"], "error: unknown loss 'foo'; choose one of: atk, average, matk, maximum, stk"),
+        (["-m", "dataset=german,nope"], "error: unknown dataset 'nope'; choose one of: abalone,"),
+        (["loss.k=0"], "error: loss: k=0 must be a positive count"),
+        (["loss.k=1.5"], "error: loss: k=1.5 as a float is a fraction"),
+        (["loss.delta=0"], "error: loss: delta=0 must be a positive number"),
+        (["loss.delta=-0.1"], "error: loss: delta=-0.1 must be a positive number"),
+        (
+            ["loss.delta=1e300"],
+            "error: loss: delta=1e+300 is too large: SReLU is computed without overflow for δ up to 1e+12",
+        ),
+        (["-m", "loss.k=0.5,abc"], "error: loss: k must be an int (a count) or a float in (0, 1]"),
+        (["loss=atk", "loss.k=[1,2]"], "error: loss: k must be an int"),
+        (["loss.nonexistent=1"], "error: "),
+    ],
+)
 def test_preflight_errors_are_one_line(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
         preflight(argv, ROOT / "configs")
@@ -138,34 +148,48 @@ def test_preflight_accepts_valid_sweeps(capsys):
 
 def run_cli(*args, cwd=ROOT):
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_cli_bad_option_exits_nonzero_with_one_line_and_no_outputs(tmp_path):
     result = run_cli("loss=nope", f"paths.log_dir={tmp_path}")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "error: unknown loss 'nope'; choose one of: atk, average, matk, maximum, stk"]
+        "error: unknown loss 'nope'; choose one of: atk, average, matk, maximum, stk"
+    ]
     assert not any(tmp_path.iterdir())
 
 
 def test_cli_missing_data_exits_nonzero_and_removes_record(tmp_path):
-    result = run_cli("dataset=spambase", "dataset.source.variant=uci4601",
-                     f"dataset.source.rda_path={tmp_path}/none.rda", f"paths.log_dir={tmp_path}/logs")
+    result = run_cli(
+        "dataset=spambase",
+        "dataset.source.variant=uci4601",
+        f"dataset.source.rda_path={tmp_path}/none.rda",
+        f"paths.log_dir={tmp_path}/logs",
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: spambase 4601 needs")
     assert not list((tmp_path / "logs").rglob("*.json"))
 
 
 def test_multirun_2x2(tmp_path):
-    result = run_cli("-m", "loss=average,stk", "dataset=appendicitis,wisconsin", "engine.epochs=1",
-                     "logger=csv", f"hydra.sweep.dir={tmp_path}")
+    result = run_cli(
+        "-m",
+        "loss=average,stk",
+        "dataset=appendicitis,wisconsin",
+        "engine.epochs=1",
+        "logger=csv",
+        f"hydra.sweep.dir={tmp_path}",
+    )
     assert result.returncode == 0, result.stderr
     summaries = sorted(tmp_path.rglob("summary.json"))
     assert len(summaries) == 4
-    combos = {(json.loads(p.read_text())["dataset"], json.loads(p.read_text())["loss"].rsplit(".", 1)[1]) for p in summaries}
-    assert combos == {(d, l) for d in ("appendicitis", "wisconsin") for l in ("Average", "STk")}
+    combos = {
+        (json.loads(p.read_text())["dataset"], json.loads(p.read_text())["loss"].rsplit(".", 1)[1]) for p in summaries
+    }
+    assert combos == {(d, a) for d in ("appendicitis", "wisconsin") for a in ("Average", "STk")}
 
 
 def test_train_returns_the_optimized_metric_for_sweepers(compose_cfg, tmp_path):
@@ -173,7 +197,9 @@ def test_train_returns_the_optimized_metric_for_sweepers(compose_cfg, tmp_path):
     summary = train(cfg, tmp_path / "run")
     assert optimized_value(cfg, summary) == summary["metrics"]["val"]["rmse"]
     cfg.optimized_metric = "top1"
-    with pytest.raises(TopklabError, match="optimized_metric='top1' is not a validation metric of this run; choose one of: rmse"):
+    with pytest.raises(
+        TopklabError, match="optimized_metric='top1' is not a validation metric of this run; choose one of: rmse"
+    ):
         optimized_value(cfg, summary)
 
 
@@ -185,7 +211,8 @@ def test_cli_resolves_the_recipe_before_hydra_composes(tmp_path):
     assert mixed.returncode == 2 and not any(tmp_path.iterdir())
     assert mixed.stderr.strip().splitlines() == [
         "error: this sweep mixes datasets that need different recipes (binary, multiclass); pass recipe=<name> "
-        "or run one sweep per kind of dataset"]
+        "or run one sweep per kind of dataset"
+    ]
 
 
 def test_cpu_capability_pins_torchs_kernels_from_the_command_line(tmp_path):
@@ -197,10 +224,21 @@ def test_cpu_capability_pins_torchs_kernels_from_the_command_line(tmp_path):
 
     from topklab.utils.provenance import check_cpu_capability
 
-    common = [sys.executable, str(ROOT / "train.py"), "dataset=sinc", "engine.epochs=1", "logger=none",
-              f"hydra.run.dir={tmp_path}/run"]
-    done = subprocess.run([*common, "cpu_capability=default"], capture_output=True, text=True, timeout=300,
-                          env={k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"})
+    common = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "dataset=sinc",
+        "engine.epochs=1",
+        "logger=none",
+        f"hydra.run.dir={tmp_path}/run",
+    ]
+    done = subprocess.run(
+        [*common, "cpu_capability=default"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"},
+    )
     assert done.returncode == 0, done.stderr[-1500:]
     hardware = json.loads((tmp_path / "run" / "provenance.json").read_text())["hardware"]
     assert (hardware["torch_cpu_capability"], hardware["aten_cpu_capability_env"]) == ("DEFAULT", "default")
@@ -217,8 +255,9 @@ def test_the_dirty_flag_counts_code_not_results_written_by_earlier_jobs(tmp_path
     from topklab.utils.provenance import _git_info
 
     def git(*args):
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True, capture_output=True
+        )
 
     (tmp_path / "results").mkdir()
     (tmp_path / "code.py").write_text("x = 1\n")

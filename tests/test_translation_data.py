@@ -1,5 +1,6 @@
 """Parallel corpora, the joint vocabulary and token-bucketed batches, on files the tests write in
 the real formats, and on ../shared/data/multi30k when it is there."""
+
 import pytest
 import torch
 
@@ -41,17 +42,34 @@ def test_vocabulary_is_cached_by_the_fingerprint_of_its_training_text(tmp_path):
 def test_fairseq_bpe_joiners_are_undone(tmp_path):
     root = write_text_corpus(tmp_path / "iwslt", stems=("train", "valid", "test"), bpe_marker="@@ ")
     assert "@@ " in (root / "train.de").read_text()
-    data = ParallelTextFiles(root=str(root), name="iwslt14", files={"train": "train", "val": "valid", "test": "test"},
-                             bpe_marker="@@ ", vocab_size=48, vocab_dir=str(tmp_path / "spm")).splits()
+    data = ParallelTextFiles(
+        root=str(root),
+        name="iwslt14",
+        files={"train": "train", "val": "valid", "test": "test"},
+        bpe_marker="@@ ",
+        vocab_size=48,
+        vocab_dir=str(tmp_path / "spm"),
+    ).splits()
     assert not any("@@" in line for line in data.references["test"])
-    assert data.references["test"][0] == write_text_corpus(tmp_path / "plain").joinpath("test.en").read_text().split("\n")[0]
+    assert (
+        data.references["test"][0]
+        == write_text_corpus(tmp_path / "plain").joinpath("test.en").read_text().split("\n")[0]
+    )
 
 
 def test_hub_copy_with_a_validation_hold_out(tmp_path):
     root = write_hub_copy(tmp_path / "wmt17")
-    dataset = HubParallel(path="wmt/wmt17", config_name="{pair}", pairs=["de-en"], root=str(root), name="wmt17",
-                          hub_splits={"train": "train", "val": None, "test": "validation"}, val_holdout=30,
-                          vocab_size=48, vocab_dir=str(tmp_path / "spm"))
+    dataset = HubParallel(
+        path="wmt/wmt17",
+        config_name="{pair}",
+        pairs=["de-en"],
+        root=str(root),
+        name="wmt17",
+        hub_splits={"train": "train", "val": None, "test": "validation"},
+        val_holdout=30,
+        vocab_size=48,
+        vocab_dir=str(tmp_path / "spm"),
+    )
     data = dataset.splits()
     assert data.info["sizes"] == {"train": 210, "val": 30, "test": 24}
     assert len(data.indices["val"]) == 30 and data.indices["val"] == sorted(data.indices["val"])
@@ -91,10 +109,16 @@ def test_collate_shifts_the_target_behind_bos():
     assert x.source.tolist() == [[7, 8, EOS], [9, EOS, PAD]] and len(x[1:]) == 1
 
 
-@pytest.mark.parametrize("breakage,message", [
-    ("missing", "not found"), ("uneven", "has 24 lines but .* has 23"), ("pair", r"not in this corpus \(it has de, en\)"),
-    ("budget", "smaller than the longest sentence pair"), ("folder", "folder"),
-])
+@pytest.mark.parametrize(
+    "breakage,message",
+    [
+        ("missing", "not found"),
+        ("uneven", "has 24 lines but .* has 23"),
+        ("pair", r"not in this corpus \(it has de, en\)"),
+        ("budget", "smaller than the longest sentence pair"),
+        ("folder", "folder"),
+    ],
+)
 def test_bad_corpus_input_is_one_line(tmp_path, breakage, message):
     root = write_text_corpus(tmp_path / "corpus")
     kwargs = {"root": str(root), "name": "tiny", "vocab_size": 48, "vocab_dir": str(tmp_path / "spm")}
@@ -116,9 +140,17 @@ def test_bad_corpus_input_is_one_line(tmp_path, breakage, message):
 def test_hub_dataset_errors_name_the_dataset_and_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(TopklabError, match="unknown language pair xx-en; choose one of de-en"):
-        HubParallel(path="wmt/wmt17", config_name="{pair}", pairs=["de-en"], root=str(tmp_path), name="wmt17", pair="xx-en")
-    dataset = HubParallel(path="topklab-test/no-such-corpus", config_name="{pair}", pairs=["de-en"], root=str(tmp_path / "none"),
-                          name="wmt17", cache_dir=str(tmp_path / "cache"))
+        HubParallel(
+            path="wmt/wmt17", config_name="{pair}", pairs=["de-en"], root=str(tmp_path), name="wmt17", pair="xx-en"
+        )
+    dataset = HubParallel(
+        path="topklab-test/no-such-corpus",
+        config_name="{pair}",
+        pairs=["de-en"],
+        root=str(tmp_path / "none"),
+        name="wmt17",
+        cache_dir=str(tmp_path / "cache"),
+    )
     with pytest.raises(DataUnavailableError, match="save_to_disk") as raised:
         dataset.splits()
     assert "\n" not in str(raised.value)
@@ -131,7 +163,9 @@ def test_vocabulary_sizes_a_corpus_cannot_fill_are_refused(tmp_path):
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason="../shared/data/multi30k is not here")
 def test_multi30k_from_the_shared_folder(tmp_path):
-    data = ParallelTextFiles(root=str(MULTI30K), name="multi30k", vocab_size=5000, vocab_dir=str(tmp_path / "spm")).splits()
+    data = ParallelTextFiles(
+        root=str(MULTI30K), name="multi30k", vocab_size=5000, vocab_dir=str(tmp_path / "spm")
+    ).splits()
     assert data.info["sizes"] == {"train": 29000, "val": 1014, "test": 1000}
     assert data.references["test"][0].startswith("A man in an orange hat")
     loader = data.train_loader(2048, False, 0, "cpu")

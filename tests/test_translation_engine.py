@@ -1,6 +1,7 @@
 """Translation on the one engine, end to end on tiny corpora the tests write: every IWSLT14 / WMT17
 / Multi30k row smoke-runs, λ trains, checkpoints average, a killed run resumes exactly, clipping
 bounds the step, and bad input is one line."""
+
 import json
 import os
 import signal
@@ -13,25 +14,39 @@ import torch
 
 from conftest import ROOT
 from topklab.config import config_groups
-from topklab.engine.loop import average_states
 from topklab.engine.build import build
+from topklab.engine.loop import average_states
 from topklab.engine.objective import TrainingModule
 from topklab.engine.run import build_run, train
 from translation_files import write_hub_copy, write_text_corpus
 
-TINY_MODEL = ["model.d_model=16", "model.ffn_dim=32", "model.heads=2", "model.encoder_layers=1", "model.decoder_layers=1",
-              "dataset.vocab_size=48", "engine.eval_batch_size=64", "engine.progress=false", "logger=none",
-              "task.search.beam=2", "task.search.max_len_a=0", "task.search.max_len_b=4", "task.val_search.max_len_a=0",
-              "task.val_search.max_len_b=4"]
+TINY_MODEL = [
+    "model.d_model=16",
+    "model.ffn_dim=32",
+    "model.heads=2",
+    "model.encoder_layers=1",
+    "model.decoder_layers=1",
+    "dataset.vocab_size=48",
+    "engine.eval_batch_size=64",
+    "engine.progress=false",
+    "logger=none",
+    "task.search.beam=2",
+    "task.search.max_len_a=0",
+    "task.search.max_len_b=4",
+    "task.val_search.max_len_a=0",
+    "task.val_search.max_len_b=4",
+]
 
 
 @pytest.fixture(scope="module")
 def corpora(tmp_path_factory):
     base = tmp_path_factory.mktemp("corpora")
-    return {"iwslt14": write_text_corpus(base / "iwslt14", stems=("train", "valid", "test"), bpe_marker="@@ "),
-            "multi30k": write_text_corpus(base / "multi30k"),
-            "wmt17": write_hub_copy(base / "wmt17"),
-            "spm": base / "spm"}
+    return {
+        "iwslt14": write_text_corpus(base / "iwslt14", stems=("train", "valid", "test"), bpe_marker="@@ "),
+        "multi30k": write_text_corpus(base / "multi30k"),
+        "wmt17": write_hub_copy(base / "wmt17"),
+        "spm": base / "spm",
+    }
 
 
 def tiny(corpora, dataset: str) -> list[str]:
@@ -40,14 +55,19 @@ def tiny(corpora, dataset: str) -> list[str]:
 
 
 def translation_rows():
-    return [row for row in config_groups(ROOT / "configs")["experiment"]
-            if row.split("/")[:2] in (["stk", "iwslt14"], ["stk", "wmt17"], ["stk", "multi30k"])]
+    return [
+        row
+        for row in config_groups(ROOT / "configs")["experiment"]
+        if row.split("/")[:2] in (["stk", "iwslt14"], ["stk", "wmt17"], ["stk", "multi30k"])
+    ]
 
 
 def test_every_translation_table_cell_has_a_row():
     rows = set(translation_rows())
     for dataset in ("iwslt14", "wmt17"):  # Table 5's two BLEU columns and Table 8's δ rows
-        assert {f"stk/{dataset}/{r}" for r in ("average", "atk", "stk", "delta_0_1", "delta_0_05", "delta_0_005")} <= rows
+        assert {
+            f"stk/{dataset}/{r}" for r in ("average", "atk", "stk", "delta_0_1", "delta_0_05", "delta_0_005")
+        } <= rows
     assert {f"stk/multi30k/{r}" for r in ("average", "atk", "stk")} <= rows
 
 
@@ -55,8 +75,13 @@ def test_every_translation_table_cell_has_a_row():
 def test_translation_row_composes_and_smoke_runs_offline(compose_cfg, tmp_path, corpora, row):
     dataset = row.split("/")[1]
     result = tmp_path / "results" / "translation" / dataset / "row" / "seed0.json"
-    cfg = compose_cfg(f"experiment={row}", *tiny(corpora, dataset), "engine.max_steps=2", "engine.batch_size=128",
-                      f"result_file={result}")
+    cfg = compose_cfg(
+        f"experiment={row}",
+        *tiny(corpora, dataset),
+        "engine.max_steps=2",
+        "engine.batch_size=128",
+        f"result_file={result}",
+    )
     assert cfg.recipe == "translation" and cfg.task._target_.endswith("TranslationTask")
     summary = train(cfg, tmp_path / "run")
     assert summary["steps"] == 2
@@ -69,9 +94,15 @@ def test_translation_row_composes_and_smoke_runs_offline(compose_cfg, tmp_path, 
 
 
 def test_lambda_trains_and_the_last_epochs_are_averaged(compose_cfg, tmp_path, corpora):
-    cfg = compose_cfg("experiment=stk/multi30k/stk", *tiny(corpora, "multi30k"), "result_file=null", "engine.epochs=3",
-                      "engine.batch_size=256",
-                      "engine.average_last=2", "engine.select_metrics=[loss,bleu]")
+    cfg = compose_cfg(
+        "experiment=stk/multi30k/stk",
+        *tiny(corpora, "multi30k"),
+        "result_file=null",
+        "engine.epochs=3",
+        "engine.batch_size=256",
+        "engine.average_last=2",
+        "engine.select_metrics=[loss,bleu]",
+    )
     summary = train(cfg, tmp_path / "run")
     history = summary["history"]
     assert summary["lambda"] != 0.0 and len({row["lambda"] for row in history}) == 3
@@ -84,27 +115,49 @@ def test_lambda_trains_and_the_last_epochs_are_averaged(compose_cfg, tmp_path, c
 
 @pytest.mark.slow
 def test_a_longer_run_learns_the_dictionary_task(compose_cfg, tmp_path, corpora):
-    cfg = compose_cfg("experiment=stk/multi30k/stk", *tiny(corpora, "multi30k"), "result_file=null", "engine.epochs=6",
-                      "engine.batch_size=256",
-                      "model.d_model=32", "model.ffn_dim=64", "model.dropout=0.0", "optim.lr=1e-2",
-                      "engine.schedule.warmup_steps=10", "task.search.max_len_a=1.2", "task.val_search.max_len_a=1.2")
+    cfg = compose_cfg(
+        "experiment=stk/multi30k/stk",
+        *tiny(corpora, "multi30k"),
+        "result_file=null",
+        "engine.epochs=6",
+        "engine.batch_size=256",
+        "model.d_model=32",
+        "model.ffn_dim=64",
+        "model.dropout=0.0",
+        "optim.lr=1e-2",
+        "engine.schedule.warmup_steps=10",
+        "task.search.max_len_a=1.2",
+        "task.val_search.max_len_a=1.2",
+    )
     history = train(cfg, tmp_path / "run")["history"]
     assert history[-1]["val_loss"] < history[0]["val_loss"] - 1.0
     assert history[-1]["val_bleu"] > history[0]["val_bleu"] + 2
 
 
 def test_average_states_is_the_mean_of_float_entries():
-    states = [{"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)}, {"w": torch.tensor([3.0, 6.0]), "n": torch.tensor(5)}]
+    states = [
+        {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)},
+        {"w": torch.tensor([3.0, 6.0]), "n": torch.tensor(5)},
+    ]
     averaged = average_states(states)
     assert torch.equal(averaged["w"], torch.tensor([2.0, 4.0])) and int(averaged["n"]) == 5
 
 
 @pytest.mark.parametrize("clip", [0.001, 0.0])
 def test_gradient_clipping_bounds_an_sgd_step(compose_cfg, corpora, clip):
-    cfg = compose_cfg("experiment=stk/multi30k/average", *tiny(corpora, "multi30k"), "result_file=null", "optim=sgd",
-                      "optim.lr=1.0",
-                      f"engine.clip_grad_norm={clip}", "engine.max_steps=1", "engine.batch_size=128",
-                      "engine.schedule.name=constant", "engine.checkpoint=false", "engine.average_last=0")
+    cfg = compose_cfg(
+        "experiment=stk/multi30k/average",
+        *tiny(corpora, "multi30k"),
+        "result_file=null",
+        "optim=sgd",
+        "optim.lr=1.0",
+        f"engine.clip_grad_norm={clip}",
+        "engine.max_steps=1",
+        "engine.batch_size=128",
+        "engine.schedule.name=constant",
+        "engine.checkpoint=false",
+        "engine.average_last=0",
+    )
     data, model, objective, task, engine = build_run(cfg)
     module = TrainingModule(model, objective)
     before = torch.cat([p.detach().flatten().clone() for p in module.parameters()])
@@ -114,19 +167,31 @@ def test_gradient_clipping_bounds_an_sgd_step(compose_cfg, corpora, clip):
 
 
 def train_command(tmp_path, corpora, *extra):
-    return [sys.executable, str(ROOT / "train.py"), "experiment=stk/multi30k/stk", *tiny(corpora, "multi30k"),
-            "engine.epochs=3", "engine.batch_size=128", "engine.checkpoint_every=1", f"paths.log_dir={tmp_path}/logs",
-            *extra]
+    return [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "experiment=stk/multi30k/stk",
+        *tiny(corpora, "multi30k"),
+        "engine.epochs=3",
+        "engine.batch_size=128",
+        "engine.checkpoint_every=1",
+        f"paths.log_dir={tmp_path}/logs",
+        *extra,
+    ]
 
 
 def test_killed_translation_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, corpora):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     reference = tmp_path / "reference.json"
-    subprocess.run(train_command(tmp_path / "a", corpora, f"result_file={reference}"), env=env, check=True, capture_output=True)
+    subprocess.run(
+        train_command(tmp_path / "a", corpora, f"result_file={reference}"), env=env, check=True, capture_output=True
+    )
     steps_per_epoch = json.loads(reference.read_text())["result"]["summary"]["steps"] // 3
     interrupted = tmp_path / "interrupted.json"
     command = train_command(tmp_path / "b", corpora, f"result_file={interrupted}")
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.time() + 300
     while time.time() < deadline and process.poll() is None:
         found = list((tmp_path / "b" / "logs" / "checkpoints").glob("*/run.json"))
@@ -143,12 +208,15 @@ def test_killed_translation_run_resumes_to_exactly_the_uninterrupted_metrics(tmp
     assert b["metrics"] == a["metrics"] and b["lambda"] == a["lambda"] and b["steps"] == a["steps"]
 
 
-@pytest.mark.parametrize("breakage,overrides,message", [
-    ("missing", [], "not found"),
-    ("uneven", [], "has 240 lines but"),
-    (None, ["engine.batch_size=8"], "smaller than the longest sentence pair"),
-    (None, ["dataset.pair=fr-en"], "language pair fr-en is not in this corpus"),
-])
+@pytest.mark.parametrize(
+    "breakage,overrides,message",
+    [
+        ("missing", [], "not found"),
+        ("uneven", [], "has 240 lines but"),
+        (None, ["engine.batch_size=8"], "smaller than the longest sentence pair"),
+        (None, ["dataset.pair=fr-en"], "language pair fr-en is not in this corpus"),
+    ],
+)
 def test_bad_translation_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, corpora, breakage, overrides, message):
     root = write_text_corpus(tmp_path / "corpus")
     if breakage == "missing":
@@ -173,9 +241,19 @@ def test_translation_table_renders_ours_beside_the_paper_and_names_missing_rows(
 
     for seed in (0, 1):
         result = tmp_path / "results" / "translation" / "iwslt14" / "average" / f"seed{seed}.json"
-        train(compose_cfg("experiment=stk/iwslt14/average", *tiny(corpora, "iwslt14"), "engine.epochs=1",
-                          "engine.batch_size=128", "engine.amp=none", "engine.average_last=0", f"seed={seed}",
-                          f"result_file={result}"), tmp_path / f"run{seed}")
+        train(
+            compose_cfg(
+                "experiment=stk/iwslt14/average",
+                *tiny(corpora, "iwslt14"),
+                "engine.epochs=1",
+                "engine.batch_size=128",
+                "engine.amp=none",
+                "engine.average_last=0",
+                f"seed={seed}",
+                f"result_file={result}",
+            ),
+            tmp_path / f"run{seed}",
+        )
     papers = [yaml.safe_load((ROOT / "results" / "paper" / "stk_neurips2024.yaml").read_text())]
     text = render_translation(read_results(tmp_path / "results" / "translation", "translation"), papers)["iwslt14.md"]
     assert "**Still missing:** atk, stk, delta_0_1, delta_0_05, delta_0_005" in text

@@ -1,5 +1,6 @@
 """The per-token label-smoothed loss against a slow reference (with a float64 gradcheck), and the
 Transformer's padding, sharing and shape rules."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -47,13 +48,16 @@ def test_unsmoothed_loss_is_cross_entropy_of_the_real_tokens():
     logits = torch.randn(2, 4, 6)
     target = torch.tensor([[4, 5, 3, 0], [2, 3, 0, 0]])
     keep = target != 0
-    torch.testing.assert_close(LabelSmoothedCrossEntropy(0.0)(logits, target),
-                               F.cross_entropy(logits[keep], target[keep], reduction="none"))
+    torch.testing.assert_close(
+        LabelSmoothedCrossEntropy(0.0)(logits, target), F.cross_entropy(logits[keep], target[keep], reduction="none")
+    )
 
 
 def tiny(**kwargs):
     torch.manual_seed(0)
-    return Transformer(13, d_model=8, ffn_dim=16, heads=2, encoder_layers=2, decoder_layers=2, dropout=0.0, **kwargs).eval()
+    return Transformer(
+        13, d_model=8, ffn_dim=16, heads=2, encoder_layers=2, decoder_layers=2, dropout=0.0, **kwargs
+    ).eval()
 
 
 @pytest.mark.parametrize("pre_norm", [False, True])
@@ -82,8 +86,15 @@ def test_embedding_sharing():
     assert sum(p.numel() for p in shared.parameters()) == base - 13 * 8
 
 
-@pytest.mark.parametrize("kwargs,message", [({"d_model": 9, "heads": 3}, "even"), ({"heads": 3}, "divisible"),
-                                            ({"dropout": 1.0}, "dropout"), ({"encoder_layers": 0}, "layers")])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"d_model": 9, "heads": 3}, "even"),
+        ({"heads": 3}, "divisible"),
+        ({"dropout": 1.0}, "dropout"),
+        ({"encoder_layers": 0}, "layers"),
+    ],
+)
 def test_bad_model_shapes_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Transformer(13, **{"d_model": 8, **kwargs})

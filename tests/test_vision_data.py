@@ -1,5 +1,6 @@
 """Image data: on-disk readers, the long-tailed profile and draw, validation splits, and the two
 loaders (the device fast path against torchvision's DataLoader path)."""
+
 import gzip
 import pickle
 
@@ -67,8 +68,15 @@ def test_balanced_validation_comes_from_unused_images_then_the_subset():
 
 def test_cifar100lt_balanced_validation_keeps_the_tail_and_tops_up_class_0(tmp_path):
     root = write_cifar100(tmp_path, per_class_train=12, per_class_test=1)
-    data = CIFAR100(root=str(root), mean=[0.5] * 3, std=[0.25] * 3, imbalance_ratio=2, n_max=12,
-                    validation="balanced_unused", val_per_class=1).splits()
+    data = CIFAR100(
+        root=str(root),
+        mean=[0.5] * 3,
+        std=[0.25] * 3,
+        imbalance_ratio=2,
+        n_max=12,
+        validation="balanced_unused",
+        val_per_class=1,
+    ).splits()
     profile = data.info["profile"]
     assert data.sizes()["val"] == 100 and torch.bincount(data.y_val, minlength=100).tolist() == [1] * 100
     assert data.info["val_from_subset"][0] == 1 and sum(data.info["val_from_subset"]) == 1  # only class 0 is full
@@ -94,8 +102,16 @@ def test_idx_reader_round_trip_and_corrupt_files(tmp_path):
 
 def test_fashion_mnist_lt_splits(tmp_path):
     root = write_fashion_mnist(tmp_path / "fm", per_class_train=50, per_class_test=4)
-    data = FashionMNIST(str(root), [0.286], [0.353], imbalance_ratio=10, n_max=40, validation="balanced_unused",
-                        val_per_class=5, split_seed=1)
+    data = FashionMNIST(
+        str(root),
+        [0.286],
+        [0.353],
+        imbalance_ratio=10,
+        n_max=40,
+        validation="balanced_unused",
+        val_per_class=5,
+        split_seed=1,
+    )
     splits = data.splits()
     assert splits.name == "fmnistlt" and splits.class_counts == exponential_profile(40, 10, 10)
     assert splits.x_train.dtype == torch.uint8 and tuple(splits.x_train.shape[1:]) == (1, 28, 28)
@@ -132,7 +148,7 @@ def crops_of(image: torch.Tensor, pad: int) -> list[torch.Tensor]:
     """Every padded crop of ``image`` and its mirror (the slow reference)."""
     padded = F.pad(image, (pad,) * 4)
     h, w = image.shape[-2:]
-    crops = [padded[..., i: i + h, j: j + w] for i in range(2 * pad + 1) for j in range(2 * pad + 1)]
+    crops = [padded[..., i : i + h, j : j + w] for i in range(2 * pad + 1) for j in range(2 * pad + 1)]
     return crops + [c.flip(-1) for c in crops]
 
 
@@ -175,8 +191,16 @@ def test_both_loaders_give_identical_evaluation_batches():
 
 def test_cifar_at_vit_resolution_goes_through_the_listed_pipeline(tmp_path):
     root = write_cifar100(tmp_path, per_class_train=3, per_class_test=1)
-    common = dict(root=str(root), mean=[0.5] * 3, std=[0.5] * 3, validation="holdout", val_fraction=0.34,
-                  loader="resized", resolution=16, num_workers=0)
+    common = dict(
+        root=str(root),
+        mean=[0.5] * 3,
+        std=[0.5] * 3,
+        validation="holdout",
+        val_fraction=0.34,
+        loader="resized",
+        resolution=16,
+        num_workers=0,
+    )
     data = CIFAR100(**common).splits()
     assert data.info["resolution"] == 16 and data.info["interpolation"] == "bilinear"
     train = data.train_loader(8, False, seed=0, device="cpu")
@@ -190,7 +214,9 @@ def test_cifar_at_vit_resolution_goes_through_the_listed_pipeline(tmp_path):
     assert x.shape == (4, 3, 16, 16) and torch.equal(y, data.y_test[:4])
     plain, _ = next(iter(data.feature_loader(4, "cpu").batches()))
     expected = (F.interpolate(data.x_train[:4].float() / 255, size=16, mode="bilinear", antialias=True) - 0.5) / 0.5
-    assert plain.shape == (4, 3, 16, 16) and torch.allclose(plain, expected, atol=0.02)  # PIL's antialiased resize of 32 to 16
+    assert plain.shape == (4, 3, 16, 16) and torch.allclose(
+        plain, expected, atol=0.02
+    )  # PIL's antialiased resize of 32 to 16
     tte = CIFAR100(**{**common, "tte": "fivecrop"}).splits()
     assert next(iter(tte.eval_loader("test", 2, "cpu").batches()))[0].shape == (2, 5, 3, 16, 16)
     with pytest.raises(ValueError, match="resolution"):

@@ -1,5 +1,6 @@
 """The image-classification engine end to end on tiny on-disk datasets: records, selection,
 profiling, exact resume after a kill, the profiler config, and every vision experiment row."""
+
 import csv
 import json
 import os
@@ -19,8 +20,14 @@ from topklab.engine.run import train
 from vision_files import write_cifar100, write_fashion_mnist
 
 TINY_FMNIST = [
-    "dataset=fmnistlt", "dataset.n_max=40", "dataset.imbalance_ratio=10", "dataset.val_per_class=5",
-    "engine.batch_size=16", "engine.eval_batch_size=64", "engine.progress=false", "logger=none",
+    "dataset=fmnistlt",
+    "dataset.n_max=40",
+    "dataset.imbalance_ratio=10",
+    "dataset.val_per_class=5",
+    "engine.batch_size=16",
+    "engine.eval_batch_size=64",
+    "engine.progress=false",
+    "logger=none",
 ]
 
 
@@ -40,8 +47,15 @@ def run_train(compose_cfg, tmp_path, *overrides):
 
 
 def test_fmnistlt_run_writes_record_profile_and_selects_best_validation(compose_cfg, tmp_path, fmnist_root):
-    summary, run_dir = run_train(compose_cfg, tmp_path, *TINY_FMNIST, f"dataset.root={fmnist_root}",
-                                 "engine.epochs=3", "loss=stk", f"result_file={tmp_path}/result.json")
+    summary, run_dir = run_train(
+        compose_cfg,
+        tmp_path,
+        *TINY_FMNIST,
+        f"dataset.root={fmnist_root}",
+        "engine.epochs=3",
+        "loss=stk",
+        f"result_file={tmp_path}/result.json",
+    )
     assert summary["data"]["class_counts"] == summary["class_counts"] == exponential_profile(40, 10, 10)
     history = [row for row in (run_dir / "epochs.csv").read_text().splitlines()[1:]]
     assert len(history) == 3
@@ -65,18 +79,39 @@ def test_fmnistlt_run_writes_record_profile_and_selects_best_validation(compose_
 def test_long_tailed_draw_is_fixed_across_training_seeds(compose_cfg, tmp_path, fmnist_root):
     records = []
     for seed in (0, 1):
-        _, run_dir = run_train(compose_cfg, tmp_path / str(seed), *TINY_FMNIST, f"dataset.root={fmnist_root}",
-                               "engine.epochs=1", "engine.max_steps=1", f"seed={seed}")
+        _, run_dir = run_train(
+            compose_cfg,
+            tmp_path / str(seed),
+            *TINY_FMNIST,
+            f"dataset.root={fmnist_root}",
+            "engine.epochs=1",
+            "engine.max_steps=1",
+            f"seed={seed}",
+        )
         records.append(json.loads((run_dir / "indices.json").read_text()))
     assert records[0] == records[1]
-    _, run_dir = run_train(compose_cfg, tmp_path / "lt1", *TINY_FMNIST, f"dataset.root={fmnist_root}",
-                           "engine.epochs=1", "engine.max_steps=1", "dataset.lt_seed=1")
+    _, run_dir = run_train(
+        compose_cfg,
+        tmp_path / "lt1",
+        *TINY_FMNIST,
+        f"dataset.root={fmnist_root}",
+        "engine.epochs=1",
+        "engine.max_steps=1",
+        "dataset.lt_seed=1",
+    )
     assert json.loads((run_dir / "indices.json").read_text())["longtail"] != records[0]["longtail"]
 
 
 def test_profile_engine_saves_a_trace(compose_cfg, tmp_path, fmnist_root):
-    _, run_dir = run_train(compose_cfg, tmp_path, *TINY_FMNIST, f"dataset.root={fmnist_root}", "engine=profile",
-                           "engine.batch_size=16", "engine.progress=false")
+    _, run_dir = run_train(
+        compose_cfg,
+        tmp_path,
+        *TINY_FMNIST,
+        f"dataset.root={fmnist_root}",
+        "engine=profile",
+        "engine.batch_size=16",
+        "engine.progress=false",
+    )
     trace = json.loads((run_dir / "profile" / "trace.json").read_text())
     assert any("conv" in event.get("name", "") for event in trace["traceEvents"])
 
@@ -91,22 +126,36 @@ def test_rerunning_a_finished_run_reports_it_without_training_more(compose_cfg, 
 
 
 def train_command(tmp_path, fmnist_root, *extra):
-    return [sys.executable, str(ROOT / "train.py"), *TINY_FMNIST, f"dataset.root={fmnist_root}", "engine.epochs=4",
-            "engine.checkpoint_every=1", "engine.deterministic=true", f"paths.log_dir={tmp_path}/logs", "loss=stk", *extra]
+    return [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *TINY_FMNIST,
+        f"dataset.root={fmnist_root}",
+        "engine.epochs=4",
+        "engine.checkpoint_every=1",
+        "engine.deterministic=true",
+        f"paths.log_dir={tmp_path}/logs",
+        "loss=stk",
+        *extra,
+    ]
 
 
 SPARSE_EXCHANGE = ["gradient_exchange@engine.gradient_exchange=sampled_threshold", "engine.gradient_exchange.workers=2"]
 
 
-@pytest.mark.parametrize("ranks,extra", [(1, []), pytest.param(2, [], marks=pytest.mark.slow),
-                                         pytest.param(1, SPARSE_EXCHANGE, marks=pytest.mark.slow)],
-                         ids=["one process", "ddp 2 ranks", "sparse gradient exchange"])
+@pytest.mark.parametrize(
+    "ranks,extra",
+    [(1, []), pytest.param(2, [], marks=pytest.mark.slow), pytest.param(1, SPARSE_EXCHANGE, marks=pytest.mark.slow)],
+    ids=["one process", "ddp 2 ranks", "sparse gradient exchange"],
+)
 def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnist_root, ranks, extra):
     """SIGKILL mid-epoch, rerun the same command: the metrics of an uninterrupted run, also under
     torchrun (gloo), where rank 0 writes the checkpoint and every rank resumes from it, and with a
     sparse gradient exchange, whose residuals and samplers' streams are in the checkpoint."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] if ranks > 1 else []
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] if ranks > 1 else []
+    )
 
     def command(name, result):
         line = train_command(tmp_path / name, fmnist_root, f"result_file={result}", *extra)
@@ -115,8 +164,9 @@ def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnis
     reference = tmp_path / "reference.json"
     subprocess.run(command("a", reference), env=env, check=True, capture_output=True)
     interrupted = tmp_path / "interrupted.json"
-    process = subprocess.Popen(command("b", interrupted), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        command("b", interrupted), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.time() + 300
     while time.time() < deadline and process.poll() is None:
         found = list((tmp_path / "b" / "logs" / "checkpoints").glob("*/run.json"))
@@ -135,20 +185,29 @@ def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnis
     assert (b["best_epoch"], b["steps"], b["lambda"]) == (a["best_epoch"], a["steps"], a["lambda"])
 
 
-@pytest.mark.parametrize("number", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)],
-                         ids=["SIGTERM", "Ctrl-C"])
+@pytest.mark.parametrize(
+    "number", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)], ids=["SIGTERM", "Ctrl-C"]
+)
 def test_a_signal_saves_a_checkpoint_and_the_rerun_resumes_exactly(tmp_path, fmnist_root, number):
     """SIGTERM (a scheduler's notice) or Ctrl-C mid-epoch: the step ends, the checkpoint is written, the
     process stops with one line and 128 + the signal's number; the same command then finishes with
     the metrics of an uninterrupted run."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     reference, interrupted = tmp_path / "reference.json", tmp_path / "interrupted.json"
-    subprocess.run(train_command(tmp_path / "a", fmnist_root, f"result_file={reference}", "engine.checkpoint_every=0",
-                                 "logger=csv"), env=env, check=True, capture_output=True)
-    command = train_command(tmp_path / "b", fmnist_root, f"result_file={interrupted}", "engine.checkpoint_every=0",
-                            "logger=csv")
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    subprocess.run(
+        train_command(
+            tmp_path / "a", fmnist_root, f"result_file={reference}", "engine.checkpoint_every=0", "logger=csv"
+        ),
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    command = train_command(
+        tmp_path / "b", fmnist_root, f"result_file={interrupted}", "engine.checkpoint_every=0", "logger=csv"
+    )
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     deadline = time.time() + 300
     while time.time() < deadline and process.poll() is None:
         if list((tmp_path / "b" / "logs" / "checkpoints").glob("*/run.json")):  # epoch 1 done: training, handlers set
@@ -158,8 +217,11 @@ def test_a_signal_saves_a_checkpoint_and_the_rerun_resumes_exactly(tmp_path, fmn
     _, stderr = process.communicate()
     assert process.returncode == 128 + number, stderr
     last = stderr.strip().splitlines()[-1]
-    assert re.fullmatch(rf"error: {signal.Signals(number).name} at epoch [234], step \d+: checkpoint saved in .*; "
-                        r"rerun the same command to resume", last), last
+    assert re.fullmatch(
+        rf"error: {signal.Signals(number).name} at epoch [234], step \d+: checkpoint saved in .*; "
+        r"rerun the same command to resume",
+        last,
+    ), last
     assert not interrupted.exists()
     stopped_at = json.loads(next((tmp_path / "b" / "logs" / "checkpoints").glob("*/run.json")).read_text())["step"]
     assert 5 <= stopped_at < 20  # after epoch 1's checkpoint, before the run's end (5 steps per epoch)
@@ -173,57 +235,104 @@ def test_a_signal_saves_a_checkpoint_and_the_rerun_resumes_exactly(tmp_path, fmn
     def logged(name):  # the resumed run's log.csv is rebuilt from the checkpoint: the uninterrupted run's rows
         (path,) = (tmp_path / name / "logs").rglob("log.csv")
         rows = list(csv.DictReader(path.open()))
-        return [{k: v for k, v in row.items() if k in ("epoch", "step", "train_loss", "lambda") or k.startswith("val_")}
-                for row in rows]
+        return [
+            {k: v for k, v in row.items() if k in ("epoch", "step", "train_loss", "lambda") or k.startswith("val_")}
+            for row in rows
+        ]
+
     assert logged("b") == logged("a") and len(logged("a")) == 4
 
 
 def experiment_rows():
-    return [row for row in config_groups(ROOT / "configs")["experiment"]
-            if not row.startswith(("stk/table", "stk/figure", "stk/multi30k", "stk/iwslt14", "stk/wmt17", "routing/",
-                                   "petersen/imagenet1k/", "petersen/imagenet21kp/", "petersen/table5/"))]  # test_embedding_rows
+    return [
+        row
+        for row in config_groups(ROOT / "configs")["experiment"]
+        if not row.startswith(
+            (
+                "stk/table",
+                "stk/figure",
+                "stk/multi30k",
+                "stk/iwslt14",
+                "stk/wmt17",
+                "routing/",
+                "petersen/imagenet1k/",
+                "petersen/imagenet21kp/",
+                "petersen/table5/",
+            )
+        )
+    ]  # test_embedding_rows
 
 
 def test_every_table_row_has_an_experiment():
     rows = experiment_rows()
     assert len([r for r in rows if r.startswith("petersen/cifar100/")]) == 10
-    assert {r for r in rows if r.startswith("fmnistlt/")} == {f"fmnistlt/{r}" for r in ("ce", "la", "la_atk", "la_stk", "topk_ce")}
-    assert {r for r in rows if r.startswith("stk/cifar100lt/")} >= {f"stk/cifar100lt/{r}" for r in ("la_average", "la_atk", "la_stk")}
+    assert {r for r in rows if r.startswith("fmnistlt/")} == {
+        f"fmnistlt/{r}" for r in ("ce", "la", "la_atk", "la_stk", "topk_ce")
+    }
+    assert {r for r in rows if r.startswith("stk/cifar100lt/")} >= {
+        f"stk/cifar100lt/{r}" for r in ("la_average", "la_atk", "la_stk")
+    }
 
 
 # the Petersen rows differ only in the individual loss (each tested on its own): two of them run by default
 PETERSEN_DEFAULT_RUNS = ("petersen/cifar100/softmax_ce", "petersen/cifar100/diffsortnets_uniform")
 
 
-@pytest.mark.parametrize("row", [pytest.param(row, marks=pytest.mark.slow)
-                                 if (row.startswith("petersen/") and row not in PETERSEN_DEFAULT_RUNS)
-                                 or (row.startswith("sinkhorn_beta/") and row != "sinkhorn_beta/beta_100") else row
-                                 for row in experiment_rows()])
+@pytest.mark.parametrize(
+    "row",
+    [
+        pytest.param(row, marks=pytest.mark.slow)
+        if (row.startswith("petersen/") and row not in PETERSEN_DEFAULT_RUNS)
+        or (row.startswith("sinkhorn_beta/") and row != "sinkhorn_beta/beta_100")
+        else row
+        for row in experiment_rows()
+    ],
+)
 def test_experiment_row_composes_and_smoke_runs(compose_cfg, tmp_path, row, fmnist_root, cifar_root):
-    data = [f"dataset.root={fmnist_root}", "dataset.n_max=40", "dataset.imbalance_ratio=10", "dataset.val_per_class=5"] \
-        if row.startswith(("fmnistlt", "sparsification", "sinkhorn_beta")) else \
-        [f"dataset.root={cifar_root}", "dataset.val_fraction=0.34"]
+    data = (
+        [f"dataset.root={fmnist_root}", "dataset.n_max=40", "dataset.imbalance_ratio=10", "dataset.val_per_class=5"]
+        if row.startswith(("fmnistlt", "sparsification", "sinkhorn_beta"))
+        else [f"dataset.root={cifar_root}", "dataset.val_fraction=0.34"]
+    )
     if row.startswith("stk/cifar100lt"):
         data += ["dataset.n_max=3", "dataset.imbalance_ratio=1.5", "dataset.val_per_class=1"]
-    cfg = compose_cfg(f"experiment={row}", *data, "engine.epochs=1", "engine.max_steps=1", "engine.batch_size=8",
-                      "engine.progress=false", f"result_file={tmp_path}/result.json", f"paths.log_dir={tmp_path}")
+    cfg = compose_cfg(
+        f"experiment={row}",
+        *data,
+        "engine.epochs=1",
+        "engine.max_steps=1",
+        "engine.batch_size=8",
+        "engine.progress=false",
+        f"result_file={tmp_path}/result.json",
+        f"paths.log_dir={tmp_path}",
+    )
     assert cfg.recipe == "multiclass" and cfg.task._target_.endswith("ClassificationTask")
     summary = train(cfg, tmp_path / "run")
     assert summary["steps"] == 1 and (tmp_path / "result.json").exists()
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["individual=topk_ce", "individual.p_k=[0.5,0.4]"], "sums to 0.9"),
-    (["individual=topk_ce", "operator@individual.operator=quicksort"], "operator"),
-    (["individual=topk_ce", "individual.operator.network=quicksort"], "choose one of"),
-    (["model=mlp"], "does not fit this dataset"),
-    (["dataset.imbalance_ratio=1000"], "without images"),
-    (["loss=atk", "loss.k=16"], "smallest batch=15"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["individual=topk_ce", "individual.p_k=[0.5,0.4]"], "sums to 0.9"),
+        (["individual=topk_ce", "operator@individual.operator=quicksort"], "operator"),
+        (["individual=topk_ce", "individual.operator.network=quicksort"], "choose one of"),
+        (["model=mlp"], "does not fit this dataset"),
+        (["dataset.imbalance_ratio=1000"], "without images"),
+        (["loss=atk", "loss.k=16"], "smallest batch=15"),
+    ],
+)
 def test_bad_vision_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, fmnist_root, overrides, message):
     result_file = tmp_path / "result.json"
-    command = [sys.executable, str(ROOT / "train.py"), *TINY_FMNIST, f"dataset.root={fmnist_root}",
-               f"paths.log_dir={tmp_path}/logs", f"result_file={result_file}", *overrides]
+    command = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *TINY_FMNIST,
+        f"dataset.root={fmnist_root}",
+        f"paths.log_dir={tmp_path}/logs",
+        f"result_file={result_file}",
+        *overrides,
+    ]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 2
     error_lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
@@ -233,8 +342,14 @@ def test_bad_vision_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, fmnist
 
 
 def test_missing_cifar_says_where_to_put_it(tmp_path):
-    command = [sys.executable, str(ROOT / "train.py"), "dataset=cifar100", f"dataset.root={tmp_path}/nowhere",
-               f"paths.log_dir={tmp_path}/logs", "logger=none"]
+    command = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "dataset=cifar100",
+        f"dataset.root={tmp_path}/nowhere",
+        f"paths.log_dir={tmp_path}/logs",
+        "logger=none",
+    ]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 2
     assert "cifar-100-python.tar.gz" in done.stderr and "dataset.download=true" in done.stderr
@@ -243,8 +358,16 @@ def test_missing_cifar_says_where_to_put_it(tmp_path):
 
 @pytest.mark.parametrize("amp", ["bf16", pytest.param("fp16", marks=pytest.mark.slow)])
 def test_autocast_runs_and_keeps_the_loss_in_float32(compose_cfg, tmp_path, fmnist_root, amp):
-    summary, run_dir = run_train(compose_cfg, tmp_path, *TINY_FMNIST, f"dataset.root={fmnist_root}", "engine.epochs=1",
-                                 "engine.max_steps=2", f"engine.amp={amp}", "loss=stk")
+    summary, run_dir = run_train(
+        compose_cfg,
+        tmp_path,
+        *TINY_FMNIST,
+        f"dataset.root={fmnist_root}",
+        "engine.epochs=1",
+        "engine.max_steps=2",
+        f"engine.amp={amp}",
+        "loss=stk",
+    )
     assert summary["amp"] == amp and summary["steps"] == 2
     header, row = (run_dir / "epochs.csv").read_text().splitlines()[:2]
     assert float(row.split(",")[header.split(",").index("train_loss")]) > 0
@@ -255,7 +378,11 @@ def test_the_cifar100lt_rows_decay_as_ldam_drw(compose_cfg):
 
     schedule = dict(compose_cfg("experiment=stk/cifar100lt/la_stk").engine.schedule)
     factor = LRFactor(steps_per_epoch=10, epochs=200, **schedule)
-    assert [factor(e * 10) for e in (100, 161, 181)] == [1.0, pytest.approx(0.01), pytest.approx(1e-4)]  # LDAM-DRW's code
+    assert [factor(e * 10) for e in (100, 161, 181)] == [
+        1.0,
+        pytest.approx(0.01),
+        pytest.approx(1e-4),
+    ]  # LDAM-DRW's code
 
 
 def test_deterministic_algorithms_hold_within_the_run_and_are_restored_after():

@@ -1,5 +1,6 @@
 """Classification losses and operators: logit adjustment, top-k cross-entropy against difftopk,
 SinkhornSort, the smooth top-k SVM, the CIFAR ResNets, metrics and LR schedules."""
+
 import contextlib
 import io
 import math
@@ -8,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from topklab.engine.schedules import LRFactor
 from topklab.losses import CostSensitiveCE, LogitAdjusted, SmoothTopKSVM, TopKCrossEntropy
 from topklab.models import resnet18_cifar, resnet32
 from topklab.operators import DiffSortNet, DifftopkNetwork, NeuralSort, SinkhornSort, SoftSort
 from topklab.tasks.classification_metrics import classification_metrics, shot_groups
-from topklab.engine.schedules import LRFactor
 
 with contextlib.redirect_stdout(io.StringIO()):
     import difftopk
@@ -24,7 +25,10 @@ def test_logit_adjusted_is_ce_on_shifted_logits_and_ce_at_tau_zero():
     prior = torch.tensor(counts, dtype=torch.float64) / sum(counts)
     expected = F.cross_entropy(logits + 1.5 * prior.log(), labels, reduction="none")
     assert torch.allclose(LogitAdjusted(counts, tau=1.5).double()(logits, labels), expected, atol=1e-6)
-    assert torch.allclose(LogitAdjusted(counts, tau=0.0)(logits.float(), labels), F.cross_entropy(logits.float(), labels, reduction="none"))
+    assert torch.allclose(
+        LogitAdjusted(counts, tau=0.0)(logits.float(), labels),
+        F.cross_entropy(logits.float(), labels, reduction="none"),
+    )
     logits.requires_grad_(True)
     assert torch.autograd.gradcheck(lambda z: LogitAdjusted(counts).double()(z, labels), (logits,))
     with pytest.raises(ValueError, match="at least one"):
@@ -39,8 +43,10 @@ def test_cost_sensitive_ce_weights_each_sample_by_its_inverse_class_frequency():
     expected = torch.stack([weights[int(y)] * -torch.log_softmax(z, 0)[y] for z, y in zip(logits, labels)])
     loss = CostSensitiveCE(counts).double()
     assert torch.allclose(loss(logits, labels), expected, atol=1e-6)
-    assert torch.allclose(CostSensitiveCE(counts, power=0.0)(logits.float(), labels),
-                          F.cross_entropy(logits.float(), labels, reduction="none"))
+    assert torch.allclose(
+        CostSensitiveCE(counts, power=0.0)(logits.float(), labels),
+        F.cross_entropy(logits.float(), labels, reduction="none"),
+    )
     logits.requires_grad_(True)
     assert torch.autograd.gradcheck(lambda z: loss(z, labels), (logits,))
     with pytest.raises(ValueError, match="at least one"):
@@ -55,7 +61,12 @@ OPERATORS = {
     "odd_even": lambda dist: DiffSortNet("odd_even", 2.0, dist, 0.5),
     "bitonic__non_sparse": lambda dist: DiffSortNet("bitonic", 2.0, dist, 0.5),
 }
-DENSE = [("neuralsort", "cauchy"), ("softsort", "cauchy"), ("odd_even", "logistic_phi"), ("bitonic__non_sparse", "logistic")]
+DENSE = [
+    ("neuralsort", "cauchy"),
+    ("softsort", "cauchy"),
+    ("odd_even", "logistic_phi"),
+    ("bitonic__non_sparse", "logistic"),
+]
 
 
 @pytest.mark.parametrize("method,distribution", DENSE)
@@ -66,9 +77,11 @@ def test_topk_ce_batch_mean_equals_difftopk(method, distribution, top1_mode, m):
     logits, labels = torch.randn(16, 12) * 2, torch.randint(0, 12, (16,))
     p_k = [0.25, 0, 0.25, 0, 0.5]
     ours = TopKCrossEntropy(p_k, OPERATORS[method](distribution), m, top1_mode, num_classes=12)(logits, labels)
-    reference = difftopk.TopKCrossEntropyLoss(method, 2.0, p_k, 12, m, distribution, 0.5, "cpu", top1_mode)(logits, labels)
+    reference = difftopk.TopKCrossEntropyLoss(method, 2.0, p_k, 12, m, distribution, 0.5, "cpu", top1_mode)(
+        logits, labels
+    )
     assert ours.shape == (16,)
-    assert ours.mean().item() == pytest.approx(reference.item(), rel=1e-5, abs=1e-5)   # float32 sums in another order
+    assert ours.mean().item() == pytest.approx(reference.item(), rel=1e-5, abs=1e-5)  # float32 sums in another order
 
 
 def slow_topk_probability(P_topk: torch.Tensor, label: int, k: int) -> torch.Tensor:
@@ -83,7 +96,7 @@ def test_topk_ce_sort_mode_matches_the_slow_formula_for_sinkhorn():
     loss = TopKCrossEntropy(p_k, SinkhornSort(5.0, 50), top1_mode="sort", num_classes=6)
     ascending = SinkhornSort(5.0, 50).sort(logits)
     for i in range(4):
-        P = torch.stack([ascending[i, :, 5 - r] for r in range(3)], dim=1)   # top ranks, best first
+        P = torch.stack([ascending[i, :, 5 - r] for r in range(3)], dim=1)  # top ranks, best first
         p = sum(p_k[k - 1] * slow_topk_probability(P, int(labels[i]), k) for k in (1, 2, 3))
         assert loss(logits, labels)[i].item() == pytest.approx(-math.log(p * (1 - 2e-7) + 1e-7), rel=1e-9)
 
@@ -104,9 +117,14 @@ def test_topk_ce_gradcheck_float64(top1_mode, operator):
     assert torch.autograd.gradcheck(lambda z: loss(z, labels), (logits,))
 
 
-@pytest.mark.parametrize("p_k,match", [
-    ([0.5, 0.4], "sums to"), ([0.5, -0.5, 1.0], "non-negative"), ([0.1] * 10 + [0.0] * 3, "classes"),
-])
+@pytest.mark.parametrize(
+    "p_k,match",
+    [
+        ([0.5, 0.4], "sums to"),
+        ([0.5, -0.5, 1.0], "non-negative"),
+        ([0.1] * 10 + [0.0] * 3, "classes"),
+    ],
+)
 def test_topk_ce_rejects_bad_p_k(p_k, match):
     with pytest.raises(ValueError, match=match):
         TopKCrossEntropy(p_k, NeuralSort(), num_classes=10)
@@ -159,7 +177,7 @@ def test_smooth_topk_svm_batch_mean_equals_difftopk(tau):
 
 
 def test_resnets_have_the_published_sizes_and_take_any_channels():
-    assert sum(p.numel() for p in resnet32(100).parameters()) == 470_004   # ≈ 0.46 M (He et al.: 0.46 M)
+    assert sum(p.numel() for p in resnet32(100).parameters()) == 470_004  # ≈ 0.46 M (He et al.: 0.46 M)
     assert sum(p.numel() for p in resnet18_cifar(100).parameters()) == 11_220_132  # ≈ 11.2 M
     assert resnet32(10, in_channels=1)(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
 
@@ -186,7 +204,9 @@ def test_metrics_against_slow_loops():
 
 @pytest.mark.parametrize("name", ["cosine", "step", "constant"])
 def test_lr_factor_against_the_formula(name):
-    factor = LRFactor(name, steps_per_epoch=4, epochs=10, warmup_epochs=2, milestones=[5, 8], gamma=0.5, min_lr_ratio=0.1)
+    factor = LRFactor(
+        name, steps_per_epoch=4, epochs=10, warmup_epochs=2, milestones=[5, 8], gamma=0.5, min_lr_ratio=0.1
+    )
     for step in range(40):
         if step < 8:
             expected = (step + 1) / 8
@@ -210,7 +230,9 @@ def test_expected_calibration_error_matches_a_slow_loop():
     total = 0.0
     for b in range(10):  # bin b holds confidences in (b/10, (b+1)/10]; the first also holds 0
         low, high = b / 10, (b + 1) / 10
-        members = [i for i in range(300) if low < probabilities[i].max() <= high or (b == 0 and probabilities[i].max() == 0)]
+        members = [
+            i for i in range(300) if low < probabilities[i].max() <= high or (b == 0 and probabilities[i].max() == 0)
+        ]
         if members:
             accuracy = sum(int(probabilities[i].argmax() == labels[i]) for i in members) / len(members)
             confidence = sum(float(probabilities[i].max()) for i in members) / len(members)

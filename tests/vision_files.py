@@ -1,4 +1,5 @@
 """Tiny image datasets written in their real on-disk formats, for offline tests."""
+
 from __future__ import annotations
 
 import gzip
@@ -20,7 +21,7 @@ def class_images(rng, labels: np.ndarray, shape) -> np.ndarray:
     images = rng.integers(0, 60, size=(len(labels), *shape), dtype=np.uint8)
     for i, c in enumerate(labels):
         row, col = divmod(int(c) % 16, 4)
-        images[i, ..., 2 + 5 * row: 6 + 5 * row, 2 + 5 * col: 6 + 5 * col] = 255
+        images[i, ..., 2 + 5 * row : 6 + 5 * row, 2 + 5 * col : 6 + 5 * col] = 255
     return images
 
 
@@ -43,8 +44,13 @@ def write_cifar100(root: Path, per_class_train: int = 6, per_class_test: int = 1
     for split, per_class in (("train", per_class_train), ("test", per_class_test)):
         labels = rng.permutation(np.repeat(np.arange(100), per_class))
         images = class_images(rng, labels, (3, 32, 32)).reshape(len(labels), -1)
-        entry = {b"filenames": [b"x.png"] * len(labels), b"batch_label": split.encode(), b"fine_labels": labels.tolist(),
-                 b"coarse_labels": (labels // 5).tolist(), b"data": images}
+        entry = {
+            b"filenames": [b"x.png"] * len(labels),
+            b"batch_label": split.encode(),
+            b"fine_labels": labels.tolist(),
+            b"coarse_labels": (labels // 5).tolist(),
+            b"data": images,
+        }
         with open(folder / split, "wb") as handle:
             pickle.dump(entry, handle)
     return root

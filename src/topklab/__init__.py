@@ -3,6 +3,7 @@
 Importing the package first makes torchvision importable on CPU-only torch builds
 (see :mod:`topklab.compat.torchvision_cpu`); it does nothing where torchvision's ops load.
 """
+
 from topklab.compat.torchvision_cpu import ensure_torchvision_importable
 
 ensure_torchvision_importable()

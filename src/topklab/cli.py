@@ -5,6 +5,7 @@ Overrides are read by Hydra's own parser (:mod:`topklab.config`), so every form 
 checked the way Hydra will read it: ``key=a,b``, ``range()``, ``glob()``, ``choice()``,
 ``interval()``, ``+key=``, ``~key``, ``group@pkg=``. Every value of every swept key is composed once
 before any job runs."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,7 +13,14 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from topklab.config import TRAIN_EXCLUDED, compose_with_recipe, config_groups, override_values, parse_overrides, sweep_points
+from topklab.config import (
+    TRAIN_EXCLUDED,
+    compose_with_recipe,
+    config_groups,
+    override_values,
+    parse_overrides,
+    sweep_points,
+)
 from topklab.utils.errors import TopklabError, fail
 from topklab.utils.io import check_creatable
 
@@ -29,8 +37,7 @@ def check_group_choices(overrides: list[str], config_dir: Path, exclude=TRAIN_EX
             continue
         for option in override_values(override, groups):
             if option not in options:
-                raise TopklabError(
-                    f"unknown {override.key_or_group} {option!r}; choose one of: {', '.join(options)}")
+                raise TopklabError(f"unknown {override.key_or_group} {option!r}; choose one of: {', '.join(options)}")
 
 
 def check_configs(overrides: list[str], config_dir: Path, multirun: bool) -> set[str | None]:
@@ -66,8 +73,10 @@ def check_configs(overrides: list[str], config_dir: Path, multirun: bool) -> set
         check_output_dir(hydra_cfg, settings, multirun)
         sweeper = intervals and hydra_cfg.hydra.sweeper
         if sweeper and sweeper._target_ == BASIC_SWEEPER:
-            raise TopklabError(f"{intervals[0]}: interval() needs a sweeper that samples (e.g. hydra/sweeper=optuna); "
-                               "Hydra's basic sweeper takes a,b, range(), choice() and glob()")
+            raise TopklabError(
+                f"{intervals[0]}: interval() needs a sweeper that samples (e.g. hydra/sweeper=optuna); "
+                "Hydra's basic sweeper takes a,b, range(), choice() and glob()"
+            )
     return {None} if any(o.key_or_group == "recipe" for o in task) else recipes
 
 

@@ -11,6 +11,7 @@ engine and the command line that both use it.
 Overrides are read by Hydra's own parser, so every form Hydra accepts is read the way Hydra will
 read it: ``key=a,b``, ``range()``, ``glob()``, ``choice()``, ``interval()``, ``+key=``, ``~key``,
 ``group@pkg=``."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,8 +34,9 @@ def config_groups(config_dir: Path, exclude=TRAIN_EXCLUDED) -> dict[str, list[st
     by its path (``stk/table3/australian``). Files starting with ``_`` are parts shared by the
     rows of a folder, not options."""
     return {
-        group.name: sorted(p.relative_to(group).with_suffix("").as_posix() for p in group.rglob("*.yaml")
-                           if not p.name.startswith("_"))
+        group.name: sorted(
+            p.relative_to(group).with_suffix("").as_posix() for p in group.rglob("*.yaml") if not p.name.startswith("_")
+        )
         for group in sorted(Path(config_dir).iterdir())
         if group.is_dir() and group.name not in exclude
     }
@@ -52,8 +54,11 @@ def _parse(parser: OverridesParser, arg: str) -> Override:
     try:
         return parser.parse_overrides([arg])[0]
     except OverrideParseException as err:
-        reason = "; ".join(line for line in str(err).splitlines()
-                           if line.strip() != "^" and not line.startswith(("Error parsing", "See ")))
+        reason = "; ".join(
+            line
+            for line in str(err).splitlines()
+            if line.strip() != "^" and not line.startswith(("Error parsing", "See "))
+        )
         raise TopklabError(f"cannot read the override {arg!r} ({reason}); write key=value, see {GRAMMAR}") from None
 
 
@@ -70,8 +75,10 @@ def _sweep(override: Override, groups: dict) -> list[str]:
 def _glob(override: Override, groups: dict) -> list[str]:
     """``group=glob(...)``: the group's options it matches."""
     if override.key_or_group not in groups:
-        raise TopklabError(f"{override.input_line}: glob() selects options of a config group; "
-                           f"{override.key_or_group} is none of: {', '.join(groups)}")
+        raise TopklabError(
+            f"{override.input_line}: glob() selects options of a config group; "
+            f"{override.key_or_group} is none of: {', '.join(groups)}"
+        )
     return override.value().filter(groups[override.key_or_group])
 
 
@@ -104,10 +111,9 @@ def override_values(override: Override, groups: dict[str, list[str]]) -> list[st
 def sweep_points(overrides: list[Override], groups: dict[str, list[str]]) -> list[list[str]]:
     """One override list per value of every swept key (the others at their first value): each
     value is checked once without composing the whole grid."""
-    choices = [[f"{o.get_key_element()}={v}" for v in override_values(o, groups)] or [o.input_line]
-               for o in overrides]
+    choices = [[f"{o.get_key_element()}={v}" for v in override_values(o, groups)] or [o.input_line] for o in overrides]
     base = [values[0] for values in choices]
-    return [base] + [base[:i] + [value] + base[i + 1:] for i, values in enumerate(choices) for value in values[1:]]
+    return [base] + [base[:i] + [value] + base[i + 1 :] for i, values in enumerate(choices) for value in values[1:]]
 
 
 def expand_group_globs(argv: list[str], config_dir: Path) -> list[str]:
@@ -124,7 +130,11 @@ def expand_group_globs(argv: list[str], config_dir: Path) -> list[str]:
     out = []
     for arg in argv:
         override = None if arg.startswith("-") or "glob(" not in arg else _parse(OverridesParser.create(), arg)
-        if override is not None and override.value_type == ValueType.GLOB_CHOICE_SWEEP and override.key_or_group in groups:
+        if (
+            override is not None
+            and override.value_type == ValueType.GLOB_CHOICE_SWEEP
+            and override.key_or_group in groups
+        ):
             arg = f"{override.get_key_element()}={','.join(override_values(override, groups))}"
         out.append(arg)
     return out
@@ -158,8 +168,9 @@ def compose_run(overrides: list[str], config_name: str = "train", return_hydra_c
     return compose_with_recipe(overrides, config_name, return_hydra_config)[0]
 
 
-def compose_with_recipe(overrides: list[str], config_name: str = "train",
-                        return_hydra_config: bool = False) -> tuple[DictConfig, str | None]:
+def compose_with_recipe(
+    overrides: list[str], config_name: str = "train", return_hydra_config: bool = False
+) -> tuple[DictConfig, str | None]:
     """:func:`compose_run`'s config and the recipe it chose for ``recipe=auto`` (None: the command
     line or the config names one)."""
     try:
@@ -177,11 +188,14 @@ def recipe_arguments(args: list[str], config_dir, multirun: bool) -> list[str]:
     train.py's config once with the right groups; every point of a ``-m`` sweep must agree."""
     from hydra import initialize_config_dir
 
-    overrides = [o for o in parse_overrides([a for a in args if "=" in a or a.startswith("~")])
-                 if not o.is_hydra_override()]
+    overrides = [
+        o for o in parse_overrides([a for a in args if "=" in a or a.startswith("~")]) if not o.is_hydra_override()
+    ]
     if any(o.key_or_group == "recipe" for o in overrides):
         return []
-    points = sweep_points(overrides, config_groups(Path(config_dir))) if multirun else [[o.input_line for o in overrides]]
+    points = (
+        sweep_points(overrides, config_groups(Path(config_dir))) if multirun else [[o.input_line for o in overrides]]
+    )
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         recipes = {recipe_for(compose("train", overrides=[o for o in point if chooses_groups(o)])) for point in points}
     return agreed_recipe(recipes)
@@ -191,7 +205,9 @@ def agreed_recipe(recipes: set[str | None]) -> list[str]:
     """``["recipe=<task>"]`` for the one recipe every point of a command line chose (``[]``: the
     command line or the config names it); points that need different recipes are a one-line error."""
     if len(recipes) > 1:
-        raise TopklabError(f"this sweep mixes datasets that need different recipes ({', '.join(sorted(map(str, recipes)))}); "
-                           f"pass recipe=<name> or run one sweep per kind of dataset")
+        raise TopklabError(
+            f"this sweep mixes datasets that need different recipes ({', '.join(sorted(map(str, recipes)))}); "
+            f"pass recipe=<name> or run one sweep per kind of dataset"
+        )
     [recipe] = recipes
     return [] if recipe is None else [f"recipe={recipe}"]

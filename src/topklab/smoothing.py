@@ -10,16 +10,17 @@ uses ``delta``; ELU, SoftPlus and Leaky-ReLU run at PyTorch's defaults (alpha=1,
 threshold 20, slope 0.01), which is our reading of "the settings for the other ReLU variants
 remain at their defaults" (STk paper, Table 2).
 """
+
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache
 
 import torch
 import torch.nn.functional as F
 
 
-@lru_cache(maxsize=None)
+@cache
 def beyond_square(dtype: torch.dtype) -> float:
     """The |x| from which SReLU's √(x² + δ²) is taken as |x|: a power of two whose square (plus δ², for
     any δ up to :data:`~topklab.losses.aggregate.thresholded.MAX_DELTA`) stays finite in ``dtype``,
@@ -86,7 +87,7 @@ def srelu_slope_and_curvature(z: torch.Tensor, delta: torch.Tensor) -> tuple[tor
     negative = z.clamp(max=0.0)
     tail = delta * delta / (2.0 * root * (root - negative))
     slope = torch.where(z < 0, tail, 0.5 * (1.0 + z / root))
-    return slope, 0.5 * delta * delta / root ** 3
+    return slope, 0.5 * delta * delta / root**3
 
 
 class Smoothing:
@@ -220,6 +221,4 @@ def get_smoothing(name: str) -> Smoothing:
     try:
         return SMOOTHINGS[name]
     except KeyError:
-        raise ValueError(
-            f"unknown smoothing {name!r}; choose one of: {', '.join(sorted(SMOOTHINGS))}"
-        ) from None
+        raise ValueError(f"unknown smoothing {name!r}; choose one of: {', '.join(sorted(SMOOTHINGS))}") from None

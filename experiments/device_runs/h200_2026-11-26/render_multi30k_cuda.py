@@ -2,6 +2,7 @@
 project's own translation renderer; they stay out of results/ because the GPU machine's .git was the
 session's first commit with this session's fixes uncommitted on top (their envelopes say dirty).
     PYTHONPATH=src python experiments/device_runs/h200_2026-11-26/render_multi30k_cuda.py"""
+
 from pathlib import Path
 
 import yaml

@@ -12,6 +12,7 @@ real run would. Each path (``dataset.loader=device``: the uint8 set on the devic
 or Triton kernel build) is left out of the median. Writes ``cifar_epoch_<device>.{json,md}``; the last
 line is ``ratio torchvision/device epoch time: N``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=8, help="DataLoader workers of the torchvision path")
-    parser.add_argument("--per-class", type=int, default=500, help="training images per class before the long-tail cut (CIFAR: 500)")
+    parser.add_argument(
+        "--per-class", type=int, default=500, help="training images per class before the long-tail cut (CIFAR: 500)"
+    )
     parser.add_argument("--out-dir", default=str(ROOT / "results" / "bench"))
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
@@ -60,33 +63,73 @@ def main(argv: list[str] | None = None) -> None:
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        root = write_cifar100(Path(tmp) / "cifar", per_class_train=args.per_class, per_class_test=max(args.per_class // 5, 1))
+        root = write_cifar100(
+            Path(tmp) / "cifar", per_class_train=args.per_class, per_class_test=max(args.per_class // 5, 1)
+        )
         for loader, workers in (("device", 0), ("torchvision", args.workers)):
             run_dir = Path(tmp) / f"run_{loader}"
             with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-                cfg = compose_run([f"paths.log_dir={tmp}", "experiment=stk/cifar100lt/la_stk", f"dataset.root={root}",
-                                   f"dataset.loader={loader}", f"dataset.num_workers={workers}",
-                                   f"engine.epochs={args.epochs}", f"engine.device={args.device}", "result_file=null", "engine.progress=false",
-                                   *([] if args.per_class == 500 else [f"dataset.n_max={args.per_class}", "dataset.imbalance_ratio=2", "dataset.val_per_class=1"])])
+                cfg = compose_run(
+                    [
+                        f"paths.log_dir={tmp}",
+                        "experiment=stk/cifar100lt/la_stk",
+                        f"dataset.root={root}",
+                        f"dataset.loader={loader}",
+                        f"dataset.num_workers={workers}",
+                        f"engine.epochs={args.epochs}",
+                        f"engine.device={args.device}",
+                        "result_file=null",
+                        "engine.progress=false",
+                        *(
+                            []
+                            if args.per_class == 500
+                            else [
+                                f"dataset.n_max={args.per_class}",
+                                "dataset.imbalance_ratio=2",
+                                "dataset.val_per_class=1",
+                            ]
+                        ),
+                    ]
+                )
             summary = train(cfg, run_dir)
             seconds = epoch_seconds(run_dir)
             steady = statistics.median(seconds[1:])
-            rows.append({"loader": loader, "workers": workers, "epoch_seconds": seconds, "median_epoch_s": steady,
-                         "device": summary["device"], "projected_recipe_hours": steady * RECIPE_EPOCHS / 3600})
+            rows.append(
+                {
+                    "loader": loader,
+                    "workers": workers,
+                    "epoch_seconds": seconds,
+                    "median_epoch_s": steady,
+                    "device": summary["device"],
+                    "projected_recipe_hours": steady * RECIPE_EPOCHS / 3600,
+                }
+            )
     command = command_line("bench_cifar_epoch.py", argv)
     ratio = rows[1]["median_epoch_s"] / rows[0]["median_epoch_s"]
-    lines = [f"# ResNet-32 CIFAR-100-LT epoch time ({args.device})", "",
-             f"`{command}` on {rows[0]['device']}: row stk/cifar100lt/la_stk (batch 128"
-             f"{', ρ = 100, 10,847 training images' if args.per_class == 500 else f', {args.per_class} images per class before a ρ = 2 cut'}),"
-             f" training + validation per epoch, the first epoch left out of the median;"
-             f" {RECIPE_EPOCHS}-epoch time projected from the median.", "",
-             "| loader | workers | epoch seconds | median (s) | 200 epochs (h) |", "|---|---|---|---|---|"]
+    lines = [
+        f"# ResNet-32 CIFAR-100-LT epoch time ({args.device})",
+        "",
+        f"`{command}` on {rows[0]['device']}: row stk/cifar100lt/la_stk (batch 128"
+        f"{', ρ = 100, 10,847 training images' if args.per_class == 500 else f', {args.per_class} images per class before a ρ = 2 cut'}),"
+        f" training + validation per epoch, the first epoch left out of the median;"
+        f" {RECIPE_EPOCHS}-epoch time projected from the median.",
+        "",
+        "| loader | workers | epoch seconds | median (s) | 200 epochs (h) |",
+        "|---|---|---|---|---|",
+    ]
     for row in rows:
-        lines.append(f"| {row['loader']} | {row['workers']} | {', '.join(f'{s:.1f}' for s in row['epoch_seconds'])} |"
-                     f" {row['median_epoch_s']:.2f} | {row['projected_recipe_hours']:.2f} |")
+        lines.append(
+            f"| {row['loader']} | {row['workers']} | {', '.join(f'{s:.1f}' for s in row['epoch_seconds'])} |"
+            f" {row['median_epoch_s']:.2f} | {row['projected_recipe_hours']:.2f} |"
+        )
     lines += ["", f"ratio torchvision/device epoch time: {ratio:.2f}"]
     out_dir, name = Path(args.out_dir), f"cifar_epoch_{args.device}"
-    write_outputs(out_dir, name, {"rows": rows, "ratio": ratio}, command,
-                  {"epochs": args.epochs, "workers": args.workers, "per_class": args.per_class,
-                   "row": "stk/cifar100lt/la_stk"}, markdown="\n".join(lines))
+    write_outputs(
+        out_dir,
+        name,
+        {"rows": rows, "ratio": ratio},
+        command,
+        {"epochs": args.epochs, "workers": args.workers, "per_class": args.per_class, "row": "stk/cifar100lt/la_stk"},
+        markdown="\n".join(lines),
+    )
     print("\n".join(lines))

@@ -1,16 +1,22 @@
 """Side by side: several candidates timed in turn within each repeat (so that load from elsewhere falls
 on all of them alike), and their ratios to a baseline measured in the same run."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from topklab.bench.timing import median as statistics_median
 
 Clock = Callable[[Callable], tuple[float, object]]  # call -> (seconds, what it returned)
 
 
-def interleaved(candidates: dict[str, Callable], repeats: int, clock: Clock, warmup: int = 1,
-                setup: dict[str, Callable] | None = None) -> tuple[dict[str, list[float]], dict[str, object]]:
+def interleaved(
+    candidates: dict[str, Callable],
+    repeats: int,
+    clock: Clock,
+    warmup: int = 1,
+    setup: dict[str, Callable] | None = None,
+) -> tuple[dict[str, list[float]], dict[str, object]]:
     """Time every candidate once per round, in order, for ``warmup + repeats`` rounds; the first
     ``warmup`` rounds are not kept. ``setup[name]()`` runs before each of that candidate's calls,
     outside the timer. Returns the kept seconds per candidate and what each one's last call returned."""

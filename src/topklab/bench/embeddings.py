@@ -18,6 +18,7 @@ the hold-out, epochs and m of each dataset from ``configs/dataset/*_embeddings.y
 ``experiment=petersen/<dataset>`` rows; image counts, classes and widths are not in the configs and are kept here.
 Absolute times: run it on a quiet machine. Writes a result envelope; ``--render`` redraws the markdown.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,10 +46,19 @@ PAPER_BACKBONES = [  # label, configs/backbone/<name>.yaml, images timed, batch
     ("EfficientNet-L2 NS", "tf_efficientnet_l2_ns_800", 3, 1),
 ]
 # what the configs do not hold: image counts (train, test), classes and the embeddings' width
-SIZES = {"imagenet1k": {"train": 1_281_167, "test": 50_000, "classes": 1000, "dim": 2048},
-         "imagenet21kp": {"train": 11_060_223, "test": 522_500, "classes": 10_450, "dim": 2048}}
-METHODS = ["softmax_ce", "smooth_topk_svm_top5", "bitonic_uniform", "splitter_selection_uniform", "neuralsort_uniform",
-           "softsort_uniform", "sinkhorn_uniform"]
+SIZES = {
+    "imagenet1k": {"train": 1_281_167, "test": 50_000, "classes": 1000, "dim": 2048},
+    "imagenet21kp": {"train": 11_060_223, "test": 522_500, "classes": 10_450, "dim": 2048},
+}
+METHODS = [
+    "softmax_ce",
+    "smooth_topk_svm_top5",
+    "bitonic_uniform",
+    "splitter_selection_uniform",
+    "neuralsort_uniform",
+    "softsort_uniform",
+    "sinkhorn_uniform",
+]
 
 
 def _load(path: Path):
@@ -71,12 +81,22 @@ def shape_of(dataset: str) -> dict:
     """A dataset's shape: :data:`SIZES` with the hold-out (``configs/dataset/<dataset>_embeddings.yaml``), the epochs
     (its rows' ``_common.yaml``) and m (the rows' top-m pre-selection)."""
     rows = CONFIGS / "experiment" / "petersen" / dataset
-    m = next((row.individual.m for row in map(_load, sorted(rows.glob("[!_]*.yaml")))
-              if row.get("individual") and row.individual.get("m")), None)
-    return {**{k: SIZES[dataset][k] for k in ("train", "test")},
-            "holdout": int(_load(CONFIGS / "dataset" / f"{dataset}_embeddings.yaml").holdout),
-            "classes": SIZES[dataset]["classes"], "m": m, "epochs": int(_load(rows / "_common.yaml").engine.epochs),
-            "dim": SIZES[dataset]["dim"]}
+    m = next(
+        (
+            row.individual.m
+            for row in map(_load, sorted(rows.glob("[!_]*.yaml")))
+            if row.get("individual") and row.individual.get("m")
+        ),
+        None,
+    )
+    return {
+        **{k: SIZES[dataset][k] for k in ("train", "test")},
+        "holdout": int(_load(CONFIGS / "dataset" / f"{dataset}_embeddings.yaml").holdout),
+        "classes": SIZES[dataset]["classes"],
+        "m": m,
+        "epochs": int(_load(rows / "_common.yaml").engine.epochs),
+        "dim": SIZES[dataset]["dim"],
+    }
 
 
 IMAGENET_1K = shape_of("imagenet1k")
@@ -113,21 +133,54 @@ def bench_extraction(device, work: Path, backbones) -> list[dict]:
     for label, name, resolution, images, batch, gpu_precision in backbones:
         tree = jpeg_tree(work / f"tree{images}", images)
         torch.manual_seed(0)
-        backbone = Backbone(name, resolution, pretrained=False, precision=gpu_precision if device.type == "cuda" else "fp32")
+        backbone = Backbone(
+            name, resolution, pretrained=False, precision=gpu_precision if device.type == "cuda" else "fp32"
+        )
         warm = jpeg_tree(work / f"warm{batch}", batch)
-        extract(backbone, warm, work / f"warm_{name}_{resolution}", {"train": "train", "test": "val"}, batch_size=batch,
-                shard_size=batch, num_workers=0, device=str(device), progress=False)  # one batch: kernels chosen, caches warm
+        extract(
+            backbone,
+            warm,
+            work / f"warm_{name}_{resolution}",
+            {"train": "train", "test": "val"},
+            batch_size=batch,
+            shard_size=batch,
+            num_workers=0,
+            device=str(device),
+            progress=False,
+        )  # one batch: kernels chosen, caches warm
         start = time.perf_counter()
-        report = extract(backbone, tree, work / f"out_{name}_{resolution}", {"train": "train", "test": "val"}, batch_size=batch,
-                         shard_size=max(images, 1), num_workers=0, device=str(device), progress=False)
+        report = extract(
+            backbone,
+            tree,
+            work / f"out_{name}_{resolution}",
+            {"train": "train", "test": "val"},
+            batch_size=batch,
+            shard_size=max(images, 1),
+            num_workers=0,
+            device=str(device),
+            progress=False,
+        )
         rate = report["train"]["images_per_s"]
         with torch.device("meta"):  # the architecture's size without a second copy of its weights
             params = sum(p.numel() for p in timm.create_model(name, pretrained=False, num_classes=0).parameters())
-        rows.append({"part": "extraction", "backbone": label, "name": name, "resolution": resolution, "images": images,
-                     "batch": batch, "images_per_s": rate, "seconds_per_image": 1 / rate, "parameters": params,
-                     "precision": backbone.precision, "wall_s": time.perf_counter() - start, "peak_rss_mb": peak_rss_mb(),
-                     "hours_imagenet1k": (IMAGENET_1K["train"] + IMAGENET_1K["test"]) / rate / 3600,
-                     "hours_imagenet21kp": (IMAGENET_21KP["train"] + IMAGENET_21KP["test"]) / rate / 3600})
+        rows.append(
+            {
+                "part": "extraction",
+                "backbone": label,
+                "name": name,
+                "resolution": resolution,
+                "images": images,
+                "batch": batch,
+                "images_per_s": rate,
+                "seconds_per_image": 1 / rate,
+                "parameters": params,
+                "precision": backbone.precision,
+                "wall_s": time.perf_counter() - start,
+                "peak_rss_mb": peak_rss_mb(),
+                "hours_imagenet1k": (IMAGENET_1K["train"] + IMAGENET_1K["test"]) / rate / 3600,
+                "hours_imagenet21kp": (IMAGENET_21KP["train"] + IMAGENET_21KP["test"]) / rate / 3600,
+            }
+        )
         print(f"extraction {label} @{resolution}: {rate:.2f} images/s", flush=True)
     return rows
 
@@ -165,8 +218,17 @@ def bench_heads(device, dataset: str, shape: dict, root: Path, train_rows: int, 
     holdout = min(shape["holdout"], train_rows // 10)
     for method in methods:
         with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-            cfg = compose_run([f"experiment=petersen/{dataset}/{method}", f"dataset.root={root}", f"dataset.holdout={holdout}",
-                               f"engine.device={device}", "logger=none", "result_file=null", f"paths.log_dir={root}/logs"])
+            cfg = compose_run(
+                [
+                    f"experiment=petersen/{dataset}/{method}",
+                    f"dataset.root={root}",
+                    f"dataset.holdout={holdout}",
+                    f"engine.device={device}",
+                    "logger=none",
+                    "result_file=null",
+                    f"paths.log_dir={root}/logs",
+                ]
+            )
         data, model, objective, _, _ = build_run(cfg)
         module = TrainingModule(model, objective).to(device)
         optimizer = build(cfg.optim, "optim")(module.parameter_groups())
@@ -184,7 +246,7 @@ def bench_heads(device, dataset: str, shape: dict, root: Path, train_rows: int, 
             times.append(time.perf_counter() - start)
         loader = data.train_loader(500, True, 0, device)
         start = time.perf_counter()
-        for i, _ in zip(range(steps), loader.batches(1)):
+        for _ in zip(range(steps), loader.batches(1)):
             pass
         gather_s = (time.perf_counter() - start) / steps
         step_s = statistics.median(times[3:]) + gather_s
@@ -200,11 +262,27 @@ def bench_heads(device, dataset: str, shape: dict, root: Path, train_rows: int, 
         evaluations = steps_per_epoch // 100 + 1
         validation_s = shape["holdout"] / val_rows_s
         epoch_s = steps_per_epoch * step_s + evaluations * validation_s
-        rows.append({"part": "head", "dataset": dataset, "method": method, "classes": shape["classes"], "m": cfg.individual.get("m"),
-                     "rows_on_disk": train_rows, "steps_timed": steps, "step_s": step_s, "gather_s": gather_s,
-                     "validation_rows_per_s": val_rows_s, "steps_per_epoch": steps_per_epoch, "evaluations_per_epoch": evaluations,
-                     "validation_pass_s": validation_s, "epoch_h": epoch_s / 3600, "run_h": shape["epochs"] * epoch_s / 3600,
-                     "epochs": shape["epochs"], "peak_rss_mb": peak_rss_mb()})
+        rows.append(
+            {
+                "part": "head",
+                "dataset": dataset,
+                "method": method,
+                "classes": shape["classes"],
+                "m": cfg.individual.get("m"),
+                "rows_on_disk": train_rows,
+                "steps_timed": steps,
+                "step_s": step_s,
+                "gather_s": gather_s,
+                "validation_rows_per_s": val_rows_s,
+                "steps_per_epoch": steps_per_epoch,
+                "evaluations_per_epoch": evaluations,
+                "validation_pass_s": validation_s,
+                "epoch_h": epoch_s / 3600,
+                "run_h": shape["epochs"] * epoch_s / 3600,
+                "epochs": shape["epochs"],
+                "peak_rss_mb": peak_rss_mb(),
+            }
+        )
         print(f"head {dataset} {method}: {step_s * 1000:.1f} ms/step, epoch {epoch_s / 3600:.2f} h", flush=True)
     return rows
 
@@ -214,40 +292,65 @@ def render(result: dict) -> str:
     rows = payload["rows"]
     git = result["provenance"].get("git", {})
     hw = result["provenance"].get("hardware", {})
-    lines = [f"# Cost of the ImageNet path ({payload['device']}, {payload['threads']} torch threads)", "",
-             f"Produced by `{result['command']}` at {str(git.get('sha'))[:10]}{' (dirty tree)' if git.get('dirty') else ''} "
-             f"on {hw.get('cpu', hw.get('machine', '?'))}; random weights and random float16 embeddings of the real shapes "
-             f"(times do not depend on the values). Load average at the start: {payload.get('load_average')}.", "",
-             "## Extraction (JPEG 500 × 375 → timm transform → forward → float16 memory map)", "",
-             "| backbone | input | parameters | images timed | batch | images/s | s / image | ImageNet-1K (h) | ImageNet-21K-P (h) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Cost of the ImageNet path ({payload['device']}, {payload['threads']} torch threads)",
+        "",
+        f"Produced by `{result['command']}` at {str(git.get('sha'))[:10]}{' (dirty tree)' if git.get('dirty') else ''} "
+        f"on {hw.get('cpu', hw.get('machine', '?'))}; random weights and random float16 embeddings of the real shapes "
+        f"(times do not depend on the values). Load average at the start: {payload.get('load_average')}.",
+        "",
+        "## Extraction (JPEG 500 × 375 → timm transform → forward → float16 memory map)",
+        "",
+        "| backbone | input | parameters | images timed | batch | images/s | s / image | ImageNet-1K (h) | ImageNet-21K-P (h) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in (r for r in rows if r["part"] == "extraction"):
-        lines.append(f"| {r['backbone']} | {r['resolution']} px, {r['precision']} | {r['parameters'] / 1e6:.1f} M | {r['images']} | "
-                     f"{r['batch']} | {r['images_per_s']:.2f} | {r['seconds_per_image']:.3g} | {r['hours_imagenet1k']:,.0f} | "
-                     f"{r['hours_imagenet21kp']:,.0f} |")
-    lines += ["", "ImageNet-1K: 1,281,167 + 50,000 images; ImageNet-21K-P (winter 2021, Ridnik et al.): about 11.06 M + 0.52 M.", "",
-              "## Linear head at the real shapes (batch 500, Adam, through the engine)", "",
-              "Step: median training step after 3 warm-up steps (forward, loss, backward, Adam) plus the mean time to gather "
-              "500 rows from the memory map (the file in the page cache). Validation: one "
-              "pass over the hold-out in 500-row batches; difftopk validates every 100 steps and after each epoch's last. "
-              "Epoch = steps × step + evaluations × validation pass; run = epochs × epoch (one seed, one row). Peak RSS: the "
-              "process's largest resident size so far (the extraction before it included; memory-mapped pages it touched count).", "",
-              "| dataset | method | classes | m | rows on disk | step (ms) | of which gather (ms) | validation (rows/s) | steps / epoch | epoch (h) | run (h) | peak RSS (MB) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {r['backbone']} | {r['resolution']} px, {r['precision']} | {r['parameters'] / 1e6:.1f} M | {r['images']} | "
+            f"{r['batch']} | {r['images_per_s']:.2f} | {r['seconds_per_image']:.3g} | {r['hours_imagenet1k']:,.0f} | "
+            f"{r['hours_imagenet21kp']:,.0f} |"
+        )
+    lines += [
+        "",
+        "ImageNet-1K: 1,281,167 + 50,000 images; ImageNet-21K-P (winter 2021, Ridnik et al.): about 11.06 M + 0.52 M.",
+        "",
+        "## Linear head at the real shapes (batch 500, Adam, through the engine)",
+        "",
+        "Step: median training step after 3 warm-up steps (forward, loss, backward, Adam) plus the mean time to gather "
+        "500 rows from the memory map (the file in the page cache). Validation: one "
+        "pass over the hold-out in 500-row batches; difftopk validates every 100 steps and after each epoch's last. "
+        "Epoch = steps × step + evaluations × validation pass; run = epochs × epoch (one seed, one row). Peak RSS: the "
+        "process's largest resident size so far (the extraction before it included; memory-mapped pages it touched count).",
+        "",
+        "| dataset | method | classes | m | rows on disk | step (ms) | of which gather (ms) | validation (rows/s) "
+        "| steps / epoch | epoch (h) | run (h) | peak RSS (MB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in (r for r in rows if r["part"] == "head"):
-        lines.append(f"| {r['dataset']} | {r['method']} | {r['classes']:,} | {r['m'] or '—'} | {r['rows_on_disk']:,} | "
-                     f"{r['step_s'] * 1000:.1f} | {r['gather_s'] * 1000:.1f} | {r['validation_rows_per_s']:,.0f} | "
-                     f"{r['steps_per_epoch']:,} | {r['epoch_h']:.2f} | {r['run_h']:.1f} | {r['peak_rss_mb']:,.0f} |")
+        lines.append(
+            f"| {r['dataset']} | {r['method']} | {r['classes']:,} | {r['m'] or '—'} | {r['rows_on_disk']:,} | "
+            f"{r['step_s'] * 1000:.1f} | {r['gather_s'] * 1000:.1f} | {r['validation_rows_per_s']:,.0f} | "
+            f"{r['steps_per_epoch']:,} | {r['epoch_h']:.2f} | {r['run_h']:.1f} | {r['peak_rss_mb']:,.0f} |"
+        )
     heads = [r for r in rows if r["part"] == "head"]
     if heads:
         per_table = {}
         for r in heads:
             per_table.setdefault(r["dataset"], []).append(r["run_h"])
-        rows_of = {d: len([p for p in (CONFIGS / "experiment" / "petersen" / d).glob("*.yaml")
-                           if not p.name.startswith("_")]) for d in per_table}
-        lines += ["", "One seed of every row of a table (the rows not timed here cost about as much as the timed row of "
-                  "their method): " + "; ".join(f"{d} ({rows_of[d]} rows): about {statistics.median(v) * rows_of[d]:,.0f} h"
-                                                for d, v in per_table.items()) + "."]
+        rows_of = {
+            d: len([p for p in (CONFIGS / "experiment" / "petersen" / d).glob("*.yaml") if not p.name.startswith("_")])
+            for d in per_table
+        }
+        lines += [
+            "",
+            "One seed of every row of a table (the rows not timed here cost about as much as the timed row of "
+            "their method): "
+            + "; ".join(
+                f"{d} ({rows_of[d]} rows): about {statistics.median(v) * rows_of[d]:,.0f} h"
+                for d, v in per_table.items()
+            )
+            + ".",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -275,7 +378,7 @@ def main(argv=None) -> int:
         recorded = list(argv)
         if "--work" in recorded:  # a scratch folder is a machine path: kept out of the recorded command
             at = recorded.index("--work")
-            recorded[at:at + 2] = []
+            recorded[at : at + 2] = []
         load = os.getloadavg()[0]
         with tempfile.TemporaryDirectory(dir=args.work) as scratch:
             work = Path(scratch)
@@ -289,8 +392,15 @@ def main(argv=None) -> int:
                 root = random_embeddings(work / "emb1k", IMAGENET_1K, IMAGENET_1K["train"], IMAGENET_1K["test"])
                 rows += bench_heads(device, "imagenet1k", IMAGENET_1K, root, IMAGENET_1K["train"], args.steps, METHODS)
                 root = random_embeddings(work / "emb21k", IMAGENET_21KP, 200_000, 1_000)
-                rows += bench_heads(device, "imagenet21kp", IMAGENET_21KP, root, 200_000, max(args.steps // 3, 5),
-                                    ["softmax_ce", "bitonic_uniform", "neuralsort_uniform"])
+                rows += bench_heads(
+                    device,
+                    "imagenet21kp",
+                    IMAGENET_21KP,
+                    root,
+                    200_000,
+                    max(args.steps // 3, 5),
+                    ["softmax_ce", "bitonic_uniform", "neuralsort_uniform"],
+                )
         config = {"quick": args.quick, "steps": args.steps, "load_average": round(load, 2)}
         path = write_bench(ROOT, "embeddings", device, rows, config, args.out, argv=recorded)
         atomic_write_text(path.with_suffix(".md"), render(read_result(path, "bench")))

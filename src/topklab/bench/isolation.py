@@ -6,6 +6,7 @@ line of the child's stdout. A failing child is a :class:`WorkerFailed` with one 
 line on stderr (a :class:`~topklab.utils.errors.TopklabError` as ``error: <message>``, else the
 exception's line of the traceback).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -48,8 +49,9 @@ def run_isolated(target: str, *args, env: dict | None = None, **kwargs):
     """
     call = json.dumps({"target": target, "args": list(args), "kwargs": kwargs})
     environment = {**os.environ, "TOPKLAB_ROOT": str(project_root()), **(env or {})}
-    done = subprocess.run([sys.executable, "-m", "topklab.bench.isolation", call], capture_output=True, text=True,
-                          env=environment)
+    done = subprocess.run(
+        [sys.executable, "-m", "topklab.bench.isolation", call], capture_output=True, text=True, env=environment
+    )
     if done.returncode != 0:
         raise WorkerFailed(failure_line(done.stderr, done.returncode), done.returncode)
     lines = done.stdout.strip().splitlines()

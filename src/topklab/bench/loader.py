@@ -19,6 +19,7 @@ through RandomResizedCrop(224) + flip (training) or Resize(256) + CenterCrop(224
 CIFAR-sized in-memory images through the same training pipeline (``dataset=cifar100lt_224``). Writes
 ``loader_vit_<device>.{json,md}``; the last line is the speed-up of the most workers over none.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,9 +56,14 @@ def where_and_kind(device, torch) -> tuple[str, str]:
 
 def write_outputs(out_dir: Path, name: str, payload: dict, args, lines: list[str]) -> None:
     """``<name>.json`` (the result envelope, with provenance) and ``<name>.md`` under ``out_dir``."""
-    output.write_outputs(out_dir, name, payload, command_line(args.argv),
-                         {"images": args.images, "batch_size": args.batch_size, "epochs": args.epochs},
-                         markdown="\n".join(lines))
+    output.write_outputs(
+        out_dir,
+        name,
+        payload,
+        command_line(args.argv),
+        {"images": args.images, "batch_size": args.batch_size, "epochs": args.epochs},
+        markdown="\n".join(lines),
+    )
     print(f"wrote {out_dir}/{name}.{{json,md}}")
 
 
@@ -95,27 +101,44 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    images = torch.randint(0, 256, (args.images, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    images = torch.randint(
+        0, 256, (args.images, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
+    )
     labels = torch.randint(0, 100, (args.images,), generator=torch.Generator().manual_seed(1))
     mean, std = [0.5071, 0.4865, 0.4409], [0.2673, 0.2564, 0.2762]
     common = dict(train=True, device=device, pad=4, flip=True, channels_last=device.type == "cuda", seed=0)
-    rows = [{"path": "device", "workers": None,
-             "images_per_s": images_per_second(DeviceLoader(images, labels, args.batch_size, mean, std, **common),
-                                               args.epochs, device)}]
+    rows = [
+        {
+            "path": "device",
+            "workers": None,
+            "images_per_s": images_per_second(
+                DeviceLoader(images, labels, args.batch_size, mean, std, **common), args.epochs, device
+            ),
+        }
+    ]
     print(f"device loader: {rows[0]['images_per_s']:,.0f} images/s", flush=True)
     for workers in args.workers:
         loader = TorchvisionLoader(images, labels, args.batch_size, mean, std, num_workers=workers, **common)
-        rows.append({"path": "torchvision", "workers": workers,
-                     "images_per_s": images_per_second(loader, args.epochs, device)})
+        rows.append(
+            {"path": "torchvision", "workers": workers, "images_per_s": images_per_second(loader, args.epochs, device)}
+        )
         print(f"torchvision loader, {workers} workers: {rows[-1]['images_per_s']:,.0f} images/s", flush=True)
     best = max(r["images_per_s"] for r in rows[1:])
     ratio = rows[0]["images_per_s"] / best
     where, kind = where_and_kind(device, torch)
-    lines = [f"# Vision data paths: images/s ({kind}: {where})", "", f"Produced by: `{command_line(args.argv)}`.  ",
-             f"{args.images:,} CIFAR-sized uint8 images, batch {args.batch_size}, random crop 32/4 + flip + normalise, "
-             f"delivered on `{device}`; {args.epochs} timed epoch(s) after one warm-up epoch.", "",
-             "| path | workers | images/s |", "|---|---|---|"]
-    lines += [f"| {r['path']} | {'-' if r['workers'] is None else r['workers']} | {r['images_per_s']:,.0f} |" for r in rows]
+    lines = [
+        f"# Vision data paths: images/s ({kind}: {where})",
+        "",
+        f"Produced by: `{command_line(args.argv)}`.  ",
+        f"{args.images:,} CIFAR-sized uint8 images, batch {args.batch_size}, random crop 32/4 + flip + normalise, "
+        f"delivered on `{device}`; {args.epochs} timed epoch(s) after one warm-up epoch.",
+        "",
+        "| path | workers | images/s |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {r['path']} | {'-' if r['workers'] is None else r['workers']} | {r['images_per_s']:,.0f} |" for r in rows
+    ]
     lines += ["", f"Ratio device / fastest torchvision: **{ratio:.1f}×**", ""]
     write_outputs(Path(args.out_dir), f"loader_{kind}", {"results": rows, "ratio": ratio}, args, lines)
     print(f"ratio device/torchvision: {ratio:.2f}")
@@ -150,25 +173,42 @@ def vit_pipeline(args) -> None:
             (Path(root) / relative).parent.mkdir(parents=True, exist_ok=True)
             Image.fromarray(rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)).save(Path(root) / relative, quality=90)
             paths.append(relative)
-        sources = [("JPEG 256×256, training crop", lambda: ImageFiles(Path(root), paths, labels, train, None), True),
-                   ("JPEG 256×256, evaluation crop", lambda: ImageFiles(Path(root), paths, labels, evaluate, None), False),
-                   ("CIFAR 32×32 in memory, training crop", lambda: ArrayImages(cifar, labels, train, None), True)]
+        sources = [
+            ("JPEG 256×256, training crop", lambda: ImageFiles(Path(root), paths, labels, train, None), True),
+            ("JPEG 256×256, evaluation crop", lambda: ImageFiles(Path(root), paths, labels, evaluate, None), False),
+            ("CIFAR 32×32 in memory, training crop", lambda: ArrayImages(cifar, labels, train, None), True),
+        ]
         for name, make, is_train in sources:
             for workers in args.workers:
-                loader = SeededImageLoader(make(), args.batch_size, is_train, seed=0, num_workers=workers, device=device)
-                rows.append({"source": name, "workers": workers,
-                             "images_per_s": images_per_second(loader, args.epochs, device)})
+                loader = SeededImageLoader(
+                    make(), args.batch_size, is_train, seed=0, num_workers=workers, device=device
+                )
+                rows.append(
+                    {"source": name, "workers": workers, "images_per_s": images_per_second(loader, args.epochs, device)}
+                )
                 print(f"{name}, {workers} workers: {rows[-1]['images_per_s']:,.0f} images/s", flush=True)
     where, kind = where_and_kind(device, torch)
     most, fewest = max(args.workers), min(args.workers)
-    speedup = {name: next(r["images_per_s"] for r in rows if r["source"] == name and r["workers"] == most)
-               / next(r["images_per_s"] for r in rows if r["source"] == name and r["workers"] == fewest)
-               for name, _, _ in sources}
-    lines = [f"# ViT-resolution data pipeline: images/s ({kind}: {where})", "", f"Produced by: `{command_line(args.argv)}`.  ",
-             f"{args.images:,} images, batch {args.batch_size}, delivered as normalised 224 × 224 float batches on `{device}`; "
-             f"{args.epochs} timed epoch(s) after one warm-up epoch; bilinear resizes (PIL).", "",
-             "| source | workers | images/s |", "|---|---|---|"]
+    speedup = {
+        name: next(r["images_per_s"] for r in rows if r["source"] == name and r["workers"] == most)
+        / next(r["images_per_s"] for r in rows if r["source"] == name and r["workers"] == fewest)
+        for name, _, _ in sources
+    }
+    lines = [
+        f"# ViT-resolution data pipeline: images/s ({kind}: {where})",
+        "",
+        f"Produced by: `{command_line(args.argv)}`.  ",
+        f"{args.images:,} images, batch {args.batch_size}, delivered as normalised 224 × 224 float batches on `{device}`; "
+        f"{args.epochs} timed epoch(s) after one warm-up epoch; bilinear resizes (PIL).",
+        "",
+        "| source | workers | images/s |",
+        "|---|---|---|",
+    ]
     lines += [f"| {r['source']} | {r['workers']} | {r['images_per_s']:,.0f} |" for r in rows]
-    lines += ["", f"Speed-up of {most} workers over {fewest}: " + "; ".join(f"{k}: **{v:.2f}×**" for k, v in speedup.items()), ""]
+    lines += [
+        "",
+        f"Speed-up of {most} workers over {fewest}: " + "; ".join(f"{k}: **{v:.2f}×**" for k, v in speedup.items()),
+        "",
+    ]
     write_outputs(Path(args.out_dir), f"loader_vit_{kind}", {"results": rows, "speedup": speedup}, args, lines)
     print(f"speed-up {most} workers / {fewest}: " + ", ".join(f"{v:.2f}" for v in speedup.values()))

@@ -1,5 +1,6 @@
 """Peak memory of a measurement: the process's resident-set high-water mark from /proc (resettable,
 Linux >= 4.0), the lifetime peak from ``getrusage``, and CUDA's ``max_memory_allocated``."""
+
 from __future__ import annotations
 
 import os

@@ -29,6 +29,7 @@ resident memory is its own):
 Writes ``operators_<tag>.{json,md,png}`` (tag: the device, or ``--tag``); the JSON is a result
 envelope with the command, the arguments and the provenance.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 from topklab.bench.compare import interleaved, medians
@@ -84,8 +86,10 @@ def quick(args) -> dict:
     labels = torch.randint(0, q["classes"], (q["batch"],), device=args.device)
     settings = dict(steepness=q["steepness"], distribution=q["distribution"], art_lambda=q["art_lambda"])
     operators = {"ours": DiffSortNet("odd_even", **settings), "difftopk": DifftopkNetwork("odd_even", **settings)}
-    losses = {name: TopKCrossEntropy(q["p_k"], op, top1_mode="smce", num_classes=q["classes"])
-              for name, op in operators.items()}
+    losses = {
+        name: TopKCrossEntropy(q["p_k"], op, top1_mode="smce", num_classes=q["classes"])
+        for name, op in operators.items()
+    }
     timer = Timer(args.device)
 
     def step(name):
@@ -93,14 +97,22 @@ def quick(args) -> dict:
         losses[name](logits, labels).mean().backward()
 
     # one untimed round first builds the networks; then alternating rounds
-    times, _ = interleaved({name: (lambda name=name: step(name)) for name in losses}, args.quick_rounds, timer.timed,
-                           warmup=1)
+    times, _ = interleaved(
+        {name: (lambda name=name: step(name)) for name in losses}, args.quick_rounds, timer.timed, warmup=1
+    )
     with torch.no_grad():
-        difference = (operators["ours"].permutation(logits, 5) - operators["difftopk"].permutation(logits, 5)).abs().max()
+        difference = (
+            (operators["ours"].permutation(logits, 5) - operators["difftopk"].permutation(logits, 5)).abs().max()
+        )
     middle = medians(times)
-    return {"ours_ms": middle["ours"] * 1e3, "difftopk_ms": middle["difftopk"] * 1e3,
-            "speedup": middle["difftopk"] / middle["ours"], "max_abs_difference": float(difference),
-            "rounds": args.quick_rounds, **{k: v for k, v in q.items()}}
+    return {
+        "ours_ms": middle["ours"] * 1e3,
+        "difftopk_ms": middle["difftopk"] * 1e3,
+        "speedup": middle["difftopk"] / middle["ours"],
+        "max_abs_difference": float(difference),
+        "rounds": args.quick_rounds,
+        **{k: v for k, v in q.items()},
+    }
 
 
 def measure(args) -> dict:
@@ -118,7 +130,9 @@ def measure(args) -> dict:
     timer = Timer(args.device)
     output = "permutation" if operator.gives_permutation else "soft_topk"
     warm = torch.randn(1, 5, device=args.device, requires_grad=True)
-    forward_backward(operator, warm, 2, torch.randn(1, 5, device=args.device), "soft_topk")  # autograd's first-use setup
+    forward_backward(
+        operator, warm, 2, torch.randn(1, 5, device=args.device), "soft_topk"
+    )  # autograd's first-use setup
     baseline = max_rss_mb()
     speed = []
     for n in [*args.sizes, *(args.large_sizes if direct else [])]:
@@ -128,15 +142,16 @@ def measure(args) -> dict:
         if cuda:
             reset_cuda_peak()
         try:
-            first = timer.once(lambda: forward_backward(operator, scores, k, weights, "soft_topk"))
+            call = partial(forward_backward, operator, scores, k, weights, "soft_topk")
+            first = timer.once(call)
             if first > args.max_seconds:
                 speed.append({"n": n, "k": k, "ms": first * 1e3, "repeats": 1, "peak_mb": None, "stopped": True})
                 break
             for _ in range(args.warmup):
-                forward_backward(operator, scores, k, weights, "soft_topk")
+                call()
             repeats = max(3, min(args.repeats, int(args.max_seconds / max(first, 1e-6))))
-            times = [timer.once(lambda: forward_backward(operator, scores, k, weights, "soft_topk")) for _ in range(repeats)]
-        except (RuntimeError, MemoryError) as err:               # out of memory at this size: the row says so
+            times = [timer.once(call) for _ in range(repeats)]
+        except (RuntimeError, MemoryError) as err:  # out of memory at this size: the row says so
             speed.append({"n": n, "k": k, "ms": None, "repeats": 0, "peak_mb": None, "error": str(err).splitlines()[0]})
             break
         peak = cuda_peak_bytes() / 2**20 if cuda else max_rss_mb() - baseline
@@ -146,12 +161,23 @@ def measure(args) -> dict:
     with torch.no_grad():
         p = operator.soft_topk(scores, 5)
         hard = hard_topk(scores, 5)
-        exactness = {"l1_over_k": float(((p - hard).abs().sum(1) / 5).mean()),
-                     "sum_error": float((p.sum(1) - 5).abs().max()),
-                     "exact_01_share": float(((p == 0) | (p == 1)).float().mean())}
-    return {"operator": args.operator, "class": type(operator).__name__, "output": output, "direct_soft_topk": direct,
-            "gives_permutation": operator.gives_permutation, "sums_to_k": operator.sums_to_k,
-            "sparse": operator.sparse, "stochastic": operator.stochastic, "speed": speed, "exactness": exactness}
+        exactness = {
+            "l1_over_k": float(((p - hard).abs().sum(1) / 5).mean()),
+            "sum_error": float((p.sum(1) - 5).abs().max()),
+            "exact_01_share": float(((p == 0) | (p == 1)).float().mean()),
+        }
+    return {
+        "operator": args.operator,
+        "class": type(operator).__name__,
+        "output": output,
+        "direct_soft_topk": direct,
+        "gives_permutation": operator.gives_permutation,
+        "sums_to_k": operator.sums_to_k,
+        "sparse": operator.sparse,
+        "stochastic": operator.stochastic,
+        "speed": speed,
+        "exactness": exactness,
+    }
 
 
 def measure_options(options: dict) -> dict:
@@ -163,11 +189,20 @@ def train_quality(name: str, epochs: int, threads: int) -> dict:
     """Test top-1 / top-5 of a short fmnistlt run with the top-k CE through ``name``."""
     with tempfile.TemporaryDirectory() as tmp:
         result_file = Path(tmp) / "result.json"
-        command = [sys.executable, str(ROOT / "train.py"), "experiment=fmnistlt/topk_ce", "seed=0",
-                   f"operator@individual.operator={name}", f"engine.epochs={epochs}", f"result_file={result_file}",
-                   f"paths.log_dir={tmp}/logs"]
+        command = [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "experiment=fmnistlt/topk_ce",
+            "seed=0",
+            f"operator@individual.operator={name}",
+            f"engine.epochs={epochs}",
+            f"result_file={result_file}",
+            f"paths.log_dir={tmp}/logs",
+        ]
         began = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+        done = subprocess.run(
+            command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)}
+        )
         if done.returncode != 0:
             lines = [line for line in done.stderr.splitlines() if line.strip()]
             return {"error": lines[-1] if lines else f"exit {done.returncode}"}
@@ -192,13 +227,14 @@ def main(argv=None) -> int:
     parser.add_argument("--out-dir", default=str(ROOT / "results" / "bench"))
     parser.add_argument("--tag", default=None)
     parser.add_argument("--render", metavar="JSON", help="only redraw the table and plot of a result JSON")
-    parser.add_argument("--operator", help=argparse.SUPPRESS)   # one operator, in a child process
+    parser.add_argument("--operator", help=argparse.SUPPRESS)  # one operator, in a child process
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.render:
         return render_saved(Path(args.render))
     if args.device.startswith("cuda"):
         import torch
+
         if not torch.cuda.is_available():
             parser.error("--device cuda but no CUDA device is visible; use --device cpu")
     known = operator_names()
@@ -212,17 +248,19 @@ def main(argv=None) -> int:
 
     if args.quick:
         result = quick(args)
-        print(f"top-k CE (P_K = [.2]*5, batch {result['batch']}, n = {result['classes']}) forward+backward: "
-              f"ours {result['ours_ms']:.1f} ms, difftopk's dense odd-even path {result['difftopk_ms']:.1f} ms "
-              f"(median of {result['rounds']}, {torch.get_num_threads()} threads); "
-              f"max |P_topk difference| {result['max_abs_difference']:.1e}")
+        print(
+            f"top-k CE (P_K = [.2]*5, batch {result['batch']}, n = {result['classes']}) forward+backward: "
+            f"ours {result['ours_ms']:.1f} ms, difftopk's dense odd-even path {result['difftopk_ms']:.1f} ms "
+            f"(median of {result['rounds']}, {torch.get_num_threads()} threads); "
+            f"max |P_topk difference| {result['max_abs_difference']:.1e}"
+        )
         print(f"speedup vs difftopk: {result['speedup']:.1f}")
         return 0
     rows, failed = [], []
     for name in args.operators or known:
-        try:                                                     # each operator in its own process
+        try:  # each operator in its own process
             row = run_isolated("topklab.bench.operators:measure_options", {**vars(args), "operator": name})
-        except WorkerFailed as err:                              # recorded; the other operators still run
+        except WorkerFailed as err:  # recorded; the other operators still run
             print(f"error: operator {name} failed: {err}", file=sys.stderr)
             failed.append({"operator": name, "error": str(err)})
             continue
@@ -231,16 +269,28 @@ def main(argv=None) -> int:
         rows.append(row)
         print(summary_line(row), flush=True)
     head_to_head = quick(argparse.Namespace(device=args.device, quick_rounds=args.quick_rounds))
-    out = {"command": command_line("bench_operators.py", argv),
-           "device": device_name(args.device), "torch": torch.__version__, "threads": torch.get_num_threads(),
-           "rows": rows, "failed": failed, "head_to_head": head_to_head, "train_epochs": None if args.no_train else args.train_epochs}
+    out = {
+        "command": command_line("bench_operators.py", argv),
+        "device": device_name(args.device),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "rows": rows,
+        "failed": failed,
+        "head_to_head": head_to_head,
+        "train_epochs": None if args.no_train else args.train_epochs,
+    }
     tag = args.tag or ("cuda" if args.device.startswith("cuda") else "cpu")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     plot(rows, out_dir / f"operators_{tag}.png", out["device"])
-    write_outputs(out_dir, f"operators_{tag}", out, out["command"],
-                  {k: v for k, v in vars(args).items() if k not in ("out_dir", "operator")},
-                  markdown=render(out, f"operators_{tag}.png"))
+    write_outputs(
+        out_dir,
+        f"operators_{tag}",
+        out,
+        out["command"],
+        {k: v for k, v in vars(args).items() if k not in ("out_dir", "operator")},
+        markdown=render(out, f"operators_{tag}.png"),
+    )
     print(f"wrote {out_dir / f'operators_{tag}.md'}")
     print(f"speedup vs difftopk: {head_to_head['speedup']:.1f}")
     return 0
@@ -253,8 +303,10 @@ def render_saved(path: Path) -> int:
     try:
         out = json.loads(path.read_text())["result"]
     except (OSError, ValueError, KeyError) as err:
-        print(f"error: {path} is not a result JSON of this script ({err}); pass results/bench/operators_<tag>.json",
-              file=sys.stderr)
+        print(
+            f"error: {path} is not a result JSON of this script ({err}); pass results/bench/operators_<tag>.json",
+            file=sys.stderr,
+        )
         return 2
     plot(out["rows"], path.with_suffix(".png"), out["device"])
     atomic_write_text(path.with_suffix(".md"), render(out, path.with_suffix(".png").name))
@@ -277,57 +329,92 @@ def summary_line(row: dict) -> str:
     ms = at.get(1000, {}).get("ms")
     e = row["exactness"]
     training = row.get("training") or {}
-    trained = f"top1 {training['top1']:.2f} top5 {training['top5']:.2f}" if "top1" in training else training.get("error", "")
+    trained = (
+        f"top1 {training['top1']:.2f} top5 {training['top5']:.2f}" if "top1" in training else training.get("error", "")
+    )
     largest = max((s["n"] for s in row["speed"] if s.get("ms") is not None and not s.get("stopped")), default=0)
-    return (f"{row['operator']:20s} n=1000: {ms if ms is None else round(ms, 2)} ms  largest n {largest:,}  "
-            f"|p-hard|/k {e['l1_over_k']:.3f}  |sum-k| {e['sum_error']:.1e}  exact 0/1 {e['exact_01_share']:.0%}  {trained}")
+    return (
+        f"{row['operator']:20s} n=1000: {ms if ms is None else round(ms, 2)} ms  largest n {largest:,}  "
+        f"|p-hard|/k {e['l1_over_k']:.3f}  |sum-k| {e['sum_error']:.1e}  exact 0/1 {e['exact_01_share']:.0%}  {trained}"
+    )
 
 
 def render(out: dict, plot_name: str) -> str:
     rows = out["rows"]
     sizes = sorted({s["n"] for r in rows for s in r["speed"]})
     h = out["head_to_head"]
-    lines = [f"# Differentiable top-k operators side by side ({out['device']}, {out['threads']} torch threads)", "",
-             f"Produced by `{out['command']}` (torch {out['torch']}); each operator at its `configs/operator/` defaults.", "",
-             "## Our odd-even DiffSortNet against difftopk's dense odd-even path", "",
-             f"Top-k cross-entropy, P_K = [.2]*5, logits (128, 100), logistic_phi, β = 0.5, λ_ART = 0.5, forward+backward, "
-             f"median of {h['rounds']} alternating rounds: **ours {h['ours_ms']:.1f} ms, difftopk {h['difftopk_ms']:.1f} ms, "
-             f"speedup {h['speedup']:.1f}×**; largest |P_topk difference| {h['max_abs_difference']:.1e}.", "",
-             "## Time of `soft_topk` forward+backward (ms), batch 1, k = n/2", "",
-             f"Median after warm-up; an operator stops growing n once one call takes more than its budget (—: not run). "
-             f"Past n = 1,000 only the operators with a direct soft top-k run (the others sum an n × k permutation). "
-             f"Plot: `{plot_name}`.", "",
-             "| operator | " + " | ".join(f"n={n:,}" for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
+    lines = [
+        f"# Differentiable top-k operators side by side ({out['device']}, {out['threads']} torch threads)",
+        "",
+        f"Produced by `{out['command']}` (torch {out['torch']}); each operator at its `configs/operator/` defaults.",
+        "",
+        "## Our odd-even DiffSortNet against difftopk's dense odd-even path",
+        "",
+        f"Top-k cross-entropy, P_K = [.2]*5, logits (128, 100), logistic_phi, β = 0.5, λ_ART = 0.5, forward+backward, "
+        f"median of {h['rounds']} alternating rounds: **ours {h['ours_ms']:.1f} ms, difftopk {h['difftopk_ms']:.1f} ms, "
+        f"speedup {h['speedup']:.1f}×**; largest |P_topk difference| {h['max_abs_difference']:.1e}.",
+        "",
+        "## Time of `soft_topk` forward+backward (ms), batch 1, k = n/2",
+        "",
+        f"Median after warm-up; an operator stops growing n once one call takes more than its budget (—: not run). "
+        f"Past n = 1,000 only the operators with a direct soft top-k run (the others sum an n × k permutation). "
+        f"Plot: `{plot_name}`.",
+        "",
+        "| operator | " + " | ".join(f"n={n:,}" for n in sizes) + " |",
+        "|---|" + "---|" * len(sizes),
+    ]
     for r in rows:
         at = {s["n"]: s for s in r["speed"]}
         cells = []
         for n in sizes:
             s = at.get(n)
-            cells.append("—" if s is None or s.get("ms") is None else
-                         (f">{s['ms']:.0f} (stopped)" if s.get("stopped") else f"{s['ms']:.3g}"))
+            cells.append(
+                "—"
+                if s is None or s.get("ms") is None
+                else (f">{s['ms']:.0f} (stopped)" if s.get("stopped") else f"{s['ms']:.3g}")
+            )
         lines.append(f"| {r['operator']} | " + " | ".join(cells) + " |")
-    lines += ["", "## Peak memory of the same calls (MB)", "",
-              "CPU: growth of the process's peak resident size over its baseline (the largest size so far, allocator "
-              "caching included); CUDA: `max_memory_allocated`.", "",
-              "| operator | " + " | ".join(f"n={n:,}" for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
+    lines += [
+        "",
+        "## Peak memory of the same calls (MB)",
+        "",
+        "CPU: growth of the process's peak resident size over its baseline (the largest size so far, allocator "
+        "caching included); CUDA: `max_memory_allocated`.",
+        "",
+        "| operator | " + " | ".join(f"n={n:,}" for n in sizes) + " |",
+        "|---|" + "---|" * len(sizes),
+    ]
     for r in rows:
         at = {s["n"]: s for s in r["speed"]}
         cells = ["—" if at.get(n) is None or at[n].get("peak_mb") is None else f"{at[n]['peak_mb']:.1f}" for n in sizes]
         lines.append(f"| {r['operator']} | " + " | ".join(cells) + " |")
-    training = ("Training: `python train.py experiment=fmnistlt/topk_ce operator@individual.operator=<name> "
-                f"engine.epochs={out['train_epochs']}` seed 0, test accuracy at the best validation top-1 (operators with "
-                "a permutation; difftopk_network is the same permutation as odd_even, slower)."
-                if out["train_epochs"] else "Training: not run (`--no-train`).")
-    lines += ["", "## Exactness at the default temperature and quality in training", "",
-              f"N(0, 1) scores (128, 100), k = 5. {training}", "",
-              "| operator | output | Σp = k promised | ‖p − hard‖₁ / k | max abs(Σp − k) | exact 0/1 share | test top-1 | test top-5 |",
-              "|---|---|---|---|---|---|---|---|"]
+    training = (
+        "Training: `python train.py experiment=fmnistlt/topk_ce operator@individual.operator=<name> "
+        f"engine.epochs={out['train_epochs']}` seed 0, test accuracy at the best validation top-1 (operators with "
+        "a permutation; difftopk_network is the same permutation as odd_even, slower)."
+        if out["train_epochs"]
+        else "Training: not run (`--no-train`)."
+    )
+    lines += [
+        "",
+        "## Exactness at the default temperature and quality in training",
+        "",
+        f"N(0, 1) scores (128, 100), k = 5. {training}",
+        "",
+        "| operator | output | Σp = k promised | ‖p − hard‖₁ / k | max abs(Σp − k) | exact 0/1 share | test top-1 | test top-5 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         e, t = r["exactness"], r.get("training") or {}
-        top = (f"{t['top1']:.2f} | {t['top5']:.2f}" if "top1" in t else
-               (f"failed: {t['error']} | " if "error" in t else "— | —"))
-        lines.append(f"| {r['operator']} | {r['output']} | {'yes' if r['sums_to_k'] else 'no'} | {e['l1_over_k']:.3f} | "
-                     f"{e['sum_error']:.1e} | {e['exact_01_share']:.0%} | {top} |")
+        top = (
+            f"{t['top1']:.2f} | {t['top5']:.2f}"
+            if "top1" in t
+            else (f"failed: {t['error']} | " if "error" in t else "— | —")
+        )
+        lines.append(
+            f"| {r['operator']} | {r['output']} | {'yes' if r['sums_to_k'] else 'no'} | {e['l1_over_k']:.3f} | "
+            f"{e['sum_error']:.1e} | {e['exact_01_share']:.0%} | {top} |"
+        )
     if out["failed"]:
         lines += ["", "Failed: " + "; ".join(f"{f['operator']} ({f['error']})" for f in out["failed"]) + "."]
     return "\n".join(lines) + "\n"
@@ -342,7 +429,9 @@ def plot(rows: list[dict], path: Path, device: str) -> None:
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     markers = "os^vDP*Xh<>p"
     for index, r in enumerate(rows):
-        points = [(s["n"], s["ms"], s.get("peak_mb")) for s in r["speed"] if s.get("ms") is not None and not s.get("stopped")]
+        points = [
+            (s["n"], s["ms"], s.get("peak_mb")) for s in r["speed"] if s.get("ms") is not None and not s.get("stopped")
+        ]
         if not points:
             continue
         style = dict(marker=markers[index % len(markers)], linestyle=("-", "--", ":")[index % 3], label=r["operator"])

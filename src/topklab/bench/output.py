@@ -1,10 +1,11 @@
 """Writing a benchmark's results: the result envelope (``topklab.report``) with the command line and the
 provenance, a markdown table beside it, and optionally a plot."""
+
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -16,8 +17,15 @@ def command_line(script: str, argv: list[str] | None = None) -> str:
     return " ".join(["python", f"scripts/{script}", *(sys.argv[1:] if argv is None else argv)])
 
 
-def write_outputs(out_dir: Path, stem: str, payload: dict, command: str, config: dict, markdown: str | None = None,
-                  plot: Callable[[Path], None] | None = None) -> Path:
+def write_outputs(
+    out_dir: Path,
+    stem: str,
+    payload: dict,
+    command: str,
+    config: dict,
+    markdown: str | None = None,
+    plot: Callable[[Path], None] | None = None,
+) -> Path:
     """``<stem>.json`` (a ``bench`` result envelope), ``<stem>.md`` if ``markdown`` is given, and
     ``plot(<stem>.png)`` if ``plot`` is, under ``out_dir``; returns the JSON's path."""
     from topklab.report import make_result, write_result
@@ -26,8 +34,9 @@ def write_outputs(out_dir: Path, stem: str, payload: dict, command: str, config:
 
     out_dir = Path(out_dir)
     path = out_dir / f"{stem}.json"
-    write_result(path, make_result("bench", stem, payload, command=command, config=config,
-                                   provenance=collect(project_root())))
+    write_result(
+        path, make_result("bench", stem, payload, command=command, config=config, provenance=collect(project_root()))
+    )
     if markdown is not None:
         atomic_write_text(out_dir / f"{stem}.md", markdown)
     if plot is not None:
@@ -36,8 +45,15 @@ def write_outputs(out_dir: Path, stem: str, payload: dict, command: str, config:
     return path
 
 
-def write_bench(root: Path, name: str, device: torch.device, rows: list[dict], config: dict, out: Path | None = None,
-                argv: list[str] | None = None) -> Path:
+def write_bench(
+    root: Path,
+    name: str,
+    device: torch.device,
+    rows: list[dict],
+    config: dict,
+    out: Path | None = None,
+    argv: list[str] | None = None,
+) -> Path:
     """Write ``rows`` (with the device, thread count and the command line) as a bench result envelope,
     ``results/bench/<name>_<cpu|cuda>.json`` under ``root`` unless ``out`` names the file."""
     from topklab.report import make_result, write_result
@@ -47,7 +63,9 @@ def write_bench(root: Path, name: str, device: torch.device, rows: list[dict], c
     path = out or root / "results" / "bench" / f"{name}_{tag}.json"
     payload = {"rows": rows, "device": str(device), "threads": torch.get_num_threads(), **config}
     command = command_line(f"bench_{name}.py", argv)
-    write_result(path, make_result("bench", f"{name}_{tag}", payload, command=command, config=config, provenance=collect(root)))
+    write_result(
+        path, make_result("bench", f"{name}_{tag}", payload, command=command, config=config, provenance=collect(root))
+    )
     return path
 
 

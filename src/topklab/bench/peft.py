@@ -23,6 +23,7 @@ datasets' image counts are not in the configs and are kept here.
 Writes ``peft_<tag>.{json,md}`` (tag: the device, or ``--tag``); the JSON is a result envelope with the
 command, the arguments and the provenance (git SHA and dirty flag, packages, hardware).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,7 @@ import json
 import os
 import platform
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from topklab.bench.isolation import WorkerFailed, project_root, run_isolated
@@ -42,8 +43,11 @@ ROOT = project_root()
 CONFIGS = ROOT / "configs"
 TUNER_ORDER = ("adaptformer", "lora", "vpt_deep", "vpt_shallow", "bias_only", "linear_probe", "full")  # display order
 # (train images, val images, test images) per dataset of the rows (the dataset configs say them only in comments)
-IMAGES = {"cifar100lt": (10_837, 1_000, 10_000), "imagenet_lt": (115_846, 20_000, 50_000),
-          "places_lt": (62_500, 7_300, 36_500)}
+IMAGES = {
+    "cifar100lt": (10_837, 1_000, 10_000),
+    "imagenet_lt": (115_846, 20_000, 50_000),
+    "places_lt": (62_500, 7_300, 36_500),
+}
 CROPS = {"none": 1, "fivecrop": 5, "tencrop": 10}  # evaluation crops per image of each dataset.tte
 
 
@@ -74,14 +78,14 @@ def default_backbone() -> str:
     return str(_load(CONFIGS / "model" / "peft_vit_in21k_b16.yaml").backbone).split(".")[0]
 
 
-@lru_cache(maxsize=None)
+@cache
 def datasets() -> dict[str, tuple[int, int, int, int]]:
     """(train, val, test images, evaluation crops per image) per dataset; crops from Table 5's column files."""
     table5 = CONFIGS / "experiment" / "stk" / "table5"
     return {name: (*images, CROPS[str(_load(table5 / f"_{name}.yaml").dataset.tte)]) for name, images in IMAGES.items()}
 
 
-@lru_cache(maxsize=None)
+@cache
 def tables() -> dict[str, list[tuple]]:
     """table: [(dataset, runs per seed, tuner, epochs or None, steps × batch or None)] from the rows' configs."""
     stk = CONFIGS / "experiment" / "stk"
@@ -90,10 +94,23 @@ def tables() -> dict[str, list[tuple]]:
     def rows(table: str, dataset: str, pattern: str = "*") -> int:
         return len(list((stk / table).glob(f"{dataset}_{pattern}.yaml")))
 
-    vision = {f"Table {n} (vision columns)": [(d, rows(f"table{n}", d), _choice(pel, "tuner"), int(pel.engine.epochs), None)
-                                              for d in datasets()] for n in (5, 8)}
-    mae_rows = [(d, rows("table7", d, "mae*"), _choice(mae, "tuner"), None,
-                 int(mae.engine.max_steps) * int(mae.engine.batch_size)) for d in datasets() if rows("table7", d, "mae*")]
+    vision = {
+        f"Table {n} (vision columns)": [
+            (d, rows(f"table{n}", d), _choice(pel, "tuner"), int(pel.engine.epochs), None) for d in datasets()
+        ]
+        for n in (5, 8)
+    }
+    mae_rows = [
+        (
+            d,
+            rows("table7", d, "mae*"),
+            _choice(mae, "tuner"),
+            None,
+            int(mae.engine.max_steps) * int(mae.engine.batch_size),
+        )
+        for d in datasets()
+        if rows("table7", d, "mae*")
+    ]
     return {**vision, "Table 7 (MAE rows)": mae_rows}
 
 
@@ -110,14 +127,18 @@ def measure(args) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
     import topklab  # noqa: F401
-    from topklab.losses import STk, LogitAdjusted
+    from topklab.losses import LogitAdjusted, STk
     from topklab.models.peft import PeftViT
 
     torch.manual_seed(0)
     device = torch.device(args.device)
     tuner = instantiate(OmegaConf.load(CONFIGS / "tuner" / f"{args.tuner}.yaml"))
-    model = PeftViT(args.classes, backbone=args.backbone, pretrained=False, tuner=tuner, img_size=args.img_size).to(device)
-    individual = LogitAdjusted([max(1, int(500 * 0.01 ** (c / (args.classes - 1)))) for c in range(args.classes)]).to(device)
+    model = PeftViT(args.classes, backbone=args.backbone, pretrained=False, tuner=tuner, img_size=args.img_size).to(
+        device
+    )
+    individual = LogitAdjusted([max(1, int(500 * 0.01 ** (c / (args.classes - 1)))) for c in range(args.classes)]).to(
+        device
+    )
     aggregate = STk(k=0.9, delta=0.01).to(device)
     params = [p for group in model.parameter_groups() for p in group["params"]] + list(aggregate.parameters())
     optimizer = torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=5e-4)
@@ -160,11 +181,17 @@ def measure(args) -> dict:
         model(one)
     eval_flops = counter.get_total_flops()
     peak = cuda_peak_bytes(device) if device.type == "cuda" else max_rss_bytes()
-    return {"tuner": args.tuner, "trainable": model.trainable_parameters,
-            "total": sum(p.numel() for p in model.parameters()) + sum(p.numel() for p in aggregate.parameters()),
-            "train_images_per_s": args.batch * args.steps / train_time, "eval_images_per_s": args.batch * args.steps / eval_time,
-            "peak_memory_mb": peak / 2**20, "loss_share": loss_time / train_time,
-            "train_gflops_per_image": train_flops / 1e9, "eval_gflops_per_image": eval_flops / 1e9}
+    return {
+        "tuner": args.tuner,
+        "trainable": model.trainable_parameters,
+        "total": sum(p.numel() for p in model.parameters()) + sum(p.numel() for p in aggregate.parameters()),
+        "train_images_per_s": args.batch * args.steps / train_time,
+        "eval_images_per_s": args.batch * args.steps / eval_time,
+        "peak_memory_mb": peak / 2**20,
+        "loss_share": loss_time / train_time,
+        "train_gflops_per_image": train_flops / 1e9,
+        "eval_gflops_per_image": eval_flops / 1e9,
+    }
 
 
 def measure_options(options: dict) -> dict:
@@ -182,8 +209,13 @@ def table_hours(rows: dict, sustained_tflops: dict) -> list[dict]:
                 continue
             train_n, val_n, test_n, crops = datasets()[dataset]
             trained = images if images is not None else epochs * train_n
-            evaluations = (epochs or 30) * val_n * crops + test_n * crops  # Table 7: ~30 validations (one per 1,000 steps)
-            flops = trained * rows[tuner]["train_gflops_per_image"] * 1e9 + evaluations * rows[tuner]["eval_gflops_per_image"] * 1e9
+            evaluations = (
+                epochs or 30
+            ) * val_n * crops + test_n * crops  # Table 7: ~30 validations (one per 1,000 steps)
+            flops = (
+                trained * rows[tuner]["train_gflops_per_image"] * 1e9
+                + evaluations * rows[tuner]["eval_gflops_per_image"] * 1e9
+            )
             hours += count * flops / (sustained_tflops[tuner] * 1e12) / 3600
         estimates.append({"table": table, "gpu_hours_per_seed": hours})
     return estimates
@@ -210,6 +242,7 @@ def main(argv=None) -> int:
         parser.error("--batch must be >= 2 (STk's k = 0.9 × batch) and --steps >= 1")
     if args.device.startswith("cuda"):
         import torch
+
         if not torch.cuda.is_available():
             parser.error("--device cuda but no CUDA device is visible; use --device cpu")
     if args.tuner:
@@ -217,53 +250,92 @@ def main(argv=None) -> int:
         return 0
     rows = {}
     for tuner in args.tuners:
-        try:                                              # each branch in its own process
+        try:  # each branch in its own process
             rows[tuner] = run_isolated("topklab.bench.peft:measure_options", {**vars(args), "tuner": tuner})
         except WorkerFailed as err:
             print(f"error: branch {tuner} failed: {err}", file=sys.stderr)
             return 1
         r = rows[tuner]
-        print(f"{tuner:13s} trainable {r['trainable']:>11,}  train {r['train_images_per_s']:8.2f} img/s  "
-              f"eval {r['eval_images_per_s']:8.2f} img/s  peak {r['peak_memory_mb']:8.0f} MB  loss share {r['loss_share']:.2%}  "
-              f"{r['train_gflops_per_image']:.1f} GFLOP/img (train)")
+        print(
+            f"{tuner:13s} trainable {r['trainable']:>11,}  train {r['train_images_per_s']:8.2f} img/s  "
+            f"eval {r['eval_images_per_s']:8.2f} img/s  peak {r['peak_memory_mb']:8.0f} MB  loss share {r['loss_share']:.2%}  "
+            f"{r['train_gflops_per_image']:.1f} GFLOP/img (train)"
+        )
     measured = args.device.startswith("cuda")
-    sustained = {t: (r["train_images_per_s"] * r["train_gflops_per_image"] / 1e3 if measured else args.assumed_tflops)
-                 for t, r in rows.items()}
+    sustained = {
+        t: (r["train_images_per_s"] * r["train_gflops_per_image"] / 1e3 if measured else args.assumed_tflops)
+        for t, r in rows.items()
+    }
     estimates = table_hours(rows, sustained) if args.img_size == 224 else []
     import torch
+
     device_name = torch.cuda.get_device_name(0) if measured else f"{platform.machine()} CPU, {os.cpu_count()} cores"
-    out = {"command": command_line("bench_peft.py", argv),
-           "device": device_name, "batch": args.batch, "steps": args.steps, "amp": args.amp,
-           "channels_last": args.channels_last, "backbone": args.backbone, "img_size": args.img_size,
-           "classes": args.classes, "torch": torch.__version__, "threads": torch.get_num_threads(),
-           "rows": list(rows.values()), "sustained_tflops": sustained, "estimates": estimates,
-           "estimate_basis": "measured training throughput" if measured else f"assumed {args.assumed_tflops:g} TFLOP/s sustained"}
+    out = {
+        "command": command_line("bench_peft.py", argv),
+        "device": device_name,
+        "batch": args.batch,
+        "steps": args.steps,
+        "amp": args.amp,
+        "channels_last": args.channels_last,
+        "backbone": args.backbone,
+        "img_size": args.img_size,
+        "classes": args.classes,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "rows": list(rows.values()),
+        "sustained_tflops": sustained,
+        "estimates": estimates,
+        "estimate_basis": "measured training throughput"
+        if measured
+        else f"assumed {args.assumed_tflops:g} TFLOP/s sustained",
+    }
     tag = args.tag or ("cuda" if measured else "cpu")
     out_dir = Path(args.out_dir)
-    write_outputs(out_dir, f"peft_{tag}", out, out["command"],
-                  {k: v for k, v in vars(args).items() if k not in ("out_dir", "tuner")},  # no machine paths
-                  markdown=render(out))
+    write_outputs(
+        out_dir,
+        f"peft_{tag}",
+        out,
+        out["command"],
+        {k: v for k, v in vars(args).items() if k not in ("out_dir", "tuner")},  # no machine paths
+        markdown=render(out),
+    )
     print(f"wrote {out_dir / f'peft_{tag}.md'}")
     return 0
 
 
 def render(out: dict) -> str:
-    lines = [f"# PEFT ViT cost per branch ({out['device']}, {out['threads']} torch threads)", "",
-             f"Produced by `{out['command']}`: {out['backbone']} at {out['img_size']} px with random weights, "
-             f"{out['classes']} classes, batch {out['batch']}, {out['steps']} timed steps after a warm-up, amp {out['amp']}, "
-             f"channels-last {out['channels_last']}; objective: LA + STk (k = 0.9 × batch, δ = 0.01); torch {out['torch']}.", "",
-             "| branch | trainable params | total params | train img/s | eval img/s | peak memory (MB) | loss share | "
-             "train GFLOP / img | eval GFLOP / img |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# PEFT ViT cost per branch ({out['device']}, {out['threads']} torch threads)",
+        "",
+        f"Produced by `{out['command']}`: {out['backbone']} at {out['img_size']} px with random weights, "
+        f"{out['classes']} classes, batch {out['batch']}, {out['steps']} timed steps after a warm-up, amp {out['amp']}, "
+        f"channels-last {out['channels_last']}; objective: LA + STk (k = 0.9 × batch, δ = 0.01); torch {out['torch']}.",
+        "",
+        "| branch | trainable params | total params | train img/s | eval img/s | peak memory (MB) | loss share | "
+        "train GFLOP / img | eval GFLOP / img |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in out["rows"]:
-        lines.append(f"| {r['tuner']} | {r['trainable']:,} | {r['total']:,} | {r['train_images_per_s']:.2f} | "
-                     f"{r['eval_images_per_s']:.2f} | {r['peak_memory_mb']:.0f} | {r['loss_share']:.2%} | "
-                     f"{r['train_gflops_per_image']:.1f} | {r['eval_gflops_per_image']:.1f} |")
-    lines += ["", "Loss share: the objective's forward over the training step, timed inside the step. Peak memory on a CPU "
-              "is the process's peak resident size (Python, torch and the model included)."]
+        lines.append(
+            f"| {r['tuner']} | {r['trainable']:,} | {r['total']:,} | {r['train_images_per_s']:.2f} | "
+            f"{r['eval_images_per_s']:.2f} | {r['peak_memory_mb']:.0f} | {r['loss_share']:.2%} | "
+            f"{r['train_gflops_per_image']:.1f} | {r['eval_gflops_per_image']:.1f} |"
+        )
+    lines += [
+        "",
+        "Loss share: the objective's forward over the training step, timed inside the step. Peak memory on a CPU "
+        "is the process's peak resident size (Python, torch and the model included).",
+    ]
     if out["estimates"]:
-        lines += ["", f"## GPU-hours per table and seed: an **estimate** ({out['estimate_basis']})", "",
-                  "FLOPs of the images each table's runs process (training, validation each epoch, test; 5 crops on "
-                  "ImageNet-LT / Places-LT) over the sustained rate; data loading and start-up are not counted.", "",
-                  "| table | GPU-hours per seed |", "|---|---|"]
+        lines += [
+            "",
+            f"## GPU-hours per table and seed: an **estimate** ({out['estimate_basis']})",
+            "",
+            "FLOPs of the images each table's runs process (training, validation each epoch, test; 5 crops on "
+            "ImageNet-LT / Places-LT) over the sustained rate; data loading and start-up are not counted.",
+            "",
+            "| table | GPU-hours per seed |",
+            "|---|---|",
+        ]
         lines += [f"| {e['table']} | {e['gpu_hours_per_seed']:.1f} |" for e in out["estimates"]]
     return "\n".join(lines) + "\n"

@@ -11,6 +11,7 @@ layouts: ``gathered`` (each member gathers its own batch; what the tabular table
 ``grouped`` (members of a split share its batch). Prints the rates, peak RSS after each phase,
 and last the gathered population's ratio to the engine as ``speedup: N``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,11 +30,20 @@ def grid_members(n: int, n_splits: int):
     from topklab.engine.population import Members
 
     ks = [1, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
-    combos = list(itertools.product(ks, [1.0, 10.0, 1e2, 1e3, 1e4, 1e5], [0.1, 0.05, 0.01, 0.005, 0.001],
-                                    [0.1, 0.01, 0.001, 0.0001]))
+    combos = list(
+        itertools.product(
+            ks, [1.0, 10.0, 1e2, 1e3, 1e4, 1e5], [0.1, 0.05, 0.01, 0.005, 0.001], [0.1, 0.01, 0.001, 0.0001]
+        )
+    )
     rows = [(combos[i % len(combos)], i % n_splits) for i in range(n)]
-    return Members(split=[s for _, s in rows], seed=[s for _, s in rows], k=[c[0] for c, _ in rows],
-                   l2_C=[c[1] for c, _ in rows], lr=[c[2] for c, _ in rows], delta=[c[3] for c, _ in rows])
+    return Members(
+        split=[s for _, s in rows],
+        seed=[s for _, s in rows],
+        k=[c[0] for c, _ in rows],
+        l2_C=[c[1] for c, _ in rows],
+        lr=[c[2] for c, _ in rows],
+        delta=[c[3] for c, _ in rows],
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -43,11 +53,11 @@ def main(argv: list[str] | None = None) -> None:
     from omegaconf import OmegaConf
 
     from topklab.engine import Engine
+    from topklab.engine.aggregates import build_aggregate
     from topklab.engine.functional_optim import Adagrad
     from topklab.engine.objective import Objective, TrainingModule
     from topklab.engine.population import Gathered, Grouped, Metric, PopulationExecutor
     from topklab.engine.stacked import StackedMLP
-    from topklab.engine.aggregates import build_aggregate
     from topklab.losses import Logistic, STk
     from topklab.models import MLP
     from topklab.tasks import TabularTask
@@ -72,10 +82,20 @@ def main(argv: list[str] | None = None) -> None:
 
     start = time.perf_counter()
     loop_steps = 0
-    engine = Engine(epochs=args.epochs, batch_size=preset.batch_size, drop_last=True,
-                    eval_every_steps=preset.eval_every, validate_at_start=True, patience=None,
-                    min_delta=preset.min_delta, final_splits=("train", "val", "test"), device="cpu", checkpoint=False,
-                    resume=False, progress=False)
+    engine = Engine(
+        epochs=args.epochs,
+        batch_size=preset.batch_size,
+        drop_last=True,
+        eval_every_steps=preset.eval_every,
+        validate_at_start=True,
+        patience=None,
+        min_delta=preset.min_delta,
+        final_splits=("train", "val", "test"),
+        device="cpu",
+        checkpoint=False,
+        resume=False,
+        progress=False,
+    )
     for m in range(args.loop_members):
         torch.manual_seed(members.seed[m])
         model, loss = MLP(splits[0].n_features), STk(members.k[m], delta=members.delta[m])
@@ -88,21 +108,36 @@ def main(argv: list[str] | None = None) -> None:
 
     rates = {}
     for layout in (Gathered, Grouped):
-        executor = PopulationExecutor(build_aggregate("stk"), Logistic(), StackedMLP(splits[0].n_features), Adagrad(),
-                                      Metric(*TASK_METRIC[task], higher_is_better=False), max_epochs=args.epochs,
-                                      batch_size=preset.batch_size, eval_every=preset.eval_every, patience=None,
-                                      min_delta=preset.min_delta, layout=layout)
+        executor = PopulationExecutor(
+            build_aggregate("stk"),
+            Logistic(),
+            StackedMLP(splits[0].n_features),
+            Adagrad(),
+            Metric(*TASK_METRIC[task], higher_is_better=False),
+            max_epochs=args.epochs,
+            batch_size=preset.batch_size,
+            eval_every=preset.eval_every,
+            patience=None,
+            min_delta=preset.min_delta,
+            layout=layout,
+        )
         start = time.perf_counter()
         result = executor.fit(splits, members)
         seconds = time.perf_counter() - start
         rates[layout.__name__] = (int(result["steps"].sum()) / seconds, peak_rss_mb(), seconds)
 
-    print(f"dataset {args.dataset}: {len(splits[0].y_train)} training rows, {args.epochs} epochs, batch "
-          f"{preset.batch_size}, validation every {preset.eval_every} steps (preset {args.preset}), "
-          f"{torch.get_num_threads()} threads")
-    print(f"per-model engine      : {args.loop_members:6d} members {loop_rate:12.0f} model-steps/s  "
-          f"peak RSS {loop_rss:8.0f} MB")
+    print(
+        f"dataset {args.dataset}: {len(splits[0].y_train)} training rows, {args.epochs} epochs, batch "
+        f"{preset.batch_size}, validation every {preset.eval_every} steps (preset {args.preset}), "
+        f"{torch.get_num_threads()} threads"
+    )
+    print(
+        f"per-model engine      : {args.loop_members:6d} members {loop_rate:12.0f} model-steps/s  "
+        f"peak RSS {loop_rss:8.0f} MB"
+    )
     for name, (rate, rss, seconds) in rates.items():
-        print(f"population ({name.lower():8s}): {args.members:6d} members {rate:12.0f} model-steps/s  "
-              f"peak RSS {rss:8.0f} MB  ({seconds:.1f} s)")
+        print(
+            f"population ({name.lower():8s}): {args.members:6d} members {rate:12.0f} model-steps/s  "
+            f"peak RSS {rss:8.0f} MB  ({seconds:.1f} s)"
+        )
     print(f"speedup: {rates['Gathered'][0] / loop_rate:.1f}")

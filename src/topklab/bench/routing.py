@@ -10,6 +10,7 @@ threshold router (λ set to the (1 − c)-quantile of its scores, so that the sa
 threshold-p router at that fraction costs the same) are timed in turn with the dense model
 (interleaved, warm-up excluded, median of ``--repeats``); the ratio to dense is measured in the same run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,9 @@ def make_model(router, device):
 
     torch.manual_seed(0)
     model = TransformerLM(vocab_size=5000, d_model=256, ffn_dim=1024, heads=4, layers=4, dropout=0.1, router=router)
-    return model.to(device), torch.optim.AdamW(model.parameters(), lr=0.0)  # full AdamW work, weights fixed: λ stays calibrated
+    return model.to(device), torch.optim.AdamW(
+        model.parameters(), lr=0.0
+    )  # full AdamW work, weights fixed: λ stays calibrated
 
 
 def training_step(model, optimizer, batch, target):
@@ -86,7 +89,9 @@ def main(argv=None) -> int:
             model, optimizer = make_model(partial(STkThresholdRouter, capacity=c), device)
             for router in model.routers.values():  # in order: λ at the (1 − c)-quantile of its scores on this batch
                 seen = []
-                hook = router.score.register_forward_hook(lambda module, inputs, output: seen.append(output.detach()))
+                hook = router.score.register_forward_hook(
+                    lambda module, inputs, output, seen=seen: seen.append(output.detach())
+                )
                 with torch.no_grad():
                     model(batch)
                 hook.remove()
@@ -97,10 +102,21 @@ def main(argv=None) -> int:
         routed = {name: routed_fraction(model, tokens) for name, (model, _) in variants.items()}  # after the last step
         seconds = medians(times)
         for name, ratio in ratios(seconds, "dense").items():
-            rows.append({"shape": shape, "variant": name, "step_seconds": seconds[name], "vs_dense": ratio,
-                         "routed_fraction": routed[name]})
-            print(f"{shape:<26} {name:<26} {seconds[name] * 1e3:8.1f} ms  {ratio:.2f}x dense  routed {routed[name]:.3f}",
-                  flush=True)
-    out = write_bench(ROOT, "routing", device, rows, {"capacities": args.capacities, "repeats": args.repeats}, args.out, argv=argv)
+            rows.append(
+                {
+                    "shape": shape,
+                    "variant": name,
+                    "step_seconds": seconds[name],
+                    "vs_dense": ratio,
+                    "routed_fraction": routed[name],
+                }
+            )
+            print(
+                f"{shape:<26} {name:<26} {seconds[name] * 1e3:8.1f} ms  {ratio:.2f}x dense  routed {routed[name]:.3f}",
+                flush=True,
+            )
+    out = write_bench(
+        ROOT, "routing", device, rows, {"capacities": args.capacities, "repeats": args.repeats}, args.out, argv=argv
+    )
     print(f"wrote {out}")
     return 0

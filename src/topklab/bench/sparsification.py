@@ -15,6 +15,7 @@ sent/k over 20 messages.
 Writes a result envelope (JSON) with the command and provenance; ``python -m topklab.report tables``
 renders it into results/tables/gradient_sparsification.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,10 @@ from pathlib import Path
 from topklab.bench.isolation import project_root
 
 ROOT = project_root()
-SENT_DRAWS = 20          # sampled-threshold messages drawn per size (each on a 1 %-perturbed vector) for the sent/k percentiles
-STK_PASSES_PER_STEP = 6  # elementwise passes over the magnitudes per Newton step of the STk selector (z, r, z/r + sum, r⁻³ + sum)
+SENT_DRAWS = 20  # sampled-threshold messages drawn per size (each on a 1 %-perturbed vector) for the sent/k percentiles
+STK_PASSES_PER_STEP = (
+    6  # elementwise passes over the magnitudes per Newton step of the STk selector (z, r, z/r + sum, r⁻³ + sum)
+)
 
 
 def magnitudes(n: int, seed: int, device):
@@ -63,17 +66,33 @@ def measure(n: int, ratio: float, repeats: int, device) -> list[dict]:
         last_cold["selector"] = STkThresholdSelector()
         return last_cold["selector"](values, k)
 
-    selectors = {"exact top-k": lambda: ExactTopK()(values, k),
-                 "sampled threshold (DGC's rule)": lambda: SampledThreshold(seed=0)(values, k),
-                 "STk threshold, cold": cold_stk,
-                 "STk threshold, warm": lambda: warm(values, k),  # its warm start set up outside the timer
-                 "bandwidth floor: x.abs().sum()": lambda: values.abs().sum()}
-    times, chosen = interleaved(selectors, repeats, partial(timed, device=device), warmup=1,
-                                setup={"STk threshold, warm": lambda: warm.lam.fill_(float(warm_stk().lam))})
-    sent = sorted(len(SampledThreshold(seed=seed)(values * (1 + 0.01 * torch.randn(n, generator=torch.Generator().manual_seed(seed))
-                                                               .to(device)), k)) / k for seed in range(SENT_DRAWS))
-    passes = {"STk threshold, cold": STK_PASSES_PER_STEP * last_cold["selector"].iterations + 2,
-              "STk threshold, warm": STK_PASSES_PER_STEP * warm.iterations + 2}
+    selectors = {
+        "exact top-k": lambda: ExactTopK()(values, k),
+        "sampled threshold (DGC's rule)": lambda: SampledThreshold(seed=0)(values, k),
+        "STk threshold, cold": cold_stk,
+        "STk threshold, warm": lambda: warm(values, k),  # its warm start set up outside the timer
+        "bandwidth floor: x.abs().sum()": lambda: values.abs().sum(),
+    }
+    times, chosen = interleaved(
+        selectors,
+        repeats,
+        partial(timed, device=device),
+        warmup=1,
+        setup={"STk threshold, warm": lambda: warm.lam.fill_(float(warm_stk().lam))},
+    )
+    sent = sorted(
+        len(
+            SampledThreshold(seed=seed)(
+                values * (1 + 0.01 * torch.randn(n, generator=torch.Generator().manual_seed(seed)).to(device)), k
+            )
+        )
+        / k
+        for seed in range(SENT_DRAWS)
+    )
+    passes = {
+        "STk threshold, cold": STK_PASSES_PER_STEP * last_cold["selector"].iterations + 2,
+        "STk threshold, warm": STK_PASSES_PER_STEP * warm.iterations + 2,
+    }
     rows = []
     for name in selectors:
         indices = chosen[name]
@@ -90,8 +109,11 @@ def measure(n: int, ratio: float, repeats: int, device) -> list[dict]:
     seconds = {row["selector"]: row["seconds"] for row in rows}
     vs_topk, vs_floor = ratios(seconds, rows[0]["selector"]), ratios(seconds, rows[-1]["selector"])
     for row in rows:
-        row.update(vs_topk=vs_topk[row["selector"]], vs_floor=vs_floor[row["selector"]],
-                   ns_per_element=row["seconds"] / n * 1e9)
+        row.update(
+            vs_topk=vs_topk[row["selector"]],
+            vs_floor=vs_floor[row["selector"]],
+            ns_per_element=row["seconds"] / n * 1e9,
+        )
     return rows
 
 
@@ -117,11 +139,23 @@ def main(argv=None) -> int:
         for ratio in args.ratios:
             for row in measure(n, ratio, args.repeats, device):
                 rows.append(row)
-                quality = "" if row["recall"] is None else f"  sent/k {row['count_over_k']:.3f}  recall {row['recall']:.3f}"
-                print(f"P={n:>11,} keep {ratio:.1%}  {row['selector']:<30} {row['seconds'] * 1e3:9.2f} ms "
-                      f"({row['vs_topk']:.2f}x topk, {row['vs_floor']:.1f}x floor, {row['ns_per_element']:.2f} ns/element"
-                      f"{'' if 'passes' not in row else ', ' + str(row['passes']) + ' passes'}){quality}", flush=True)
-    out = write_bench(ROOT, "sparsification", device, rows,
-                      {"sizes": args.sizes, "ratios": args.ratios, "repeats": args.repeats}, args.out, argv=argv)
+                quality = (
+                    "" if row["recall"] is None else f"  sent/k {row['count_over_k']:.3f}  recall {row['recall']:.3f}"
+                )
+                print(
+                    f"P={n:>11,} keep {ratio:.1%}  {row['selector']:<30} {row['seconds'] * 1e3:9.2f} ms "
+                    f"({row['vs_topk']:.2f}x topk, {row['vs_floor']:.1f}x floor, {row['ns_per_element']:.2f} ns/element"
+                    f"{'' if 'passes' not in row else ', ' + str(row['passes']) + ' passes'}){quality}",
+                    flush=True,
+                )
+    out = write_bench(
+        ROOT,
+        "sparsification",
+        device,
+        rows,
+        {"sizes": args.sizes, "ratios": args.ratios, "repeats": args.repeats},
+        args.out,
+        argv=argv,
+    )
     print(f"wrote {out}")
     return 0

@@ -1,10 +1,11 @@
 """Timers of the benchmarks: one call (synchronised wall time, or CUDA events), repeats until a
 minimum time, and the medians the scripts report."""
+
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

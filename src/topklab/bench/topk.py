@@ -15,11 +15,13 @@ process per loss and no memory column, in about a minute. Writes ``topk_<device>
 Average over n >= 1e5 and every k, STk through the path ``kernel=auto`` takes there (native on a
 CPU, compiled on a GPU).
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 from topklab.bench.isolation import WorkerFailed, project_root, run_isolated
@@ -29,10 +31,20 @@ from topklab.bench.timing import Timer, repeat_until, upper_median
 
 ROOT = project_root()
 
-BENCHED = ("average", "maximum", "atk:method=sort", "atk:method=topk", "matk:kernel=eager", "matk:kernel=compiled",
-           "matk:kernel=native", "stk:kernel=eager", "stk:kernel=compiled", "stk:kernel=native")  # then the others
+BENCHED = (
+    "average",
+    "maximum",
+    "atk:method=sort",
+    "atk:method=topk",
+    "matk:kernel=eager",
+    "matk:kernel=compiled",
+    "matk:kernel=native",
+    "stk:kernel=eager",
+    "stk:kernel=compiled",
+    "stk:kernel=native",
+)  # then the others
 QUICK = ("average", "atk:method=topk", "stk:kernel=eager", "stk:kernel=compiled", "stk:kernel=native")
-HEADLINE_MIN_N = 10 ** 5
+HEADLINE_MIN_N = 10**5
 
 
 def headline_loss(device: str) -> str:
@@ -73,8 +85,9 @@ def make_loss(label: str, k: int):
     return build_aggregate(name, **({"k": k} if label in USES_K else {}), **fields)
 
 
-def worker(name: str, points: list[tuple[int, int]], device: str, min_time: float, threads: int,
-           measure_memory: bool = True) -> list[dict]:
+def worker(
+    name: str, points: list[tuple[int, int]], device: str, min_time: float, threads: int, measure_memory: bool = True
+) -> list[dict]:
     """Time (and measure) ``name`` at each (n, k) of ``points`` in this process; JSON-ready rows."""
     import torch
 
@@ -86,7 +99,7 @@ def worker(name: str, points: list[tuple[int, int]], device: str, min_time: floa
     for n, k in points:
         loss = make_loss(name, k).to(device)
 
-        def step(values):
+        def step(values, loss=loss):
             values.grad = None
             for p in loss.parameters():
                 p.grad = None
@@ -109,9 +122,17 @@ def worker(name: str, points: list[tuple[int, int]], device: str, min_time: floa
             peak = cuda_peak_bytes() - base_alloc
         else:
             peak = max(0, peak_rss_bytes() - baseline) if measure_memory else None
-        times = repeat_until(lambda: step(losses), min_time, timer, min_repeats=3)
-        rows.append({"loss": name, "n": n, "k": k, "seconds": upper_median(times), "repeats": len(times),
-                     "peak_bytes": None if peak is None else int(peak)})
+        times = repeat_until(partial(step, losses), min_time, timer, min_repeats=3)
+        rows.append(
+            {
+                "loss": name,
+                "n": n,
+                "k": k,
+                "seconds": upper_median(times),
+                "repeats": len(times),
+                "peak_bytes": None if peak is None else int(peak),
+            }
+        )
     return rows
 
 
@@ -120,7 +141,9 @@ def k_values(n: int) -> dict[str, int]:
 
 
 def seconds_of(results, name, n, label=None) -> list[float]:
-    return [r["seconds"] for r in results if r["loss"] == name and r["n"] == n and (label is None or r["k_label"] == label)]
+    return [
+        r["seconds"] for r in results if r["loss"] == name and r["n"] == n and (label is None or r["k_label"] == label)
+    ]
 
 
 def ratio_over(results, name, n) -> float:
@@ -148,35 +171,52 @@ def winners(results, ns, fast: str) -> list[str]:
             topk, stk = seconds_of(results, "ATk (topk)", n, label), seconds_of(results, fast, n, label)
             if topk and stk:
                 wins["ATk (topk)" if topk[0] < stk[0] else fast].append(f"(n=1e{len(str(n)) - 1}, k={label})")
-    return [f"- {name} is faster at: {'; '.join(points) if points else 'none of the points'}."
-            for name, points in wins.items()]
+    return [
+        f"- {name} is faster at: {'; '.join(points) if points else 'none of the points'}."
+        for name, points in wins.items()
+    ]
 
 
 def render(results: list[dict], device: str, hardware: str, command: str) -> str:
     fast = headline_loss(device)
-    lines = [f"# Aggregate losses: forward + backward on n float32 losses ({device}; {hardware})", "",
-             f"Median time (peak extra memory). Produced by `{command}`.", ""]
+    lines = [
+        f"# Aggregate losses: forward + backward on n float32 losses ({device}; {hardware})",
+        "",
+        f"Median time (peak extra memory). Produced by `{command}`.",
+        "",
+    ]
     ns = sorted({r["n"] for r in results})
     names = [name for name in LOSSES if any(r["loss"] == name for r in results)]
     header = "| loss | k | " + " | ".join(f"n=1e{len(str(n)) - 1}" for n in ns) + " |"
     lines += [header, "|" + "---|" * (len(ns) + 2)]
     for name in names:
         for label in (k_values(10)) if name in USES_K else ["-"]:
-            cells = [cell([r for r in results if r["loss"] == name and r["n"] == n and r["k_label"] == label])
-                     for n in ns]
+            cells = [
+                cell([r for r in results if r["loss"] == name and r["n"] == n and r["k_label"] == label]) for n in ns
+            ]
             lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
     stk_rows = [name for name in names if name.startswith("STk")]
-    lines += ["", "Time ratios (STk: the worst over k; ATk (topk)/STk per k, > 1 where STk is faster):", "",
-              "| n | " + " | ".join(f"{name}/Average" for name in stk_rows)
-              + f" | ATk (topk)/{fast} at k = 5, 0.1n, 0.9n |", "|---|" + "---|" * (len(stk_rows) + 1)]
+    lines += [
+        "",
+        "Time ratios (STk: the worst over k; ATk (topk)/STk per k, > 1 where STk is faster):",
+        "",
+        "| n | " + " | ".join(f"{name}/Average" for name in stk_rows) + f" | ATk (topk)/{fast} at k = 5, 0.1n, 0.9n |",
+        "|---|" + "---|" * (len(stk_rows) + 1),
+    ]
     for n in ns:
         versus = [f"{t / s:.2f}" for t, s in zip(seconds_of(results, "ATk (topk)", n), seconds_of(results, fast, n))]
-        lines.append(f"| {n:.0e} | " + " | ".join(f"{ratio_over(results, name, n):.2f}" for name in stk_rows)
-                     + f" | {', '.join(versus) or '–'} |")
+        lines.append(
+            f"| {n:.0e} | "
+            + " | ".join(f"{ratio_over(results, name, n):.2f}" for name in stk_rows)
+            + f" | {', '.join(versus) or '–'} |"
+        )
     lines += ["", *winners(results, ns, fast)]
     if any(n >= HEADLINE_MIN_N for n in ns) and fast in names:
-        lines += ["", f"worst STk/Average ratio (n >= 1e5): {headline(results, fast):.2f} ({fast}, the path of "
-                      f"kernel=auto here; every k)"]
+        lines += [
+            "",
+            f"worst STk/Average ratio (n >= 1e5): {headline(results, fast):.2f} ({fast}, the path of "
+            f"kernel=auto here; every k)",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -205,11 +245,12 @@ def plot(results: list[dict], path: Path, device: str) -> None:
 def run_worker(name: str, points: list[tuple[int, int]], args, measure_memory: bool) -> list[dict]:
     """:func:`worker` in a fresh process (its peak memory its own); a failure ends the benchmark in one line."""
     try:
-        return run_isolated("topklab.bench.topk:worker", name, points, args.device, args.min_time, args.threads,
-                            measure_memory)
+        return run_isolated(
+            "topklab.bench.topk:worker", name, points, args.device, args.min_time, args.threads, measure_memory
+        )
     except WorkerFailed as err:
         print(f"error: {name} at {points} failed: {err}", file=sys.stderr)
-        raise SystemExit(1)
+        raise SystemExit(1) from None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -244,9 +285,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     from topklab.utils.provenance import hardware
 
-    ns = [10 ** exponent for exponent in range(args.min_exp, args.max_exp + 1)]
+    ns = [10**exponent for exponent in range(args.min_exp, args.max_exp + 1)]
     results = []
-    for name in (QUICK_LOSSES if args.quick else args.losses or LOSSES):
+    for name in QUICK_LOSSES if args.quick else args.losses or LOSSES:
         points = [(n, label, k) for n in ns for label, k in (k_values(n).items() if name in USES_K else [("-", 1)])]
         # one process per point measures a CPU point's own peak RSS; CUDA measures in-process (and compiles once)
         batches = [points] if args.quick or args.device.startswith("cuda") else [[point] for point in points]
@@ -262,13 +303,27 @@ def main(argv: list[str] | None = None) -> None:
     stem = f"topk_{device}" + ("_quick" if args.quick else "")
     machine = hardware()
     label = ", ".join(machine["gpus"]) if device == "cuda" else (machine.get("processor") or machine["machine"])
-    settings = {"device": args.device, "quick": args.quick, "min_exp": args.min_exp, "max_exp": args.max_exp,
-                "min_time": args.min_time, "threads": args.threads, "losses": args.losses}
+    settings = {
+        "device": args.device,
+        "quick": args.quick,
+        "min_exp": args.min_exp,
+        "max_exp": args.max_exp,
+        "min_time": args.min_time,
+        "threads": args.threads,
+        "losses": args.losses,
+    }
     command = command_line("bench_topk.py", argv)
     threads = args.threads or machine["torch_threads"]
     text = render(results, device, f"{label}, {machine['cpu_count']} cores, {threads} torch threads", command)
-    write_outputs(out_dir, stem, {"results": results}, command, settings, markdown=text,
-                  plot=None if args.quick else lambda path: plot(results, path, device))
+    write_outputs(
+        out_dir,
+        stem,
+        {"results": results},
+        command,
+        settings,
+        markdown=text,
+        plot=None if args.quick else lambda path: plot(results, path, device),
+    )
     written = "json,md" + ("" if args.quick else ",png")
     print(f"wrote {out_dir}/{stem}.{{{written}}}")
     if headline_loss(device) in {r["loss"] for r in results} and any(n >= HEADLINE_MIN_N for n in ns):

@@ -21,11 +21,12 @@ torch tensors and numpy arrays (the backend follows the type of ``values``):
 
 For reference: :func:`sort_topk_sum`, ``torch.sort`` then the first k (compiled C++).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Union
 
 import numpy as np
 import torch
@@ -85,9 +86,17 @@ def exact_objective(values: torch.Tensor, lam: torch.Tensor, k: int) -> torch.Te
     return torch.relu(values - lam).sum() + k * lam
 
 
-def lambda_iteration(values: torch.Tensor, k: int, target: float, method: str, delta: float = 0.01,
-                     lr: float = 0.1, tol: float = 1e-2, lam_init: float = 0.0,
-                     max_iter: int = 100_000) -> tuple[float, int]:
+def lambda_iteration(
+    values: torch.Tensor,
+    k: int,
+    target: float,
+    method: str,
+    delta: float = 0.01,
+    lr: float = 0.1,
+    tol: float = 1e-2,
+    lam_init: float = 0.0,
+    max_iter: int = 100_000,
+) -> tuple[float, int]:
     """Minimise ``F(λ)/n`` over λ with Adam until Eq. 1 at λ is within ``tol`` of ``target``.
 
     Parameters
@@ -116,12 +125,14 @@ def lambda_iteration(values: torch.Tensor, k: int, target: float, method: str, d
         optimizer.zero_grad(set_to_none=True)
         objective.backward()
         optimizer.step()
-    raise RuntimeError(f"{method} λ-iteration did not reach error < {tol} in {max_iter} iterations; raise lr or max_iter")
+    raise RuntimeError(
+        f"{method} λ-iteration did not reach error < {tol} in {max_iter} iterations; raise lr or max_iter"
+    )
 
 
 # ---------- ours: bracketed solvers on the same objectives, for torch and numpy ----------
 
-Array = Union[torch.Tensor, np.ndarray]
+Array = torch.Tensor | np.ndarray
 
 
 @dataclass(frozen=True)
@@ -137,10 +148,26 @@ class _Ops:
 
 
 _BACKENDS: tuple[tuple[type, _Ops], ...] = (
-    (torch.Tensor, _Ops("torch", torch.is_floating_point, torch.sqrt, torch.relu,
-                        lambda v, k: float(torch.kthvalue(v, len(v) - k + 1).values))),
-    (np.ndarray, _Ops("numpy", lambda v: np.issubdtype(v.dtype, np.floating), np.sqrt,
-                      lambda x: np.maximum(x, 0.0), lambda v, k: float(np.partition(v, len(v) - k)[len(v) - k]))),
+    (
+        torch.Tensor,
+        _Ops(
+            "torch",
+            torch.is_floating_point,
+            torch.sqrt,
+            torch.relu,
+            lambda v, k: float(torch.kthvalue(v, len(v) - k + 1).values),
+        ),
+    ),
+    (
+        np.ndarray,
+        _Ops(
+            "numpy",
+            lambda v: np.issubdtype(v.dtype, np.floating),
+            np.sqrt,
+            lambda x: np.maximum(x, 0.0),
+            lambda v, k: float(np.partition(v, len(v) - k)[len(v) - k]),
+        ),
+    ),
 )
 
 
@@ -149,9 +176,16 @@ def _ops_for(values: Array, k: int) -> _Ops:
     ops = next((ops for kind, ops in _BACKENDS if isinstance(values, kind)), None)
     if ops is None:
         raise ValueError(f"values must be a torch.Tensor or a numpy.ndarray, got {type(values).__name__}")
-    if values.ndim != 1 or len(values) == 0 or not ops.is_float(values) or values.dtype not in (torch.float64, np.float64):
-        raise ValueError(f"values must be a non-empty 1-D float64 {ops.name} array (λ is a Python float, and float32 "
-                         f"sums cancel near the root), got shape {tuple(values.shape)} and dtype {values.dtype}")
+    if (
+        values.ndim != 1
+        or len(values) == 0
+        or not ops.is_float(values)
+        or values.dtype not in (torch.float64, np.float64)
+    ):
+        raise ValueError(
+            f"values must be a non-empty 1-D float64 {ops.name} array (λ is a Python float, and float32 "
+            f"sums cancel near the root), got shape {tuple(values.shape)} and dtype {values.dtype}"
+        )
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= len(values):
         raise ValueError(f"k must be an integer in [1, n = {len(values)}], got {k!r}")
     return ops
@@ -166,8 +200,20 @@ def _eq1(ops: _Ops, x: Array, lam: float, k: int) -> float:
 Slope = Callable[[Array, float], tuple[float, float]]
 
 
-def _bracketed_search(values: Array, ops: _Ops, k: int, target: float, tol: float, lam: float, lo: float,
-                      hi: float, slope: Slope, max_iter: int, what: str, collapsed_hint: str) -> tuple[float, int]:
+def _bracketed_search(
+    values: Array,
+    ops: _Ops,
+    k: int,
+    target: float,
+    tol: float,
+    lam: float,
+    lo: float,
+    hi: float,
+    slope: Slope,
+    max_iter: int,
+    what: str,
+    collapsed_hint: str,
+) -> tuple[float, int]:
     """Shared loop of :func:`stk_newton` and :func:`atk_bisection` (their docstrings give the rule).
 
     Each pass reads Eq. 1 out at λ and stops if it is within ``tol`` of ``target``; otherwise it
@@ -194,16 +240,25 @@ def _bracketed_search(values: Array, ops: _Ops, k: int, target: float, tol: floa
                 hi = lam
         middle = 0.5 * (lo + hi)
         if not lo < middle < hi:
-            raise RuntimeError(f"{what}: the λ bracket collapsed at {middle:.17g} with Eq. 1 error "
-                               f"{abs(answer - target):.3g} >= tol {tol}; {collapsed_hint}")
+            raise RuntimeError(
+                f"{what}: the λ bracket collapsed at {middle:.17g} with Eq. 1 error "
+                f"{abs(answer - target):.3g} >= tol {tol}; {collapsed_hint}"
+            )
         newton_ok = lo < newton < hi and hi - lo <= 0.5 * widths[0]
         widths = [widths[1], hi - lo]
         lam = newton if newton_ok else middle
     raise RuntimeError(f"{what} did not reach error < {tol} in {max_iter} iterations; raise max_iter")
 
 
-def stk_newton(values: Array, k: int, target: float, delta: float = 0.01, tol: float = 1e-2,
-               lam_init: float = 0.0, max_iter: int = 200) -> tuple[float, int]:
+def stk_newton(
+    values: Array,
+    k: int,
+    target: float,
+    delta: float = 0.01,
+    tol: float = 1e-2,
+    lam_init: float = 0.0,
+    max_iter: int = 200,
+) -> tuple[float, int]:
     """Minimise STk's objective (Eq. 3) over λ by safeguarded Newton until Eq. 1 at λ is within ``tol``
     of ``target`` (ours, not the paper's iteration).
 
@@ -271,12 +326,25 @@ def stk_newton(values: Array, k: int, target: float, delta: float = 0.01, tol: f
         curvature = 0.5 * d2 * float((1.0 / (r * r * r)).sum())
         return gradient, (lam - gradient / curvature if curvature > 0 else math.nan)
 
-    return _bracketed_search(values, ops, k, target, tol, float(lam_init), lo, hi, slope, max_iter,
-                             "STk Newton", f"Eq. 3's minimiser (δ = {delta}) is not Eq. 1's here; lower delta")
+    return _bracketed_search(
+        values,
+        ops,
+        k,
+        target,
+        tol,
+        float(lam_init),
+        lo,
+        hi,
+        slope,
+        max_iter,
+        "STk Newton",
+        f"Eq. 3's minimiser (δ = {delta}) is not Eq. 1's here; lower delta",
+    )
 
 
-def atk_bisection(values: Array, k: int, target: float, tol: float = 1e-2, lam_init: float = 0.0,
-                  max_iter: int = 200) -> tuple[float, int]:
+def atk_bisection(
+    values: Array, k: int, target: float, tol: float = 1e-2, lam_init: float = 0.0, max_iter: int = 200
+) -> tuple[float, int]:
     """Minimise ATk's objective (Eq. 1) over λ by bisection until Eq. 1 at λ is within ``tol`` of
     ``target`` (ours, not the paper's iteration).
 
@@ -312,8 +380,20 @@ def atk_bisection(values: Array, k: int, target: float, tol: float = 1e-2, lam_i
     def slope(x: Array, lam: float) -> tuple[float, float]:
         return k - float((x > 0).sum()), math.nan
 
-    return _bracketed_search(values, ops, k, target, tol, float(lam_init), lo, hi, slope, max_iter,
-                             "ATk bisection", "tol is below the rounding error of Eq. 1; raise tol")
+    return _bracketed_search(
+        values,
+        ops,
+        k,
+        target,
+        tol,
+        float(lam_init),
+        lo,
+        hi,
+        slope,
+        max_iter,
+        "ATk bisection",
+        "tol is below the rounding error of Eq. 1; raise tol",
+    )
 
 
 def atk_selection(values: Array, k: int) -> tuple[float, int]:

@@ -8,6 +8,7 @@ and ``torchvision.io`` stay unusable (no kernels), models/transforms/datasets wo
 
 Where ``_C.so`` loads (a CUDA machine) this does nothing.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -36,7 +37,7 @@ def ensure_torchvision_importable() -> bool:
     except Exception:  # noqa: BLE001 - any load failure means "no compiled ops"
         pass
     try:
-        torch.ops.torchvision.nms  # already defined (e.g. torchvision imported earlier)
+        _ = torch.ops.torchvision.nms  # already defined (e.g. torchvision imported earlier)
         return False
     except (AttributeError, RuntimeError):
         pass

@@ -1,8 +1,9 @@
 """Mini-batches of small in-memory tensors (the tabular sets), in the order a single seeded
 generator gives: epoch e is the (e+1)-th ``randperm`` of ``Generator().manual_seed(seed)``."""
+
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -31,8 +32,16 @@ class TensorLoader:
     [[0.0, 1.0], [2.0, 3.0], [4.0]]
     """
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int | None, shuffle: bool,
-                 drop_last: bool = False, seed: int = 0, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        batch_size: int | None,
+        shuffle: bool,
+        drop_last: bool = False,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+    ):
         self.x, self.y = x.to(device), y.to(device)
         self.batch_size = batch_size or len(y)
         self.shuffle, self.drop_last, self.seed = shuffle, drop_last, seed
@@ -54,7 +63,9 @@ class TensorLoader:
         if not self.shuffle and len(self) == 1:
             yield self.x, self.y
             return
-        order = self._order(epoch).to(self.x.device) if self.shuffle else torch.arange(len(self.y), device=self.x.device)
+        order = (
+            self._order(epoch).to(self.x.device) if self.shuffle else torch.arange(len(self.y), device=self.x.device)
+        )
         for b in range(start, len(self)):
-            idx = order[b * self.batch_size: (b + 1) * self.batch_size]
+            idx = order[b * self.batch_size : (b + 1) * self.batch_size]
             yield self.x[idx], self.y[idx]

@@ -2,6 +2,7 @@
 so a new aggregate is one class and one yaml, and every consumer (the grid, the population
 executor, the tables) finds it here. It reads the repository's configs with Hydra and OmegaConf, so
 it lives with the engine: ``import topklab.losses`` imports neither."""
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,10 @@ def aggregate_class(name: str) -> type[Aggregate]:
     """
     cls = get_class(aggregate_config(name)._target_)
     if not (isinstance(cls, type) and issubclass(cls, Aggregate)):
-        raise TopklabError(f"loss config {name!r} targets {cls!r}, which is not an Aggregate; "
-                           f"choose one of: {', '.join(aggregate_names())}")
+        raise TopklabError(
+            f"loss config {name!r} targets {cls!r}, which is not an Aggregate; "
+            f"choose one of: {', '.join(aggregate_names())}"
+        )
     return cls
 
 
@@ -56,7 +59,8 @@ def build_aggregate(name: str, **overrides) -> Aggregate:
     Examples
     --------
     >>> build_aggregate("stk", smoothing="elu", lam_update="gradient", lam_init=0.0)
-    STk(k=0.9, smoothing='elu', delta=0.01, lam_constraint='none', scale='paper', kernel='auto', compile_min_n=16384, lam_update='gradient', lam_lr=None, lam_init=0.0)
+    STk(k=0.9, smoothing='elu', delta=0.01, lam_constraint='none', scale='paper', kernel='auto',
+        compile_min_n=16384, lam_update='gradient', lam_lr=None, lam_init=0.0)
     """
     return instantiate(aggregate_node(name, **overrides))
 
@@ -66,8 +70,10 @@ def aggregate_node(name: str, **overrides) -> DictConfig:
     config = aggregate_config(name)
     unknown = sorted(set(overrides) - set(config) - {"_target_"})
     if unknown:
-        raise TopklabError(f"aggregate {name!r} has no field(s) {', '.join(unknown)}; its fields: "
-                           f"{', '.join(k for k in config if k != '_target_') or 'none'}")
+        raise TopklabError(
+            f"aggregate {name!r} has no field(s) {', '.join(unknown)}; its fields: "
+            f"{', '.join(k for k in config if k != '_target_') or 'none'}"
+        )
     aggregate_class(name)
     return OmegaConf.merge(config, overrides)
 

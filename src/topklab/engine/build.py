@@ -1,6 +1,7 @@
 """From a composed config to objects: ``instantiate`` with one-line errors and the data-dependent
 constructor arguments a target asks for. (Composing the config, with the recipe a dataset's task
 implies, is :mod:`topklab.config`'s.)"""
+
 from __future__ import annotations
 
 import inspect
@@ -11,8 +12,18 @@ from omegaconf import DictConfig
 
 from topklab.utils.errors import TopklabError
 
-DATA_CONTEXT_KEYS = ("in_features", "in_channels", "num_classes", "class_counts", "shot_counts", "target", "vocab_size",
-                     "pad_id", "vocab", "class_names")
+DATA_CONTEXT_KEYS = (
+    "in_features",
+    "in_channels",
+    "num_classes",
+    "class_counts",
+    "shot_counts",
+    "target",
+    "vocab_size",
+    "pad_id",
+    "vocab",
+    "class_names",
+)
 
 
 def build(node: DictConfig, group: str, **kwargs):
@@ -23,7 +34,7 @@ def build(node: DictConfig, group: str, **kwargs):
     except InstantiationException as err:
         cause = err.__cause__
         if isinstance(cause, TopklabError):
-            raise cause
+            raise cause from None
         if isinstance(cause, (ValueError, TypeError)):
             raise TopklabError(f"{group}: {cause}") from None
         raise
@@ -46,6 +57,8 @@ def build_for_data(node: DictConfig, group: str, context: dict):
         return build(node, group, **data_context(node, context))
     except TopklabError as err:
         if "missing" in str(err) and "required" in str(err):
-            raise TopklabError(f"{group} {node._target_.rsplit('.', 1)[-1]} does not fit this dataset "
-                               f"(it provides {', '.join(context) or 'nothing'}): {err}") from None
+            raise TopklabError(
+                f"{group} {node._target_.rsplit('.', 1)[-1]} does not fit this dataset "
+                f"(it provides {', '.join(context) or 'nothing'}): {err}"
+            ) from None
         raise

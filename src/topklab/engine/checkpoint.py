@@ -5,6 +5,7 @@ The run key is a hash of the resolved config minus what does not change the resu
 the data's location, logger, progress display, the checkpoint settings themselves), so restarting the same command
 finds the checkpoint even though Hydra gives the new process a new output directory.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -115,15 +116,25 @@ def state_mismatch(saved: dict, current: dict) -> str | None:
         return f"it holds a {type(saved).__name__}, not a state dict"
     missing = [key for key in current if key not in saved]
     unexpected = [key for key in saved if key not in current]
-    reshaped = [f"{key} is {list(saved[key].shape)} there, {list(value.shape)} here" for key, value in current.items()
-                if key in saved and hasattr(value, "shape") and hasattr(saved[key], "shape")
-                and tuple(saved[key].shape) != tuple(value.shape)]
-    parts = ([f"it lacks {_listed(missing)}"] if missing else []) + \
-        ([f"it has {_listed(unexpected)}, which this model has not"] if unexpected else []) + reshaped[:3]
+    reshaped = [
+        f"{key} is {list(saved[key].shape)} there, {list(value.shape)} here"
+        for key, value in current.items()
+        if key in saved
+        and hasattr(value, "shape")
+        and hasattr(saved[key], "shape")
+        and tuple(saved[key].shape) != tuple(value.shape)
+    ]
+    parts = (
+        ([f"it lacks {_listed(missing)}"] if missing else [])
+        + ([f"it has {_listed(unexpected)}, which this model has not"] if unexpected else [])
+        + reshaped[:3]
+    )
     return "; ".join(parts) or None
 
 
 def not_this_run(path: Path, detail: str) -> TopklabError:
     """The one-line error for a checkpoint that another model or program wrote under this run key."""
-    return TopklabError(f"checkpoint {path} does not fit this run ({detail}); delete {path.parent} to start the run "
-                        "over, or give this run a fresh paths.checkpoint_dir")
+    return TopklabError(
+        f"checkpoint {path} does not fit this run ({detail}); delete {path.parent} to start the run "
+        "over, or give this run a fresh paths.checkpoint_dir"
+    )

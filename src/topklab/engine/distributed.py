@@ -55,12 +55,13 @@ Examples
 >>> shard_batch([7, 3, 5, 1, 0, 2], rank=1, world_size=2)
 [1, 0, 2]
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -70,7 +71,7 @@ from topklab.utils.errors import TopklabError
 
 BACKENDS = ("gloo", "nccl")
 UNEVEN = ("error", "drop", "split")
-_MAX_DIMS = 7   # gather_concat sends every rank's shape in a fixed-length vector
+_MAX_DIMS = 7  # gather_concat sends every rank's shape in a fixed-length vector
 
 
 def _env_int(environ: Mapping[str, str], name: str) -> int:
@@ -87,8 +88,10 @@ def _env_int(environ: Mapping[str, str], name: str) -> int:
 
 def _check_rank(rank: int, world_size: int) -> None:
     if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
-        raise TopklabError(f"rank={rank!r} with world_size={world_size!r} is impossible; "
-                           f"world_size must be an int >= 1 and rank an int in [0, world_size)")
+        raise TopklabError(
+            f"rank={rank!r} with world_size={world_size!r} is impossible; "
+            f"world_size must be an int >= 1 and rank an int in [0, world_size)"
+        )
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,7 @@ class Distributed:
             raise TopklabError(f"unknown DDP backend {self.backend!r}; choose one of: {', '.join(BACKENDS)}")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, backend: str | None = None) -> "Distributed":
+    def from_env(cls, environ: Mapping[str, str] | None = None, backend: str | None = None) -> Distributed:
         """Read torchrun's ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``.
 
         Parameters
@@ -172,7 +175,7 @@ class Distributed:
         """``cuda:local_rank`` with the nccl backend, else the CPU."""
         return torch.device("cuda", self.local_rank) if self.backend == "nccl" else torch.device("cpu")
 
-    def init(self, init_method: str = "env://", timeout: timedelta | None = None) -> "Distributed":
+    def init(self, init_method: str = "env://", timeout: timedelta | None = None) -> Distributed:
         """Start the process group (a no-op for one process); with nccl, pin ``cuda:local_rank``.
 
         Parameters
@@ -192,15 +195,20 @@ class Distributed:
         if init_method == "env://":
             missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
             if missing:
-                raise TopklabError(f"WORLD_SIZE={self.world_size} but {' and '.join(missing)} not set; launch with "
-                                   f"torchrun, which sets them, or pass init_method='file:///shared/path'")
+                raise TopklabError(
+                    f"WORLD_SIZE={self.world_size} but {' and '.join(missing)} not set; launch with "
+                    f"torchrun, which sets them, or pass init_method='file:///shared/path'"
+                )
         if self.backend == "nccl":
             if self.local_rank >= torch.cuda.device_count():
-                raise TopklabError(f"LOCAL_RANK={self.local_rank} but only {torch.cuda.device_count()} CUDA device(s) "
-                                   f"are visible; use --nproc_per_node <= the number of GPUs")
+                raise TopklabError(
+                    f"LOCAL_RANK={self.local_rank} but only {torch.cuda.device_count()} CUDA device(s) "
+                    f"are visible; use --nproc_per_node <= the number of GPUs"
+                )
             torch.cuda.set_device(self.local_rank)
-        dist.init_process_group(self.backend, init_method=init_method, timeout=timeout,
-                                world_size=self.world_size, rank=self.rank)
+        dist.init_process_group(
+            self.backend, init_method=init_method, timeout=timeout, world_size=self.world_size, rank=self.rank
+        )
         return self
 
     def wrap(self, module: nn.Module, **ddp_kwargs) -> nn.Module:
@@ -288,9 +296,11 @@ def shard_batch(indices: Sequence | torch.Tensor, rank: int, world_size: int, un
         raise TopklabError(f"unknown uneven={uneven!r}; choose one of: {', '.join(UNEVEN)}")
     n = len(indices)
     if n % world_size and uneven == "error":
-        raise TopklabError(f"a global batch of {n} samples does not split evenly over world size {world_size}; use "
-                           f"a batch_size divisible by {world_size} and drop_last for the final batch, "
-                           f"or uneven='drop'/'split'")
+        raise TopklabError(
+            f"a global batch of {n} samples does not split evenly over world size {world_size}; use "
+            f"a batch_size divisible by {world_size} and drop_last for the final batch, "
+            f"or uneven='drop'/'split'"
+        )
     if uneven == "drop":
         n -= n % world_size
     return indices[shard_slice(n, rank, world_size)]
@@ -305,21 +315,25 @@ def _rank_and_world() -> tuple[int, int]:
 def _all_gather_rows(tensor: torch.Tensor) -> list[torch.Tensor]:
     """Every rank's ``tensor`` (first dimensions may differ, the others must agree), in rank order."""
     if tensor.dim() == 0 or tensor.dim() > _MAX_DIMS:
-        raise TopklabError(f"can only gather tensors with 1 to {_MAX_DIMS} dimensions (rows first), got shape "
-                           f"{tuple(tensor.shape)}; reshape it, e.g. tensor.reshape(1) for a scalar")
+        raise TopklabError(
+            f"can only gather tensors with 1 to {_MAX_DIMS} dimensions (rows first), got shape "
+            f"{tuple(tensor.shape)}; reshape it, e.g. tensor.reshape(1) for a scalar"
+        )
     comm = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     shape = torch.full((_MAX_DIMS + 1,), -1, dtype=torch.long, device=comm)
     shape[0] = tensor.dim()
-    shape[1:tensor.dim() + 1] = torch.tensor(tensor.shape)
+    shape[1 : tensor.dim() + 1] = torch.tensor(tensor.shape)
     shapes = [torch.empty_like(shape) for _ in range(dist.get_world_size())]
     dist.all_gather(shapes, shape)
-    shapes = [tuple(s[1:int(s[0]) + 1].tolist()) for s in shapes]
-    if len({s[1:] for s in shapes}) > 1:   # every rank sees the same shapes, so every rank raises
-        raise TopklabError(f"cannot concatenate the ranks' tensors of shapes {shapes}: all dimensions but the first "
-                           f"must agree; give every rank tensors of the same trailing shape")
+    shapes = [tuple(s[1 : int(s[0]) + 1].tolist()) for s in shapes]
+    if len({s[1:] for s in shapes}) > 1:  # every rank sees the same shapes, so every rank raises
+        raise TopklabError(
+            f"cannot concatenate the ranks' tensors of shapes {shapes}: all dimensions but the first "
+            f"must agree; give every rank tensors of the same trailing shape"
+        )
     rows = [s[0] for s in shapes]
     padded = tensor.new_zeros((max(rows), *tensor.shape[1:]), device=comm)
-    padded[:tensor.shape[0]] = tensor.detach()
+    padded[: tensor.shape[0]] = tensor.detach()
     parts = [torch.empty_like(padded) for _ in rows]
     dist.all_gather(parts, padded)
     return [part[:r].to(tensor.device) for part, r in zip(parts, rows)]
@@ -358,7 +372,7 @@ class _AllGatherLosses(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        return grad[ctx.start:ctx.stop] * ctx.world
+        return grad[ctx.start : ctx.stop] * ctx.world
 
 
 def all_gather_losses(losses: torch.Tensor) -> torch.Tensor:
@@ -389,8 +403,10 @@ def all_gather_losses(losses: torch.Tensor) -> torch.Tensor:
     tensor(4.)
     """
     if losses.dim() != 1:
-        raise TopklabError(f"all_gather_losses takes the 1-D per-sample losses, got shape {tuple(losses.shape)}; "
-                           f"compute the individual loss with reduction='none' and flatten it")
+        raise TopklabError(
+            f"all_gather_losses takes the 1-D per-sample losses, got shape {tuple(losses.shape)}; "
+            f"compute the individual loss with reduction='none' and flatten it"
+        )
     if _rank_and_world()[1] == 1:
         return losses
     return _AllGatherLosses.apply(losses)

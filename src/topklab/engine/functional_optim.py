@@ -5,6 +5,7 @@ Each step is ``torch.optim``'s single-tensor arithmetic, operation for operation
 trajectory matches a ``torch.optim`` run of the same model bit for bit where the gradients match
 (``tests/test_population.py`` checks both against ``torch.optim``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,9 @@ class FunctionalOptimizer:
     def init(self, params: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, ...]]:
         raise NotImplementedError
 
-    def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], state: dict, lr: torch.Tensor,
-             step: int) -> dict[str, torch.Tensor]:
+    def step(
+        self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], state: dict, lr: torch.Tensor, step: int
+    ) -> dict[str, torch.Tensor]:
         """The parameters after one step (new tensors; ``state`` is updated in place).
 
         Parameters
@@ -109,16 +111,19 @@ class Adam(FunctionalOptimizer):
 
     def step(self, params, grads, state, lr, step):
         beta1, beta2 = self.betas
-        correction1, correction2 = 1 - beta1 ** step, 1 - beta2 ** step
+        correction1, correction2 = 1 - beta1**step, 1 - beta2**step
         # torch: the Python float −η/(1−β1ᵗ), rounded by the kernel; per row: the same, rounded here
-        step_size = -lr / correction1 if isinstance(lr, float) else \
-            (-lr.double() / correction1).to(next(iter(grads.values())).dtype)
+        step_size = (
+            -lr / correction1
+            if isinstance(lr, float)
+            else (-lr.double() / correction1).to(next(iter(grads.values())).dtype)
+        )
         out = {}
         for name, g in grads.items():
             m1, m2 = state[name]
             m1.lerp_(g, 1 - beta1)
             m2.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-            denom = (m2.sqrt() / correction2 ** 0.5).add_(self.eps)
+            denom = (m2.sqrt() / correction2**0.5).add_(self.eps)
             if isinstance(step_size, float):
                 out[name] = torch.addcdiv(params[name], m1, denom, value=step_size)
             else:

@@ -10,6 +10,7 @@ or an epoch, each a named idea of its own rather than a slice of the loop:
 * :class:`FiniteGuard`: when a non-finite loss is caught, and which state ``last_good.pt`` keeps.
 * :class:`CheckpointAveraging`: the last N epoch-end weights kept and scored as one averaged model.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,12 @@ from topklab.utils.errors import NonFiniteLossError
 
 def average_states(states: list[dict]) -> dict:
     """The element-wise mean of floating-point entries of several state dicts (others: the last's)."""
-    return {key: torch.stack([s[key].double() for s in states]).mean(0).to(value.dtype) if value.is_floating_point() else value
-            for key, value in states[-1].items()}
+    return {
+        key: torch.stack([s[key].double() for s in states]).mean(0).to(value.dtype)
+        if value.is_floating_point()
+        else value
+        for key, value in states[-1].items()
+    }
 
 
 def loss_scale(scaler: torch.amp.GradScaler) -> float:
@@ -149,7 +154,8 @@ class FiniteGuard:
             raise NonFiniteLossError(
                 f"non-finite loss ({float(objective.detach())}) at epoch {epoch + 1}, step "
                 f"{step + 1}; lower optim.lr, check the data, or set engine.amp=none",
-                last_good_state=self.snapshot())
+                last_good_state=self.snapshot(),
+            )
 
     def check(self, where: str, loss_sum: torch.Tensor, step: int) -> None:
         """An epoch's loss sum, at its end and before each checkpoint."""
@@ -160,7 +166,8 @@ class FiniteGuard:
         raise NonFiniteLossError(
             f"non-finite loss {where}; lower optim.lr or set engine.amp=none "
             f"(resume from the last finite checkpoint with engine.resume=true)",
-            last_good_state=self.snapshot() if self.each_step else self.last_state)
+            last_good_state=self.snapshot() if self.each_step else self.last_state,
+        )
 
 
 class CheckpointAveraging:
@@ -180,7 +187,7 @@ class CheckpointAveraging:
 
     def score(self, module, evaluate, splits, restore: dict) -> dict:
         """Metrics of the averaged weights on ``splits``; the module is left in ``restore``."""
-        epochs = self.store.weight_epochs()[-self.last:]
+        epochs = self.store.weight_epochs()[-self.last :]
         module.load_state_dict(average_states([self.store.load_weights(e) for e in epochs]))
         scores = {"epochs": epochs, **{split: evaluate(split) for split in splits}}
         module.load_state_dict(restore)

@@ -1,6 +1,7 @@
 """SIGTERM (what SLURM and most schedulers send before a kill) and Ctrl-C during training: the signal
 is noted, the engine writes its checkpoint at the end of the current step and stops with one line;
 rerunning the same command resumes exactly. A second Ctrl-C stops at once."""
+
 from __future__ import annotations
 
 import signal

@@ -17,13 +17,14 @@ per batch, ``_after_step`` for step-level validation, checkpoints and signals) a
 DDP, micro-batches, gradient exchange, checkpoint averaging and finite checks are hooks beside it
 (:mod:`topklab.engine.hooks`).
 """
+
 from __future__ import annotations
 
 import contextlib
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -85,10 +86,13 @@ def check_splits(data, splits, dataset_cfg=None) -> None:
     keys = list(dataset_cfg or {})
     fix = [f"dataset.{key}" for key in SIZE_SETTINGS[empty] if key in keys]
     source = next((key for key in SOURCE_SETTINGS if key in keys), None)
-    hints = ([f"give it examples with {' or '.join(fix)}"] if fix else []) + \
-        ([f"check its data under dataset.{source}={dataset_cfg[source]}"] if source else [])
-    raise TopklabError(f"dataset {data.name}: the {empty} split is empty ({counts} examples); "
-                       f"{' or '.join(hints) or 'check the dataset and its split settings'}")
+    hints = ([f"give it examples with {' or '.join(fix)}"] if fix else []) + (
+        [f"check its data under dataset.{source}={dataset_cfg[source]}"] if source else []
+    )
+    raise TopklabError(
+        f"dataset {data.name}: the {empty} split is empty ({counts} examples); "
+        f"{' or '.join(hints) or 'check the dataset and its split settings'}"
+    )
 
 
 class Engine:
@@ -153,18 +157,45 @@ class Engine:
         each epoch row adds ``sent_fraction``, ``selection_s`` and ``residual_norm``
     """
 
-    def __init__(self, epochs: int = 200, batch_size: int = 128, eval_batch_size: int | None = None,
-                 micro_batch_size: int | None = None,
-                 drop_last: bool = False, eval_every_steps: int | None = None, validate_at_start: bool = False,
-                 patience: int | None = None, min_delta: float = 0.0, select_metrics=None, report_state: str = "best",
-                 final_splits=("val", "test"), device: str = "auto", amp: str = "none", channels_last="auto",
-                 schedule: dict | None = None, clip_grad_norm: float = 0.0, average_last: int = 0, checkpoint: bool = True, checkpoint_every: int = 0, resume: bool = True,
-                 max_steps: int | None = None, profiler: dict | None = None, progress: bool = True,
-                 gradient_exchange=None, finite_check: str = "auto", deterministic: bool = False):
+    def __init__(
+        self,
+        epochs: int = 200,
+        batch_size: int = 128,
+        eval_batch_size: int | None = None,
+        micro_batch_size: int | None = None,
+        drop_last: bool = False,
+        eval_every_steps: int | None = None,
+        validate_at_start: bool = False,
+        patience: int | None = None,
+        min_delta: float = 0.0,
+        select_metrics=None,
+        report_state: str = "best",
+        final_splits=("val", "test"),
+        device: str = "auto",
+        amp: str = "none",
+        channels_last="auto",
+        schedule: dict | None = None,
+        clip_grad_norm: float = 0.0,
+        average_last: int = 0,
+        checkpoint: bool = True,
+        checkpoint_every: int = 0,
+        resume: bool = True,
+        max_steps: int | None = None,
+        profiler: dict | None = None,
+        progress: bool = True,
+        gradient_exchange=None,
+        finite_check: str = "auto",
+        deterministic: bool = False,
+    ):
         check_int("engine.epochs", epochs)
         check_int("engine.batch_size", batch_size)
-        for name, value in (("eval_batch_size", eval_batch_size), ("micro_batch_size", micro_batch_size),
-                            ("eval_every_steps", eval_every_steps), ("patience", patience), ("max_steps", max_steps)):
+        for name, value in (
+            ("eval_batch_size", eval_batch_size),
+            ("micro_batch_size", micro_batch_size),
+            ("eval_every_steps", eval_every_steps),
+            ("patience", patience),
+            ("max_steps", max_steps),
+        ):
             check_int(f"engine.{name}", value, allow_none=True)
         if report_state not in REPORT_STATES:
             raise ValueError(f"engine.report_state={report_state!r}; choose one of {', '.join(REPORT_STATES)}")
@@ -185,8 +216,15 @@ class Engine:
             raise ValueError("engine.select_metrics is empty; give metric names or null for the task's primary metric")
         unknown = set(final_splits) - set(SPLITS)
         if unknown or "val" not in final_splits:
-            raise ValueError(f"engine.final_splits={list(final_splits)} must include val and name only {', '.join(SPLITS)}")
-        self.epochs, self.batch_size, self.eval_batch_size, self.drop_last = epochs, batch_size, eval_batch_size, drop_last
+            raise ValueError(
+                f"engine.final_splits={list(final_splits)} must include val and name only {', '.join(SPLITS)}"
+            )
+        self.epochs, self.batch_size, self.eval_batch_size, self.drop_last = (
+            epochs,
+            batch_size,
+            eval_batch_size,
+            drop_last,
+        )
         self.micro_batch_size, self.report_state = micro_batch_size, report_state
         self.eval_every_steps, self.validate_at_start = eval_every_steps, validate_at_start
         self.patience, self.min_delta = patience, min_delta
@@ -196,19 +234,36 @@ class Engine:
         self.schedule = dict(schedule or {"name": "constant"})
         self.clip_grad_norm, self.average_last = clip_grad_norm, average_last
         LRFactor(steps_per_epoch=1, epochs=epochs, **self.schedule)  # validates the fields now
-        self.checkpoint, self.checkpoint_every, self.resume, self.max_steps = checkpoint, checkpoint_every, resume, max_steps
+        self.checkpoint, self.checkpoint_every, self.resume, self.max_steps = (
+            checkpoint,
+            checkpoint_every,
+            resume,
+            max_steps,
+        )
         self.profiler = {"enabled": False, "wait": 1, "warmup": 1, "active": 3, **(profiler or {})}
         self.progress, self.finite_check, self.deterministic = progress, finite_check, bool(deterministic)
         if gradient_exchange is not None and micro_batch_size:
-            raise ValueError("engine.gradient_exchange already splits each batch into its workers' shards; "
-                             "set engine.micro_batch_size=null")
+            raise ValueError(
+                "engine.gradient_exchange already splits each batch into its workers' shards; "
+                "set engine.micro_batch_size=null"
+            )
         self.gradient_exchange = gradient_exchange
 
-    def fit(self, module: TrainingModule, optimizer: torch.optim.Optimizer, data, task, seed: int,
-            on_epoch_end: Callable[[dict], None] = lambda row: None, on_eval: Callable[[dict], None] = lambda row: None,
-            replay_logged: Callable[[list[dict]], None] = lambda rows: None,
-            workdir: str | Path | None = None, run_dir: str | Path | None = None, logger_id: str | None = None,
-            dist: Distributed | None = None) -> dict:
+    def fit(
+        self,
+        module: TrainingModule,
+        optimizer: torch.optim.Optimizer,
+        data,
+        task,
+        seed: int,
+        on_epoch_end: Callable[[dict], None] = lambda row: None,
+        on_eval: Callable[[dict], None] = lambda row: None,
+        replay_logged: Callable[[list[dict]], None] = lambda rows: None,
+        workdir: str | Path | None = None,
+        run_dir: str | Path | None = None,
+        logger_id: str | None = None,
+        dist: Distributed | None = None,
+    ) -> dict:
         """Train, select, and score the selected states; returns the run's summary fields.
 
         ``on_eval`` receives each logged row; the rows are kept in the checkpoint, and a resumed run
@@ -220,8 +275,9 @@ class Engine:
         outputs are gathered, so every rank computes the same metrics; only the main rank writes
         checkpoints (see :mod:`topklab.engine.distributed` for what k means under DDP).
         """
-        run = TrainingRun(self, module, optimizer, data, task, seed, dist or Distributed(),
-                          (on_epoch_end, on_eval, replay_logged))
+        run = TrainingRun(
+            self, module, optimizer, data, task, seed, dist or Distributed(), (on_epoch_end, on_eval, replay_logged)
+        )
         run.open(workdir, logger_id)
         run.start(run_dir)
         with run.profiler:
@@ -250,15 +306,35 @@ class Engine:
         last = state["history"][-1]
         return {
             "metrics": {split: primary[split] for split in SPLITS if split in self.final_splits},
-            "selection": {m: {"epoch": r["epoch"], "step": r["step"], **{s: r[s][m] for s in self.final_splits}}
-                          for m, r in results.items()},
-            "best_step": primary["step"], "best_epoch": primary["epoch"], "steps": state["step"], "epochs": state["epoch"],
-            "early_stopped": state["early_stopped"], "lambda": module.objective.threshold,
-            "lambda_tracking": lambda_tracking(state["history"]) if hasattr(module.objective.aggregate, "monitor") else None,
-            "train_seconds": state["train_seconds"], "segments": state["segments"], "device": str(device), "amp": self.amp,
+            "selection": {
+                m: {"epoch": r["epoch"], "step": r["step"], **{s: r[s][m] for s in self.final_splits}}
+                for m, r in results.items()
+            },
+            "best_step": primary["step"],
+            "best_epoch": primary["epoch"],
+            "steps": state["step"],
+            "epochs": state["epoch"],
+            "early_stopped": state["early_stopped"],
+            "lambda": module.objective.threshold,
+            "lambda_tracking": lambda_tracking(state["history"])
+            if hasattr(module.objective.aggregate, "monitor")
+            else None,
+            "train_seconds": state["train_seconds"],
+            "segments": state["segments"],
+            "device": str(device),
+            "amp": self.amp,
             "channels_last": channels_last,
-            "cost": {k: last[k] for k in ("step_time_s", "images_per_s", "losses_per_s", "data_wait_share", "loss_share",
-                                          "peak_memory_mb")},
+            "cost": {
+                k: last[k]
+                for k in (
+                    "step_time_s",
+                    "images_per_s",
+                    "losses_per_s",
+                    "data_wait_share",
+                    "loss_share",
+                    "peak_memory_mb",
+                )
+            },
             "history": state["history"],
         }
 
@@ -272,11 +348,14 @@ class TrainingRun:
     DDP adds, ``guard`` the finite checks and ``averaging`` the checkpoint averaging.
     """
 
-    def __init__(self, engine: Engine, module: TrainingModule, optimizer, data, task, seed: int,
-                 dist: Distributed, callbacks):
+    def __init__(
+        self, engine: Engine, module: TrainingModule, optimizer, data, task, seed: int, dist: Distributed, callbacks
+    ):
         if engine.micro_batch_size and dist.is_distributed and module.objective.gather_losses:
-            raise ValueError("engine.micro_batch_size with objective.gather_losses under DDP would gather a different "
-                             "number of chunks per rank; use one of the two")
+            raise ValueError(
+                "engine.micro_batch_size with objective.gather_losses under DDP would gather a different "
+                "number of chunks per rank; use one of the two"
+            )
         if engine.gradient_exchange is not None and dist.is_distributed:
             raise ValueError("engine.gradient_exchange simulates its workers in one process; run it without torchrun")
         self.engine, self.module, self.optimizer, self.data, self.task = engine, module, optimizer, data, task
@@ -285,7 +364,9 @@ class TrainingRun:
         self.plan = batch_plan(engine.micro_batch_size, engine.gradient_exchange)
         device = resolve_device(engine.device_name)
         self.device = dist.device if dist.is_distributed and device.type == "cuda" else device
-        self.channels_last = self.device.type == "cuda" if engine.channels_last == "auto" else bool(engine.channels_last)
+        self.channels_last = (
+            self.device.type == "cuda" if engine.channels_last == "auto" else bool(engine.channels_last)
+        )
         self.amp_dtype = AMP_DTYPES[engine.amp]
         self.select = engine.select_metrics or [task.primary]
         self.signs = {metric: 1.0 if task.higher_is_better(metric) else -1.0 for metric in self.select}
@@ -294,7 +375,9 @@ class TrainingRun:
         self.plan.attach(module, self.device)
         check_splits(data, ["train", "val", *engine.final_splits])
         self.wrapped = dist.wrap(module)
-        self.train_loader = data.train_loader(engine.batch_size, engine.drop_last, seed, self.device, self.channels_last)
+        self.train_loader = data.train_loader(
+            engine.batch_size, engine.drop_last, seed, self.device, self.channels_last
+        )
         self.scheduler = self._scheduler(len(self.train_loader))
         self.monitor = getattr(module.objective.aggregate, "monitor", None)
         if self.monitor is not None:  # λ in band counts the calls after the first 10 % of the run's
@@ -309,10 +392,15 @@ class TrainingRun:
         factor = LRFactor(steps_per_epoch=steps_per_epoch, epochs=self.engine.epochs, **self.engine.schedule)
         constant = LRFactor("constant", steps_per_epoch=steps_per_epoch, epochs=self.engine.epochs)
         return torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, [constant if group.get("constant_lr") else factor for group in self.optimizer.param_groups])
+            self.optimizer, [constant if group.get("constant_lr") else factor for group in self.optimizer.param_groups]
+        )
 
     def autocast(self):
-        return contextlib.nullcontext() if self.amp_dtype is None else torch.autocast(self.device.type, dtype=self.amp_dtype)
+        return (
+            contextlib.nullcontext()
+            if self.amp_dtype is None
+            else torch.autocast(self.device.type, dtype=self.amp_dtype)
+        )
 
     def snapshot(self) -> dict:
         return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
@@ -321,12 +409,18 @@ class TrainingRun:
         """The task's metrics of the current state on ``split`` (every rank's outputs gathered)."""
         self.replicas.sync_buffers(self.module)
         if split not in self.loaders:
-            self.loaders[split] = self.data.eval_loader(split, self.engine.eval_batch_size, self.device, self.channels_last)
+            self.loaders[split] = self.data.eval_loader(
+                split, self.engine.eval_batch_size, self.device, self.channels_last
+            )
         self.module.eval()
         local = self.replicas.local
         with torch.no_grad(), self.autocast():
-            outputs = concat_outputs([self.task.outputs(self.module.model, local(x), local(y), split)
-                                      for x, y in self.loaders[split].batches()])
+            outputs = concat_outputs(
+                [
+                    self.task.outputs(self.module.model, local(x), local(y), split)
+                    for x, y in self.loaders[split].batches()
+                ]
+            )
         self.module.train()
         return self.task.metrics(outputs, self.data.targets(split))
 
@@ -336,12 +430,29 @@ class TrainingRun:
         """Fresh progress, the trackers and the checkpoint store; resumed from it when asked."""
         engine = self.engine
         self.identity = segment_identity(self.device)
-        self.state = {"epoch": 0, "batch": 0, "step": 0, "loss_sum": 0.0, "history": [], "best": {}, "trackers": None,
-                      "train_seconds": 0.0, "logger_id": logger_id, "finished": False, "early_stopped": False,
-                      "segments": [{**self.identity, "from_step": 0}], "logged": []}
-        self.trackers = {m: EarlyStopping(torch.tensor([-float("inf")], dtype=torch.float64),
-                                          engine.patience if i == 0 else None, engine.min_delta)
-                         for i, m in enumerate(self.select)}
+        self.state = {
+            "epoch": 0,
+            "batch": 0,
+            "step": 0,
+            "loss_sum": 0.0,
+            "history": [],
+            "best": {},
+            "trackers": None,
+            "train_seconds": 0.0,
+            "logger_id": logger_id,
+            "finished": False,
+            "early_stopped": False,
+            "segments": [{**self.identity, "from_step": 0}],
+            "logged": [],
+        }
+        self.trackers = {
+            m: EarlyStopping(
+                torch.tensor([-float("inf")], dtype=torch.float64),
+                engine.patience if i == 0 else None,
+                engine.min_delta,
+            )
+            for i, m in enumerate(self.select)
+        }
         self.store = CheckpointStore(workdir) if workdir is not None and engine.checkpoint else None
         if self.store is not None and self.dist.is_main:
             self.store.remove_stale_temporaries()
@@ -350,19 +461,31 @@ class TrainingRun:
             self._resume(self.store.load(), logger_id)
 
     def _checkpoint_parts(self) -> dict:
-        return {"module": self.module, "optimizer": self.optimizer, "scheduler": self.scheduler, "scaler": self.scaler,
-                **self.plan.checkpoint_parts()}
+        return {
+            "module": self.module,
+            "optimizer": self.optimizer,
+            "scheduler": self.scheduler,
+            "scaler": self.scaler,
+            **self.plan.checkpoint_parts(),
+        }
 
     def _resume(self, saved, logger_id: str | None) -> None:
         """Continue from a checkpoint of this run: checked whole, then every part loaded."""
         store = self.store
-        lacking = [key for key in (*TRAINING_STATE, *self.plan.checkpoint_parts())
-                   if not isinstance(saved, dict) or key not in saved]
+        lacking = [
+            key
+            for key in (*TRAINING_STATE, *self.plan.checkpoint_parts())
+            if not isinstance(saved, dict) or key not in saved
+        ]
         if lacking:
             raise not_this_run(store.path, f"it is not a training checkpoint of this engine: no {', '.join(lacking)}")
         segments = saved["progress"].get("segments")
-        check_resumable({k: v for k, v in segments[-1].items() if k != "from_step"} if segments else None, self.identity,
-                        store.directory, force=self.engine.resume == "force")
+        check_resumable(
+            {k: v for k, v in segments[-1].items() if k != "from_step"} if segments else None,
+            self.identity,
+            store.directory,
+            force=self.engine.resume == "force",
+        )
         mismatch = state_mismatch(saved["module"], self.module.state_dict())
         if mismatch:  # checked before loading: the model is not left half-loaded
             raise not_this_run(store.path, f"another model wrote it: {mismatch}")
@@ -370,8 +493,9 @@ class TrainingRun:
             try:
                 target.load_state_dict(saved[part])
             except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as err:
-                raise not_this_run(store.path, f"its {part} state does not load: {' '.join(str(err).split())[:200]}") \
-                    from None
+                raise not_this_run(
+                    store.path, f"its {part} state does not load: {' '.join(str(err).split())[:200]}"
+                ) from None
         set_rng_state(saved["rng"])
         self.state = state = saved["progress"]
         state["segments"] = [*(segments or []), {**self.identity, "from_step": state["step"]}]
@@ -403,11 +527,22 @@ class TrainingRun:
         if self.monitor is not None:
             state["lambda_monitor"] = self.monitor.state_dict()
         parts = self._checkpoint_parts()
-        self.store.save({**{name: parts[name].state_dict() for name in ("module", "optimizer", "scheduler", "scaler")},
-                         "rng": rng_state(), "progress": state,
-                         **{name: target.state_dict() for name, target in self.plan.checkpoint_parts().items()}},
-                        {"epoch": state["epoch"], "batch": state["batch"], "step": state["step"],
-                         "logger_id": state["logger_id"], "finished": state["finished"], "segments": state["segments"]})
+        self.store.save(
+            {
+                **{name: parts[name].state_dict() for name in ("module", "optimizer", "scheduler", "scaler")},
+                "rng": rng_state(),
+                "progress": state,
+                **{name: target.state_dict() for name, target in self.plan.checkpoint_parts().items()},
+            },
+            {
+                "epoch": state["epoch"],
+                "batch": state["batch"],
+                "step": state["step"],
+                "logger_id": state["logger_id"],
+                "finished": state["finished"],
+                "segments": state["segments"],
+            },
+        )
 
     # -- validation and selection ----------------------------------------------------------------
 
@@ -424,13 +559,23 @@ class TrainingRun:
             if bool(improved):
                 # report_state=last replaces the best states at the end: no copy of the weights per improvement
                 best_state = best_state or (self.snapshot() if self.engine.report_state == "best" else None)
-                state["best"][metric] = {"value": val[metric], "epoch": epoch, "step": state["step"], "val": val,
-                                         "state": best_state}
+                state["best"][metric] = {
+                    "value": val[metric],
+                    "epoch": epoch,
+                    "step": state["step"],
+                    "val": val,
+                    "state": best_state,
+                }
             stop = stop or (i == 0 and bool(out_of_patience))
         if self.engine.eval_every_steps:  # epoch-level validation logs the whole epoch row instead
-            self.log({"step": state["step"], "epoch": epoch,
-                      **{f"val_{k}": v for k, v in self.task.scalar_metrics(val).items()},
-                      "lambda": self.module.objective.threshold})
+            self.log(
+                {
+                    "step": state["step"],
+                    "epoch": epoch,
+                    **{f"val_{k}": v for k, v in self.task.scalar_metrics(val).items()},
+                    "lambda": self.module.objective.threshold,
+                }
+            )
         return stop
 
     # -- training --------------------------------------------------------------------------------
@@ -439,8 +584,11 @@ class TrainingRun:
         """The finite guard and running loss sum, data-dependent initialisation, the optional
         step-0 validation, and the profilers."""
         engine, state, device = self.engine, self.state, self.device
-        each_step = (device.type != "cuda" and not self.dist.is_distributed if engine.finite_check == "auto"
-                     else engine.finite_check == "step")  # no per-step sync on a GPU or across ranks
+        each_step = (
+            device.type != "cuda" and not self.dist.is_distributed
+            if engine.finite_check == "auto"
+            else engine.finite_check == "step"
+        )  # no per-step sync on a GPU or across ranks
         self.guard = FiniteGuard(each_step, self.snapshot, state["step"])
         self.running = torch.tensor(state["loss_sum"], dtype=torch.float64, device=device)
         if state["step"] == 0 and hasattr(self.module.model, "initialise_from_data"):  # e.g. a head from class means
@@ -464,8 +612,13 @@ class TrainingRun:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self.epoch_start = time.perf_counter()
-        bar = tqdm(total=len(self.train_loader), initial=self.state["batch"], desc=f"epoch {epoch + 1}/{self.engine.epochs}",
-                   disable=not self.engine.progress, leave=False)
+        bar = tqdm(
+            total=len(self.train_loader),
+            initial=self.state["batch"],
+            desc=f"epoch {epoch + 1}/{self.engine.epochs}",
+            disable=not self.engine.progress,
+            leave=False,
+        )
         self.val, self.validated_step = None, None
         fetch_start = time.perf_counter()
         for x, y in self.train_loader.batches(epoch, start=self.state["batch"]):
@@ -541,10 +694,14 @@ class TrainingRun:
         self.state["train_seconds"] += time.perf_counter() - self.epoch_start
         self.save_checkpoint()
         number = pending_signal() or signal.SIGTERM
-        saved = f"checkpoint saved in {self.store.directory}; rerun the same command to resume" \
-            if self.store is not None else "nothing saved (engine.checkpoint=false)"
-        raise Interrupted(f"{signal.Signals(number).name} at epoch {epoch + 1}, step {self.state['step']}: "
-                          f"{saved}", number)
+        saved = (
+            f"checkpoint saved in {self.store.directory}; rerun the same command to resume"
+            if self.store is not None
+            else "nothing saved (engine.checkpoint=false)"
+        )
+        raise Interrupted(
+            f"{signal.Signals(number).name} at epoch {epoch + 1}, step {self.state['step']}: {saved}", number
+        )
 
     def end_epoch(self, epoch: int) -> bool:
         """The epoch's finite check, validation, row, kept weights and checkpoint; True when training ends."""
@@ -572,14 +729,21 @@ class TrainingRun:
 
     def _epoch_row(self, epoch: int, loss_sum: torch.Tensor, cost: dict, peak_mb: float) -> dict:
         state, model = self.state, self.module.model
-        return {"epoch": epoch + 1, "step": state["step"], "lr": self.scheduler.get_last_lr()[0],
-                "train_loss": float(loss_sum) / max(state["batch"], 1),
-                **{f"val_{k}": v for k, v in self.task.scalar_metrics(self.val).items()},
-                "lambda": self.module.objective.threshold, "best_step": state["best"].get(self.select[0], {}).get("step"),
-                **cost, "peak_memory_mb": peak_mb, "elapsed_s": state["train_seconds"],
-                **self.plan.epoch_summary(),
-                **(self.monitor.pop_epoch() if self.monitor is not None else {}),
-                **(model.pop_epoch_diagnostics() if hasattr(model, "pop_epoch_diagnostics") else {})}
+        return {
+            "epoch": epoch + 1,
+            "step": state["step"],
+            "lr": self.scheduler.get_last_lr()[0],
+            "train_loss": float(loss_sum) / max(state["batch"], 1),
+            **{f"val_{k}": v for k, v in self.task.scalar_metrics(self.val).items()},
+            "lambda": self.module.objective.threshold,
+            "best_step": state["best"].get(self.select[0], {}).get("step"),
+            **cost,
+            "peak_memory_mb": peak_mb,
+            "elapsed_s": state["train_seconds"],
+            **self.plan.epoch_summary(),
+            **(self.monitor.pop_epoch() if self.monitor is not None else {}),
+            **(model.pop_epoch_diagnostics() if hasattr(model, "pop_epoch_diagnostics") else {}),
+        }
 
     def finish(self) -> dict:
         """The reported states (best or last) scored, and the averaged weights when kept."""
@@ -587,11 +751,16 @@ class TrainingRun:
         if select[0] not in state["best"]:  # validation every N steps never came round
             self.record_validation(self.evaluate("val"), state["epoch"])
         if self.engine.report_state == "last":
-            final = {"epoch": state["epoch"], "step": state["step"], "val": state.get("last_val") or self.evaluate("val"),
-                     "state": self.snapshot()}
+            final = {
+                "epoch": state["epoch"],
+                "step": state["step"],
+                "val": state.get("last_val") or self.evaluate("val"),
+                "state": self.snapshot(),
+            }
             state["best"] = {metric: {**final, "value": final["val"][metric]} for metric in select}
         result = self.engine._score_selected(self.module, state, select, self.evaluate, self.device, self.channels_last)
         if self.averaging.enabled:
-            result["averaged"] = self.averaging.score(self.module, self.evaluate, self.engine.final_splits,
-                                                      next(iter(state["best"].values()))["state"])
+            result["averaged"] = self.averaging.score(
+                self.module, self.evaluate, self.engine.final_splits, next(iter(state["best"].values()))["state"]
+            )
         return result

@@ -5,6 +5,7 @@
 optimizer's parameter groups, the checkpoint and a DistributedDataParallel wrapper see, so λ is
 saved, restored and all-reduced with the model's weights.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,8 +42,14 @@ class Objective(nn.Module):
     8.0
     """
 
-    def __init__(self, individual: nn.Module, aggregate: nn.Module, l2_C: float | None = None, l1: float = 0.0,
-                 gather_losses: bool = False):
+    def __init__(
+        self,
+        individual: nn.Module,
+        aggregate: nn.Module,
+        l2_C: float | None = None,
+        l1: float = 0.0,
+        gather_losses: bool = False,
+    ):
         super().__init__()
         if l2_C is not None and not l2_C > 0:
             raise ValueError(f"objective.l2_C={l2_C} must be > 0 (or null for no regulariser)")

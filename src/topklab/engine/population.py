@@ -10,6 +10,7 @@ best validation state (``tests/test_population.py`` checks members against such 
 aggregate is an :class:`~topklab.losses.aggregate.base.Aggregate` module run through its batched
 kernel, the same kernel its 1-D forward uses.
 """
+
 from __future__ import annotations
 
 import math
@@ -79,16 +80,22 @@ class Members:
             value = getattr(self, field.name)
             value = list(value) if isinstance(value, (list, tuple)) else [value] * size
             if len(value) != size:
-                raise TopklabError(f"members.{field.name} has {len(value)} entries for {size} members; give one "
-                                   f"per member or a single value")
+                raise TopklabError(
+                    f"members.{field.name} has {len(value)} entries for {size} members; give one "
+                    f"per member or a single value"
+                )
             setattr(self, field.name, value)
         for k in self.k:
             validate_k(k)
-        checks = (("split", lambda v: isinstance(v, numbers.Integral) and v >= 0, "an int >= 0"),
-                  ("seed", lambda v: isinstance(v, numbers.Integral) and v >= 0, "an int >= 0"),
-                  ("lr", lambda v: v > 0, "> 0"), ("l2_C", lambda v: v > 0, "> 0 (inf for none)"),
-                  ("l1", lambda v: v >= 0, ">= 0"), ("delta", lambda v: v > 0, "> 0"),
-                  ("lam_init", lambda v: v == "auto" or math.isfinite(v), "a number or 'auto'"))
+        checks = (
+            ("split", lambda v: isinstance(v, numbers.Integral) and v >= 0, "an int >= 0"),
+            ("seed", lambda v: isinstance(v, numbers.Integral) and v >= 0, "an int >= 0"),
+            ("lr", lambda v: v > 0, "> 0"),
+            ("l2_C", lambda v: v > 0, "> 0 (inf for none)"),
+            ("l1", lambda v: v >= 0, ">= 0"),
+            ("delta", lambda v: v > 0, "> 0"),
+            ("lam_init", lambda v: v == "auto" or math.isfinite(v), "a number or 'auto'"),
+        )
         for name, ok, rule in checks:
             bad = [v for v in getattr(self, name) if isinstance(v, bool) or not _safe(ok, v)]
             if bad:
@@ -146,8 +153,10 @@ def _stack(groups: Sequence, part: str, dtype: torch.dtype) -> tuple[torch.Tenso
     if any(v is None for v in xs + ys):
         raise TopklabError(f"a data group has no {part} part (x_{part}, y_{part}); leave {part!r} out of report")
     if len({tuple(x.shape) for x in xs}) != 1:
-        raise TopklabError(f"the data groups' {part} parts differ in shape ({sorted({tuple(x.shape) for x in xs})}); "
-                           f"a population needs equally sized groups")
+        raise TopklabError(
+            f"the data groups' {part} parts differ in shape ({sorted({tuple(x.shape) for x in xs})}); "
+            f"a population needs equally sized groups"
+        )
     return torch.stack(xs).to(dtype), torch.stack(ys).to(dtype)
 
 
@@ -206,19 +215,41 @@ class PopulationExecutor:
     (['best_step', 'diverged', 'lambda', 'params', 'steps', 'val_rmse'], torch.Size([2]), True)
     """
 
-    def __init__(self, aggregate: Aggregate, individual: nn.Module, model: StackedModel,
-                 optimizer: FunctionalOptimizer, metric: Metric, max_epochs: int = 200, batch_size: int = 16,
-                 eval_every: int = 1, patience: int | None = 50, min_delta: float = 1e-6, drop_last: bool = True,
-                 layout: type = Gathered, eval_chunk: int = 4096, dtype: torch.dtype = torch.float32,
-                 report_state: str = "best"):
+    def __init__(
+        self,
+        aggregate: Aggregate,
+        individual: nn.Module,
+        model: StackedModel,
+        optimizer: FunctionalOptimizer,
+        metric: Metric,
+        max_epochs: int = 200,
+        batch_size: int = 16,
+        eval_every: int = 1,
+        patience: int | None = 50,
+        min_delta: float = 1e-6,
+        drop_last: bool = True,
+        layout: type = Gathered,
+        eval_chunk: int = 4096,
+        dtype: torch.dtype = torch.float32,
+        report_state: str = "best",
+    ):
         if not isinstance(aggregate, Aggregate):
-            raise TopklabError(f"aggregate={aggregate!r} is not an Aggregate module; build one with "
-                               f"topklab.engine.aggregates.build_aggregate(name)")
+            raise TopklabError(
+                f"aggregate={aggregate!r} is not an Aggregate module; build one with "
+                f"topklab.engine.aggregates.build_aggregate(name)"
+            )
         if getattr(aggregate, "lam_lr", None) is not None:
-            raise TopklabError(f"the population executor trains λ at each member's lr; build the aggregate with "
-                               f"lam_lr=None, not {aggregate!r}")
-        for name, value in (("max_epochs", max_epochs), ("batch_size", batch_size), ("eval_every", eval_every),
-                            ("eval_chunk", eval_chunk), ("patience", 1 if patience is None else patience)):
+            raise TopklabError(
+                f"the population executor trains λ at each member's lr; build the aggregate with "
+                f"lam_lr=None, not {aggregate!r}"
+            )
+        for name, value in (
+            ("max_epochs", max_epochs),
+            ("batch_size", batch_size),
+            ("eval_every", eval_every),
+            ("eval_chunk", eval_chunk),
+            ("patience", 1 if patience is None else patience),
+        ):
             check_int(f"population {name}", value, error=TopklabError)
         if not min_delta >= 0:
             raise TopklabError(f"population min_delta={min_delta!r} must be >= 0")
@@ -233,8 +264,13 @@ class PopulationExecutor:
         self.layout, self.eval_chunk, self.dtype = layout, eval_chunk, dtype
         self.report_state = report_state
 
-    def fit(self, groups: Sequence, members: Members, report: Sequence[str] = ("train", "val", "test"),
-            on_stop: Callable[[int], None] | None = None) -> dict:
+    def fit(
+        self,
+        groups: Sequence,
+        members: Members,
+        report: Sequence[str] = ("train", "val", "test"),
+        on_stop: Callable[[int], None] | None = None,
+    ) -> dict:
         """Train every member; returns per-member results in member order:
 
         ``best_step``, ``steps`` (long), ``diverged`` (bool: the objective became non-finite; such a
@@ -253,7 +289,7 @@ class PopulationExecutor:
                 break
             orders = torch.stack([torch.randperm(run.n_train, generator=g) for g in run.generators])
             for b in range(run.per_epoch):
-                positions = orders[:, b * self.batch_size:(b + 1) * self.batch_size]
+                positions = orders[:, b * self.batch_size : (b + 1) * self.batch_size]
                 if self._train_batch(run, positions, members, on_stop):
                     break
         rows, best = run.rows, run.best
@@ -279,35 +315,57 @@ class PopulationExecutor:
         per_epoch = batches_per_epoch(n_train, self.batch_size, self.drop_last)
         # batch sizes of an epoch; the first, min(batch_size, n), is also auto-λ's B
         sizes = {min(self.batch_size, n_train - b * self.batch_size) for b in range(per_epoch)}
-        settings = {"lr": torch.tensor(members.lr, dtype=torch.float64),
-                    "inv_2c": 1.0 / (2.0 * torch.as_tensor(members.l2_C, dtype=self.dtype)),
-                    "l1": torch.as_tensor(members.l1, dtype=self.dtype),
-                    "delta": torch.as_tensor(members.delta, dtype=self.dtype),
-                    **{("k", size): torch.as_tensor([resolve_k(k, size) for k in members.k], dtype=self.dtype)
-                       for size in sizes}}
-        return SimpleNamespace(layout=layout, xtr=xtr, ytr=ytr, xva=xva, yva=yva, generators=generators,
-                               n_train=n_train, per_epoch=per_epoch, settings=settings,
-                               penalties=(any(math.isfinite(c) for c in members.l2_C), any(v > 0 for v in members.l1)),
-                               uniform_lr=len(set(members.lr)) == 1)
+        settings = {
+            "lr": torch.tensor(members.lr, dtype=torch.float64),
+            "inv_2c": 1.0 / (2.0 * torch.as_tensor(members.l2_C, dtype=self.dtype)),
+            "l1": torch.as_tensor(members.l1, dtype=self.dtype),
+            "delta": torch.as_tensor(members.delta, dtype=self.dtype),
+            **{
+                ("k", size): torch.as_tensor([resolve_k(k, size) for k in members.k], dtype=self.dtype)
+                for size in sizes
+            },
+        }
+        return SimpleNamespace(
+            layout=layout,
+            xtr=xtr,
+            ytr=ytr,
+            xva=xva,
+            yva=yva,
+            generators=generators,
+            n_train=n_train,
+            per_epoch=per_epoch,
+            settings=settings,
+            penalties=(any(math.isfinite(c) for c in members.l2_C), any(v > 0 for v in members.l1)),
+            uniform_lr=len(set(members.lr)) == 1,
+        )
 
     def _start(self, run: SimpleNamespace, members: Members) -> None:
         """Initial parameters and λ, the best states, the tracker (scored once) and the optimizer state."""
         layout = run.layout
         params = self.model.init(members.seed, self.dtype)
-        run.rows = rows = _Rows(layout.rows, {name: t[layout.rows] for name, t in params.items()},
-                                {name: t[layout.rows] for name, t in run.settings.items()})
+        run.rows = rows = _Rows(
+            layout.rows,
+            {name: t[layout.rows] for name, t in params.items()},
+            {name: t[layout.rows] for name, t in run.settings.items()},
+        )
         rows.params["lam"] = self._initial_lambda(members, layout, rows, run.xtr, run.ytr)
-        run.best = {**{name: t.clone() for name, t in params.items()},
-                    "lam": torch.empty_like(rows.params["lam"]).index_copy_(0, rows.ids, rows.params["lam"])}
+        run.best = {
+            **{name: t.clone() for name, t in params.items()},
+            "lam": torch.empty_like(rows.params["lam"]).index_copy_(0, rows.ids, rows.params["lam"]),
+        }
         sign = 1.0 if self.metric.higher_is_better else -1.0
 
         def score() -> torch.Tensor:
-            return sign * layout.reduce(run.rows.params, run.rows.ids, run.xva, run.yva,
-                                        lambda out, y, idx: self.metric.fn(out, y))
+            return sign * layout.reduce(
+                run.rows.params, run.rows.ids, run.xva, run.yva, lambda out, y, idx: self.metric.fn(out, y)
+            )
 
         run.score = score
-        run.tracker = EarlyStopping(torch.empty(len(members), dtype=torch.float64).index_copy_(0, rows.ids, score()),
-                                    self.patience, self.min_delta)
+        run.tracker = EarlyStopping(
+            torch.empty(len(members), dtype=torch.float64).index_copy_(0, rows.ids, score()),
+            self.patience,
+            self.min_delta,
+        )
         run.solved = self.aggregate.has_threshold and self.aggregate.lam_update == "solve"
         run.trained = list(self.model.names) + (["lam"] if self.aggregate.has_threshold and not run.solved else [])
         rows.state = self.optimizer.init({name: rows.params[name] for name in run.trained})
@@ -323,12 +381,14 @@ class PopulationExecutor:
         losses = self.individual(outputs, targets).reshape(len(rows.ids), -1)
         if run.solved:  # each running member's root on its batch, warm-started from its last (a constant)
             with torch.no_grad():
-                root = self.aggregate.solve_rows(losses.detach(), rows.settings["k", positions.shape[1]],
-                                                 rows.settings["delta"], rows.params["lam"])
+                root = self.aggregate.solve_rows(
+                    losses.detach(), rows.settings["k", positions.shape[1]], rows.settings["delta"], rows.params["lam"]
+                )
                 keep = rows.running & torch.isfinite(root)
                 rows.params["lam"] = leaves["lam"] = torch.where(keep, root, rows.params["lam"])
-        objective = self._objective(leaves, losses, rows.settings, rows.settings["k", positions.shape[1]],
-                                    run.penalties)
+        objective = self._objective(
+            leaves, losses, rows.settings, rows.settings["k", positions.shape[1]], run.penalties
+        )
         finite = torch.isfinite(objective)
         grads = torch.autograd.grad(objective.sum(), [leaves[name] for name in trained])
         run.step += 1
@@ -366,8 +426,7 @@ class PopulationExecutor:
             rows.keep(rows.running, self.optimizer)
         return not rows.running.any()
 
-    def _initial_lambda(self, members: Members, layout, rows: _Rows, x: torch.Tensor,
-                        y: torch.Tensor) -> torch.Tensor:
+    def _initial_lambda(self, members: Members, layout, rows: _Rows, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """λ of each row: the given number, or ``auto`` (:func:`initial_threshold` of the initial
         model's training losses), stored through the aggregate's λ constraint."""
         lam = torch.tensor([0.0 if v == "auto" else float(v) for v in members.lam_init], dtype=self.dtype)[rows.ids]
@@ -386,25 +445,32 @@ class PopulationExecutor:
             lam = torch.tensor([self.aggregate.lam_of(v) for v in lam.tolist()], dtype=self.dtype)
         return lam
 
-    def _objective(self, leaves: dict, losses: torch.Tensor, settings: dict, k: torch.Tensor,
-                   penalties: tuple[bool, bool]) -> torch.Tensor:
+    def _objective(
+        self, leaves: dict, losses: torch.Tensor, settings: dict, k: torch.Tensor, penalties: tuple[bool, bool]
+    ) -> torch.Tensor:
         """Per row: ``aggregate(losses) + 1/(2C)·Σθ² + l1·Σ|W|`` (a penalty no member uses is skipped)."""
         lam = self.aggregate.threshold_of(leaves["lam"]) if self.aggregate.has_threshold else None
         value = self.aggregate.batched(losses, k, lam, settings["delta"])
         use_l2, use_l1 = penalties
         if use_l2:
-            value = value + settings["inv_2c"] * reduce(operator.add, (leaves[n].square().flatten(1).sum(1)
-                                                                      for n in self.model.names))
+            value = value + settings["inv_2c"] * reduce(
+                operator.add, (leaves[n].square().flatten(1).sum(1) for n in self.model.names)
+            )
         if use_l1:
-            value = value + settings["l1"] * reduce(operator.add, (leaves[n].abs().flatten(1).sum(1)
-                                                                   for n in self.model.weights))
+            value = value + settings["l1"] * reduce(
+                operator.add, (leaves[n].abs().flatten(1).sum(1) for n in self.model.weights)
+            )
         return value
 
     def _result(self, layout, best: dict, tracker: EarlyStopping, steps, diverged, groups, report) -> dict:
         lam = best["lam"]
-        result = {"best_step": tracker.best_step.clone(), "steps": steps, "diverged": diverged,
-                  "lambda": self.aggregate.threshold_of(lam).detach() if self.aggregate.has_threshold else lam,
-                  "params": {name: best[name] for name in self.model.names}}
+        result = {
+            "best_step": tracker.best_step.clone(),
+            "steps": steps,
+            "diverged": diverged,
+            "lambda": self.aggregate.threshold_of(lam).detach() if self.aggregate.has_threshold else lam,
+            "params": {name: best[name] for name in self.model.names},
+        }
         rows = layout.rows
         in_layout = {name: t[rows] for name, t in best.items()}
         for part in report:

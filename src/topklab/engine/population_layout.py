@@ -12,6 +12,7 @@ rounding (not in what is computed):
   stops is frozen at its best state while its row keeps computing. Right for wide inputs where a
   per-member copy of the batch would cost more (the synthetic task: d = 200, B = 512).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -38,16 +39,16 @@ class Gathered:
         self.model, self.split, self.pair, self.chunk = model, split, pair, chunk
         self.rows = torch.arange(len(split))
 
-    def train_outputs(self, params: dict, rows: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-                      positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def train_outputs(
+        self, params: dict, rows: torch.Tensor, x: torch.Tensor, y: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Outputs (..., B, 1) and targets (broadcastable to the outputs' (..., B)) of rows ``rows``
         on their batch: positions ``positions[pair]`` (one row of positions per pair) of their split
         of x (S, n, d), y (S, n); the leading dimensions flatten to the rows. Here (R, B, 1), (R, B)."""
         xb, yb = _batch(x, y, self.split[rows][:, None], positions[self.pair[rows]])
         return self.model.gathered(params, xb), yb
 
-    def reduce(self, params: dict, rows: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-               fn: Callable) -> torch.Tensor:
+    def reduce(self, params: dict, rows: torch.Tensor, x: torch.Tensor, y: torch.Tensor, fn: Callable) -> torch.Tensor:
         """``fn(outputs (..., n, 1), targets (broadcastable to (..., n)), idx) -> (...)`` on whole
         splits, for chunks ``idx`` of the rows (positions in ``rows``; the leading dimensions flatten
         to them); returns (R,) float64. Here the chunks are (c, n, 1) with targets (n,)."""
@@ -79,12 +80,14 @@ class Grouped:
     def __init__(self, model: StackedModel, split: torch.Tensor, pair: torch.Tensor, chunk: int):
         sizes = torch.bincount(pair)
         if not bool((sizes == sizes[0]).all()):
-            raise TopklabError(f"the grouped layout needs the same number of members for every (split, seed); got "
-                               f"{sorted(set(sizes.tolist()))}; use the gathered layout")
+            raise TopklabError(
+                f"the grouped layout needs the same number of members for every (split, seed); got "
+                f"{sorted(set(sizes.tolist()))}; use the gathered layout"
+            )
         self.model, self.chunk = model, chunk
         self.per_group = int(sizes[0])
         self.rows = torch.argsort(pair, stable=True)
-        self.group_split = split[self.rows[::self.per_group]]
+        self.group_split = split[self.rows[:: self.per_group]]
         self._where = self.group_split[:, None]
 
     def train_outputs(self, params, rows, x, y, positions):
@@ -110,18 +113,21 @@ class Grouped:
         return torch.cat(out)
 
 
-def _batch(x: torch.Tensor, y: torch.Tensor, where: torch.Tensor,
-           positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(
+    x: torch.Tensor, y: torch.Tensor, where: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``x[where, positions]`` (R, B, d) and ``y[where, positions]`` (R, B) for x (S, n, d), y (S, n):
     one ``index_select`` on the flattened rows, a few times faster than advanced indexing."""
     index = (where * x.shape[1] + positions).flatten()
-    return (x.flatten(0, 1).index_select(0, index).view(*positions.shape, x.shape[2]),
-            y.flatten().index_select(0, index).view(positions.shape))
+    return (
+        x.flatten(0, 1).index_select(0, index).view(*positions.shape, x.shape[2]),
+        y.flatten().index_select(0, index).view(positions.shape),
+    )
 
 
 def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``x[index]``, as a view when ``index`` is a run of consecutive indices (no copy of the data)."""
     first = int(index[0])
     if torch.equal(index, torch.arange(first, first + len(index))):
-        return x[first:first + len(index)]
+        return x[first : first + len(index)]
     return x[index]

@@ -2,6 +2,7 @@
 waiting for data, the share spent in the loss, and peak memory. ``images_per_s`` counts samples
 (sentences in translation), ``losses_per_s`` the per-sample losses the aggregate saw (target tokens). On CUDA, regions are timed with
 events and read once per epoch (no synchronisation inside the step)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -52,8 +53,15 @@ class StepProfile:
             return event
         return time.perf_counter()
 
-    def step(self, fetched_after: float, loss_spans: list[tuple], compute_start, compute_end, images: int,
-             losses: int | None = None) -> None:
+    def step(
+        self,
+        fetched_after: float,
+        loss_spans: list[tuple],
+        compute_start,
+        compute_end,
+        images: int,
+        losses: int | None = None,
+    ) -> None:
         self.wait += fetched_after
         self.images += images
         self.losses += images if losses is None else losses
@@ -100,8 +108,11 @@ def torch_profiler(settings: dict, run_dir):
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     return torch.profiler.profile(
-        activities=activities, record_shapes=True, profile_memory=True,
-        schedule=torch.profiler.schedule(wait=settings["wait"], warmup=settings["warmup"], active=settings["active"],
-                                         repeat=1),
+        activities=activities,
+        record_shapes=True,
+        profile_memory=True,
+        schedule=torch.profiler.schedule(
+            wait=settings["wait"], warmup=settings["warmup"], active=settings["active"], repeat=1
+        ),
         on_trace_ready=lambda prof: prof.export_chrome_trace(str(trace)),
     )

@@ -4,6 +4,7 @@
 hardware), ``indices.json`` (a data subset's indices, when any), ``epochs.csv`` (one row per epoch), ``summary.json`` (final metrics; written last, so
 its presence marks a finished run). On a bad-input failure :meth:`discard` removes the record.
 """
+
 from __future__ import annotations
 
 import csv
@@ -54,7 +55,17 @@ class RunRecord:
     def discard(self, keep: tuple[str, ...] = ()) -> None:
         """Remove everything this run (and Hydra, for it) wrote, except ``keep``; drop the
         directory if it ends up empty. Files that are not the run's own are left alone."""
-        own = {"config.yaml", "provenance.json", "indices.json", "epochs.csv", "summary.json", "log.csv", "wandb", ".hydra", "profile"}
+        own = {
+            "config.yaml",
+            "provenance.json",
+            "indices.json",
+            "epochs.csv",
+            "summary.json",
+            "log.csv",
+            "wandb",
+            ".hydra",
+            "profile",
+        }
         if self.job_name:
             own.add(f"{self.job_name}.log")
         for name in own - set(keep):

@@ -3,6 +3,7 @@
 config → instantiate → Data / Task / Objective / Model → :class:`~topklab.engine.Engine` →
 run record (``outputs/``) → portable result (``results/``) → report.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,7 +55,8 @@ def check_k_fits(aggregate, batch_size: int, smallest: int) -> None:
     except ValueError as err:
         raise TopklabError(
             f"loss.k: {err} (engine.batch_size={batch_size}, smallest batch={smallest} losses); "
-            f"use a fraction of the batch or engine.drop_last=true") from None
+            f"use a fraction of the batch or engine.drop_last=true"
+        ) from None
 
 
 def project_root() -> Path:
@@ -71,8 +73,13 @@ def check_run_settings(cfg: DictConfig) -> None:
         value = optim.get(key)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < lowest \
-                or (key == "lr" and value == 0):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value < lowest
+            or (key == "lr" and value == 0)
+        ):
             bound = "a finite number > 0" if key == "lr" else "a finite number >= 0"
             raise TopklabError(f"optim.{key}={value!r} must be {bound}")
 
@@ -104,7 +111,9 @@ def build_run(cfg: DictConfig):
     return data, model, objective, task, engine
 
 
-def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None, overrides: list[str] | None = None) -> dict:
+def train(
+    cfg: DictConfig, run_dir: str | Path, job_name: str | None = None, overrides: list[str] | None = None
+) -> dict:
     """Train one model as configured; write the run record to ``run_dir``; return the summary.
 
     ``overrides``: the command line's overrides (train.py passes them), which decide whether the
@@ -122,8 +131,16 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None, ove
         record = RunRecord(run_dir, job_name) if dist.is_main else SilentRecord(run_dir, job_name)
         result_path = plan_result(cfg, overrides, record.run_dir) if cfg.get("result_file") and dist.is_main else None
         if dist.is_main:
-            check_writable([*([(Path(cfg.paths.checkpoint_dir), "paths.checkpoint_dir")] if cfg.engine.get("checkpoint") else []),
-                            *([(result_path.parent, "result_file")] if result_path is not None else [])])
+            check_writable(
+                [
+                    *(
+                        [(Path(cfg.paths.checkpoint_dir), "paths.checkpoint_dir")]
+                        if cfg.engine.get("checkpoint")
+                        else []
+                    ),
+                    *([(result_path.parent, "result_file")] if result_path is not None else []),
+                ]
+            )
         data, model, objective, task, engine = build_run(cfg)
         module = TrainingModule(model, objective)
         optimizer = build(cfg.optim, "optim")(module.parameter_groups())
@@ -132,12 +149,26 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None, ove
         record.write_start(cfg, seeds, project_root())
         record.write_indices(getattr(data, "indices", {}))
         workdir = Path(cfg.paths.checkpoint_dir) / run_key(cfg)
-        logger.start(record.run_dir, OmegaConf.to_container(cfg, resolve=True),
-                     resume_id=CheckpointStore(workdir).info().get("logger_id"))
+        logger.start(
+            record.run_dir,
+            OmegaConf.to_container(cfg, resolve=True),
+            resume_id=CheckpointStore(workdir).info().get("logger_id"),
+        )
         with deterministic_algorithms(engine.deterministic), deferred_signals():
-            result = engine.fit(module, optimizer, data, task, cfg.seed, on_epoch_end=record.add_epoch, on_eval=logger.log,
-                                replay_logged=logger.replay,
-                                workdir=workdir, run_dir=record.run_dir, logger_id=logger.id, dist=dist)
+            result = engine.fit(
+                module,
+                optimizer,
+                data,
+                task,
+                cfg.seed,
+                on_epoch_end=record.add_epoch,
+                on_eval=logger.log,
+                replay_logged=logger.replay,
+                workdir=workdir,
+                run_dir=record.run_dir,
+                logger_id=logger.id,
+                dist=dist,
+            )
         dist.barrier()  # no rank tears the process group down while another still talks to it (gloo aborts then)
     except NonFiniteLossError as err:
         record.discard(keep=("last_good.pt",))
@@ -152,12 +183,22 @@ def train(cfg: DictConfig, run_dir: str | Path, job_name: str | None = None, ove
             logger.close()
         dist.close()
     summary = {
-        "dataset": data.name, "task": data.task, "data": data.info, "recipe": cfg.get("recipe"),
-        "model": cfg.model._target_, "loss": cfg.loss._target_, "individual": cfg.individual._target_,
-        "parameters": {"total": sum(p.numel() for p in model.parameters()),
-                       "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)},
-        "seeds": seeds, "logger_id": logger.id, "class_counts": data.info.get("class_counts"),
-        "loader": getattr(data, "loader", None), **result,
+        "dataset": data.name,
+        "task": data.task,
+        "data": data.info,
+        "recipe": cfg.get("recipe"),
+        "model": cfg.model._target_,
+        "loss": cfg.loss._target_,
+        "individual": cfg.individual._target_,
+        "parameters": {
+            "total": sum(p.numel() for p in model.parameters()),
+            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        },
+        "seeds": seeds,
+        "logger_id": logger.id,
+        "class_counts": data.info.get("class_counts"),
+        "loader": getattr(data, "loader", None),
+        **result,
     }
     record.write_summary(summary)
     if result_path is not None:
@@ -182,7 +223,9 @@ def optimized_value(cfg: DictConfig, summary: dict) -> float:
     val = summary["metrics"]["val"]
     if name not in val or not isinstance(val[name], (int, float)):
         choices = ", ".join(k for k, v in val.items() if isinstance(v, (int, float)))
-        raise TopklabError(f"optimized_metric={name!r} is not a validation metric of this run; choose one of: {choices}")
+        raise TopklabError(
+            f"optimized_metric={name!r} is not a validation metric of this run; choose one of: {choices}"
+        )
     return float(val[name])
 
 
@@ -192,12 +235,23 @@ def write_result(cfg: DictConfig, summary: dict, record: RunRecord, path: Path) 
     without machine paths, the provenance and the command, in :mod:`topklab.report.schema`'s
     envelope, written atomically."""
     table, row = path.parent.parent.name, path.parent.name
-    family = summary["task"] if summary["task"] in ("translation", "language_modeling") else "vision"  # the data's envelope family
+    family = (
+        summary["task"] if summary["task"] in ("translation", "language_modeling") else "vision"
+    )  # the data's envelope family
     portable_summary = {k: v for k, v in summary.items() if k != "logger_id"}  # a CSV logger's id is a path
     payload = {"table": table, "row": row, "label": cfg.get("row") or row, "summary": portable_summary}
     command = "python " + " ".join(Path(a).name if i == 0 else a for i, a in enumerate(sys.argv))
-    return write_envelope(path, make_result(family, f"{table}/{row}", payload, command=command,
-                                            config=portable_config(cfg), provenance=record.provenance()))
+    return write_envelope(
+        path,
+        make_result(
+            family,
+            f"{table}/{row}",
+            payload,
+            command=command,
+            config=portable_config(cfg),
+            provenance=record.provenance(),
+        ),
+    )
 
 
 def _data_seeds(cfg: DictConfig) -> dict:
@@ -209,7 +263,9 @@ def format_summary(summary: dict) -> str:
     metrics = summary["metrics"]
     name = next(iter(summary["selection"]))
     lam = summary["lambda"]
-    splits = " | ".join(f"{split} {name} {metrics[split][name]:.4f}" for split in ("test", "val", "train") if split in metrics)
+    splits = " | ".join(
+        f"{split} {name} {metrics[split][name]:.4f}" for split in ("test", "val", "train") if split in metrics
+    )
     return (
         f"{summary['dataset']} | {summary['loss'].rsplit('.', 1)[-1]} + {summary['individual'].rsplit('.', 1)[-1]}"
         f" | {splits}"
@@ -225,4 +281,3 @@ def lambda_tracking_line(tracking: dict | None) -> str:
     if not tracking or tracking.get("in_band") is None:
         return ""
     return f" | λ in band {tracking['in_band']:.2f}" + (f" ({tracking['flag']})" if tracking.get("flag") else "")
-

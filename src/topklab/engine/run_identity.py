@@ -8,6 +8,7 @@ count; C++ files by their non-blank lines stripped of surrounding space. The con
 are in the run key already. Never the git commit: an edit to the README, a report or ``results/``
 leaves a run that has trained for hours resumable.
 """
+
 from __future__ import annotations
 
 import ast
@@ -28,7 +29,11 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 node.body = node.body[1:] or [ast.Pass()]
     return tree
 
@@ -52,7 +57,7 @@ def code_version(root: str | Path = PACKAGE_ROOT) -> str:
     return _code_version(str(Path(root).resolve()))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _code_version(root: str) -> str:
     base = Path(root)
     digest = hashlib.sha256()
@@ -79,19 +84,23 @@ def check_resumable(saved: dict | None, current: dict, where: str | Path, force:
     >>> check_resumable(me, {**me, "threads": 2}, "ckpt", force=False)
     Traceback (most recent call last):
     ...
-    topklab.utils.errors.TopklabError: the checkpoint in ckpt was written with threads 1, this run has 2; start afresh (engine.resume=false, or another paths.checkpoint_dir) or resume anyway with engine.resume=force
+    topklab.utils.errors.TopklabError: the checkpoint in ckpt was written with threads 1, this run has 2;
+    start afresh (engine.resume=false, or another paths.checkpoint_dir) or resume anyway with engine.resume=force
     """
     if force:
         return
     if saved is None:
         detail = "has no record of the code and machine that wrote it"
     else:
-        differences = [f"{key} {saved.get(key)}, this run has {value}" for key, value in current.items()
-                       if saved.get(key) != value]
+        differences = [
+            f"{key} {saved.get(key)}, this run has {value}" for key, value in current.items() if saved.get(key) != value
+        ]
         if not differences:
             return
         detail = f"was written with {'; '.join(differences)}"
         if saved.get("cpu_capability") != current.get("cpu_capability"):
             detail += " (pin the CPU kernels with cpu_capability=avx2 on every command line of a campaign)"
-    raise TopklabError(f"the checkpoint in {where} {detail}; start afresh (engine.resume=false, or another "
-                       "paths.checkpoint_dir) or resume anyway with engine.resume=force")
+    raise TopklabError(
+        f"the checkpoint in {where} {detail}; start afresh (engine.resume=false, or another "
+        "paths.checkpoint_dir) or resume anyway with engine.resume=force"
+    )

@@ -1,4 +1,5 @@
 """Learning-rate schedules as a per-step multiplier of the optimizer's base rate."""
+
 from __future__ import annotations
 
 import math
@@ -30,9 +31,18 @@ class LRFactor:
     [1.0, 1.0, 0.97553, 0.02447]
     """
 
-    def __init__(self, name: str, steps_per_epoch: int, epochs: int, warmup_epochs: float = 0.0,
-                 milestones=(), gamma: float = 0.1, min_lr_ratio: float = 0.0, warmup_steps: int | None = None,
-                 per_epoch: bool = False):
+    def __init__(
+        self,
+        name: str,
+        steps_per_epoch: int,
+        epochs: int,
+        warmup_epochs: float = 0.0,
+        milestones=(),
+        gamma: float = 0.1,
+        min_lr_ratio: float = 0.0,
+        warmup_steps: int | None = None,
+        per_epoch: bool = False,
+    ):
         if name not in SCHEDULES:
             raise ValueError(f"schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
         if warmup_epochs < 0 or not 0 < gamma <= 1 or not 0 <= min_lr_ratio <= 1:

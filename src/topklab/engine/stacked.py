@@ -9,6 +9,7 @@ many other members share the call:
 - ``grouped``: G groups of M members on their group's inputs (G, B, d), without copying them;
 - ``shared``: P members on one input (n, d), for evaluation on a whole split.
 """
+
 from __future__ import annotations
 
 import torch

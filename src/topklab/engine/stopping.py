@@ -3,6 +3,7 @@
 One model is a population of one: the per-model engine and the population executor share this
 tracker, so "what counts as an improvement" and "when to stop" are written once.
 """
+
 from __future__ import annotations
 
 import torch
@@ -45,8 +46,9 @@ class EarlyStopping:
         self.patience = patience
         self.min_delta = float(min_delta)
 
-    def update(self, step: int, score: torch.Tensor, ids: torch.Tensor | None = None,
-               finite: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, step: int, score: torch.Tensor, ids: torch.Tensor | None = None, finite: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Record the scores of members ``ids`` (default: all) at ``step``; ``finite`` (same
         shape) marks members whose objective stayed finite. Returns the masks (aligned with
         ``score``) of members that improved and of members whose patience ran out."""

@@ -8,6 +8,7 @@ start Hydra (``train.py``, the scripts with ``@hydra.main``) import it first (Hy
 resolver that ``joblib.yaml`` uses for ``n_jobs``, and silences Hydra's notice that those files share their names with the launchers' own schemas (they
 are checked against them, which is what we want).
 """
+
 import warnings
 
 from omegaconf import OmegaConf

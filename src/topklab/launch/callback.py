@@ -11,6 +11,7 @@ raises :class:`TopklabError` (bad input found at run time: a non-finite loss, a 
 
 Any other exception is a bug and keeps Hydra's own handling (a traceback).
 """
+
 from __future__ import annotations
 
 import logging
@@ -85,15 +86,16 @@ class JobCallback(Callback):
         write_failure(config.hydra.runtime.output_dir, config.hydra.job.num, job_return.overrides, err, pinned_gpu())
         log.error(f"job {config.hydra.job.num} failed: {err}")
         job_return.status = JobStatus.COMPLETED  # handled: the sweeper must not re-raise it
-        job_return.return_value = math.nan       # what a sweeper that optimises a metric sees
+        job_return.return_value = math.nan  # what a sweeper that optimises a metric sees
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """After the last job: list the failed jobs and exit non-zero if there are any."""
         failures = collect_failures(config.hydra.sweep.dir)
         if failures:
             summary = write_summary(config.hydra.sweep.dir, failures)
-            swept = {o.get_key_element() for o in parse_overrides(list(config.hydra.overrides.task))
-                     if o.is_sweep_override()}
+            swept = {
+                o.get_key_element() for o in parse_overrides(list(config.hydra.overrides.task)) if o.is_sweep_override()
+            }
             print(failure_report(failures, summary, swept), file=sys.stderr)
             raise SystemExit(1)
 

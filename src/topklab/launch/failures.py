@@ -1,5 +1,6 @@
 """The record of a sweep's failed jobs: ``FAILED.json`` in each failed job's directory and, once the
 sweep has ended, ``failures.jsonl`` in the sweep's directory (one JSON object per failed job)."""
+
 from __future__ import annotations
 
 import json
@@ -11,13 +12,20 @@ FAILED = "FAILED.json"
 SUMMARY = "failures.jsonl"
 
 
-def write_failure(job_dir: str | Path, job_num: int, overrides: list[str], err: BaseException,
-                  gpu: str | None = None) -> Path:
+def write_failure(
+    job_dir: str | Path, job_num: int, overrides: list[str], err: BaseException, gpu: str | None = None
+) -> Path:
     """Record in its directory that job ``job_num`` (run with ``overrides`` on ``gpu``) failed with ``err``."""
-    return atomic_write_json(Path(job_dir) / FAILED, {
-        "job": job_num, "overrides": list(overrides), "error": type(err).__name__,
-        "reason": " ".join(str(err).split()), "gpu": gpu,
-    })
+    return atomic_write_json(
+        Path(job_dir) / FAILED,
+        {
+            "job": job_num,
+            "overrides": list(overrides),
+            "error": type(err).__name__,
+            "reason": " ".join(str(err).split()),
+            "gpu": gpu,
+        },
+    )
 
 
 def clear_failures(sweep_dir: str | Path) -> None:
@@ -41,8 +49,10 @@ def write_summary(sweep_dir: str | Path, failures: list[dict]) -> Path:
 def failure_report(failures: list[dict], summary: Path, swept: set[str]) -> str:
     """What the sweep prints at its end: how many jobs failed, then one line per job with the
     swept overrides that identify it and its reason."""
-    lines = [f"error: {len(failures)} job{'s' if len(failures) > 1 else ''} of the sweep failed, "
-             f"the others ran to the end; records in {summary}"]
+    lines = [
+        f"error: {len(failures)} job{'s' if len(failures) > 1 else ''} of the sweep failed, "
+        f"the others ran to the end; records in {summary}"
+    ]
     for failure in failures:
         named = [o for o in failure["overrides"] if o.split("=", 1)[0] in swept] or failure["overrides"]
         lines.append(f"  #{failure['job']} {' '.join(named)}: {failure['reason']}")

@@ -10,18 +10,19 @@ that runs several jobs keeps the GPU of its first. Each pinned process also hold
 device for as long as it lives; a job whose device is held by another running process takes a
 free one, so n_jobs = G workers always hold G different GPUs.
 """
+
 from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from topklab.utils.errors import TopklabError
 
-PINNED = "TOPKLAB_GPU"            # the device this process is pinned to, as CUDA_VISIBLE_DEVICES names it
+PINNED = "TOPKLAB_GPU"  # the device this process is pinned to, as CUDA_VISIBLE_DEVICES names it
 SWEEP_GPUS = "TOPKLAB_SWEEP_GPUS"  # the sweep's devices, set by the sweep's process for its jobs
-_SLOT: dict = {}                   # this process's pin: {"device": str, "lock": fd or None}
+_SLOT: dict = {}  # this process's pin: {"device": str, "lock": fd or None}
 
 
 def gpu_list(configured) -> list[str] | None:
@@ -30,8 +31,9 @@ def gpu_list(configured) -> list[str] | None:
     if configured is None:
         return None
     if isinstance(configured, (str, int)) or not len(configured):
-        raise TopklabError(f"gpus={configured!r} must be a non-empty list of GPU ids, e.g. gpus=[0,2]; "
-                           "null uses every visible GPU")
+        raise TopklabError(
+            f"gpus={configured!r} must be a non-empty list of GPU ids, e.g. gpus=[0,2]; null uses every visible GPU"
+        )
     devices = [str(d).strip() for d in configured]
     if "" in devices or len(set(devices)) != len(devices):
         raise TopklabError(f"gpus={list(configured)!r} must list distinct GPU ids, e.g. gpus=[0,2]")

@@ -43,8 +43,14 @@ class WandbLogger:
         import wandb
 
         self._run = wandb.init(
-            project=self.project, dir=str(run_dir), config=config, mode=self.resolved_mode(),
-            group=self.group, tags=self.tags, id=resume_id, resume="allow" if resume_id else None,
+            project=self.project,
+            dir=str(run_dir),
+            config=config,
+            mode=self.resolved_mode(),
+            group=self.group,
+            tags=self.tags,
+            id=resume_id,
+            resume="allow" if resume_id else None,
             reinit="finish_previous",
         )
         self.id = self._run.id

@@ -6,15 +6,44 @@
 >>> STk(k=0.9)(per_sample).shape
 torch.Size([])
 """
-from topklab.losses.aggregate import ATk, Aggregate, Average, MATk, Maximum, SoftATk, STk, ThresholdedTopK
+
+from topklab.losses.aggregate import Aggregate, ATk, Average, MATk, Maximum, SoftATk, STk, ThresholdedTopK
 from topklab.losses.individual import (
-    Absolute, CostSensitiveCE, CrossEntropy, Hinge, ImbalancedNoisedTopKHinge, LabelSmoothedCrossEntropy, Logistic, LogitAdjusted,
-    NoisedTopKHinge, SmoothTopKSVM, Square, TopKCrossEntropy,
+    Absolute,
+    CostSensitiveCE,
+    CrossEntropy,
+    Hinge,
+    ImbalancedNoisedTopKHinge,
+    LabelSmoothedCrossEntropy,
+    Logistic,
+    LogitAdjusted,
+    NoisedTopKHinge,
+    SmoothTopKSVM,
+    Square,
+    TopKCrossEntropy,
 )
 from topklab.smoothing import srelu
 
 __all__ = [
-    "ATk", "Absolute", "Aggregate", "Average", "CostSensitiveCE", "CrossEntropy", "Hinge", "ImbalancedNoisedTopKHinge", "LabelSmoothedCrossEntropy",
-    "Logistic", "LogitAdjusted", "MATk", "Maximum", "NoisedTopKHinge",
-    "STk", "SmoothTopKSVM", "SoftATk", "Square", "ThresholdedTopK", "TopKCrossEntropy", "srelu",
+    "ATk",
+    "Absolute",
+    "Aggregate",
+    "Average",
+    "CostSensitiveCE",
+    "CrossEntropy",
+    "Hinge",
+    "ImbalancedNoisedTopKHinge",
+    "LabelSmoothedCrossEntropy",
+    "Logistic",
+    "LogitAdjusted",
+    "MATk",
+    "Maximum",
+    "NoisedTopKHinge",
+    "STk",
+    "SmoothTopKSVM",
+    "SoftATk",
+    "Square",
+    "ThresholdedTopK",
+    "TopKCrossEntropy",
+    "srelu",
 ]

@@ -1,4 +1,5 @@
 """The ``k`` of a top-k aggregate: a count or a fraction of the batch."""
+
 from __future__ import annotations
 
 import math
@@ -22,10 +23,7 @@ def validate_k(k: int | float) -> int | float:
         return int(k)
     k = float(k)
     if not math.isfinite(k) or not 0.0 < k <= 1.0:
-        raise ValueError(
-            f"k={k} as a float is a fraction of the batch and must lie in (0, 1]; "
-            f"pass an int for a count"
-        )
+        raise ValueError(f"k={k} as a float is a fraction of the batch and must lie in (0, 1]; pass an int for a count")
     return k
 
 

@@ -1,9 +1,10 @@
 """P_K, the distribution over k of the top-k cross-entropy (Petersen et al., ICML 2022, §3)."""
+
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def validate_p_k(p_k: Sequence[float], num_classes: int | None = None, atol: float = 1e-4) -> list[float]:
@@ -26,12 +27,16 @@ def validate_p_k(p_k: Sequence[float], num_classes: int | None = None, atol: flo
     values = []
     for i, p in enumerate(p_k):
         if isinstance(p, bool) or not isinstance(p, numbers.Real):
-            raise TypeError(f"P_K[{i}]={p!r} is not a number; P_K is a list of probabilities such as [0.5, 0, 0, 0, 0.5]")
+            raise TypeError(
+                f"P_K[{i}]={p!r} is not a number; P_K is a list of probabilities such as [0.5, 0, 0, 0, 0.5]"
+            )
         if not math.isfinite(p) or p < 0:
             raise ValueError(f"P_K[{i}]={p} must be a finite non-negative probability")
         values.append(float(p))
     if abs(sum(values) - 1.0) > atol:
         raise ValueError(f"P_K={values} sums to {sum(values):.6g}, not 1; rescale it")
     if num_classes is not None and len(values) > num_classes:
-        raise ValueError(f"P_K has length {len(values)} > {num_classes} classes; K must not exceed the number of classes")
+        raise ValueError(
+            f"P_K has length {len(values)} > {num_classes} classes; K must not exceed the number of classes"
+        )
     return values

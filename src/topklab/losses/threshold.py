@@ -8,6 +8,7 @@ nor how λ starts. Both are therefore explicit choices:
   so the projection happens in any training loop without extra calls.
 - ``softplus``: λ = softplus(``lam``); ``lam`` stores the pre-image (requires ``lam_init > 0``).
 """
+
 from __future__ import annotations
 
 import math

@@ -6,5 +6,16 @@ from topklab.models.resnet_cifar import CifarResNet, resnet18_cifar, resnet32
 from topklab.models.routing import ProbabilityThresholdRouter, STkThresholdRouter, TopKRouter
 from topklab.models.transformer import Transformer
 
-__all__ = ["CifarResNet", "EmbeddingHead", "Linear", "MLP", "ProbabilityThresholdRouter", "STkThresholdRouter", "TopKRouter", "Transformer",
-           "TransformerLM", "resnet18_cifar", "resnet32"]
+__all__ = [
+    "CifarResNet",
+    "EmbeddingHead",
+    "Linear",
+    "MLP",
+    "ProbabilityThresholdRouter",
+    "STkThresholdRouter",
+    "TopKRouter",
+    "Transformer",
+    "TransformerLM",
+    "resnet18_cifar",
+    "resnet32",
+]

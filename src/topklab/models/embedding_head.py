@@ -1,5 +1,6 @@
 """A classifier on precomputed embeddings (Petersen et al.'s ImageNet fine-tuning, difftopk's
 ``train_imagenet.py``): one linear layer by default, or hidden layers with ReLU between them."""
+
 from __future__ import annotations
 
 import torch

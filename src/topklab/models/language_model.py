@@ -5,6 +5,7 @@ shorter sequence, attend causally among themselves, and their block update, scal
 gate, is added back; every other token skips the block on the residual stream (Raposo et al. 2024).
 The compute saved is real: a block at capacity c runs on about c·L tokens.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,8 +63,18 @@ class TransformerLM(nn.Module):
     (torch.Size([1, 4, 11]), [[2]])
     """
 
-    def __init__(self, vocab_size: int, pad_id: int = 0, d_model: int = 256, ffn_dim: int = 1024, heads: int = 4,
-                 layers: int = 4, dropout: float = 0.1, router=None, routed_layers: list[int] | None = None):
+    def __init__(
+        self,
+        vocab_size: int,
+        pad_id: int = 0,
+        d_model: int = 256,
+        ffn_dim: int = 1024,
+        heads: int = 4,
+        layers: int = 4,
+        dropout: float = 0.1,
+        router=None,
+        routed_layers: list[int] | None = None,
+    ):
         super().__init__()
         if d_model % 2 or d_model % heads:
             raise ValueError(f"model.d_model={d_model} must be even and divisible by model.heads={heads}")
@@ -76,10 +87,12 @@ class TransformerLM(nn.Module):
             raise ValueError(f"model.routed_layers={routed} must name layers in [0, {layers})")
         self.pad_id, self.d_model, self.dropout = pad_id, d_model, dropout
         self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
-        nn.init.normal_(self.embedding.weight, 0.0, d_model ** -0.5)
+        nn.init.normal_(self.embedding.weight, 0.0, d_model**-0.5)
         with torch.no_grad():
             self.embedding.weight[pad_id].zero_()
-        self.layers = nn.ModuleList(EncoderLayer(d_model, ffn_dim, heads, dropout, 0.0, 0.0, True) for _ in range(layers))
+        self.layers = nn.ModuleList(
+            EncoderLayer(d_model, ffn_dim, heads, dropout, 0.0, 0.0, True) for _ in range(layers)
+        )
         self.routed_layers = routed if router is not None else []
         self.routers = nn.ModuleDict({str(i): router(d_model) for i in self.routed_layers})
         self.norm = nn.LayerNorm(d_model)
@@ -93,11 +106,15 @@ class TransformerLM(nn.Module):
     def parameter_groups(self) -> list[dict]:
         """One group for the network, one per learned router threshold λ (no weight decay; its own
         learning rate where the router sets ``lam_lr``)."""
-        thresholds = [router for router in self.routers.values() if isinstance(getattr(router, "lam", None), nn.Parameter)]
+        thresholds = [
+            router for router in self.routers.values() if isinstance(getattr(router, "lam", None), nn.Parameter)
+        ]
         own = {id(router.lam) for router in thresholds}
         groups = [{"params": [p for p in self.parameters() if p.requires_grad and id(p) not in own]}]
         for router in thresholds:
-            groups.append({"params": [router.lam], "weight_decay": 0.0, **({"lr": router.lam_lr} if router.lam_lr else {})})
+            groups.append(
+                {"params": [router.lam], "weight_decay": 0.0, **({"lr": router.lam_lr} if router.lam_lr else {})}
+            )
         return groups
 
     def pop_epoch_diagnostics(self) -> dict:

@@ -1,6 +1,7 @@
 """ResNets for 32×32-class images: He et al.'s CIFAR ResNet-32 (the usual CIFAR-LT backbone) and the
 CIFAR variant of ResNet-18 used by Petersen et al. (3×3 stem; difftopk's keeps a max-pool after it).
 Any input size works (global average pooling); ``in_channels`` comes from the dataset (3 for CIFAR, 1 for Fashion-MNIST)."""
+
 from __future__ import annotations
 
 import torch
@@ -59,17 +60,31 @@ class CifarResNet(nn.Module):
         Kaiming-normal fan-out convolutions, PyTorch's default classifier (difftopk's ResNet-18)
     """
 
-    def __init__(self, num_classes: int, in_channels: int = 3, widths=(16, 32, 64), blocks=(5, 5, 5),
-                 shortcut: str = "zero_pad", stem_pool: bool = False, init: str = "he"):
+    def __init__(
+        self,
+        num_classes: int,
+        in_channels: int = 3,
+        widths=(16, 32, 64),
+        blocks=(5, 5, 5),
+        shortcut: str = "zero_pad",
+        stem_pool: bool = False,
+        init: str = "he",
+    ):
         super().__init__()
         if shortcut not in ("zero_pad", "projection"):
             raise ValueError(f"shortcut={shortcut!r}; choose zero_pad or projection")
         if init not in ("he", "torchvision"):
             raise ValueError(f"model.init={init!r}; choose he or torchvision")
         if len(widths) != len(blocks) or num_classes < 2 or in_channels < 1:
-            raise ValueError(f"need one width per stage ({list(widths)} vs {list(blocks)}), num_classes >= 2, in_channels >= 1")
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU(),
-                                  *([nn.MaxPool2d(3, 2, 1)] if stem_pool else []))
+            raise ValueError(
+                f"need one width per stage ({list(widths)} vs {list(blocks)}), num_classes >= 2, in_channels >= 1"
+            )
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False),
+            nn.BatchNorm2d(widths[0]),
+            nn.ReLU(),
+            *([nn.MaxPool2d(3, 2, 1)] if stem_pool else []),
+        )
         layers, in_planes = [], widths[0]
         for stage, (planes, count) in enumerate(zip(widths, blocks)):
             for i in range(count):

@@ -22,6 +22,7 @@ gradient from the task); they differ in the rule that selects the tokens (Raposo
 ``router.auxiliary_loss`` holds the term the training objective adds. Each router counts the tokens
 it routed in training (:meth:`TokenRouter.pop_training_fraction`).
 """
+
 from __future__ import annotations
 
 import math
@@ -102,8 +103,14 @@ class TopKRouter(TokenRouter):
     (6, 0.5)
     """
 
-    def __init__(self, dim: int, capacity: float = 0.125, scope: str = "batch", inference: str = "predictor",
-                 input_norm: bool = True):
+    def __init__(
+        self,
+        dim: int,
+        capacity: float = 0.125,
+        scope: str = "batch",
+        inference: str = "predictor",
+        input_norm: bool = True,
+    ):
         super().__init__(dim, input_norm)
         self.capacity = _capacity(capacity)
         if scope not in SCOPES:
@@ -131,11 +138,17 @@ class TopKRouter(TokenRouter):
         if self.scope == "sequence":
             counts = torch.ceil(self.capacity * real.sum(1)).long()
             ranked = masked.argsort(dim=1, descending=True, stable=True)
-            rank = torch.empty_like(ranked).scatter_(1, ranked, torch.arange(scores.shape[1], device=scores.device).expand_as(ranked))
+            rank = torch.empty_like(ranked).scatter_(
+                1, ranked, torch.arange(scores.shape[1], device=scores.device).expand_as(ranked)
+            )
             return rank < counts[:, None]
         count = int(torch.round(self.capacity * real.sum()))
         order = masked.flatten().argsort(descending=True, stable=True)[:count]
-        return torch.zeros(scores.numel(), dtype=torch.bool, device=scores.device).index_fill_(0, order, True).view_as(scores)
+        return (
+            torch.zeros(scores.numel(), dtype=torch.bool, device=scores.device)
+            .index_fill_(0, order, True)
+            .view_as(scores)
+        )
 
 
 class ProbabilityThresholdRouter(TokenRouter):
@@ -210,9 +223,18 @@ class STkThresholdRouter(TokenRouter):
 
     causal = True
 
-    def __init__(self, dim: int, capacity: float = 0.125, delta: float = 0.01, lam_update: str = "solve",
-                 lam_init: float | str = "auto", lam_lr: float | None = None, solve_steps: int = 2,
-                 lam_momentum: float = 0.1, input_norm: bool = True):
+    def __init__(
+        self,
+        dim: int,
+        capacity: float = 0.125,
+        delta: float = 0.01,
+        lam_update: str = "solve",
+        lam_init: float | str = "auto",
+        lam_lr: float | None = None,
+        solve_steps: int = 2,
+        lam_momentum: float = 0.1,
+        input_norm: bool = True,
+    ):
         super().__init__(dim, input_norm)
         self.capacity = _capacity(capacity)
         if not delta > 0:
@@ -222,7 +244,9 @@ class STkThresholdRouter(TokenRouter):
         if lam_init != "auto" and not (isinstance(lam_init, (int, float)) and math.isfinite(lam_init)):
             raise ValueError(f"router.lam_init={lam_init!r} must be a finite number or 'auto'")
         if lam_lr is not None and (lam_update != "gradient" or not lam_lr > 0):
-            raise ValueError(f"router.lam_lr={lam_lr} must be > 0 with lam_update=gradient (null: the optimizer's rate)")
+            raise ValueError(
+                f"router.lam_lr={lam_lr} must be > 0 with lam_update=gradient (null: the optimizer's rate)"
+            )
         check_int("router.solve_steps", solve_steps)
         if not 0 < lam_momentum <= 1:
             raise ValueError(f"router.lam_momentum={lam_momentum} must lie in (0, 1]")
@@ -232,7 +256,7 @@ class STkThresholdRouter(TokenRouter):
         if lam_update == "gradient":
             self.lam = nn.Parameter(start)
         else:
-            self.register_buffer("lam", start.clone())   # the running average: λ at inference
+            self.register_buffer("lam", start.clone())  # the running average: λ at inference
             self.register_buffer("lam_last", start.clone())  # the last batch's root: the warm start
         self.register_buffer("lam_started", torch.tensor(lam_init != "auto"))  # in the checkpoint: a resume keeps λ
 
@@ -255,11 +279,18 @@ class STkThresholdRouter(TokenRouter):
     def _solve(self, real_scores: torch.Tensor) -> torch.Tensor:
         """This batch's root (and the running average's update)."""
         one = real_scores.new_ones(1)
-        lam, _ = solve_srelu_threshold(real_scores[None], self.capacity * real_scores.numel() * one, self.delta * one,
-                                       self.lam_last.to(real_scores.dtype)[None], self.solve_steps)
+        lam, _ = solve_srelu_threshold(
+            real_scores[None],
+            self.capacity * real_scores.numel() * one,
+            self.delta * one,
+            self.lam_last.to(real_scores.dtype)[None],
+            self.solve_steps,
+        )
         with torch.no_grad():
             root = lam[0].to(self.lam.dtype)
             self.lam_last.copy_(root)
-            self.lam.copy_(torch.where(self.lam_started, (1 - self.lam_momentum) * self.lam + self.lam_momentum * root, root))
+            self.lam.copy_(
+                torch.where(self.lam_started, (1 - self.lam_momentum) * self.lam + self.lam_momentum * root, root)
+            )
             self.lam_started.fill_(True)
         return lam[0]

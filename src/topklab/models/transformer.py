@@ -8,6 +8,7 @@ embeddings N(0, d^-½) with a zero pad row, attention projections Xavier-uniform
 1/√2), feed-forward layers PyTorch's default. :meth:`Transformer.decode` runs either on a whole target prefix or one
 step at a time with cached keys and values (incremental decoding, for search).
 """
+
 from __future__ import annotations
 
 import math
@@ -15,7 +16,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 
 FIRST_POSITION = 2  # fairseq numbers positions from padding_idx + 1 (its pad id is 1)
 
@@ -46,8 +46,15 @@ class Attention(nn.Module):
         batch, length, dim = x.shape
         return x.view(batch, length, self.heads, dim // self.heads).transpose(1, 2)
 
-    def forward(self, query: torch.Tensor, memory: torch.Tensor | None, mask: torch.Tensor | None,
-                cache: dict | None = None, kind: str = "self", causal: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        query: torch.Tensor,
+        memory: torch.Tensor | None,
+        mask: torch.Tensor | None,
+        cache: dict | None = None,
+        kind: str = "self",
+        causal: bool = False,
+    ) -> torch.Tensor:
         q = self._split(self.q(query))
         if cache is not None and kind == "cross" and "k" in cache:
             k, v = cache["k"], cache["v"]
@@ -58,8 +65,9 @@ class Attention(nn.Module):
                 if kind == "self" and "k" in cache:
                     k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
-                                             dropout_p=self.dropout if self.training else 0.0)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal and mask is None, dropout_p=self.dropout if self.training else 0.0
+        )
         batch, _, length, _ = out.shape
         return self.out(out.transpose(1, 2).reshape(batch, length, -1))
 
@@ -140,28 +148,44 @@ class Transformer(nn.Module):
     torch.Size([1, 2, 11])
     """
 
-    def __init__(self, vocab_size: int, pad_id: int = 0, d_model: int = 512, ffn_dim: int = 1024, heads: int = 4,
-                 encoder_layers: int = 6, decoder_layers: int = 6, dropout: float = 0.3, attention_dropout: float = 0.0,
-                 activation_dropout: float = 0.0, pre_norm: bool = False, share_decoder_embeddings: bool = True,
-                 share_all_embeddings: bool = False):
+    def __init__(
+        self,
+        vocab_size: int,
+        pad_id: int = 0,
+        d_model: int = 512,
+        ffn_dim: int = 1024,
+        heads: int = 4,
+        encoder_layers: int = 6,
+        decoder_layers: int = 6,
+        dropout: float = 0.3,
+        attention_dropout: float = 0.0,
+        activation_dropout: float = 0.0,
+        pre_norm: bool = False,
+        share_decoder_embeddings: bool = True,
+        share_all_embeddings: bool = False,
+    ):
         super().__init__()
         if d_model % 2 or d_model % heads:
             raise ValueError(f"model.d_model={d_model} must be even and divisible by model.heads={heads}")
         if min(encoder_layers, decoder_layers) < 1:
             raise ValueError("model.encoder_layers and model.decoder_layers must be >= 1")
-        for name, p in (("dropout", dropout), ("attention_dropout", attention_dropout), ("activation_dropout", activation_dropout)):
+        for name, p in (
+            ("dropout", dropout),
+            ("attention_dropout", attention_dropout),
+            ("activation_dropout", activation_dropout),
+        ):
             if not 0 <= p < 1:
                 raise ValueError(f"model.{name}={p} must lie in [0, 1)")
         self.pad_id, self.d_model, self.dropout, self.pre_norm = pad_id, d_model, dropout, pre_norm
         self.source_embedding = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
-        nn.init.normal_(self.source_embedding.weight, 0.0, d_model ** -0.5)
+        nn.init.normal_(self.source_embedding.weight, 0.0, d_model**-0.5)
         with torch.no_grad():
             self.source_embedding.weight[pad_id].zero_()
         if share_all_embeddings:
             self.target_embedding = self.source_embedding
         else:
             self.target_embedding = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
-            nn.init.normal_(self.target_embedding.weight, 0.0, d_model ** -0.5)
+            nn.init.normal_(self.target_embedding.weight, 0.0, d_model**-0.5)
             with torch.no_grad():
                 self.target_embedding.weight[pad_id].zero_()
         layer_args = (d_model, ffn_dim, heads, dropout, attention_dropout, activation_dropout, pre_norm)
@@ -172,7 +196,7 @@ class Transformer(nn.Module):
         self.output_projection = None
         if not share_decoder_embeddings:
             self.output_projection = nn.Linear(d_model, vocab_size, bias=False)
-            nn.init.normal_(self.output_projection.weight, 0.0, d_model ** -0.5)
+            nn.init.normal_(self.output_projection.weight, 0.0, d_model**-0.5)
 
     def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
         x = embedding(tokens) * math.sqrt(self.d_model)
@@ -187,8 +211,14 @@ class Transformer(nn.Module):
             x = layer(x, mask)
         return self.encoder_norm(x), mask
 
-    def decode(self, decoder_input: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor,
-               cache: list[dict] | None = None, position: int = 0) -> torch.Tensor:
+    def decode(
+        self,
+        decoder_input: torch.Tensor,
+        memory: torch.Tensor,
+        memory_mask: torch.Tensor,
+        cache: list[dict] | None = None,
+        position: int = 0,
+    ) -> torch.Tensor:
         """Logits (B, T, V) for a whole prefix (``cache`` None), or for the step(s) at ``position``
         onwards given ``cache``, the per-layer keys/values of the steps before (updated in place)."""
         x = self._embed(self.target_embedding, decoder_input, position)

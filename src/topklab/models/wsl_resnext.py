@@ -12,6 +12,7 @@ Examples
 >>> model.num_features, round(sum(p.numel() for p in model.parameters()) / 1e6)
 (2048, 826)
 """
+
 from __future__ import annotations
 
 import timm

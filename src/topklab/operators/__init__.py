@@ -3,6 +3,7 @@ top-k indicator ``soft_topk(scores, k)`` of shape (batch, n) and, where the meth
 relaxed top-k permutation ``permutation(scores, k)`` of shape (batch, n, k), column 0 = top-1; all
 follow one rule for ±inf, NaN and empty input (see :mod:`topklab.operators.base`).
 Configs: ``configs/operator/<name>.yaml``."""
+
 from topklab.operators.base import TopKOperator, hard_permutation, hard_topk
 from topklab.operators.dftopk import DFTopK
 from topklab.operators.diffsortnet import DiffSortNet
@@ -16,5 +17,19 @@ from topklab.operators.softsort import SoftSort
 from topklab.operators.sparse_topk import SparseTopK
 from topklab.operators.stk_threshold import STkThreshold
 
-__all__ = ["DFTopK", "DiffSortNet", "DifftopkNetwork", "LapSum", "NeuralSort", "PerturbedTopK", "STkThreshold",
-           "SinkhornSort", "SoftSort", "SoftTopKOT", "SparseTopK", "TopKOperator", "hard_permutation", "hard_topk"]
+__all__ = [
+    "DFTopK",
+    "DiffSortNet",
+    "DifftopkNetwork",
+    "LapSum",
+    "NeuralSort",
+    "PerturbedTopK",
+    "STkThreshold",
+    "SinkhornSort",
+    "SoftSort",
+    "SoftTopKOT",
+    "SparseTopK",
+    "TopKOperator",
+    "hard_permutation",
+    "hard_topk",
+]

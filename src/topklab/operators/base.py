@@ -14,7 +14,8 @@ Conventions, the same for every operator:
   one-hot rank of the k largest items. Summing the k columns gives a soft top-k indicator.
 
 Each operator states what it promises through class attributes: ``gives_permutation``,
-``sums_to_k`` (Σ p = k exactly), ``bounded`` (0 <= p <= 1; for the Sinkhorn-based operators up to their row-sum tolerance), ``sparse`` (p has exact zeros and ones away from ties) and
+``sums_to_k`` (Σ p = k exactly), ``bounded`` (0 <= p <= 1; for the Sinkhorn-based operators up to their
+row-sum tolerance), ``sparse`` (p has exact zeros and ones away from ties) and
 ``stochastic`` (a Monte-Carlo estimate, seeded).
 
 Extreme inputs, the same for every operator (:meth:`TopKOperator.soft_topk` and
@@ -54,6 +55,7 @@ tensor([[0.8161, 1.0000, 0.1839, 0.0000],
 >>> LapSum().soft_topk(torch.zeros(0, 4), k=2).shape
 torch.Size([0, 4])
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -98,25 +100,25 @@ class Extremes(NamedTuple):
     the permutation, the columns ``top .. top + rest_k − 1``) are used.
     """
 
-    finite: torch.Tensor   # (batch, n) bool: the entries the operator weighs
-    top: torch.Tensor      # (batch, 1) long: m₊, the +inf entries, which take ranks 1..m₊
-    count: torch.Tensor    # (batch, 1) long: n_f >= 1, the finite entries
-    rest_k: torch.Tensor   # (batch, 1) long: k' = min(k − m₊, n_f) >= 1, what the finite entries share
-    live: torch.Tensor     # (batch, 1) bool: False on the stand-in rows (which must not affect the others)
+    finite: torch.Tensor  # (batch, n) bool: the entries the operator weighs
+    top: torch.Tensor  # (batch, 1) long: m₊, the +inf entries, which take ranks 1..m₊
+    count: torch.Tensor  # (batch, 1) long: n_f >= 1, the finite entries
+    rest_k: torch.Tensor  # (batch, 1) long: k' = min(k − m₊, n_f) >= 1, what the finite entries share
+    live: torch.Tensor  # (batch, 1) bool: False on the stand-in rows (which must not affect the others)
 
 
 class _Split(NamedTuple):
     """The input's own counts (before stand-in rows), for :func:`assemble`."""
 
-    positive: torch.Tensor   # (batch, n) bool, +inf
-    negative: torch.Tensor   # (batch, n) bool, −inf
-    finite: torch.Tensor     # (batch, n) bool
-    nan_row: torch.Tensor    # (batch, 1) bool
-    live: torch.Tensor       # (batch, 1) bool: the core's values are used on this row's finite entries
-    top: torch.Tensor        # (batch, 1) long, m₊
-    bottom: torch.Tensor     # (batch, 1) long, m₋
-    count: torch.Tensor      # (batch, 1) long, n_f
-    rest_k: torch.Tensor     # (batch, 1) long, k' (<= 0 where m₊ >= k)
+    positive: torch.Tensor  # (batch, n) bool, +inf
+    negative: torch.Tensor  # (batch, n) bool, −inf
+    finite: torch.Tensor  # (batch, n) bool
+    nan_row: torch.Tensor  # (batch, 1) bool
+    live: torch.Tensor  # (batch, 1) bool: the core's values are used on this row's finite entries
+    top: torch.Tensor  # (batch, 1) long, m₊
+    bottom: torch.Tensor  # (batch, 1) long, m₋
+    count: torch.Tensor  # (batch, 1) long, n_f
+    rest_k: torch.Tensor  # (batch, 1) long, k' (<= 0 where m₊ >= k)
 
 
 def extremes(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, Extremes, _Split]:
@@ -131,10 +133,12 @@ def extremes(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, Extremes, _Spl
     count = finite.sum(1, keepdim=True)
     rest_k = torch.minimum(k - top, count)
     live = (rest_k >= 1) & ~nan_row
-    core = torch.where(live, torch.where(finite, scores, scores.detach()), torch.zeros((), dtype=scores.dtype,
-                                                                                        device=scores.device))
-    rest = Extremes(finite | ~live, torch.where(live, top, 0), torch.where(live, count, n),
-                    torch.where(live, rest_k, k), live)
+    core = torch.where(
+        live, torch.where(finite, scores, scores.detach()), torch.zeros((), dtype=scores.dtype, device=scores.device)
+    )
+    rest = Extremes(
+        finite | ~live, torch.where(live, top, 0), torch.where(live, count, n), torch.where(live, rest_k, k), live
+    )
     return core, rest, _Split(positive_, negative_, finite, nan_row, live, top, bottom, count, rest_k)
 
 
@@ -142,8 +146,9 @@ def plain(scores: torch.Tensor, k: int) -> Extremes:
     """The :class:`Extremes` of all-finite scores: what :func:`extremes` gives them, without the scan."""
     batch, n = scores.shape
     column = torch.ones(batch, 1, dtype=torch.long, device=scores.device)
-    return Extremes(torch.ones(batch, n, dtype=torch.bool, device=scores.device), 0 * column, n * column, k * column,
-                    column.bool())
+    return Extremes(
+        torch.ones(batch, n, dtype=torch.bool, device=scores.device), 0 * column, n * column, k * column, column.bool()
+    )
 
 
 def assemble(core: torch.Tensor, split: _Split, k: int) -> torch.Tensor:
@@ -153,19 +158,20 @@ def assemble(core: torch.Tensor, split: _Split, k: int) -> torch.Tensor:
     top, bottom, count = (t.to(dtype) for t in (split.top, split.bottom, split.count))
     zero = torch.zeros((), dtype=dtype, device=core.device)
     if core.dim() == 2:
-        plus = (k / top.clamp(min=1)).clamp(max=1)                    # each +inf: min(1, k/m₊)
+        plus = (k / top.clamp(min=1)).clamp(max=1)  # each +inf: min(1, k/m₊)
         minus = (k - top - count).clamp(min=0) / bottom.clamp(min=1)  # each −inf: the missing mass, shared
         weigh = split.finite & split.live
         out = torch.where(weigh, core, torch.where(split.positive, plus, torch.where(split.negative, minus, zero)))
         return torch.where(split.nan_row, torch.full_like(out, torch.nan), out)
     ranks = torch.arange(k, device=core.device)[None, None, :]
     top3, count3, rest3 = split.top[:, :, None], split.count[:, :, None], split.rest_k[:, :, None]
-    plus = torch.where(ranks < top3, 1 / top.clamp(min=1)[:, :, None], zero)                  # ranks 1..m₊
-    minus = torch.where(ranks >= top3 + count3, 1 / bottom.clamp(min=1)[:, :, None], zero)    # ranks after n_f
+    plus = torch.where(ranks < top3, 1 / top.clamp(min=1)[:, :, None], zero)  # ranks 1..m₊
+    minus = torch.where(ranks >= top3 + count3, 1 / bottom.clamp(min=1)[:, :, None], zero)  # ranks after n_f
     rest_columns = (ranks >= top3) & (ranks < top3 + rest3)
     weigh = (split.finite & split.live)[:, :, None] & rest_columns
-    out = torch.where(weigh, core, torch.where(split.positive[:, :, None], plus,
-                                               torch.where(split.negative[:, :, None], minus, zero)))
+    out = torch.where(
+        weigh, core, torch.where(split.positive[:, :, None], plus, torch.where(split.negative[:, :, None], minus, zero))
+    )
     return torch.where(split.nan_row[:, :, None], torch.full_like(out, torch.nan), out)
 
 
@@ -188,7 +194,7 @@ class TopKOperator(nn.Module):
 
     gives_permutation = False
     sums_to_k = False
-    bounded = True      # every entry of p lies in [0, 1] (NeuralSort, SoftSort: False; see the module docstring)
+    bounded = True  # every entry of p lies in [0, 1] (NeuralSort, SoftSort: False; see the module docstring)
     sparse = False
     stochastic = False
     masks_extremes = True
@@ -206,8 +212,10 @@ class TopKOperator(nn.Module):
 
     def permutation(self, scores: torch.Tensor, k: int) -> torch.Tensor:
         if not self.gives_permutation:
-            raise ValueError(f"{type(self).__name__} gives a soft top-k indicator, not a top-k permutation; "
-                             "the top-k cross-entropy needs one of the sorting operators (see configs/operator/)")
+            raise ValueError(
+                f"{type(self).__name__} gives a soft top-k indicator, not a top-k permutation; "
+                "the top-k cross-entropy needs one of the sorting operators (see configs/operator/)"
+            )
         return self._guarded(scores, k, self._permutation, columns=True)
 
     def forward(self, scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -241,16 +249,16 @@ def _by_groups(core, inputs: torch.Tensor, split: _Split, k: int, columns: bool)
     """The core of a ``masks_extremes = False`` operator on each live row's finite entries, rows
     grouped by (n_f, k'), scattered back into place (ranks shifted by m₊ for the permutation)."""
     batch, n = inputs.shape
-    zeros = torch.where(split.finite, inputs, 0.0) * 0            # in the graph even where no row is live
+    zeros = torch.where(split.finite, inputs, 0.0) * 0  # in the graph even where no row is live
     out = zeros[:, :, None].expand(batch, n, k) if columns else zeros
     keys = torch.stack([split.count[:, 0], split.rest_k[:, 0]], dim=1)[split.live[:, 0]]
     for count, rest_k in torch.unique(keys, dim=0).tolist():
         rows = (split.live & (split.count == count) & (split.rest_k == rest_k))[:, 0].nonzero()[:, 0]
         finite = split.finite[rows]
-        items = finite.nonzero()[:, 1].view(len(rows), count)                         # (g, n_f), in order
+        items = finite.nonzero()[:, 1].view(len(rows), count)  # (g, n_f), in order
         values = core(inputs[rows][finite].view(len(rows), count), rest_k, None)
         if columns:
-            ranks = split.top[rows][:, :, None] + torch.arange(rest_k, device=inputs.device)   # (g, 1, k')
+            ranks = split.top[rows][:, :, None] + torch.arange(rest_k, device=inputs.device)  # (g, 1, k')
             out = out.index_put((rows[:, None, None], items[:, :, None], ranks), values)
         else:
             out = out.index_put((rows[:, None], items), values)
@@ -264,6 +272,6 @@ def hard_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
 
 def hard_permutation(scores: torch.Tensor, k: int) -> torch.Tensor:
     """The exact top-k permutation: ``P[b, i, j]`` = 1 when item i is the (j+1)-th largest."""
-    indices = scores.topk(k, dim=1).indices                         # (batch, k)
+    indices = scores.topk(k, dim=1).indices  # (batch, k)
     permutation = scores.new_zeros(*scores.shape, k)
     return permutation.scatter(1, indices[:, None, :], 1.0)

@@ -4,6 +4,7 @@ No sort and no normalisation: ``p = σ((x − t)/τ)`` with ``t = (x_[k] + x_[k+
 statistics found by selection in O(n). Σp is not k (only close to k when τ is small against the
 gaps around the threshold).
 """
+
 from __future__ import annotations
 
 import torch

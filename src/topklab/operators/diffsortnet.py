@@ -1,5 +1,6 @@
 """Differentiable sorting and selection networks (DiffSortNets) that propagate only the k columns
 of the top-k permutation and mix wires pairwise: O(L·n·k) per row instead of difftopk's O(L·n²·k)."""
+
 from __future__ import annotations
 
 import torch
@@ -26,13 +27,13 @@ class Workspace:
         self.keep, self.through = torch.zeros_like(self.signed), torch.zeros_like(self.signed)
         self.sides = torch.ones(depth, widest, 1, **new)
         for depth_index, layer in enumerate(plans):
-            self.sides[depth_index, :layer.size] = layer.side
+            self.sides[depth_index, : layer.size] = layer.side
 
         def strided(state, first=lambda layer: 0):
             return [layer.pairs(state, first(layer)) if layer.strided else None for layer in plans]
 
         def per_layer(buffer, first=lambda layer: 0, inner=0):
-            return [layer.shaped(buffer[i, first(layer):layer.size], inner) for i, layer in enumerate(plans)]
+            return [layer.shaped(buffer[i, first(layer) : layer.size], inner) for i, layer in enumerate(plans)]
 
         window = lambda layer: layer.first  # noqa: E731
         self.value_pairs, self.grad_value_pairs = strided(self.values), strided(self.grad_values)
@@ -174,10 +175,11 @@ class DiffSortNet(TopKOperator):
 
     gives_permutation = True
     sums_to_k = True
-    masks_extremes = False   # the layout depends on n: rows with infinite scores run per group
+    masks_extremes = False  # the layout depends on n: rows with infinite scores run per group
 
-    def __init__(self, network: str = "odd_even", steepness: float = 10.0, distribution: str = "cauchy",
-                 art_lambda: float = 0.25):
+    def __init__(
+        self, network: str = "odd_even", steepness: float = 10.0, distribution: str = "cauchy", art_lambda: float = 0.25
+    ):
         super().__init__()
         if network not in NETWORKS:
             raise ValueError(f"network={network!r} is unknown; choose one of {', '.join(NETWORKS)}")

@@ -1,5 +1,6 @@
 """difftopk's own sorting networks behind this package's operator API (the reference our
 DiffSortNet is tested and benchmarked against)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -9,8 +10,10 @@ import torch
 from topklab.operators.base import TopKOperator, positive
 from topklab.operators.relaxations import check_distribution
 
-SPARSE_HINT = ("needs torch-sparse, which is not installed; build it with `make sparse` (about 11 minutes on 2 "
-               "cores) or use operator=bitonic / odd_even / splitter_selection (this package's networks)")
+SPARSE_HINT = (
+    "needs torch-sparse, which is not installed; build it with `make sparse` (about 11 minutes on 2 "
+    "cores) or use operator=bitonic / odd_even / splitter_selection (this package's networks)"
+)
 NETWORK_KINDS = ("odd_even", "bitonic", "splitter_selection")
 
 
@@ -62,10 +65,16 @@ class DifftopkNetwork(TopKOperator):
 
     gives_permutation = True
     sums_to_k = True
-    masks_extremes = False   # difftopk's network is built for one n: rows with infinite scores run per group
+    masks_extremes = False  # difftopk's network is built for one n: rows with infinite scores run per group
 
-    def __init__(self, network: str = "odd_even", sparse: bool = False, steepness: float = 10.0,
-                 distribution: str = "cauchy", art_lambda: float = 0.25):
+    def __init__(
+        self,
+        network: str = "odd_even",
+        sparse: bool = False,
+        steepness: float = 10.0,
+        distribution: str = "cauchy",
+        art_lambda: float = 0.25,
+    ):
         super().__init__()
         if network not in NETWORK_KINDS:
             raise ValueError(f"network={network!r} is unknown; choose one of {', '.join(NETWORK_KINDS)}")
@@ -87,8 +96,15 @@ class DifftopkNetwork(TopKOperator):
         key = (scores.shape[1], k, str(scores.device), work)
         if key not in self._nets:
             net = difftopk_module().DiffTopkNet(
-                self.network, scores.shape[1], k, sparse=self.sparse, device=str(scores.device),
-                steepness=self.steepness, art_lambda=self.art_lambda, distribution=self.distribution)
+                self.network,
+                scores.shape[1],
+                k,
+                sparse=self.sparse,
+                device=str(scores.device),
+                steepness=self.steepness,
+                art_lambda=self.art_lambda,
+                distribution=self.distribution,
+            )
             net.sorting_network = _to_dtype(net.sorting_network, work)
             self._nets[key] = net
         with _default_dtype(work):

@@ -7,6 +7,7 @@ consecutive sorted scores it is ``½·e^(−c)·A + m − ½·e^c·B`` (m items 
 ``B = Σ_{y_i > c} e^(−y_i)``), so ``u = e^c`` is the positive root of ``B·u² − 2(m − k)·u − A = 0``.
 One sort, prefix log-sum-exps, one ``searchsorted`` for the interval and that root, all in log space.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,24 +31,24 @@ def _solve_threshold(y: torch.Tensor, targets: torch.Tensor, count: torch.Tensor
     A target >= count has no finite solution (S(c) < count for every c); its c is −inf, where every
     present p_i is 1. A target <= 0 has c = +inf, where every p_i is 0."""
     batch, n = y.shape
-    ys = y.sort(dim=1).values                                    # the absent entries first
-    present = torch.arange(n, device=y.device) >= n - count      # (batch, n), in sorted order
+    ys = y.sort(dim=1).values  # the absent entries first
+    present = torch.arange(n, device=y.device) >= n - count  # (batch, n), in sorted order
     neg_inf = ys.new_full((batch, 1), -torch.inf)
-    low = torch.logcumsumexp(ys, dim=1)                          # log Σ_{i <= j} e^(ys_i)
-    high = torch.logcumsumexp(-ys.flip(1), dim=1).flip(1)        # log Σ_{i >= j} e^(−ys_i)
+    low = torch.logcumsumexp(ys, dim=1)  # log Σ_{i <= j} e^(ys_i)
+    high = torch.logcumsumexp(-ys.flip(1), dim=1).flip(1)  # log Σ_{i >= j} e^(−ys_i)
     high_next = torch.cat([high[:, 1:], neg_inf], dim=1)
     above = torch.arange(n - 1, -1, -1, device=y.device, dtype=y.dtype)
     # S at each present breakpoint c = ys_j (both exponents are <= log n, so nothing overflows); at
     # an absent one (c = −inf) S is count, above every target that has a finite root
     at_breakpoints = 0.5 * torch.exp(low - ys) + above - 0.5 * torch.exp(ys + high_next)
     at_breakpoints = torch.where(present, at_breakpoints, torch.inf)
-    at_breakpoints = at_breakpoints.cummin(dim=1).values         # exactly non-increasing for searchsorted
+    at_breakpoints = at_breakpoints.cummin(dim=1).values  # exactly non-increasing for searchsorted
     targets = targets.to(y.dtype).contiguous()
     # below = #{j : S(ys_j) >= k}: the root lies in [ys_{below−1}, ys_below)
     below = torch.searchsorted(-at_breakpoints.contiguous(), -targets, right=True)
-    log_a = torch.cat([neg_inf, low], dim=1).gather(1, below)    # log Σ e^(y_i) over the items below c
-    log_b = torch.cat([high, neg_inf], dim=1).gather(1, below)   # log Σ e^(−y_i) over the items above c
-    d = (n - below).to(y.dtype) - targets                        # m − k
+    log_a = torch.cat([neg_inf, low], dim=1).gather(1, below)  # log Σ e^(y_i) over the items below c
+    log_b = torch.cat([high, neg_inf], dim=1).gather(1, below)  # log Σ e^(−y_i) over the items above c
+    d = (n - below).to(y.dtype) - targets  # m − k
     log_d = d.abs().log()
     # log(|d| + sqrt(d² + A·B)), then the root written without cancellation for either sign of d
     log_root = torch.logaddexp(log_d, 0.5 * torch.logaddexp(2.0 * log_d, log_a + log_b))
@@ -157,7 +158,7 @@ class LapSum(TopKOperator):
         already exactly 0 or 1."""
         n = scores.shape[1]
         values = scores.detach()
-        kth = values.kthvalue(n - k + 1, dim=1, keepdim=True).values     # the finite k'-th largest, or −inf
+        kth = values.kthvalue(n - k + 1, dim=1, keepdim=True).values  # the finite k'-th largest, or −inf
         least = torch.where(rest.finite, values, torch.inf).amin(1, keepdim=True)
         most = torch.where(rest.finite, values, -torch.inf).amax(1, keepdim=True)
         reference = torch.minimum(torch.maximum(kth, least), most)
@@ -174,9 +175,10 @@ class LapSum(TopKOperator):
     def _permutation(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
         y = self._scaled(scores, k, rest)
         # column j is rank j − m₊ of the finite entries: the nested top-(j + 1 − m₊) thresholds
-        targets = torch.arange(1, k + 1, device=y.device, dtype=y.dtype) - rest.top.to(y.dtype)   # (batch, k)
+        targets = torch.arange(1, k + 1, device=y.device, dtype=y.dtype) - rest.top.to(y.dtype)  # (batch, k)
         c = _LaplaceThreshold.apply(y, targets, rest.count)
-        gap = torch.where(rest.finite[:, :, None], y[:, :, None] - c[:, None, :],
-                          torch.zeros((), dtype=y.dtype, device=y.device))
-        nested = laplace_cdf(gap)                                              # p^(1), ..., p^(k)
+        gap = torch.where(
+            rest.finite[:, :, None], y[:, :, None] - c[:, None, :], torch.zeros((), dtype=y.dtype, device=y.device)
+        )
+        nested = laplace_cdf(gap)  # p^(1), ..., p^(k)
         return torch.diff(nested, dim=2, prepend=torch.zeros_like(nested[:, :, :1]))

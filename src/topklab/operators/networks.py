@@ -10,6 +10,7 @@ their P_topk (tested): odd-even transposition (n layers), bitonic (n padded to a
 padding wires dropped with the comparators that touch them) and Borgelt's splitter selection
 network (top-k only, https://borgelt.net/topknet.html).
 """
+
 from __future__ import annotations
 
 import math
@@ -50,9 +51,13 @@ def splitter_cascade(lanes: list[int]) -> list[Layer]:
     depth = math.ceil(math.log2(len(lanes))) if len(lanes) > 1 else 0
     for level in range(depth):
         section = 1 << (depth - level - 1)
-        layers.append([(lanes[j], lanes[j + section])
-                       for start in range(0, len(lanes), 2 * section)
-                       for j in range(start, min(start + section, len(lanes) - section))])
+        layers.append(
+            [
+                (lanes[j], lanes[j + section])
+                for start in range(0, len(lanes), 2 * section)
+                for j in range(start, min(start + section, len(lanes) - section))
+            ]
+        )
     return layers
 
 
@@ -126,7 +131,7 @@ class LayerPlan:
         first = sum(1 for _, up, _ in pairs if up < window)
         self.first = first - first % self.span if self.strided else first
 
-    def to(self, device, dtype) -> "LayerPlan":
+    def to(self, device, dtype) -> LayerPlan:
         self.lower, self.upper = self.lower.to(device), self.upper.to(device)
         self.side = self.side.to(device=device, dtype=dtype)[:, None]
         return self

@@ -1,4 +1,5 @@
 """NeuralSort (Grover, Wang, Zweig & Ermon, ICLR 2019) as a top-k operator."""
+
 from __future__ import annotations
 
 import torch
@@ -66,14 +67,14 @@ class NeuralSort(TopKOperator):
     def _permutation(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
         finite = rest.finite
         values = torch.where(finite, scores, torch.zeros((), dtype=scores.dtype, device=scores.device))
-        scale = power_of_two_scale(values)                                              # (batch, 1)
+        scale = power_of_two_scale(values)  # (batch, 1)
         s = values / scale
         # A_s·1 over the finite j: the non-finite entries sit at s = 0, each adding |s_i| to the full sum
         absent = (scores.shape[1] - rest.count).to(scores.dtype)
         spread = (s[:, :, None] - s[:, None, :]).abs().sum(-1) - absent * s.abs()
         # column j is rank r = j + 1 − m₊ of the n_f finite entries
         ranks = torch.arange(1, k + 1, device=scores.device, dtype=scores.dtype) - rest.top.to(scores.dtype)
-        weights = rest.count.to(scores.dtype) + 1 - 2 * ranks                           # (batch, k)
+        weights = rest.count.to(scores.dtype) + 1 - 2 * ranks  # (batch, k)
         logits = weights[:, :, None] * s[:, None, :] - spread[:, None, :]
         logits = torch.where(finite[:, None, :], logits, -torch.inf)
         shifted = (logits - logits.amax(-1, keepdim=True).detach()) * (scale[:, :, None] / self.tau)

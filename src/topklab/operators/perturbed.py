@@ -8,6 +8,7 @@ Z ~ N(0, I), is smooth in x with the Jacobian ``J y_σ(x) = E[y(x + σZ) Zᵀ]/�
 Prop. 3.1, with the Gaussian's ∇ν(z) = z; for a Gaussian this is Stein's lemma and holds for any
 bounded y). Both expectations are estimated with the same ``num_samples`` draws.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,10 +31,13 @@ class _PerturbedTopK(torch.autograd.Function):
         indices = (scores.unsqueeze(0) + sigma * noise).topk(k, dim=2).indices  # (S, batch, k), by rank
         cell = indices + n * torch.arange(batch, device=scores.device).view(1, batch, 1)  # row-major (b, i)
         if as_permutation:
-            cell = cell * k + torch.arange(k, device=scores.device)                      # row-major (b, i, j)
+            cell = cell * k + torch.arange(k, device=scores.device)  # row-major (b, i, j)
         counts = torch.bincount(cell.reshape(-1), minlength=batch * n * (k if as_permutation else 1))
-        out = (counts.to(scores.dtype) / samples).view(batch, n, k) if as_permutation else \
-            (counts.to(scores.dtype) / samples).view(batch, n)
+        out = (
+            (counts.to(scores.dtype) / samples).view(batch, n, k)
+            if as_permutation
+            else (counts.to(scores.dtype) / samples).view(batch, n)
+        )
         ctx.save_for_backward(noise, indices)
         ctx.sigma, ctx.as_permutation = sigma, as_permutation
         return out
@@ -44,9 +48,9 @@ class _PerturbedTopK(torch.autograd.Function):
         samples, batch, k = indices.shape
         if ctx.as_permutation:  # ⟨g, y⟩ = Σ_j g[b, index_j, j]
             picked = grad.unsqueeze(0).expand(samples, -1, -1, -1).gather(2, indices.unsqueeze(2)).squeeze(2)
-        else:                   # ⟨g, y⟩ = Σ_j g[b, index_j]
+        else:  # ⟨g, y⟩ = Σ_j g[b, index_j]
             picked = grad.unsqueeze(0).expand(samples, -1, -1).gather(2, indices)
-        inner = picked.sum(2)                                                    # (S, batch)
+        inner = picked.sum(2)  # (S, batch)
         return torch.einsum("sb,sbn->bn", inner, noise) / (samples * ctx.sigma), None, None, None, None
 
 

@@ -5,17 +5,19 @@ Each maps the signed difference v between a wire and its partner to the weight F
 gives its partner's value; ``slope`` gives dF/dv (the networks backpropagate by hand). All are
 sigmoids of β·v: increasing, F(0) = 1/2, F(−v) = 1 − F(v); β → ∞ gives the hard swap.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
 
 class Relaxation(NamedTuple):
     weight: Callable  # (v, β, λ, out) -> F(v), written into ``out`` (in place: the networks call it per layer)
-    slope: Callable   # (v, F(v), β, λ) -> dF/dv
+    slope: Callable  # (v, F(v), β, λ) -> dF/dv
 
 
 def logistic_phi_weight(v, b, lam, out):
@@ -39,24 +41,28 @@ def optimal_tail(u):
 
 RELAXATIONS = {
     "logistic": Relaxation(
-        lambda v, b, lam, out: torch.sigmoid(torch.mul(v, b, out=out), out=out),
-        lambda v, w, b, lam: b * w * (1.0 - w)),
-    "logistic_phi": Relaxation(
-        logistic_phi_weight, logistic_phi_slope),
+        lambda v, b, lam, out: torch.sigmoid(torch.mul(v, b, out=out), out=out), lambda v, w, b, lam: b * w * (1.0 - w)
+    ),
+    "logistic_phi": Relaxation(logistic_phi_weight, logistic_phi_slope),
     "gaussian": Relaxation(
         lambda v, b, lam, out: torch.erf(torch.mul(v, b / math.sqrt(2.0), out=out), out=out).mul_(0.5).add_(0.5),
-        lambda v, w, b, lam: b * torch.exp(-0.5 * (b * v).square()) / math.sqrt(2.0 * math.pi)),
+        lambda v, w, b, lam: b * torch.exp(-0.5 * (b * v).square()) / math.sqrt(2.0 * math.pi),
+    ),
     "reciprocal": Relaxation(
         lambda v, b, lam, out: torch.div(b * v, (b * v).abs_().add_(2.0), out=out).add_(1.0).mul_(0.5),
-        lambda v, w, b, lam: b / (2.0 + (b * v).abs()).square()),
+        lambda v, w, b, lam: b / (2.0 + (b * v).abs()).square(),
+    ),
     "cauchy": Relaxation(
         lambda v, b, lam, out: torch.atan(torch.mul(v, b, out=out), out=out).div_(math.pi).add_(0.5),
-        lambda v, w, b, lam: b / (math.pi * (1.0 + (b * v).square()))),
+        lambda v, w, b, lam: b / (math.pi * (1.0 + (b * v).square())),
+    ),
     # Petersen et al.'s optimal monotonic sigmoid: linear on |β·v| ≤ 1/4, then 1 − 1/(16|β·v|).
     "optimal": Relaxation(
         lambda v, b, lam, out: out.copy_(torch.clamp(b * v, -0.25, 0.25) + 0.5 + optimal_tail(b * v)),
-        lambda v, w, b, lam: b * torch.where((b * v).abs() > 0.25, 1.0 / (16.0 * (b * v).square() + 1e-30),
-                                             torch.ones_like(v))),
+        lambda v, w, b, lam: (
+            b * torch.where((b * v).abs() > 0.25, 1.0 / (16.0 * (b * v).square() + 1e-30), torch.ones_like(v))
+        ),
+    ),
 }
 
 

@@ -1,6 +1,7 @@
 """SinkhornSort: a soft permutation matrix from entropy-regularised optimal transport between the
 scores and n sorted anchors (Cuturi, Teboul & Vert, NeurIPS 2019), in the "zero-to-one" form
 Petersen et al. used ("sinkhorn_zto"), which difftopk no longer ships."""
+
 from __future__ import annotations
 
 import warnings
@@ -66,8 +67,9 @@ class SinkhornSort(TopKOperator):
     Petersen et al., ICML 2022, §4 (SinkhornSort baseline).
     """
 
-    def __init__(self, inverse_temperature: float = 1.0, iterations: int = 50, tol: float = 1e-3,
-                 unconverged: str = "warn"):
+    def __init__(
+        self, inverse_temperature: float = 1.0, iterations: int = 50, tol: float = 1e-3, unconverged: str = "warn"
+    ):
         super().__init__()
         if not inverse_temperature > 0:
             raise ValueError(f"inverse_temperature={inverse_temperature} must be > 0 (larger = sharper)")
@@ -92,7 +94,7 @@ class SinkhornSort(TopKOperator):
         return self.permutation(scores, scores.shape[1] if scores.dim() == 2 else 1).flip(-1)
 
     def _permutation(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
-        if scores.dtype in (torch.float16, torch.bfloat16):   # ε of the spread and 1/n_f marginals need float32
+        if scores.dtype in (torch.float16, torch.bfloat16):  # ε of the spread and 1/n_f marginals need float32
             return self._sort(scores.float(), rest)[:, :, -k:].flip(-1).to(scores.dtype)
         return self._sort(scores, rest)[:, :, -k:].flip(-1)
 
@@ -103,20 +105,20 @@ class SinkhornSort(TopKOperator):
         finite, count = rest.finite, rest.count.to(scores.dtype)
         zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
         values = torch.where(finite, scores, zero)
-        scale = power_of_two_scale(values)        # exact; centred/spread does not change (with 1e-12 scaled too)
+        scale = power_of_two_scale(values)  # exact; centred/spread does not change (with 1e-12 scaled too)
         values = values / scale
         centred = torch.where(finite, values - values.sum(1, keepdim=True) / count, zero)
         spread = (centred.square().sum(1, keepdim=True) / count + 1e-12 / scale.square()).sqrt()
         squashed = torch.sigmoid(centred / spread)
         ranks = torch.arange(n, device=scores.device, dtype=scores.dtype)
-        lowest = (n - rest.count - rest.top).to(scores.dtype)                    # m₋: the finite ranks start there
-        anchored = (ranks >= lowest) & (ranks < lowest + count)                  # (batch, n)
+        lowest = (n - rest.count - rest.top).to(scores.dtype)  # m₋: the finite ranks start there
+        anchored = (ranks >= lowest) & (ranks < lowest + count)  # (batch, n)
         anchors = (ranks - lowest + 0.5) / count
         cost = (squashed[:, :, None] - anchors[:, None, :]).square()
         log_kernel = -cost * self.inverse_temperature
         log_marginal = -count.log()
-        log_mu = torch.where(finite, log_marginal, -torch.inf)                  # (batch, n) items
-        log_nu = torch.where(anchored, log_marginal, -torch.inf)                # (batch, n) ranks
+        log_mu = torch.where(finite, log_marginal, -torch.inf)  # (batch, n) items
+        log_nu = torch.where(anchored, log_marginal, -torch.inf)  # (batch, n) ranks
         f = torch.where(finite, zero, -torch.inf)
         g = torch.where(anchored, zero, -torch.inf)
         for round_ in range(1, self.iterations + 1):
@@ -140,13 +142,16 @@ class SinkhornSort(TopKOperator):
         with torch.no_grad():
             rows = torch.logsumexp(log_kernel + g[:, None, :], dim=2) + f + count.log()
             return float(torch.where(finite, rows.exp().sub(1).abs(), 0.0).max())
+
     def _report(self, error: float) -> None:
         if error <= self.tol or self.unconverged == "ignore":
             return
-        message = (f"SinkhornSort did not converge: after {self.iterations} iterations a row sum is {error:.3g} from 1 "
-                   f"(tol {self.tol:g}); raise iterations or lower inverse_temperature={self.inverse_temperature:g}")
+        message = (
+            f"SinkhornSort did not converge: after {self.iterations} iterations a row sum is {error:.3g} from 1 "
+            f"(tol {self.tol:g}); raise iterations or lower inverse_temperature={self.inverse_temperature:g}"
+        )
         if self.unconverged == "raise":
             raise TopklabError(message)
         if not self._warned:
             self._warned = True
-            warnings.warn(message)
+            warnings.warn(message, stacklevel=2)

@@ -1,5 +1,6 @@
 """SOFT top-k: top-k as an entropy-regularised optimal transport between the scores and a few
 anchors, solved by log-domain Sinkhorn (Xie et al., NeurIPS 2020)."""
+
 from __future__ import annotations
 
 import torch
@@ -10,8 +11,9 @@ from topklab.utils.checks import check_int
 NORMALISE = ("batch", "row")  # what the cost is divided by: the batch's largest entry (the authors') or each row's
 
 
-def log_sinkhorn(cost: torch.Tensor, log_mu: torch.Tensor, log_nu: torch.Tensor, epsilon: float, max_iter: int,
-                 tol: float) -> torch.Tensor:
+def log_sinkhorn(
+    cost: torch.Tensor, log_mu: torch.Tensor, log_nu: torch.Tensor, epsilon: float, max_iter: int, tol: float
+) -> torch.Tensor:
     """The entropic transport plan Γ (batch, n, m) between the masses ``exp(log_mu)`` (batch, n, 1) on
     the n rows of ``cost`` and ``exp(log_nu)`` (batch, 1, m) on its m columns, for
     ``min ⟨C, Γ⟩ − ε·H(Γ)``. A mass may be 0 (log −inf): that row or column of Γ is 0 and takes no
@@ -135,7 +137,7 @@ class SoftTopKOT(TopKOperator):
         (batch or 1, m) with ``masses`` (batch, m), the cost normalised over the entries with mass on
         both sides, of the rows that have something to weigh."""
         finite, count = rest.finite, rest.count
-        gap = points[:, :, None] - anchors[:, None, :]                                  # (batch, n, m)
+        gap = points[:, :, None] - anchors[:, None, :]  # (batch, n, m)
         weighed = (finite & rest.live)[:, :, None] & (masses > 0)[:, None, :]
         size = torch.where(weighed, gap.abs(), 0.0)
         largest = size.amax() if self.normalise == "batch" else size.amax(dim=(1, 2), keepdim=True)
@@ -147,7 +149,7 @@ class SoftTopKOT(TopKOperator):
     def _soft_topk(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
         count, chosen = rest.count.to(scores.dtype), rest.rest_k.to(scores.dtype)
         points = -torch.where(rest.finite, scores, torch.zeros((), dtype=scores.dtype, device=scores.device))
-        masses = torch.cat([chosen, count - chosen], dim=1) / count     # anchor 1 has no mass where k' = n_f
+        masses = torch.cat([chosen, count - chosen], dim=1) / count  # anchor 1 has no mass where k' = n_f
         plan = self._plan(points, rest, points.new_tensor([[0.0, 1.0]]), masses)
         return count * plan[:, :, 0]
 
@@ -155,7 +157,7 @@ class SoftTopKOT(TopKOperator):
         count, chosen = rest.count.to(scores.dtype), rest.rest_k.to(scores.dtype)
         # anchor j < k is rank j − m₊ of the finite entries, at k' − (j − m₊) as the authors' k, k−1, …, 1;
         # anchor k, at 0, takes the n_f − k' others (no mass where k' = n_f)
-        rank = torch.arange(k, device=scores.device, dtype=scores.dtype) - rest.top.to(scores.dtype)   # (batch, k)
+        rank = torch.arange(k, device=scores.device, dtype=scores.dtype) - rest.top.to(scores.dtype)  # (batch, k)
         ranked = (rank >= 0) & (rank < chosen)
         anchors = torch.cat([chosen - rank, torch.zeros_like(count)], dim=1)
         masses = torch.cat([torch.where(ranked, 1.0, 0.0).to(scores.dtype), count - chosen], dim=1) / count

@@ -1,4 +1,5 @@
 """SoftSort (Prillo & Eisenschlos, ICML 2020) as a top-k operator."""
+
 from __future__ import annotations
 
 import torch
@@ -62,7 +63,7 @@ class SoftSort(TopKOperator):
 
     def _permutation(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
         # column j is centred on the row's (j+1)-th largest: the finite entries' (j+1−m₊)-th where finite
-        largest = scores.topk(k, dim=1).values                                       # (batch, k)
+        largest = scores.topk(k, dim=1).values  # (batch, k)
         zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
         centres = torch.where(torch.isfinite(largest), largest, zero)
         values = torch.where(rest.finite, scores, zero)

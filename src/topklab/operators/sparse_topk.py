@@ -21,6 +21,7 @@ Two solvers of the isotonic problem: ``"pav"`` (pool adjacent violators, exact, 
 row on the CPU; p = 2 and p = 4/3) and ``"dykstra"`` (Sander et al.'s GPU-friendly alternating
 projections onto the even-pair and the odd-pair constraints, batched in torch; p = 2 only).
 """
+
 from __future__ import annotations
 
 import math
@@ -50,6 +51,7 @@ def _compress(t: torch.Tensor) -> torch.Tensor:
 
 
 # ---------- pool adjacent violators (exact), one row at a time on the CPU ----------
+
 
 def _pav_l2_row(y: list[float]) -> tuple[list[float], list[int]]:
     """Non-increasing isotonic regression of ``y`` by PAV: (block values, block sizes), left to right.
@@ -81,7 +83,7 @@ def _cubic_block_value(n: int, s1: float, s2: float, s3: float, weight: float, l
     ``s_m = Σ r_i^m``, by Newton's method kept inside the bracket [low, high] (bisection otherwise)."""
     u = 0.5 * (low + high)
     for _ in range(200):
-        value = s3 - 3.0 * u * s2 + 3.0 * u * u * s1 - n * u ** 3 - weight
+        value = s3 - 3.0 * u * s2 + 3.0 * u * u * s1 - n * u**3 - weight
         if value == 0.0:
             return u
         if value > 0.0:
@@ -116,7 +118,7 @@ def _pav_l4_row(t: list[float], w: list[float]) -> tuple[list[float], list[int]]
             block[1] = n + n2
             block[2] = s1 + a1 + n2 * d
             block[3] = s2 + a2 + 2.0 * d * a1 + n2 * d * d
-            block[4] = s3 + a3 + 3.0 * d * a2 + 3.0 * d * d * a1 + n2 * d ** 3
+            block[4] = s3 + a3 + 3.0 * d * a2 + 3.0 * d * d * a1 + n2 * d**3
             block[5] += w2
             block[6] = min(block[6], lo2 + d)
             block[7] = max(block[7], hi2 + d)
@@ -140,11 +142,11 @@ def isotonic_pav(t: torch.Tensor, w: torch.Tensor, p: float) -> tuple[torch.Tens
             block_values, sizes = _pav_l4_row(row.tolist(), weights)
         values[b] = np.repeat(block_values, sizes)
         blocks[b] = np.repeat(np.arange(len(sizes)), sizes)
-    return (torch.from_numpy(values).to(device=t.device, dtype=t.dtype),
-            torch.from_numpy(blocks).to(t.device))
+    return (torch.from_numpy(values).to(device=t.device, dtype=t.dtype), torch.from_numpy(blocks).to(t.device))
 
 
 # ---------- Dykstra's alternating projections (approximate, batched), then an exact polish ----------
+
 
 def _pool_pairs(a: torch.Tensor, start: int) -> torch.Tensor:
     """Projection onto ``{a_i >= a_{i+1}}`` for the disjoint pairs (start, start+1), (start+2, start+3),
@@ -153,12 +155,12 @@ def _pool_pairs(a: torch.Tensor, start: int) -> torch.Tensor:
     pairs = (n - start) // 2
     if pairs == 0:
         return a
-    segment = a[:, start:start + 2 * pairs].reshape(batch, pairs, 2)
+    segment = a[:, start : start + 2 * pairs].reshape(batch, pairs, 2)
     left, right = segment[..., 0], segment[..., 1]
     violated = left < right
     mean = 0.5 * (left + right)
     pooled = torch.stack((torch.where(violated, mean, left), torch.where(violated, mean, right)), dim=-1)
-    return torch.cat((a[:, :start], pooled.reshape(batch, 2 * pairs), a[:, start + 2 * pairs:]), dim=1)
+    return torch.cat((a[:, :start], pooled.reshape(batch, 2 * pairs), a[:, start + 2 * pairs :]), dim=1)
 
 
 def _polish(y: torch.Tensor, iterate: torch.Tensor, threshold: torch.Tensor):
@@ -216,6 +218,7 @@ def isotonic_dykstra(y: torch.Tensor, max_iter: int, tol: float, check_every: in
 
 # ---------- the mask and its backward ----------
 
+
 def _block_sum(values: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     """Each item's block total of ``values`` (batch, n)."""
     return torch.zeros_like(values).scatter_add_(1, blocks, values).gather(1, blocks)
@@ -239,7 +242,7 @@ class _SortedMask(torch.autograd.Function):
             ctx.save_for_backward(blocks, sizes, None)
         else:
             u = u.clamp_min(0.0)
-            mask = (u ** 3).clamp(0.0, 1.0)
+            mask = (u**3).clamp(0.0, 1.0)
             ctx.save_for_backward(blocks, sizes, u)
         ctx.q = q
         return mask
@@ -254,8 +257,9 @@ class _SortedMask(torch.autograd.Function):
             scaled = 3.0 * u * u * grad
             weight = u * u
         total_weight = _block_sum(weight, blocks)
-        share = torch.where(total_weight > 0, weight / total_weight.clamp_min(torch.finfo(grad.dtype).tiny),
-                            1.0 / sizes)
+        share = torch.where(
+            total_weight > 0, weight / total_weight.clamp_min(torch.finfo(grad.dtype).tiny), 1.0 / sizes
+        )
         grad_t = scaled - share * _block_sum(scaled, blocks)
         return torch.where(sizes == 1, torch.zeros_like(grad_t), grad_t), None, None, None, None
 
@@ -346,10 +350,11 @@ class SparseTopK(TopKOperator):
 
     sums_to_k = True
     sparse = True
-    masks_extremes = False   # rows with infinite scores are solved per group of equal (n_f, k')
+    masks_extremes = False  # rows with infinite scores are solved per group of equal (n_f, k')
 
-    def __init__(self, regularization: float = 0.1, p: float = 2.0, solver: str = "pav", max_iter: int = 2000,
-                 tol: float = 1e-6):
+    def __init__(
+        self, regularization: float = 0.1, p: float = 2.0, solver: str = "pav", max_iter: int = 2000, tol: float = 1e-6
+    ):
         super().__init__()
         self.regularization = positive(regularization, "regularization", "smaller = sharper and sparser")
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not (p == 2 or abs(p - 4 / 3) < 1e-6):
@@ -371,7 +376,7 @@ class SparseTopK(TopKOperator):
         n = scores.shape[1]
         order = torch.sort(scores, dim=1, descending=True, stable=True).indices
         kth = scores.detach().kthvalue(n - k + 1, dim=1, keepdim=True).values
-        t = _compress((scores.gather(1, order) - kth) / self.regularization)   # see the class docstring
+        t = _compress((scores.gather(1, order) - kth) / self.regularization)  # see the class docstring
         w = (torch.arange(n, device=scores.device) < k).to(scores.dtype)
         with torch.no_grad():
             if self.solver == "pav":
@@ -379,8 +384,11 @@ class SparseTopK(TopKOperator):
             else:
                 v, blocks, certified = isotonic_dykstra(t - w, self.max_iter, self.tol)
                 if not bool(certified.all()):
-                    warnings.warn(f"SparseTopK: Dykstra did not certify {int((~certified).sum())} row(s) in "
-                                  f"max_iter={self.max_iter} iterations; raise max_iter or use solver='pav'",
-                                  RuntimeWarning, stacklevel=2)
+                    warnings.warn(
+                        f"SparseTopK: Dykstra did not certify {int((~certified).sum())} row(s) in "
+                        f"max_iter={self.max_iter} iterations; raise max_iter or use solver='pav'",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
         mask_sorted = _SortedMask.apply(t, w, v, blocks, 2 if self.p == 2 else 4)
         return torch.empty_like(mask_sorted).scatter(1, order, mask_sorted)

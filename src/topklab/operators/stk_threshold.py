@@ -11,6 +11,7 @@ largest score. Two ways to get λ:
   model as in its SGD-STk), moved towards the k-th largest by the auxiliary
   :meth:`STkThreshold.objective`.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,9 @@ def srelu_slope(z: torch.Tensor, delta: float) -> torch.Tensor:
     return srelu_slope_and_curvature(z, torch.as_tensor(delta, dtype=z.dtype))[0]
 
 
-def solve_threshold(scores: torch.Tensor, k: int, delta: float, tol: float = 1e-9,
-                    max_iter: int = 100, residual: bool = False):
+def solve_threshold(
+    scores: torch.Tensor, k: int, delta: float, tol: float = 1e-9, max_iter: int = 100, residual: bool = False
+):
     """Per row of ``scores`` (batch, n), the λ with ``G(λ) = Σ_i SReLU'(x_i − λ) − k = 0``.
 
     G decreases in λ (``G' = −Σ ½δ²/r_i³ < 0``). The bracket starts as ``[min x − δ√(n/(p − k)),
@@ -78,18 +80,18 @@ def solve_threshold(scores: torch.Tensor, k: int, delta: float, tol: float = 1e-
         finite = torch.isfinite(x)
         plus = torch.isposinf(x).sum(1)
         present = plus + finite.sum(1)
-        below, beyond = present <= k, plus >= k                       # no root: λ = −inf, λ = +inf
+        below, beyond = present <= k, plus >= k  # no root: λ = −inf, λ = +inf
         least = torch.where(finite, x, math.inf).amin(1)
         most = torch.where(finite, x, -math.inf).amax(1)
         least, most = torch.where(finite.any(1), least, 0.0), torch.where(finite.any(1), most, 0.0)
         low = least - delta * torch.sqrt(n / (present - k).clamp(min=1).to(x.dtype))
         high = most + delta * torch.sqrt(n / (k - plus).clamp(min=1).to(x.dtype))
         top = x.topk(k + 1, dim=1).values
-        start = 0.5 * top[:, k - 1] + 0.5 * top[:, k]                 # halves: no overflow near the maximum
+        start = 0.5 * top[:, k - 1] + 0.5 * top[:, k]  # halves: no overflow near the maximum
         lam = torch.minimum(torch.maximum(torch.where(torch.isnan(start), low, start), low), high)
         previous = torch.full_like(lam, math.inf, dtype=torch.float64)
         eps = torch.finfo(x.dtype).eps
-        tol = max(tol, 4 * k * eps + n * torch.finfo(torch.float64).eps)   # Σp cannot be nearer k than this
+        tol = max(tol, 4 * k * eps + n * torch.finfo(torch.float64).eps)  # Σp cannot be nearer k than this
         width = torch.as_tensor(delta, dtype=x.dtype)
         active = ~(below | beyond)
         for _ in range(max_iter):
@@ -191,8 +193,14 @@ class STkThreshold(TopKOperator):
     "Minimizing the sum of the k largest functions in linear time", IPL 2003 (Eq. 1).
     """
 
-    def __init__(self, delta: float = 0.01, threshold: str = "solved", lam_init: float = 0.0, tol: float = 1e-9,
-                 max_iter: int = 100):
+    def __init__(
+        self,
+        delta: float = 0.01,
+        threshold: str = "solved",
+        lam_init: float = 0.0,
+        tol: float = 1e-9,
+        max_iter: int = 100,
+    ):
         super().__init__()
         self.delta = positive(delta, "delta", "smaller = sharper")
         if threshold not in THRESHOLDS:
@@ -229,20 +237,20 @@ class STkThreshold(TopKOperator):
         safe = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
         with torch.no_grad():
             curvature = srelu_slope_and_curvature(safe - lam[:, None], torch.as_tensor(self.delta, dtype=x.dtype))[1]
-            curvature = torch.where(finite, curvature, 0.0)     # an infinite score does not move λ
+            curvature = torch.where(finite, curvature, 0.0)  # an infinite score does not move λ
             weight = curvature / curvature.sum(1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
         # value λ*, gradient ∂λ/∂x = h/Σh (implicit-function theorem on Σ SReLU'(x − λ) = k)
         return lam + (weight * (safe - safe.detach())).sum(1), residual
 
     def soft_topk(self, scores: torch.Tensor, k: int) -> torch.Tensor:
-        if self.threshold_mode == "learned":   # elementwise, whatever k (see the class docstring)
+        if self.threshold_mode == "learned":  # elementwise, whatever k (see the class docstring)
             self.check(scores, k)
             return srelu_slope(scores - self.lam.to(scores.dtype), self.delta)
         return super().soft_topk(scores, k)
 
     def _soft_topk(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
         x = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
-        lam, residual = self._solved(x, k, rest.finite)   # λ = −inf where at most k entries lie above −inf: p = 1
+        lam, residual = self._solved(x, k, rest.finite)  # λ = −inf where at most k entries lie above −inf: p = 1
         safe = torch.where(rest.finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
         return srelu_slope(safe - lam[:, None] - residual[:, None], self.delta).to(scores.dtype)
 

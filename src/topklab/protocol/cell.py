@@ -1,6 +1,7 @@
 """One cell of a paper table: every grid combination of one aggregate, trained on every split as
 one population, then the combination with the best validation score over the splits is selected
 (exact total error counts, or mean RMSE); the combinations tied with it are recorded."""
+
 from __future__ import annotations
 
 import math
@@ -114,7 +115,9 @@ def selection_scores(val: np.ndarray, metric: str, val_sizes) -> np.ndarray:
     finite = np.isfinite(counts)
     rounded = np.rint(np.where(finite, counts, 0.0))
     if finite.any() and np.abs(counts - rounded)[finite].max() > 1e-3:
-        raise TopklabError("validation error rates are not whole counts of the validation sets; the metric is not error_pct")
+        raise TopklabError(
+            "validation error rates are not whole counts of the validation sets; the metric is not error_pct"
+        )
     return np.where(finite.all(axis=1), rounded.sum(axis=1), np.nan)
 
 
@@ -133,15 +136,24 @@ def select_combo(scores: np.ndarray, exact: bool = True) -> tuple[int, list[int]
     """
     finite = np.isfinite(scores)
     if not finite.any():
-        raise TopklabError("every combination has a non-finite validation metric; check the data and lower the grid's lr")
+        raise TopklabError(
+            "every combination has a non-finite validation metric; check the data and lower the grid's lr"
+        )
     best = scores[finite].min()
     tolerance = 0.0 if exact else RMSE_TIE_TOLERANCE * max(abs(best), 1e-12)
     tied = [int(i) for i in np.flatnonzero(finite & (scores <= best + tolerance))]
     return tied[0], tied
 
 
-def run_cell(cell: Cell, dataset, individual: nn.Module, protocol: Protocol, settings: dict | None = None,
-             on_retire: Callable[[int], None] | None = None, aggregate: Aggregate | None = None) -> dict:
+def run_cell(
+    cell: Cell,
+    dataset,
+    individual: nn.Module,
+    protocol: Protocol,
+    settings: dict | None = None,
+    on_retire: Callable[[int], None] | None = None,
+    aggregate: Aggregate | None = None,
+) -> dict:
     """Train ``cell`` by ``protocol`` on ``dataset`` (a TabularDataset); return its JSON record.
     ``settings`` (e.g. the dataset and loss configs) joins the protocol in the record's
     ``fingerprint``, which decides whether a stored cell may be reused.
@@ -162,25 +174,37 @@ def run_cell(cell: Cell, dataset, individual: nn.Module, protocol: Protocol, set
     if aggregate is None:
         aggregate = instantiate(with_lam_update(aggregate_node(cell.aggregate), protocol.lam_update))
     executor = PopulationExecutor(
-        aggregate, individual, StackedMLP(splits[0].n_features, protocol.hidden), Adagrad(),
-        Metric(metric, TASK_METRIC[dataset.task][1], higher_is_better=False), max_epochs=protocol.max_epochs,
-        batch_size=protocol.batch_size, eval_every=protocol.eval_every, patience=protocol.patience,
-        min_delta=protocol.min_delta, layout=Gathered,
+        aggregate,
+        individual,
+        StackedMLP(splits[0].n_features, protocol.hidden),
+        Adagrad(),
+        Metric(metric, TASK_METRIC[dataset.task][1], higher_is_better=False),
+        max_epochs=protocol.max_epochs,
+        batch_size=protocol.batch_size,
+        eval_every=protocol.eval_every,
+        patience=protocol.patience,
+        min_delta=protocol.min_delta,
+        layout=Gathered,
     )
     for first in range(0, len(rows), per_population):
-        chunk = rows[first:first + per_population]
+        chunk = rows[first : first + per_population]
         members = Members(
-            split=[s for _, s in chunk], seed=[protocol.seed + s for _, s in chunk],
-            k=[combos[c]["k"] for c, _ in chunk], lr=[combos[c]["lr"] for c, _ in chunk],
-            l2_C=[combos[c]["C"] for c, _ in chunk], delta=[combos[c]["delta"] for c, _ in chunk],
+            split=[s for _, s in chunk],
+            seed=[protocol.seed + s for _, s in chunk],
+            k=[combos[c]["k"] for c, _ in chunk],
+            lr=[combos[c]["lr"] for c, _ in chunk],
+            l2_C=[combos[c]["C"] for c, _ in chunk],
+            delta=[combos[c]["delta"] for c, _ in chunk],
             lam_init=protocol.lam_init,
         )
         result = executor.fit(splits, members, report=reported, on_stop=on_retire)
         member_steps += int(result["steps"].sum())
         for name in ("best_step", "steps", "lambda", "diverged", *(f"{part}_{metric}" for part in reported)):
             columns.setdefault(name, []).append(result[name])
-    table = {name: torch.cat(parts).double().numpy().reshape(len(combos), protocol.n_splits)
-             for name, parts in columns.items()}
+    table = {
+        name: torch.cat(parts).double().numpy().reshape(len(combos), protocol.n_splits)
+        for name, parts in columns.items()
+    }
     val, test = table[f"val_{metric}"], table[f"test_{metric}"]
     scores = selection_scores(val, metric, [len(split.y_val) for split in splits])
     best, tied = select_combo(scores, exact=metric == "error_pct")
@@ -192,9 +216,14 @@ def run_cell(cell: Cell, dataset, individual: nn.Module, protocol: Protocol, set
         "fingerprint": {"protocol": protocol.fingerprint(cell.aggregate), **(settings or {})},
         "selected": {"index": best, **combos[best]},
         "ties": {  # the combinations whose validation score equals the selected one's (the first in grid order is selected)
-            "rule": "first in grid order" if metric == "error_pct" else f"first in grid order; RMSE within {RMSE_TIE_TOLERANCE:g} (relative)",
-            "count": len(tied), "indices": tied,
-            "test_min": float(tied_test.min()), "test_max": float(tied_test.max()), "test_mean": float(tied_test.mean()),
+            "rule": "first in grid order"
+            if metric == "error_pct"
+            else f"first in grid order; RMSE within {RMSE_TIE_TOLERANCE:g} (relative)",
+            "count": len(tied),
+            "indices": tied,
+            "test_min": float(tied_test.min()),
+            "test_max": float(tied_test.max()),
+            "test_mean": float(tied_test.mean()),
         },
         "test_mean": float(test[best].mean()),
         "test_std": float(test[best].std()),
@@ -212,7 +241,10 @@ def run_cell(cell: Cell, dataset, individual: nn.Module, protocol: Protocol, set
         "combos": {  # every combination, column by column (grid order)
             **{axis: [combo[axis] for combo in combos] for axis in ("k", "C", "lr", "delta")},
             "val_mean": [round(float(v), 6) for v in val.mean(axis=1)],
-            "val_score": [None if not math.isfinite(v) else (int(v) if metric == "error_pct" else float(v)) for v in scores.tolist()],
+            "val_score": [
+                None if not math.isfinite(v) else (int(v) if metric == "error_pct" else float(v))
+                for v in scores.tolist()
+            ],
             "test_mean": [round(float(v), 6) for v in test.mean(axis=1)],
             "diverged": table["diverged"].sum(axis=1).astype(int).tolist(),
         },

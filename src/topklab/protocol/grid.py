@@ -1,4 +1,5 @@
 """The hyperparameter grid of the STk paper's tabular experiments (papers.md §1.11)."""
+
 from __future__ import annotations
 
 import itertools
@@ -55,4 +56,6 @@ class Grid:
         axes = aggregate_class(aggregate).hyperparameters
         ks = self.k if "k" in axes else (1,)
         deltas = self.delta if "delta" in axes else self.delta[:1]
-        return [{"k": k, "C": c, "lr": lr, "delta": d} for k, c, lr, d in itertools.product(ks, self.C, self.lr, deltas)]
+        return [
+            {"k": k, "C": c, "lr": lr, "delta": d} for k, c, lr, d in itertools.product(ks, self.C, self.lr, deltas)
+        ]

@@ -4,6 +4,7 @@ columns × grid × splits → population executor → selection → cell store. 
 (individual losses × aggregates); every cell's config is composed by Hydra from the row and the
 column, so the dataset, individual loss and aggregate are exactly what ``train.py`` would build.
 Needs an initialised Hydra (the script's ``@hydra.main``, or ``initialize_config_dir`` in tests)."""
+
 from __future__ import annotations
 
 import sys
@@ -13,19 +14,21 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from topklab.config import compose_run, config_groups
+from topklab.engine.aggregates import with_lam_update
+from topklab.engine.build import build
 from topklab.protocol.cell import Cell, Protocol, run_cell
 from topklab.protocol.grid import Grid
 from topklab.protocol.store import CellStore
-from topklab.config import compose_run, config_groups
-from topklab.engine.build import build
-from topklab.engine.aggregates import with_lam_update
 from topklab.utils.errors import TopklabError
 from topklab.utils.provenance import check_cpu_capability, collect
 
+
 def describe(selected: dict) -> str:
     """``k=0.5, C=100, lr=0.1, delta=0.01``; k prints as given, so 1 (one sample) and 1.0 (all) differ."""
-    return ", ".join(f"{name}={value if name == 'k' else format(value, 'g')}"
-                     for name, value in selected.items() if name != "index")
+    return ", ".join(
+        f"{name}={value if name == 'k' else format(value, 'g')}" for name, value in selected.items() if name != "index"
+    )
 
 
 TABULAR_TABLES = ("stk/table3/", "stk/table4/", "stk/table6/")
@@ -86,22 +89,28 @@ def reproduce(cfg: DictConfig) -> list[dict]:
                 cell = Cell(cells.table, cell_cfg.row, individual, aggregate)
                 protocol.grid.combos(aggregate)  # unknown aggregate names fail before any training
                 # unresolved, so that machine-specific paths do not enter the fingerprint
-                settings = {"dataset": OmegaConf.to_container(cell_cfg.dataset, resolve=False),
-                            "individual": OmegaConf.to_container(cell_cfg.individual, resolve=False)}
+                settings = {
+                    "dataset": OmegaConf.to_container(cell_cfg.dataset, resolve=False),
+                    "individual": OmegaConf.to_container(cell_cfg.individual, resolve=False),
+                }
                 plan.append((cell, cell_cfg, settings))
 
     for key, asked in (("aggregates", wanted), ("individuals", wanted_individuals)):
         if set(asked or []) - offered[key]:
-            raise TopklabError(f"{key} {sorted(set(asked) - offered[key])} are in none of the selected rows; choose "
-                               f"from the rows' {key} ({', '.join(sorted(offered[key]))})")
+            raise TopklabError(
+                f"{key} {sorted(set(asked) - offered[key])} are in none of the selected rows; choose "
+                f"from the rows' {key} ({', '.join(sorted(offered[key]))})"
+            )
 
     def fingerprint(cell, settings):
         return {"protocol": protocol.fingerprint(cell.aggregate), **settings}
 
     todo = [p for p in plan if not store.is_done(p[0], fingerprint(p[0], p[2]))]
     trainings = sum(len(protocol.grid.combos(c.aggregate)) * protocol.n_splits for c, *_ in todo)
-    print(f"{len(plan) - len(todo)} of {len(plan)} cells already in {store.root}; "
-          f"{len(todo)} to train ({trainings} trainings)")
+    print(
+        f"{len(plan) - len(todo)} of {len(plan)} cells already in {store.root}; "
+        f"{len(todo)} to train ({trainings} trainings)"
+    )
     provenance = collect(cfg.paths.root_dir) if todo else None
     command = " ".join(["python", *sys.argv])
     with tqdm(total=trainings, unit="training", disable=not cfg.progress, smoothing=0.05) as bar:
@@ -109,12 +118,21 @@ def reproduce(cfg: DictConfig) -> list[dict]:
             bar.set_description(cell.key)
             dataset = build(cell_cfg.dataset, "dataset")
             individual = build(cell_cfg.individual, "individual")
-            record = run_cell(cell, dataset, individual, protocol, settings=settings, on_retire=bar.update,
-                              aggregate=build(with_lam_update(cell_cfg.loss, protocol.lam_update), "loss"))
+            record = run_cell(
+                cell,
+                dataset,
+                individual,
+                protocol,
+                settings=settings,
+                on_retire=bar.update,
+                aggregate=build(with_lam_update(cell_cfg.loss, protocol.lam_update), "loss"),
+            )
             record["preset"] = cfg.preset.name
             record["command"] = command
             record["provenance"] = provenance
             store.save(record)
-            bar.write(f"{cell.key}: test {record['metric']} {record['test_mean']:.4g} ± {record['test_std']:.3g} "
-                      f"(selected {describe(record['selected'])}; {record['seconds']:.0f} s)")
+            bar.write(
+                f"{cell.key}: test {record['metric']} {record['test_mean']:.4g} ± {record['test_std']:.3g} "
+                f"(selected {describe(record['selected'])}; {record['seconds']:.0f} s)"
+            )
     return [store.load(cell) for cell, *_ in plan]

@@ -5,6 +5,7 @@ every cell already stored with the same fingerprint.
 In memory a cell is the flat record of :func:`topklab.protocol.cell.run_cell` plus ``command``,
 ``provenance`` and ``preset``; on disk its ``fingerprint`` is the envelope's ``config`` and the rest
 of the record its ``result``."""
+
 from __future__ import annotations
 
 import json
@@ -33,14 +34,24 @@ def to_result(record: dict) -> dict:
     if missing:
         raise TopklabError(f"a cell record needs {missing} before it is stored; set them as protocol.reproduce does")
     payload = {k: v for k, v in record.items() if k not in ENVELOPE_KEYS}
-    return make_result("tabular", Cell(**record["cell"]).key, payload, command=record["command"],
-                       config=record["fingerprint"], provenance=record["provenance"])
+    return make_result(
+        "tabular",
+        Cell(**record["cell"]).key,
+        payload,
+        command=record["command"],
+        config=record["fingerprint"],
+        provenance=record["provenance"],
+    )
 
 
 def from_result(result: dict) -> dict:
     """The cell record of an envelope (inverse of :func:`to_result`)."""
-    return {**result["result"], "fingerprint": result["config"], "command": result["command"],
-            "provenance": result["provenance"]}
+    return {
+        **result["result"],
+        "fingerprint": result["config"],
+        "command": result["command"],
+        "provenance": result["provenance"],
+    }
 
 
 def canonical(obj) -> str:

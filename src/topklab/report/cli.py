@@ -11,14 +11,15 @@ table under ``vision/`` and every translation table under ``translation/`` (pape
 ``synthetic/figure{3,4}.json``), ``routing.png`` and ``gradient_sparsification.png``. A missing optional source is skipped with a note; a
 corrupt or old-format result is a one-line error and nothing is written.
 """
+
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import yaml
 
@@ -47,17 +48,31 @@ class Source:
 SINGLE_TABLES: dict[str, tuple[Source, Callable[[dict, dict], str]]] = {
     "table1.md": (Source("bench/table1.json", "bench", "scripts/table1_topk_time.py"), render_table1),
     "table2.md": (Source("synthetic/table2.json", "synthetic", "scripts/reproduce_synthetic.py"), render_table2),
-    "table2_intended.md": (Source("synthetic/table2_intended.json", "synthetic",
-                                  "scripts/reproduce_synthetic.py experiments=[table2] task.covariance=intended suffix=_intended"),
-                           render_table2),
-    "table2_scale_atk.md": (Source("synthetic/table2_scale_atk.json", "synthetic",
-                                   "scripts/reproduce_synthetic.py experiments=[table2,figure4] scale=atk suffix=_scale_atk"),
-                            render_table2),
+    "table2_intended.md": (
+        Source(
+            "synthetic/table2_intended.json",
+            "synthetic",
+            "scripts/reproduce_synthetic.py experiments=[table2] task.covariance=intended suffix=_intended",
+        ),
+        render_table2,
+    ),
+    "table2_scale_atk.md": (
+        Source(
+            "synthetic/table2_scale_atk.json",
+            "synthetic",
+            "scripts/reproduce_synthetic.py experiments=[table2,figure4] scale=atk suffix=_scale_atk",
+        ),
+        render_table2,
+    ),
 }
-LAYER_BENCH = {"routing": Source("bench/routing_cpu.json", "bench", "scripts/bench_routing.py"),
-               "sparsification": Source("bench/sparsification_cpu.json", "bench", "scripts/bench_sparsification.py")}
-FIGURE_SOURCES = {name: Source(f"synthetic/{name}.json", "synthetic", "scripts/reproduce_synthetic.py")
-                  for name in ("figure3", "figure4", "figure4_scale_atk")}
+LAYER_BENCH = {
+    "routing": Source("bench/routing_cpu.json", "bench", "scripts/bench_routing.py"),
+    "sparsification": Source("bench/sparsification_cpu.json", "bench", "scripts/bench_sparsification.py"),
+}
+FIGURE_SOURCES = {
+    name: Source(f"synthetic/{name}.json", "synthetic", "scripts/reproduce_synthetic.py")
+    for name in ("figure3", "figure4", "figure4_scale_atk")
+}
 
 
 def _paper(results: Path) -> dict:
@@ -93,17 +108,23 @@ def render_tables(results: Path, preset: str | None = None, allow_dirty: bool = 
     """
     dirty = dirty_result_files(results)
     if dirty and not allow_dirty:
-        raise TopklabError(f"{len(dirty)} result(s) under {results} came from a tree with uncommitted changes "
-                           f"(first: {dirty[0]}); rerun them from a clean checkout, or pass --allow-dirty "
-                           f"(the tables then mark them DIRTY)")
+        raise TopklabError(
+            f"{len(dirty)} result(s) under {results} came from a tree with uncommitted changes "
+            f"(first: {dirty[0]}); rerun them from a clean checkout, or pass --allow-dirty "
+            f"(the tables then mark them DIRTY)"
+        )
     paper = _paper(results)
-    stored = sorted(p.name for p in (results / "tabular").iterdir() if p.is_dir()) if (results / "tabular").is_dir() else []
+    stored = (
+        sorted(p.name for p in (results / "tabular").iterdir() if p.is_dir()) if (results / "tabular").is_dir() else []
+    )
     rendered = {}
-    for name in ([preset] if preset else stored):
+    for name in [preset] if preset else stored:
         cells = read_results(results / "tabular" / name, "tabular")
         if not cells:
-            raise TopklabError(f"no cells under {results / 'tabular' / name}; run `python scripts/reproduce_tabular.py "
-                               f"preset={name}` first (or pick another --preset)")
+            raise TopklabError(
+                f"no cells under {results / 'tabular' / name}; run `python scripts/reproduce_tabular.py "
+                f"preset={name}` first (or pick another --preset)"
+            )
         rendered.update(render_tabular(name, paper, cells))
     if not rendered:
         raise TopklabError(f"no cells under {results / 'tabular'}; run `python scripts/reproduce_tabular.py` first")
@@ -121,10 +142,16 @@ def render_tables(results: Path, preset: str | None = None, allow_dirty: bool = 
 def render_layer_tables(results: Path) -> dict[str, str]:
     """``routing.md`` and ``gradient_sparsification.md`` where their runs or benchmarks exist."""
     configs, rendered = results.parent / "configs", {}
-    for name, folder, family, render in (("routing.md", "routing", "language_modeling", render_routing),
-                                         ("gradient_sparsification.md", "sparsification", "vision", render_sparsification)):
+    for name, folder, family, render in (
+        ("routing.md", "routing", "language_modeling", render_routing),
+        ("gradient_sparsification.md", "sparsification", "vision", render_sparsification),
+    ):
         runs = read_results(results / folder, family) if (results / folder).is_dir() else []
-        bench = read_result(results / LAYER_BENCH[folder].path, "bench") if (results / LAYER_BENCH[folder].path).exists() else None
+        bench = (
+            read_result(results / LAYER_BENCH[folder].path, "bench")
+            if (results / LAYER_BENCH[folder].path).exists()
+            else None
+        )
         if runs or bench:
             rendered[name] = render(runs, bench, configs)
     return rendered
@@ -143,10 +170,12 @@ def render_figures(results: Path, out: Path) -> list[str]:
     paper = _paper(results)
     sources = {name: _optional(results, source, f"{name}.png") for name, source in FIGURE_SOURCES.items()}
     skipped = {name for name, result in sources.items() if result is None}
-    draw = {"figure2": figure2,
-            "figure3": lambda path: figure3(sources["figure3"], path),
-            "figure4": lambda path: figure4(sources["figure4"], paper, path),
-            "figure4_scale_atk": lambda path: figure4(sources["figure4_scale_atk"], paper, path)}
+    draw = {
+        "figure2": figure2,
+        "figure3": lambda path: figure3(sources["figure3"], path),
+        "figure4": lambda path: figure4(sources["figure4"], paper, path),
+        "figure4_scale_atk": lambda path: figure4(sources["figure4_scale_atk"], paper, path),
+    }
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name in (n for n in draw if n not in skipped):
@@ -159,7 +188,9 @@ def render_figures(results: Path, out: Path) -> list[str]:
         plot_routing(routing, out / "routing.png")
         written.append("routing.png")
     if (results / LAYER_BENCH["sparsification"].path).exists():
-        plot_sparsification(read_result(results / LAYER_BENCH["sparsification"].path, "bench"), out / "gradient_sparsification.png")
+        plot_sparsification(
+            read_result(results / LAYER_BENCH["sparsification"].path, "bench"), out / "gradient_sparsification.png"
+        )
         written.append("gradient_sparsification.png")
     return written
 
@@ -174,7 +205,9 @@ def tables(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default=None, help="only results/tabular/<preset>/ (default: every preset stored)")
     parser.add_argument("--results", type=Path, default=_results_dir())
     parser.add_argument("--out", type=Path, default=None, help="default: <results>/tables")
-    parser.add_argument("--allow-dirty", action="store_true", help="render results from a tree with uncommitted changes")
+    parser.add_argument(
+        "--allow-dirty", action="store_true", help="render results from a tree with uncommitted changes"
+    )
     args = parser.parse_args(argv)
     out = args.out or args.results / "tables"
     try:
@@ -184,7 +217,9 @@ def tables(argv: list[str] | None = None) -> int:
         return 2
     for name, text in rendered.items():
         atomic_write_text(out / name, text)
-    print(f"wrote {', '.join(sorted(rendered))} to {out} (tabular cells of {f'preset {args.preset}' if args.preset else 'every preset'})")
+    print(
+        f"wrote {', '.join(sorted(rendered))} to {out} (tabular cells of {f'preset {args.preset}' if args.preset else 'every preset'})"
+    )
     return 0
 
 

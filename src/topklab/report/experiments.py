@@ -2,6 +2,7 @@
 description its yaml opens with, grouped by folder. Generated (``python -m topklab.report index``)
 and compared with the committed file by ``tests/test_experiment_index.py``, so a new row cannot be
 missing from it."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -52,6 +53,8 @@ def render_index(config_dir: Path) -> str:
     groups = experiment_rows(config_dir)
     parts = [HEADER, f"{sum(len(rows) for rows in groups.values())} rows in {len(groups)} folders.\n"]
     for folder, rows in groups.items():
-        parts.append(f"## {folder}\n\n| `experiment=` | row |\n|---|---|\n"
-                     + "".join(f"| `{row}` | {text.replace('|', chr(92) + '|')} |\n" for row, text in rows))
+        parts.append(
+            f"## {folder}\n\n| `experiment=` | row |\n|---|---|\n"
+            + "".join(f"| `{row}` | {text.replace('|', chr(92) + '|')} |\n" for row, text in rows)
+        )
     return "\n".join(parts)

@@ -6,6 +6,7 @@
 - Figure 4: accuracy and ParaF1 against the negative-sample ratio (mean ± std over repeats), from
   the synthetic result ``figure4``, with the paper's approximate curve read off its plot.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,8 +18,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from topklab.smoothing import srelu  # noqa: E402
 from topklab.report.stats import mean_std  # noqa: E402
+from topklab.smoothing import srelu  # noqa: E402
 
 COLORS = {"Average": "tab:gray", "ATk": "tab:blue", "STk": "tab:red"}
 
@@ -67,11 +68,24 @@ def figure3(result: dict, path: Path) -> None:
     lo, hi = float(points.min()) - 0.5, float(points.max()) + 0.5
     xs = [lo, hi]
     lda = payload["lda"]
-    _line(ax, lda["w"], lda["b"], xs, color="k", ls="--", label=f"LDA (w*={[round(v, 3) for v in lda['w']]}, "
-                                                                  f"b*={lda['b']:.3f})")
+    _line(
+        ax,
+        lda["w"],
+        lda["b"],
+        xs,
+        color="k",
+        ls="--",
+        label=f"LDA (w*={[round(v, 3) for v in lda['w']]}, b*={lda['b']:.3f})",
+    )
     for name, boundary in payload["boundaries"].items():
-        _line(ax, boundary["w"], boundary["b"], xs, color=COLORS.get(name),
-              label=f"{name} (test {boundary['test_acc']:.1f}%)")
+        _line(
+            ax,
+            boundary["w"],
+            boundary["b"],
+            xs,
+            color=COLORS.get(name),
+            label=f"{name} (test {boundary['test_acc']:.1f}%)",
+        )
     trainer = result["config"].get("figure3", {}).get("trainer") or {}
     settled = " (the state after training, no roll-back)" if trainer.get("report_state") == "last" else ""
     ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel="x₁", ylabel="x₂", title="Figure 3: 2-D example, prior 8:2" + settled)
@@ -90,26 +104,43 @@ def figure4(result: dict, paper: dict, path: Path) -> None:
     payload, published_curves = result["result"], paper["figure4"]
     ratios = payload["negative_ratios"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key, paper_key, label in ((axes[0], "test_acc", "accuracy_pct", "accuracy (%)"),
-                                      (axes[1], "paraf1", "paraf1", "ParaF1")):
+    for ax, key, paper_key, label in (
+        (axes[0], "test_acc", "accuracy_pct", "accuracy (%)"),
+        (axes[1], "paraf1", "paraf1", "ParaF1"),
+    ):
         for name in payload["order"]:
             means, stds = zip(*(mean_std(payload["by_ratio"][str(r)][name][key]) for r in ratios))
-            ax.errorbar(ratios, means, yerr=stds, marker="o", capsize=3, color=COLORS.get(name),
-                        label=f"{name}, ours" + (" (Bayes support)" if key == "paraf1" else ""))
+            ax.errorbar(
+                ratios,
+                means,
+                yerr=stds,
+                marker="o",
+                capsize=3,
+                color=COLORS.get(name),
+                label=f"{name}, ours" + (" (Bayes support)" if key == "paraf1" else ""),
+            )
             if key == "paraf1" and "paraf1_paper" in payload["by_ratio"][str(ratios[0])][name]:
                 means = [mean_std(payload["by_ratio"][str(r)][name]["paraf1_paper"])[0] for r in ratios]
                 ax.plot(ratios, means, ls="--", marker=".", color=COLORS.get(name), label=f"{name}, ours (paper's w*)")
             published = published_curves.get(paper_key, {}).get(name)
             if published:
                 pairs = [(r, v) for r, v in zip(published_curves["negative_ratios"], published) if v is not None]
-                ax.plot(*zip(*pairs), ls=":", marker="x", color=COLORS.get(name), alpha=0.6,
-                        label=f"{name}, paper (read off its plot)")
+                ax.plot(
+                    *zip(*pairs),
+                    ls=":",
+                    marker="x",
+                    color=COLORS.get(name),
+                    alpha=0.6,
+                    label=f"{name}, paper (read off its plot)",
+                )
         ax.set_xscale("log")
         ax.set(xlabel="negative-sample ratio in training", ylabel=label)
     axes[0].legend(fontsize=7)
     if "paraf1_paper" in payload["by_ratio"][str(ratios[0])][payload["order"][0]]:
         axes[1].set_title("solid: the Bayes support (11 coordinates); dashed: the paper's 10-entry w*", fontsize=8)
     scale = result["config"].get("scale", "paper")
-    fig.suptitle("Figure 4: sensitivity to the negative ratio (mean ± std over repeats)"
-                 + ("" if scale == "paper" else f"; MATk/STk at scale={scale}"))
+    fig.suptitle(
+        "Figure 4: sensitivity to the negative ratio (mean ± std over repeats)"
+        + ("" if scale == "paper" else f"; MATk/STk at scale={scale}")
+    )
     _save(fig, path)

@@ -6,6 +6,7 @@ Each table's header names the commands, the commits and dirty flags of the runs,
 missing (from ``configs/experiment/<group>/``) until none are. Where a row has several seeds, its
 test score is shown as mean ± sample std with every seed's value.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -13,7 +14,9 @@ from pathlib import Path
 
 from topklab.report.schema import code_versions
 
-ROUTED_ROWS = [f"{router}_{c}" for router in ("top_k", "threshold_p", "stk_threshold") for c in ("c0125", "c025", "c05")]
+ROUTED_ROWS = [
+    f"{router}_{c}" for router in ("top_k", "threshold_p", "stk_threshold") for c in ("c0125", "c025", "c05")
+]
 
 
 def _expected_rows(group: str, configs: Path | None) -> list[str]:
@@ -26,7 +29,9 @@ def _header(title: str, command: str, results: list[dict], expected: list[str], 
     missing = [row for row in expected if row not in have]
     lines = [f"# {title}", "", f"Runs: `{command}`; commits {code_versions(results, width=7)}."]
     if expected:
-        lines.append(f"Missing rows: {', '.join(f'`{group}/{m}`' for m in missing)}." if missing else "All rows present.")
+        lines.append(
+            f"Missing rows: {', '.join(f'`{group}/{m}`' for m in missing)}." if missing else "All rows present."
+        )
     return lines + [""]
 
 
@@ -41,8 +46,10 @@ def _spread(values: list[float]) -> str:
     """``mean ± sample std (n = …): v1, v2, …`` for several seeds, the value for one."""
     if len(values) == 1:
         return f"{values[0]:.2f}"
-    return (f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f} (n = {len(values)}: "
-            f"{', '.join(f'{v:.2f}' for v in values)})")
+    return (
+        f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f} (n = {len(values)}: "
+        f"{', '.join(f'{v:.2f}' for v in values)})"
+    )
 
 
 def _fmt(value, digits: int = 2, scale: float = 1.0) -> str:
@@ -60,8 +67,10 @@ def _per_layer(summaries: list[dict], split: str) -> str:
     if split == "test":
         layers = [s["metrics"]["test"].get("routed_fraction_per_layer") for s in summaries]
     else:
-        layers = [[v for k, v in sorted((s["history"] or [{}])[-1].items()) if k.startswith("train_routed_fraction_layer")]
-                  for s in summaries]
+        layers = [
+            [v for k, v in sorted((s["history"] or [{}])[-1].items()) if k.startswith("train_routed_fraction_layer")]
+            for s in summaries
+        ]
     if any(not v for v in layers):
         return "—" if all(s["metrics"]["test"].get("routed_fraction") is None for s in summaries) else "not logged"
     return " / ".join(f"{statistics.mean(column):.3f}" for column in zip(*layers))
@@ -75,20 +84,29 @@ def render_routing(results: list[dict], bench: dict | None, configs: Path | None
     >>> render_routing([], None).splitlines()[0]
     '# Token routing on Multi30k (English LM): exact top-k, threshold-p and a learned STk threshold'
     """
-    lines = _header("Token routing on Multi30k (English LM): exact top-k, threshold-p and a learned STk threshold",
-                    "make reproduce-routing", results, _expected_rows("routing", configs), "routing")
-    lines += ["Layers 1 and 3 of a 4-layer LM route; *routed* is the fraction of test tokens those layers processed",
-              "(mean of the two). Perplexity is per token on test2016, at the epoch with the best validation",
-              "perplexity. *Causal*: the routing of a token depends only on earlier tokens, so token-by-token",
-              "decoding gives the same numbers; top-k's test perplexity sees each whole sentence when it routes",
-              "(as in training) and cannot be reproduced by decoding. *Step (run)*: median training step of the",
-              "run itself (two runs shared the 2 cores, so compare within the table only); *step vs dense*: the",
-              "side-by-side benchmark below.", "",
-              "*Routed per layer*: the share of real tokens layers 1 / 3 processed in training (the last epoch, in",
-              "training mode) and on test; the target is c.", "",
-              "| row | causal | routed (test) | routed per layer, train | routed per layer, test | val ppl | test ppl "
-              "| Δ test ppl vs dense | step (run), s |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines = _header(
+        "Token routing on Multi30k (English LM): exact top-k, threshold-p and a learned STk threshold",
+        "make reproduce-routing",
+        results,
+        _expected_rows("routing", configs),
+        "routing",
+    )
+    lines += [
+        "Layers 1 and 3 of a 4-layer LM route; *routed* is the fraction of test tokens those layers processed",
+        "(mean of the two). Perplexity is per token on test2016, at the epoch with the best validation",
+        "perplexity. *Causal*: the routing of a token depends only on earlier tokens, so token-by-token",
+        "decoding gives the same numbers; top-k's test perplexity sees each whole sentence when it routes",
+        "(as in training) and cannot be reproduced by decoding. *Step (run)*: median training step of the",
+        "run itself (two runs shared the 2 cores, so compare within the table only); *step vs dense*: the",
+        "side-by-side benchmark below.",
+        "",
+        "*Routed per layer*: the share of real tokens layers 1 / 3 processed in training (the last epoch, in",
+        "training mode) and on test; the target is c.",
+        "",
+        "| row | causal | routed (test) | routed per layer, train | routed per layer, test | val ppl | test ppl "
+        "| Δ test ppl vs dense | step (run), s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     by_row = _by_row(results)
     mean = statistics.mean
 
@@ -102,17 +120,26 @@ def render_routing(results: list[dict], bench: dict | None, configs: Path | None
         routed = [s["metrics"]["test"].get("routed_fraction") for s in summaries]
         routed_cell = "1 (dense)" if None in routed else f"{mean(routed):.3f}"
         delta = "—" if row == "dense" or dense_ppl is None else f"{mean(test_ppl(row)) - dense_ppl:.2f}"
-        lines.append(f"| {by_row[row][0]['result']['label']} | {'yes' if _causal(by_row[row][0]) else 'no'} | {routed_cell} "
-                     f"| {_per_layer(summaries, 'train')} | {_per_layer(summaries, 'test')} "
-                     f"| {mean(s['metrics']['val']['perplexity'] for s in summaries):.2f} | {_spread(test_ppl(row))} "
-                     f"| {delta} | {mean(s['cost']['step_time_s'] for s in summaries):.3f} |")
+        lines.append(
+            f"| {by_row[row][0]['result']['label']} | {'yes' if _causal(by_row[row][0]) else 'no'} | {routed_cell} "
+            f"| {_per_layer(summaries, 'train')} | {_per_layer(summaries, 'test')} "
+            f"| {mean(s['metrics']['val']['perplexity'] for s in summaries):.2f} | {_spread(test_ppl(row))} "
+            f"| {delta} | {mean(s['cost']['step_time_s'] for s in summaries):.3f} |"
+        )
     if bench is not None:
-        lines += ["", f"## Step time against dense, side by side (`{bench['command']}`, {bench['result']['device']}, "
-                      f"{bench['result']['threads']} thread(s))", "",
-                  "| batch shape | variant | routed | step, ms | vs dense |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"## Step time against dense, side by side (`{bench['command']}`, {bench['result']['device']}, "
+            f"{bench['result']['threads']} thread(s))",
+            "",
+            "| batch shape | variant | routed | step, ms | vs dense |",
+            "|---|---|---|---|---|",
+        ]
         for row in bench["result"]["rows"]:
-            lines.append(f"| {row['shape']} | {row['variant']} | {row['routed_fraction']:.3f} | {row['step_seconds'] * 1e3:.1f} "
-                         f"| {row['vs_dense']:.2f} |")
+            lines.append(
+                f"| {row['shape']} | {row['variant']} | {row['routed_fraction']:.3f} | {row['step_seconds'] * 1e3:.1f} "
+                f"| {row['vs_dense']:.2f} |"
+            )
     else:
         lines += ["", "Step-time benchmark missing: run `python scripts/bench_routing.py`."]
     return "\n".join(lines) + "\n"
@@ -126,17 +153,27 @@ def render_sparsification(results: list[dict], bench: dict | None, configs: Path
     >>> render_sparsification([], None).splitlines()[0]
     "# Top-k gradient sparsification with error feedback: exact top-k, sampled threshold (DGC's rule), STk threshold"
     """
-    lines = _header("Top-k gradient sparsification with error feedback: exact top-k, sampled threshold (DGC's rule), STk threshold",
-                    "make reproduce-sparsification", results, _expected_rows("sparsification", configs), "sparsification")
-    lines += ["ResNet-32 on fmnistlt (the fmnistlt recipe: 20 epochs, SGD with momentum, batch 128) on 4 simulated",
-              "workers of 32 images; each worker sends the given share of its residual per step, error feedback keeps",
-              "the rest. *Sent*: the mean share a worker actually sent; *selection*: mean time per worker message",
-              "inside the run. Test top-1 / top-5 (%) at the epoch with the best balanced-validation top-1. Only DGC's",
-              "selection rule is used: no momentum correction, factor masking, local clipping or warm-up, and one",
-              "selection over all parameters (not per tensor).", "",
-              "| row | sent (%) | selection, ms | val top-1 | test top-1 (mean ± sample std, seeds) | test top-5 | train time, s |",
-              "|---|---|---|---|---|---|---|"]
-    order = ["dense_1worker", "dense"] + [f"{s}_{p}" for p in ("1pct", "01pct") for s in ("exact_topk", "sampled_threshold", "stk_threshold")]
+    lines = _header(
+        "Top-k gradient sparsification with error feedback: exact top-k, sampled threshold (DGC's rule), STk threshold",
+        "make reproduce-sparsification",
+        results,
+        _expected_rows("sparsification", configs),
+        "sparsification",
+    )
+    lines += [
+        "ResNet-32 on fmnistlt (the fmnistlt recipe: 20 epochs, SGD with momentum, batch 128) on 4 simulated",
+        "workers of 32 images; each worker sends the given share of its residual per step, error feedback keeps",
+        "the rest. *Sent*: the mean share a worker actually sent; *selection*: mean time per worker message",
+        "inside the run. Test top-1 / top-5 (%) at the epoch with the best balanced-validation top-1. Only DGC's",
+        "selection rule is used: no momentum correction, factor masking, local clipping or warm-up, and one",
+        "selection over all parameters (not per tensor).",
+        "",
+        "| row | sent (%) | selection, ms | val top-1 | test top-1 (mean ± sample std, seeds) | test top-5 | train time, s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    order = ["dense_1worker", "dense"] + [
+        f"{s}_{p}" for p in ("1pct", "01pct") for s in ("exact_topk", "sampled_threshold", "stk_threshold")
+    ]
     by_row = _by_row(results)
     for row in [r for r in order if r in by_row] + sorted(set(by_row) - set(order)):
         summaries = [r["result"]["summary"] for r in by_row[row]]
@@ -144,27 +181,38 @@ def render_sparsification(results: list[dict], bench: dict | None, configs: Path
         sent = [h["sent_fraction"] for h in history if h.get("sent_fraction") is not None]
         selection = [h["selection_s"] for h in history if h.get("selection_s") is not None]
         mean = statistics.mean
-        lines.append(f"| {by_row[row][0]['result']['label']} | {_fmt(mean(sent) if sent else None, 3, 100)} "
-                     f"| {_fmt(mean(selection) if selection else None, 2, 1e3)} "
-                     f"| {mean(s['metrics']['val']['top1'] for s in summaries):.2f} "
-                     f"| {_spread([s['metrics']['test']['top1'] for s in summaries])} "
-                     f"| {mean(s['metrics']['test']['top5'] for s in summaries):.2f} "
-                     f"| {mean(s['train_seconds'] for s in summaries):.0f} |")
+        lines.append(
+            f"| {by_row[row][0]['result']['label']} | {_fmt(mean(sent) if sent else None, 3, 100)} "
+            f"| {_fmt(mean(selection) if selection else None, 2, 1e3)} "
+            f"| {mean(s['metrics']['val']['top1'] for s in summaries):.2f} "
+            f"| {_spread([s['metrics']['test']['top1'] for s in summaries])} "
+            f"| {mean(s['metrics']['test']['top5'] for s in summaries):.2f} "
+            f"| {mean(s['train_seconds'] for s in summaries):.0f} |"
+        )
     if bench is not None:
-        lines += ["", f"## Selection time against the parameter count, side by side (`{bench['command']}`, "
-                      f"{bench['result']['device']}, {bench['result']['threads']} thread(s))", "",
-                  "Gradient-like magnitudes |N(0,1)|·exp(N(0,1)); median of the repeats; *vs top-k* is measured in the",
-                  "same run; *sent / k* and *recall* (the share of the true top-k sent) check what each rule selects.", "",
-                  "*vs floor*: against one read of the vector (`x.abs().sum()`, same run); *passes*: reads of the vector",
-                  "(STk: 6 per Newton step + 2); *sent / k (p5–p95)*: over 20 messages of the sampled threshold.", "",
-                  "| parameters | keep | selector | time, ms | vs top-k | vs floor | ns / element | passes | sent / k "
-                  "| sent / k (p5–p95) | recall |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"## Selection time against the parameter count, side by side (`{bench['command']}`, "
+            f"{bench['result']['device']}, {bench['result']['threads']} thread(s))",
+            "",
+            "Gradient-like magnitudes |N(0,1)|·exp(N(0,1)); median of the repeats; *vs top-k* is measured in the",
+            "same run; *sent / k* and *recall* (the share of the true top-k sent) check what each rule selects.",
+            "",
+            "*vs floor*: against one read of the vector (`x.abs().sum()`, same run); *passes*: reads of the vector",
+            "(STk: 6 per Newton step + 2); *sent / k (p5–p95)*: over 20 messages of the sampled threshold.",
+            "",
+            "| parameters | keep | selector | time, ms | vs top-k | vs floor | ns / element | passes | sent / k "
+            "| sent / k (p5–p95) | recall |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for row in bench["result"]["rows"]:
             spread = row.get("sent_over_k_p5_p95")
-            lines.append(f"| {row['n']:,} | {row['ratio']:.1%} | {row['selector']} | {row['seconds'] * 1e3:.2f} "
-                         f"| {row['vs_topk']:.2f} | {_fmt(row.get('vs_floor'), 1)} | {_fmt(row.get('ns_per_element'), 2)} "
-                         f"| {row.get('passes', '—')} | {_fmt(row['count_over_k'], 3)} "
-                         f"| {'—' if spread is None else f'{spread[0]:.3f}–{spread[1]:.3f}'} | {_fmt(row['recall'], 3)} |")
+            lines.append(
+                f"| {row['n']:,} | {row['ratio']:.1%} | {row['selector']} | {row['seconds'] * 1e3:.2f} "
+                f"| {row['vs_topk']:.2f} | {_fmt(row.get('vs_floor'), 1)} | {_fmt(row.get('ns_per_element'), 2)} "
+                f"| {row.get('passes', '—')} | {_fmt(row['count_over_k'], 3)} "
+                f"| {'—' if spread is None else f'{spread[0]:.3f}–{spread[1]:.3f}'} | {_fmt(row['recall'], 3)} |"
+            )
     else:
         lines += ["", "Selection benchmark missing: run `python scripts/bench_sparsification.py`."]
     return "\n".join(lines) + "\n"
@@ -180,18 +228,24 @@ def plot_routing(results: list[dict], path: Path) -> None:
     def row_means(rows: list[dict]) -> tuple[float, float]:
         metrics = [r["result"]["summary"]["metrics"]["test"] for r in rows]
         routed = [m.get("routed_fraction") for m in metrics]
-        return (1.0 if None in routed else statistics.mean(routed),
-                statistics.mean(m["perplexity"] for m in metrics))
+        return (1.0 if None in routed else statistics.mean(routed), statistics.mean(m["perplexity"] for m in metrics))
 
     by_row = _by_row(results)
     figure, axis = plt.subplots(figsize=(5.5, 3.8))
-    for prefix, label, marker in (("top_k", "top-k (MoD; not causal)", "o"), ("threshold_p", "threshold-p = 1 − c", "s"),
-                                  ("stk_threshold", "learned STk threshold", "^")):
-        points = sorted(row_means(by_row[row]) for row in (f"{prefix}_{c}" for c in ("c0125", "c025", "c05")) if row in by_row)
+    for prefix, label, marker in (
+        ("top_k", "top-k (MoD; not causal)", "o"),
+        ("threshold_p", "threshold-p = 1 − c", "s"),
+        ("stk_threshold", "learned STk threshold", "^"),
+    ):
+        points = sorted(
+            row_means(by_row[row]) for row in (f"{prefix}_{c}" for c in ("c0125", "c025", "c05")) if row in by_row
+        )
         if points:
             axis.plot(*zip(*points), marker=marker, label=label)
     for row in sorted(set(by_row) - {"dense", *ROUTED_ROWS}):
-        axis.plot(*row_means(by_row[row]), marker="x", ls="none", color="black", label=by_row[row][0]["result"]["label"])
+        axis.plot(
+            *row_means(by_row[row]), marker="x", ls="none", color="black", label=by_row[row][0]["result"]["label"]
+        )
     if "dense" in by_row:
         axis.axhline(row_means(by_row["dense"])[1], color="gray", ls="--", label="dense")
     axis.set_xlabel("fraction of tokens the routed layers processed (test)")
@@ -214,7 +268,9 @@ def plot_sparsification(bench: dict, path: Path) -> None:
     figure, axes = plt.subplots(1, len(ratios), figsize=(5 * len(ratios), 3.8), sharey=True, squeeze=False)
     for axis, ratio in zip(axes[0], ratios):
         for selector in dict.fromkeys(r["selector"] for r in rows):
-            points = sorted((r["n"], r["seconds"] * 1e3) for r in rows if r["ratio"] == ratio and r["selector"] == selector)
+            points = sorted(
+                (r["n"], r["seconds"] * 1e3) for r in rows if r["ratio"] == ratio and r["selector"] == selector
+            )
             axis.plot(*zip(*points), marker="o", label=selector)
         axis.set_xscale("log")
         axis.set_yscale("log")

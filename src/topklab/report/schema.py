@@ -13,6 +13,7 @@ A result is a JSON object with exactly these fields::
 
 Files in an older shape are converted once by ``python scripts/convert_results.py``.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,15 +45,18 @@ def _check(result: dict, where: str) -> dict:
     family = result["family"]
     if family not in PAYLOAD:
         raise TopklabError(f"{where} has family {family!r}; choose one of: {', '.join(PAYLOAD)}")
-    for name, kind in (("experiment", str), ("command", str), ("config", dict), ("provenance", dict),
-                       ("result", dict)):
+    for name, kind in (("experiment", str), ("command", str), ("config", dict), ("provenance", dict), ("result", dict)):
         if not isinstance(result[name], kind) or (kind is str and not result[name]):
-            raise TopklabError(f"{where}: {name} must be a {'non-empty ' if kind is str else ''}{kind.__name__}, "
-                               f"got {result[name]!r:.60}")
+            raise TopklabError(
+                f"{where}: {name} must be a {'non-empty ' if kind is str else ''}{kind.__name__}, "
+                f"got {result[name]!r:.60}"
+            )
     lacking = [k for k in PAYLOAD[family] if k not in result["result"]]
     if lacking:
-        raise TopklabError(f"{where}: a {family} result needs the payload key(s) {lacking}; rerun the command "
-                           f"that wrote it ({result['command']})")
+        raise TopklabError(
+            f"{where}: a {family} result needs the payload key(s) {lacking}; rerun the command "
+            f"that wrote it ({result['command']})"
+        )
     return result
 
 
@@ -74,8 +78,18 @@ def make_result(family: str, experiment: str, payload: dict, command: str, confi
     >>> r["schema"], r["family"], r["result"]
     (1, 'bench', {'order': []})
     """
-    return _check({"schema": SCHEMA, "family": family, "experiment": experiment, "command": command,
-                   "config": config, "provenance": provenance, "result": payload}, f"result {experiment!r}")
+    return _check(
+        {
+            "schema": SCHEMA,
+            "family": family,
+            "experiment": experiment,
+            "command": command,
+            "config": config,
+            "provenance": provenance,
+            "result": payload,
+        },
+        f"result {experiment!r}",
+    )
 
 
 def write_result(path: str | Path, result: dict, indent: int | None = 2) -> Path:
@@ -93,8 +107,9 @@ def write_result(path: str | Path, result: dict, indent: int | None = 2) -> Path
     """
     _check(result, str(path))
     separators = None if indent else (",", ":")
-    return atomic_write_text(path, json.dumps(result, indent=indent, separators=separators, sort_keys=True,
-                                              default=str) + "\n")
+    return atomic_write_text(
+        path, json.dumps(result, indent=indent, separators=separators, sort_keys=True, default=str) + "\n"
+    )
 
 
 def read_result(path: str | Path, family: str | None = None) -> dict:
@@ -109,14 +124,17 @@ def read_result(path: str | Path, family: str | None = None) -> dict:
     try:
         result = json.loads(Path(path).read_text())
     except (ValueError, UnicodeDecodeError) as err:
-        raise TopklabError(f"{path} is corrupt ({err}); delete it and rerun the command that wrote it "
-                           f"(or restore it from git)") from None
+        raise TopklabError(
+            f"{path} is corrupt ({err}); delete it and rerun the command that wrote it (or restore it from git)"
+        ) from None
     if not isinstance(result, dict):
         raise TopklabError(f"{path} holds a {type(result).__name__}, not a result object; {CONVERT}")
     _check(result, str(path))
     if family is not None and result["family"] != family:
-        raise TopklabError(f"{path} is a {result['family']} result where a {family} result was expected; "
-                           f"move it to results/{result['family']}/")
+        raise TopklabError(
+            f"{path} is a {result['family']} result where a {family} result was expected; "
+            f"move it to results/{result['family']}/"
+        )
     return result
 
 
@@ -128,8 +146,13 @@ def code_versions(results: list[dict], width: int = 10) -> str:
     >>> code_versions([{"provenance": {"git": {"sha": "0123456789abc", "dirty": False}}}])
     '0123456789 (clean tree)'
     """
-    commits = sorted({(str(r["provenance"].get("git", {}).get("sha", "?"))[:width], r["provenance"].get("git", {}).get("dirty"))
-                      for r in results}, key=str)
+    commits = sorted(
+        {
+            (str(r["provenance"].get("git", {}).get("sha", "?"))[:width], r["provenance"].get("git", {}).get("dirty"))
+            for r in results
+        },
+        key=str,
+    )
     mark = {False: "clean tree", True: "DIRTY tree"}
     return ", ".join(f"{sha} ({mark.get(dirty, 'tree state unknown')})" for sha, dirty in commits) or "—"
 

@@ -1,4 +1,5 @@
 """Summary statistics shared by the renderers (and by the synthetic experiments' logs)."""
+
 from __future__ import annotations
 
 import statistics

@@ -1,6 +1,7 @@
 """STk Tables 3, 4 and 6 from the tabular cells (``results/tabular/<preset>/``): the paper's value
 beside ours, the difference, whether ours lies within the paper's std, and a paired Wilcoxon
 signed-rank test of STk against its baselines over the same splits (beyond the paper)."""
+
 from __future__ import annotations
 
 import json
@@ -71,8 +72,14 @@ def cell_ties(cell: dict) -> dict:
         return cell["ties"]
     means, tests = (np.asarray(cell["combos"][key], dtype=float) for key in ("val_mean", "test_mean"))
     tied = np.flatnonzero(np.abs(means - means[cell["selected"]["index"]]) <= 2e-6)
-    return {"rule": "first in grid order (stored means rounded to 1e-6)", "count": int(len(tied)), "indices": tied.tolist(),
-            "test_min": float(tests[tied].min()), "test_max": float(tests[tied].max()), "test_mean": float(tests[tied].mean())}
+    return {
+        "rule": "first in grid order (stored means rounded to 1e-6)",
+        "count": int(len(tied)),
+        "indices": tied.tolist(),
+        "test_min": float(tests[tied].min()),
+        "test_max": float(tests[tied].max()),
+        "test_mean": float(tests[tied].mean()),
+    }
 
 
 def paired_p_value(ours: list[float], baseline: list[float], what: str = "") -> float:
@@ -85,8 +92,10 @@ def paired_p_value(ours: list[float], baseline: list[float], what: str = "") -> 
     """
     a, b = np.asarray(ours, dtype=float), np.asarray(baseline, dtype=float)
     if a.shape != b.shape:
-        raise TopklabError(f"paired test {what} needs the same splits on both sides, got {a.size} and {b.size} "
-                           f"values; recompute the cells with one preset")
+        raise TopklabError(
+            f"paired test {what} needs the same splits on both sides, got {a.size} and {b.size} "
+            f"values; recompute the cells with one preset"
+        )
     if np.all(a == b):
         return 1.0
     return float(wilcoxon(a, b, zero_method="wilcox", alternative="two-sided").pvalue)
@@ -94,8 +103,11 @@ def paired_p_value(ours: list[float], baseline: list[float], what: str = "") -> 
 
 def _cells(table: str, results: list[dict]) -> dict[tuple, dict]:
     """``{(dataset, individual, aggregate): payload}`` of one table's cells."""
-    return {(p["cell"]["dataset"], p["cell"]["individual"], p["cell"]["aggregate"]): p
-            for p in (r["result"] for r in results) if p["cell"]["table"] == table}
+    return {
+        (p["cell"]["dataset"], p["cell"]["individual"], p["cell"]["aggregate"]): p
+        for p in (r["result"] for r in results)
+        if p["cell"]["table"] == table
+    }
 
 
 def build_lines(table: str, paper: dict, results: list[dict]) -> list[Line]:
@@ -106,14 +118,21 @@ def build_lines(table: str, paper: dict, results: list[dict]) -> list[Line]:
         for column, value in values.items():
             individual, aggregate = column.split("/")
             cell = stored.get((dataset, individual, aggregate))
-            lines.append(Line(
-                dataset, individual, aggregate, tuple(value),
-                None if cell is None else (cell["test_mean"], cell["test_std"]),
-                None if cell is None else cell["selected"],
-                () if cell is None else searched_axes(cell["combos"]),
-                None if cell is None else cell_ties(cell),
-                None if cell is None or len(cell["per_split"]["test"]) < 2 else statistics.stdev(cell["per_split"]["test"]),
-            ))
+            lines.append(
+                Line(
+                    dataset,
+                    individual,
+                    aggregate,
+                    tuple(value),
+                    None if cell is None else (cell["test_mean"], cell["test_std"]),
+                    None if cell is None else cell["selected"],
+                    () if cell is None else searched_axes(cell["combos"]),
+                    None if cell is None else cell_ties(cell),
+                    None
+                    if cell is None or len(cell["per_split"]["test"]) < 2
+                    else statistics.stdev(cell["per_split"]["test"]),
+                )
+            )
     return lines
 
 
@@ -132,11 +151,18 @@ def paired_tests(table: str, results: list[dict]) -> list[dict]:
             what = f"{table}/{dataset}/{individual}: stk vs {baseline}"
             if cells[baseline].get("split_seed") != cells["stk"].get("split_seed"):
                 raise TopklabError(f"paired test {what}: the cells used different splits; recompute with one preset")
-            tests.append({"dataset": dataset, "individual": individual, "baseline": baseline,
-                          "n": len(stk), "mean_difference": float(np.mean(stk) - np.mean(other)),
-                          "stk_better": int(np.sum(np.asarray(stk) < np.asarray(other))),
-                          "stk_worse": int(np.sum(np.asarray(stk) > np.asarray(other))),
-                          "p": paired_p_value(stk, other, what)})
+            tests.append(
+                {
+                    "dataset": dataset,
+                    "individual": individual,
+                    "baseline": baseline,
+                    "n": len(stk),
+                    "mean_difference": float(np.mean(stk) - np.mean(other)),
+                    "stk_better": int(np.sum(np.asarray(stk) < np.asarray(other))),
+                    "stk_worse": int(np.sum(np.asarray(stk) > np.asarray(other))),
+                    "p": paired_p_value(stk, other, what),
+                }
+            )
     return tests
 
 
@@ -151,19 +177,23 @@ def header(preset: str, table: str, results: list[dict], lines: list[Line]) -> l
     within = [x.within_paper_std for x in lines if x.within_paper_std is not None]
     tied = [x for x in lines if x.ties is not None and x.ties["count"] > 1]
     spread = max((x.ties["test_max"] - x.ties["test_min"] for x in tied), default=0.0)
-    out = [f"Preset `{preset}`: {', '.join(map(str, splits))} splits per cell; code {code_versions(mine)}.",
-           f"Produced by: {'; '.join(f'`{c}`' for c in commands)}, then `make tables`.",
-           f"Ours within the paper's std: {sum(within)} of {len(within)} cells.",
-           "Selection: the lowest validation score over the splits, compared exactly (error tables: the total number of "
-           "validation errors; RMSE: the mean, equal within 1e-9 relative); a tie goes to the first combination in grid "
-           "order (k, then C, η, δ, each in the preset's order, so k = 1 first). Tied = combinations with "
-           f"the selected score and their range of test means: {len(tied)} of {sum(x.ties is not None for x in lines)} "
-           f"cells tied, the widest test range {spread:.3g}."]
+    out = [
+        f"Preset `{preset}`: {', '.join(map(str, splits))} splits per cell; code {code_versions(mine)}.",
+        f"Produced by: {'; '.join(f'`{c}`' for c in commands)}, then `make tables`.",
+        f"Ours within the paper's std: {sum(within)} of {len(within)} cells.",
+        "Selection: the lowest validation score over the splits, compared exactly (error tables: the total number of "
+        "validation errors; RMSE: the mean, equal within 1e-9 relative); a tie goes to the first combination in grid "
+        "order (k, then C, η, δ, each in the preset's order, so k = 1 first). Tied = combinations with "
+        f"the selected score and their range of test means: {len(tied)} of {sum(x.ties is not None for x in lines)} "
+        f"cells tied, the widest test range {spread:.3g}.",
+    ]
     seconds = sum(r["result"]["seconds"] for r in mine)
     longest = max(mine, key=lambda r: r["result"]["seconds"])
-    out.append(f"Time: {seconds:,.0f} s of cell time over {len(mine)} cells ({seconds / 3600:.2f} h; each cell's training "
-               f"wall clock, summed), the longest {longest['result']['seconds']:,.0f} s "
-               f"({'/'.join(longest['result']['cell'][k] for k in ('dataset', 'individual', 'aggregate'))}).")
+    out.append(
+        f"Time: {seconds:,.0f} s of cell time over {len(mine)} cells ({seconds / 3600:.2f} h; each cell's training "
+        f"wall clock, summed), the longest {longest['result']['seconds']:,.0f} s "
+        f"({'/'.join(longest['result']['cell'][k] for k in ('dataset', 'individual', 'aggregate'))})."
+    )
     if missing:
         out.append(f"Missing cells ({len(missing)}): {', '.join(missing)}.")
     return out
@@ -172,7 +202,7 @@ def header(preset: str, table: str, results: list[dict], lines: list[Line]) -> l
 def _num(value: float | None, digits: int, sign: str = "") -> str:
     if value is None or math.isnan(value):
         return "—"
-    value = 0.0 if abs(value) < 0.5 * 10.0 ** -digits else value  # no "-0.000"
+    value = 0.0 if abs(value) < 0.5 * 10.0**-digits else value  # no "-0.000"
     return f"{value:{sign}.{digits}f}"
 
 
@@ -188,8 +218,9 @@ def _pm(pair, digits: int) -> str:
 def _hyper(line: Line) -> str:
     if line.selected is None:
         return "—"
-    return ", ".join(f"{HYPER_NAMES[k]}={line.selected[k] if k == 'k' else format(line.selected[k], 'g')}"
-                     for k in line.searched)
+    return ", ".join(
+        f"{HYPER_NAMES[k]}={line.selected[k] if k == 'k' else format(line.selected[k], 'g')}" for k in line.searched
+    )
 
 
 def _tied(line: Line, digits: int) -> str:
@@ -206,23 +237,37 @@ def render_markdown(table: str, paper: dict, lines: list[Line], tests: list[dict
     digits = 3 if spec["metric"] == "error_pct" else 4
     out = [f"# {table.replace('table', 'Table ')}: {spec['caption']}", ""]
     out += [f"{h}  " for h in head] + [""]
-    out += [f"Metric: {METRIC_NAMES[spec['metric']]}, mean ± std over splits (the population std, ddof 0, as the "
-            "paper's ± is read here; s: the sample std, ddof 1). Δ = ours − paper; ✓ = ours within the paper's std.", ""]
-    out += ["| Dataset | Loss | Aggregate | Paper | Ours | s | Δ | ✓ | Selected | Tied (test range) |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    out += [
+        f"Metric: {METRIC_NAMES[spec['metric']]}, mean ± std over splits (the population std, ddof 0, as the "
+        "paper's ± is read here; s: the sample std, ddof 1). Δ = ours − paper; ✓ = ours within the paper's std.",
+        "",
+    ]
+    out += [
+        "| Dataset | Loss | Aggregate | Paper | Ours | s | Δ | ✓ | Selected | Tied (test range) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for line in lines:
         mark = {True: "✓", False: "", None: "—"}[line.within_paper_std]
-        out.append(f"| {line.dataset} | {line.individual} | {AGGREGATE_NAMES[line.aggregate]} | "
-                   f"{_pm(line.paper, digits)} | {_pm(line.ours, digits)} | {_num(line.sample_std, digits)} | "
-                   f"{_num(line.difference, digits)} | "
-                   f"{mark} | {_hyper(line)} | {_tied(line, digits)} |")
+        out.append(
+            f"| {line.dataset} | {line.individual} | {AGGREGATE_NAMES[line.aggregate]} | "
+            f"{_pm(line.paper, digits)} | {_pm(line.ours, digits)} | {_num(line.sample_std, digits)} | "
+            f"{_num(line.difference, digits)} | "
+            f"{mark} | {_hyper(line)} | {_tied(line, digits)} |"
+        )
     if tests:
-        out += ["", "Paired Wilcoxon signed-rank test (two-sided) of STk against a baseline over the same splits "
-                "(beyond the paper). Δ = mean(STk) − mean(baseline); W/T/L = splits where STk is better/tied/worse.", "",
-                "| Dataset | Loss | STk vs | n | Δ | W/T/L | p |", "|---|---|---|---|---|---|---|"]
+        out += [
+            "",
+            "Paired Wilcoxon signed-rank test (two-sided) of STk against a baseline over the same splits "
+            "(beyond the paper). Δ = mean(STk) − mean(baseline); W/T/L = splits where STk is better/tied/worse.",
+            "",
+            "| Dataset | Loss | STk vs | n | Δ | W/T/L | p |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for t in tests:
-            out.append(f"| {t['dataset']} | {t['individual']} | {AGGREGATE_NAMES[t['baseline']]} | {t['n']} | "
-                       f"{_num(t['mean_difference'], digits, '+')} | {_wtl(t)} | {t['p']:.3g} |")
+            out.append(
+                f"| {t['dataset']} | {t['individual']} | {AGGREGATE_NAMES[t['baseline']]} | {t['n']} | "
+                f"{_num(t['mean_difference'], digits, '+')} | {_wtl(t)} | {t['p']:.3g} |"
+            )
     return "\n".join(out) + "\n"
 
 
@@ -239,23 +284,39 @@ def render_latex(table: str, paper: dict, lines: list[Line], tests: list[dict], 
     spec = paper[table]
     digits = 3 if spec["metric"] == "error_pct" else 4
     out = [f"% {h}" for h in head]
-    out += [r"\begin{table}[t]", r"\centering", r"\small",
-            rf"\caption{{{_tex(spec['caption'])}: paper vs.\ ours (mean $\pm$ std), $\Delta$ = ours $-$ paper, "
-            r"\checkmark{} = within the paper's std.}",
-            rf"\label{{tab:{table}}}", r"\begin{tabular}{lllllrc}", r"\toprule",
-            r"Dataset & Loss & Aggregate & Paper & Ours & $\Delta$ & \\", r"\midrule"]
+    out += [
+        r"\begin{table}[t]",
+        r"\centering",
+        r"\small",
+        rf"\caption{{{_tex(spec['caption'])}: paper vs.\ ours (mean $\pm$ std), $\Delta$ = ours $-$ paper, "
+        r"\checkmark{} = within the paper's std.}",
+        rf"\label{{tab:{table}}}",
+        r"\begin{tabular}{lllllrc}",
+        r"\toprule",
+        r"Dataset & Loss & Aggregate & Paper & Ours & $\Delta$ & \\",
+        r"\midrule",
+    ]
     for line in lines:
         mark = r"\checkmark" if line.within_paper_std else ""
-        out.append(f"{_tex(line.dataset)} & {_tex(line.individual)} & {AGGREGATE_NAMES[line.aggregate]} & "
-                   f"{_tex_pm(line.paper, digits)} & {_tex_pm(line.ours, digits)} & {_num(line.difference, digits)} & "
-                   f"{mark} \\\\")
+        out.append(
+            f"{_tex(line.dataset)} & {_tex(line.individual)} & {AGGREGATE_NAMES[line.aggregate]} & "
+            f"{_tex_pm(line.paper, digits)} & {_tex_pm(line.ours, digits)} & {_num(line.difference, digits)} & "
+            f"{mark} \\\\"
+        )
     out += [r"\bottomrule", r"\end{tabular}"]
     if tests:
-        out += [r"\par\medskip", r"\begin{tabular}{lllrrrr}", r"\toprule",
-                r"Dataset & Loss & STk vs & $n$ & $\Delta$ & W/T/L & Wilcoxon $p$ \\", r"\midrule"]
+        out += [
+            r"\par\medskip",
+            r"\begin{tabular}{lllrrrr}",
+            r"\toprule",
+            r"Dataset & Loss & STk vs & $n$ & $\Delta$ & W/T/L & Wilcoxon $p$ \\",
+            r"\midrule",
+        ]
         for t in tests:
-            out.append(f"{_tex(t['dataset'])} & {_tex(t['individual'])} & {AGGREGATE_NAMES[t['baseline']]} & {t['n']} & "
-                       f"{_num(t['mean_difference'], digits, '+')} & {_wtl(t)} & {t['p']:.3g} \\\\")
+            out.append(
+                f"{_tex(t['dataset'])} & {_tex(t['individual'])} & {AGGREGATE_NAMES[t['baseline']]} & {t['n']} & "
+                f"{_num(t['mean_difference'], digits, '+')} & {_wtl(t)} & {t['p']:.3g} \\\\"
+            )
         out += [r"\bottomrule", r"\end{tabular}"]
     out.append(r"\end{table}")
     return "\n".join(out) + "\n"

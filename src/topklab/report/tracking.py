@@ -1,5 +1,6 @@
 """λ in band in the result tables: the share of a MATk/STk run's training steps at which λ tracked
 the k-th largest loss (:mod:`topklab.losses.aggregate.lambda_monitor`), and the rows it flags."""
+
 from __future__ import annotations
 
 from topklab.report.stats import mean_std
@@ -28,5 +29,8 @@ def band_cell(summaries: list[dict]) -> str:
 
 def flagged_rows(rows: dict[str, list[dict]], labels: dict[str, str]) -> list[str]:
     """The labels of the rows with a seed whose λ did not track."""
-    return [labels[row] for row, runs in rows.items()
-            if any((r["result"]["summary"].get("lambda_tracking") or {}).get("flag") for r in runs)]
+    return [
+        labels[row]
+        for row, runs in rows.items()
+        if any((r["result"]["summary"].get("lambda_tracking") or {}).get("flag") for r in runs)
+    ]

@@ -3,6 +3,7 @@ one file per run with payload ``{table, row, label, summary}``): test sacreBLEU 
 every seed), tokenised BLEU, chrF, the averaged-checkpoint BLEU, cost, and the paper's BLEU beside
 ours; then the validation curve and λ's trajectory per epoch. A paper entry is matched to a
 translation table by its ``translation_table`` field in ``results/paper/*.yaml``."""
+
 from __future__ import annotations
 
 from topklab.report.schema import code_versions
@@ -12,8 +13,13 @@ from topklab.report.vision import by_table
 from topklab.utils.errors import TopklabError
 
 TABLE5_ROWS = ("average", "atk", "stk")  # every translation table compares these (STk paper Table 5)
-DIAGNOSTICS = (("in_band", "λ in band"), ("in_band_all", "in band (all steps)"), ("smoothed_share", "smoothed share > λ"),
-               ("hard_share", "hard share > λ"), ("lam_minus_kth", "λ − ℓ_[k]"))  # summary["lambda_tracking"], last epoch
+DIAGNOSTICS = (
+    ("in_band", "λ in band"),
+    ("in_band_all", "in band (all steps)"),
+    ("smoothed_share", "smoothed share > λ"),
+    ("hard_share", "hard share > λ"),
+    ("lam_minus_kth", "λ − ℓ_[k]"),
+)  # summary["lambda_tracking"], last epoch
 
 
 def _cell(values, digits: int = 2) -> str:
@@ -65,12 +71,21 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
     test = first["result"]["summary"]["metrics"]["test"]
     device = first["result"]["summary"].get("device", "cpu").partition(":")[0]
     rows_of = f"stk/{name.removesuffix(f'_{device}')}"  # a table of runs on another device: <table>_<device>
-    shared = ("the CPU with other jobs (two one-thread runs at a time)" if device == "cpu" else
-              f"one {', '.join(first['provenance']['hardware'].get('gpus') or [device])} with the table's other runs")
-    lines = [f"# {name}: test BLEU, mean ± std over seeds (population std; the sample std is √(n/(n − 1)) times it)", ""]
+    shared = (
+        "the CPU with other jobs (two one-thread runs at a time)"
+        if device == "cpu"
+        else f"one {', '.join(first['provenance']['hardware'].get('gpus') or [device])} with the table's other runs"
+    )
+    lines = [
+        f"# {name}: test BLEU, mean ± std over seeds (population std; the sample std is √(n/(n − 1)) times it)",
+        "",
+    ]
     if missing:
-        lines += [f"**Still missing:** {', '.join(missing)} (run `python train.py experiment={rows_of}/<row> seed=<k>`, "
-                  f"then `make tables`).", ""]
+        lines += [
+            f"**Still missing:** {', '.join(missing)} (run `python train.py experiment={rows_of}/<row> seed=<k>`, "
+            f"then `make tables`).",
+            "",
+        ]
     if paper:
         lines += [f"Paper: {paper['caption']}." + (f" {paper['note']}" if paper.get("note") else ""), ""]
     search = task["search"]
@@ -84,23 +99,45 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
         f"(tokenize=none: fairseq-style tokenised BLEU for pre-tokenised corpora). avg-last is the test sacreBLEU of "
         f"the mean of the last {engine.get('average_last') or 0} epoch weights. *s / epoch* and *target tokens / s* are "
         f"each run's own wall time while it shared {shared}: not a "
-        f"benchmark; `scripts/bench_step_share.py` compares the aggregates' cost side by side.", "",
+        f"benchmark; `scripts/bench_step_share.py` compares the aggregates' cost side by side.",
+        "",
     ]
     has_paper = any(published.get(r) for r in present)
-    head = ["row", "seeds", "sacreBLEU", "per seed", "BLEU (tok)", "chrF", "avg-last", "val BLEU", "best epoch",
-            "final λ", "λ in band", "s / epoch", "target tokens / s"] + (["paper BLEU"] if has_paper else [])
+    head = [
+        "row",
+        "seeds",
+        "sacreBLEU",
+        "per seed",
+        "BLEU (tok)",
+        "chrF",
+        "avg-last",
+        "val BLEU",
+        "best epoch",
+        "final λ",
+        "λ in band",
+        "s / epoch",
+        "target tokens / s",
+    ] + (["paper BLEU"] if has_paper else [])
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in present:
         summaries = [r["result"]["summary"] for r in rows[row]]
         bleu = [s["metrics"]["test"]["bleu"] for s in summaries]
         averaged = [s["averaged"]["test"]["bleu"] for s in summaries if s.get("averaged")]
-        cells = [labels[row], str(len(summaries)), _cell(bleu), _seeds(bleu),
-                 _cell(s["metrics"]["test"]["bleu_tok"] for s in summaries),
-                 _cell(s["metrics"]["test"]["chrf"] for s in summaries), _cell(averaged),
-                 _cell(s["metrics"]["val"]["bleu"] for s in summaries), _cell((s["best_epoch"] for s in summaries), 0),
-                 _cell((s["lambda"] for s in summaries), 3), band_cell(summaries),
-                 _cell((s["train_seconds"] / s["epochs"] for s in summaries), 0),
-                 _cell((sum(h["losses_per_s"] for h in s["history"]) / len(s["history"]) for s in summaries), 0)]
+        cells = [
+            labels[row],
+            str(len(summaries)),
+            _cell(bleu),
+            _seeds(bleu),
+            _cell(s["metrics"]["test"]["bleu_tok"] for s in summaries),
+            _cell(s["metrics"]["test"]["chrf"] for s in summaries),
+            _cell(averaged),
+            _cell(s["metrics"]["val"]["bleu"] for s in summaries),
+            _cell((s["best_epoch"] for s in summaries), 0),
+            _cell((s["lambda"] for s in summaries), 3),
+            band_cell(summaries),
+            _cell((s["train_seconds"] / s["epochs"] for s in summaries), 0),
+            _cell((sum(h["losses_per_s"] for h in s["history"]) / len(s["history"]) for s in summaries), 0),
+        ]
         if has_paper:
             cells.append(f"{published[row]['bleu']:.2f}" if row in published else "—")
         lines.append("| " + " | ".join(cells) + " |")
@@ -111,10 +148,16 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
     curves = {row: [r["result"]["summary"] for r in rows[row]] for row in present}
     epochs = max(len(_per_epoch(s, "val_bleu")) for s in curves.values())
     thresholded = [row for row in present if any(v is not None for v in _per_epoch(curves[row], "lambda"))]
-    lines += ["", "Validation sacreBLEU (greedy) and λ per epoch, mean over seeds.", "",
-              "| epoch | " + " | ".join(f"{labels[r]} val BLEU" for r in present)
-              + "".join(f" | {labels[r]} λ" for r in thresholded) + " |",
-              "|---|" + "---|" * (len(present) + len(thresholded))]
+    lines += [
+        "",
+        "Validation sacreBLEU (greedy) and λ per epoch, mean over seeds.",
+        "",
+        "| epoch | "
+        + " | ".join(f"{labels[r]} val BLEU" for r in present)
+        + "".join(f" | {labels[r]} λ" for r in thresholded)
+        + " |",
+        "|---|" + "---|" * (len(present) + len(thresholded)),
+    ]
     for e in range(epochs):
         values = []
         for row in present:
@@ -132,16 +175,24 @@ def _tracking_section(present, rows, labels) -> list[str]:
     tracked = [row for row in present if any(r["result"]["summary"].get("lambda") is not None for r in rows[row])]
     if not tracked:
         return []
-    lines = ["", "λ diagnostics per seed (λ in band: the share of training steps after the first 10 % whose smoothed share "
-             "above λ is within a factor 2 of k/n and its complement within a factor 2 of 1 − k/n; shares and λ − ℓ_[k] "
-             "are the last epoch's means, ℓ_[k] the batch's k-th largest token loss, sampled every 50 steps).", "",
-             "| row | seed | " + " | ".join(title for _, title in DIAGNOSTICS) + " | flag |", "|" + "---|" * (len(DIAGNOSTICS) + 3)]
+    lines = [
+        "",
+        "λ diagnostics per seed (λ in band: the share of training steps after the first 10 % whose smoothed share "
+        "above λ is within a factor 2 of k/n and its complement within a factor 2 of 1 − k/n; shares and λ − ℓ_[k] "
+        "are the last epoch's means, ℓ_[k] the batch's k-th largest token loss, sampled every 50 steps).",
+        "",
+        "| row | seed | " + " | ".join(title for _, title in DIAGNOSTICS) + " | flag |",
+        "|" + "---|" * (len(DIAGNOSTICS) + 3),
+    ]
     for row in tracked:
         for result in sorted(rows[row], key=lambda r: r["config"]["seed"]):
             tracking = result["result"]["summary"].get("lambda_tracking") or {}
             values = ["not logged" if tracking.get(key) is None else f"{tracking[key]:.3f}" for key, _ in DIAGNOSTICS]
-            lines.append(f"| {labels[row]} | {result['config']['seed']} | " + " | ".join(values)
-                         + f" | {tracking.get('flag') or ''} |")
+            lines.append(
+                f"| {labels[row]} | {result['config']['seed']} | "
+                + " | ".join(values)
+                + f" | {tracking.get('flag') or ''} |"
+            )
     return lines
 
 
@@ -152,15 +203,27 @@ def _paired_section(present, rows, labels) -> list[str]:
     baseline = {r["config"]["seed"]: r["result"]["summary"]["metrics"]["test"]["bleu"] for r in rows["average"]}
     lines = []
     for row in (r for r in present if r != "average"):
-        paired = sorted((r["config"]["seed"], r["result"]["summary"]["metrics"]["test"]["bleu"] - baseline[r["config"]["seed"]])
-                        for r in rows[row] if r["config"]["seed"] in baseline)
+        paired = sorted(
+            (r["config"]["seed"], r["result"]["summary"]["metrics"]["test"]["bleu"] - baseline[r["config"]["seed"]])
+            for r in rows[row]
+            if r["config"]["seed"] in baseline
+        )
         if paired:
-            lines.append(f"| {labels[row]} | {len(paired)} | " + ", ".join(f"{d:+.2f} (seed {s})" for s, d in paired)
-                         + f" | {_cell([d for _, d in paired])} |")
+            lines.append(
+                f"| {labels[row]} | {len(paired)} | "
+                + ", ".join(f"{d:+.2f} (seed {s})" for s, d in paired)
+                + f" | {_cell([d for _, d in paired])} |"
+            )
     if not lines:
         return []
-    return ["", "Paired by seed: test sacreBLEU minus Average's.", "", "| row | seeds | per seed | mean ± std |",
-            "|---|---|---|---|", *lines]
+    return [
+        "",
+        "Paired by seed: test sacreBLEU minus Average's.",
+        "",
+        "| row | seeds | per seed | mean ± std |",
+        "|---|---|---|---|",
+        *lines,
+    ]
 
 
 def render_translation(results: list[dict], papers: list[dict]) -> dict[str, str]:
@@ -171,7 +234,13 @@ def render_translation(results: list[dict], papers: list[dict]) -> dict[str, str
     >>> render_translation([], [])
     {}
     """
-    specs = {spec["translation_table"]: spec for paper in papers for spec in paper.values()
-             if isinstance(spec, dict) and "translation_table" in spec}
-    return {f"{name}.md": render_translation_table(name, rows, specs.get(name))
-            for name, rows in sorted(by_table(results).items())}
+    specs = {
+        spec["translation_table"]: spec
+        for paper in papers
+        for spec in paper.values()
+        if isinstance(spec, dict) and "translation_table" in spec
+    }
+    return {
+        f"{name}.md": render_translation_table(name, rows, specs.get(name))
+        for name, rows in sorted(by_table(results).items())
+    }

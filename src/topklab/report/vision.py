@@ -3,6 +3,7 @@ run with payload ``{table, row, label, summary}``): mean ± std over seeds of to
 many / medium / few-shot accuracies, the paper's value beside ours where it has one, and the
 per-class accuracy. A paper table is matched to a vision table by its ``vision_table`` field in
 ``results/paper/*.yaml``; its row order is the table's order, other rows follow by id."""
+
 from __future__ import annotations
 
 import statistics
@@ -69,27 +70,43 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
     labels = {row: rows[row][0]["result"]["label"] for row in present}
     commands = sorted({r["command"] for r in runs})
     trainer = first["config"].get("engine") or first["config"]["trainer"]  # results before the engine: trainer
-    lines = [f"# {name}: test accuracy (%), mean ± std over seeds (population std; the sample std is √(n/(n − 1)) times it)", ""]
+    lines = [
+        f"# {name}: test accuracy (%), mean ± std over seeds (population std; the sample std is √(n/(n − 1)) times it)",
+        "",
+    ]
     missing = [r for r in published if r not in rows]
     if missing:
-        lines += [f"**Still missing:** {', '.join(missing)} (run their experiment rows, {paper.get('experiments', 'see README')}; "
-                  f"then `make tables`).", ""]
+        lines += [
+            f"**Still missing:** {', '.join(missing)} (run their experiment rows, {paper.get('experiments', 'see README')}; "
+            f"then `make tables`).",
+            "",
+        ]
     if paper:
         lines += [f"Paper: {paper['caption']}." + (f" {paper['note']}" if paper.get("note") else ""), ""]
-    reported = ("the last epoch (as PEL/LIFT report)" if trainer.get("report_state") == "last"
-                else f"the best-validation epoch of {', '.join(trainer['select_metrics'])}")
+    reported = (
+        "the last epoch (as PEL/LIFT report)"
+        if trainer.get("report_state") == "last"
+        else f"the best-validation epoch of {', '.join(trainer['select_metrics'])}"
+    )
     lines += [
         f"Each row: `python train.py experiment=<row> seed=<k>` (experiments/README.md; {trainer['epochs']} epochs, batch "
         f"{trainer['batch_size']}, test numbers from {reported}); code {code_versions(runs)}. Then `make tables`.  ",
         f"Commands: {'; '.join(f'`{c}`' for c in commands[:3])}{' …' if len(commands) > 3 else ''}.  ",
         "Many / medium / few: classes with more than 100, 20–100, fewer than 20 training images "
-        "(mean of their per-class accuracies).", "",
+        "(mean of their per-class accuracies).",
+        "",
     ]
     has_paper = any(published.get(r) for r in present)
-    metrics = [m for m in METRICS if m != "ece" or any("ece" in r["result"]["summary"]["metrics"]["test"] for r in runs)]
+    metrics = [
+        m for m in METRICS if m != "ece" or any("ece" in r["result"]["summary"]["metrics"]["test"] for r in runs)
+    ]
     thresholded = any(r["result"]["summary"].get("lambda") is not None for r in runs)
-    head = (["row", "seeds"] + [METRIC_NAMES[m] for m in metrics] + (["λ in band"] if thresholded else [])
-            + (["paper top-1", "paper top-5"] if has_paper else []))
+    head = (
+        ["row", "seeds"]
+        + [METRIC_NAMES[m] for m in metrics]
+        + (["λ in band"] if thresholded else [])
+        + (["paper top-1", "paper top-5"] if has_paper else [])
+    )
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in present:
         summaries = [r["result"]["summary"] for r in rows[row]]
@@ -106,19 +123,34 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
     lines += per_seed_table(present, rows, labels)
     counts = first["result"]["summary"].get("class_counts")
     if counts and len(counts) <= 20:
-        lines += ["", "Per-class test accuracy (%), mean over seeds; training images per class in the header.", "",
-                  "| row | " + " | ".join(f"{c} ({n})" for c, n in enumerate(counts)) + " |",
-                  "|---|" + "---|" * len(counts)]
+        lines += [
+            "",
+            "Per-class test accuracy (%), mean over seeds; training images per class in the header.",
+            "",
+            "| row | " + " | ".join(f"{c} ({n})" for c, n in enumerate(counts)) + " |",
+            "|---|" + "---|" * len(counts),
+        ]
         for row in present:
-            per_class = [[r["result"]["summary"]["metrics"]["test"]["per_class"][c] for r in rows[row]]
-                         for c in range(len(counts))]
-            lines.append(f"| {labels[row]} | " + " | ".join(
-                f"{mean_std([v for v in values if v is not None])[0]:.1f}" if any(v is not None for v in values) else "—"
-                for values in per_class) + " |")
+            per_class = [
+                [r["result"]["summary"]["metrics"]["test"]["per_class"][c] for r in rows[row]]
+                for c in range(len(counts))
+            ]
+            lines.append(
+                f"| {labels[row]} | "
+                + " | ".join(
+                    f"{mean_std([v for v in values if v is not None])[0]:.1f}"
+                    if any(v is not None for v in values)
+                    else "—"
+                    for values in per_class
+                )
+                + " |"
+            )
     return "\n".join(lines) + "\n"
 
 
-def per_seed_table(present: list[str], rows: dict[str, list[dict]], labels: dict[str, str], most: int = 10) -> list[str]:
+def per_seed_table(
+    present: list[str], rows: dict[str, list[dict]], labels: dict[str, str], most: int = 10
+) -> list[str]:
     """Markdown lines of each row's top-1 seed by seed, with its median and range: the distribution
     behind mean ± std, which on a chaotic set can be bimodal; nothing when no row has two seeds or
     the runs span more than ``most`` seeds.
@@ -130,19 +162,28 @@ def per_seed_table(present: list[str], rows: dict[str, list[dict]], labels: dict
     >>> print(per_seed_table(["a"], {"a": [run(0, 60.0), run(1, 70.0), run(2, 61.0)]}, {"a": "A"})[-1])
     | A | 60.00 | 70.00 | 61.00 | 61.00 | 60.00–70.00 |
     """
+
     def seed_of(run: dict):
         return run["provenance"].get("seeds", {}).get("seed")
 
     seeds = sorted({seed_of(r) for row in present for r in rows[row]}, key=lambda s: (s is None, s))
     if max(len(rows[row]) for row in present) < 2 or len(seeds) > most:
         return []
-    lines = ["", "Top-1 (%) per seed, with the median and the range over seeds.", "",
-             "| row | " + " | ".join(f"seed {s}" for s in seeds) + " | median | range |", "|---|" + "---|" * (len(seeds) + 2)]
+    lines = [
+        "",
+        "Top-1 (%) per seed, with the median and the range over seeds.",
+        "",
+        "| row | " + " | ".join(f"seed {s}" for s in seeds) + " | median | range |",
+        "|---|" + "---|" * (len(seeds) + 2),
+    ]
     for row in present:
         by_seed = {seed_of(r): selected_test(r["result"]["summary"], "top1") for r in rows[row]}
         values = sorted(v for v in by_seed.values() if v is not None)
-        lines.append(f"| {labels[row]} | " + " | ".join("—" if by_seed.get(s) is None else f"{by_seed[s]:.2f}" for s in seeds)
-                     + (f" | {statistics.median(values):.2f} | {values[0]:.2f}–{values[-1]:.2f} |" if values else " | — | — |"))
+        lines.append(
+            f"| {labels[row]} | "
+            + " | ".join("—" if by_seed.get(s) is None else f"{by_seed[s]:.2f}" for s in seeds)
+            + (f" | {statistics.median(values):.2f} | {values[0]:.2f}–{values[-1]:.2f} |" if values else " | — | — |")
+        )
     return lines
 
 
@@ -156,14 +197,21 @@ def render_pending_table(name: str, paper: dict) -> str:
     **Still missing:** every row (2: a, b); run their experiment rows (see README), then `make tables`.
     """
     rows = paper["rows"]
-    lines = [f"# {name}: test accuracy (%), mean ± std over seeds", "",
-             f"**Still missing:** every row ({len(rows)}: {', '.join(rows)}); run their experiment rows "
-             f"({paper.get('experiments', 'see README')}), then `make tables`.", "",
-             f"Paper: {paper['caption']}." + (f" {paper['note']}" if paper.get("note") else ""), ""]
+    lines = [
+        f"# {name}: test accuracy (%), mean ± std over seeds",
+        "",
+        f"**Still missing:** every row ({len(rows)}: {', '.join(rows)}); run their experiment rows "
+        f"({paper.get('experiments', 'see README')}), then `make tables`.",
+        "",
+        f"Paper: {paper['caption']}." + (f" {paper['note']}" if paper.get("note") else ""),
+        "",
+    ]
     if any(rows.values()):
         lines += ["| row | paper top-1 | paper top-5 |", "|---|---|---|"]
-        lines += [f"| {row} | " + " | ".join(f"{values[m]:.2f}" if m in values else "—" for m in ("top1", "top5")) + " |"
-                  for row, values in rows.items()]
+        lines += [
+            f"| {row} | " + " | ".join(f"{values[m]:.2f}" if m in values else "—" for m in ("top1", "top5")) + " |"
+            for row, values in rows.items()
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -183,13 +231,21 @@ def render_vision(results: list[dict], papers: list[dict]) -> dict[str, str]:
     >>> sorted(render_vision(read_results("results/vision", "vision"), []))  # doctest: +SKIP
     ['fmnistlt.md']
     """
-    specs = {spec["vision_table"]: spec for paper in papers for spec in paper.values()
-             if isinstance(spec, dict) and "vision_table" in spec}
+    specs = {
+        spec["vision_table"]: spec
+        for paper in papers
+        for spec in paper.values()
+        if isinstance(spec, dict) and "vision_table" in spec
+    }
     tables = by_table(results)
     for name, spec in specs.items():
         for alias, source in (spec.get("aliases") or {}).items():
             table, row = source.split("/")
             if row in tables.get(table, {}):
                 tables.setdefault(name, {})[alias] = tables[table][row]
-    return {f"{name.replace('/', '_')}.md": render_vision_table(name, tables[name], specs.get(name)) if name in tables
-            else render_pending_table(name, specs[name]) for name in sorted(set(tables) | set(specs))}
+    return {
+        f"{name.replace('/', '_')}.md": render_vision_table(name, tables[name], specs.get(name))
+        if name in tables
+        else render_pending_table(name, specs[name])
+        for name in sorted(set(tables) | set(specs))
+    }

@@ -1,4 +1,5 @@
 """Top-k gradient sparsification with error feedback (see :mod:`.exchange`) and its selectors."""
+
 from topklab.sparsification.exchange import SparseGradientExchange
 from topklab.sparsification.selectors import ExactTopK, SampledThreshold, STkThresholdSelector
 

@@ -15,6 +15,7 @@ so ``Σ_w e_w + Σ(everything sent so far) = Σ(every gradient computed so far)`
 objective is weighted by its share of the batch, so with ``keep_ratio = 1`` g is the batch's gradient
 (dense data-parallel SGD, per-shard BatchNorm statistics included).
 """
+
 from __future__ import annotations
 
 import math
@@ -58,7 +59,9 @@ class SparseGradientExchange(nn.Module):
         if not 0 < keep_ratio <= 1:
             raise ValueError(f"gradient_exchange.keep_ratio={keep_ratio} must lie in (0, 1]")
         if keep_ratio < 1 and selector is None:
-            raise ValueError("gradient_exchange.selector is needed when keep_ratio < 1 (e.g. gradient_exchange=exact_topk)")
+            raise ValueError(
+                "gradient_exchange.selector is needed when keep_ratio < 1 (e.g. gradient_exchange=exact_topk)"
+            )
         self.workers, self.keep_ratio, self.error_feedback = workers, keep_ratio, error_feedback
         self.selectors = nn.ModuleList(selector() for _ in range(workers)) if keep_ratio < 1 else nn.ModuleList()
         self.parameters_to_sync: list[nn.Parameter] = []
@@ -79,14 +82,20 @@ class SparseGradientExchange(nn.Module):
     def shards(self, n: int) -> list[slice]:
         """Worker w's contiguous slice of a batch of n samples (sizes differ by at most one)."""
         if n < self.workers:
-            raise ValueError(f"a batch of {n} samples cannot feed gradient_exchange.workers={self.workers}; "
-                             f"raise engine.batch_size or lower the workers")
+            raise ValueError(
+                f"a batch of {n} samples cannot feed gradient_exchange.workers={self.workers}; "
+                f"raise engine.batch_size or lower the workers"
+            )
         bounds = [round(w * n / self.workers) for w in range(self.workers + 1)]
         return [slice(bounds[w], bounds[w + 1]) for w in range(self.workers)]
 
     def _flat_gradient(self) -> torch.Tensor:
-        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
-                          for p in self.parameters_to_sync])
+        return torch.cat(
+            [
+                (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
+                for p in self.parameters_to_sync
+            ]
+        )
 
     def collect(self, worker: int, scale: float = 1.0) -> None:
         """Worker ``worker``'s message from the gradient now in ``.grad`` (which is then cleared).
@@ -131,7 +140,7 @@ class SparseGradientExchange(nn.Module):
         self.pending = []
         offset = 0
         for p in self.parameters_to_sync:
-            update = self.aggregate[offset:offset + p.numel()].view_as(p) * scale
+            update = self.aggregate[offset : offset + p.numel()].view_as(p) * scale
             p.grad = (torch.full_like(update, math.inf) if self.overflow else update).to(p.dtype)
             offset += p.numel()
         self.aggregate.zero_()
@@ -146,6 +155,8 @@ class SparseGradientExchange(nn.Module):
         selection time per worker message."""
         numel = self.residual.shape[1] if self.residual.numel() else 0
         messages = max(self.messages, 1)
-        return {"sent_fraction": self.sent / (messages * numel) if numel else None,
-                "selection_s": self.selection_seconds / messages,
-                "residual_norm": float(self.residual.norm()) if self.residual.numel() else 0.0}
+        return {
+            "sent_fraction": self.sent / (messages * numel) if numel else None,
+            "selection_s": self.selection_seconds / messages,
+            "residual_norm": float(self.residual.norm()) if self.residual.numel() else 0.0,
+        }

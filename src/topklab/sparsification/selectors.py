@@ -11,6 +11,7 @@ with the run, called as ``selector(magnitudes, k) -> indices``:
   magnitudes by safeguarded Newton, warm-started from the previous step; sends ``|g| > λ``, which is
   k up to the smoothing (sort-free: O(n) passes only).
 """
+
 from __future__ import annotations
 
 import math
@@ -76,8 +77,15 @@ class SampledThreshold(nn.Module):
     (10, 990)
     """
 
-    def __init__(self, sample_ratio: float = 0.01, upper: float = 1.3, lower: float = 0.8,
-                 max_adaptation_iters: int = 10, adaptation: str = "bracketed", seed: int | None = None):
+    def __init__(
+        self,
+        sample_ratio: float = 0.01,
+        upper: float = 1.3,
+        lower: float = 0.8,
+        max_adaptation_iters: int = 10,
+        adaptation: str = "bracketed",
+        seed: int | None = None,
+    ):
         super().__init__()
         if not 0 < sample_ratio <= 1:
             raise ValueError(f"sample_ratio={sample_ratio} must lie in (0, 1]")
@@ -86,7 +94,12 @@ class SampledThreshold(nn.Module):
         check_int("max_adaptation_iters", max_adaptation_iters, 0)
         if adaptation not in ("bracketed", "dgc"):
             raise ValueError(f"adaptation={adaptation!r}; choose bracketed or dgc")
-        self.sample_ratio, self.upper, self.lower, self.max_adaptation_iters = sample_ratio, upper, lower, max_adaptation_iters
+        self.sample_ratio, self.upper, self.lower, self.max_adaptation_iters = (
+            sample_ratio,
+            upper,
+            lower,
+            max_adaptation_iters,
+        )
         self.adaptation = adaptation
         if seed is None:
             seed = int(torch.randint(2**62, ()))
@@ -189,7 +202,8 @@ class STkThresholdSelector(nn.Module):
         if not (self.warm_start and low < lam < high):
             lam = 0.5 * (low + high)
         n = magnitudes.numel()
-        for self.iterations in range(1, self.max_iter + 1):
+        for iteration in range(1, self.max_iter + 1):
+            self.iterations = iteration
             z = magnitudes - lam
             root = torch.sqrt(z * z + delta * delta)
             # Σ SReLU'(z) = ½(n + Σ z/r): the tail's δ²/(2z²) is below float32's resolution but adds < 1 to the count

@@ -5,6 +5,7 @@ Each experiment returns a JSON-ready dict; ``run`` writes them atomically with t
 command and provenance. k is not given by the paper for this experiment: every k-using column picks
 it from ``k_grid`` by validation accuracy averaged over the repeats (as §5.1 does for its grid).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,8 +53,10 @@ def columns_of(rows) -> dict[str, Column]:
         except (HydraException, OmegaConfBaseException) as err:
             raise TopklabError(f"synthetic column {row!r}: {' '.join(str(err).split())}") from None
         if cfg.get("row") is None:  # the experiment group is optional: an unknown row composes to nothing
-            raise TopklabError(f"synthetic column {row!r} is not an experiment row with a label; "
-                               f"choose from configs/experiment/stk/{{table2,figure3,figure4}}/")
+            raise TopklabError(
+                f"synthetic column {row!r} is not an experiment row with a label; "
+                f"choose from configs/experiment/stk/{{table2,figure3,figure4}}/"
+            )
         fields = OmegaConf.to_container(cfg.loss, resolve=True)
         fields.pop("_target_")
         trainer = OmegaConf.to_container(cfg.synthetic_trainer, resolve=True) if cfg.get("synthetic_trainer") else {}
@@ -67,8 +70,16 @@ def reference_supports(task: GaussianTask) -> dict[str, torch.Tensor]:
     return {"true": task.bayes_direction(), "paper": task.mean_pos - task.mean_neg}
 
 
-def evaluate_column(column: Column, k_grid, data, seeds, settings: SyntheticTrainer, scale: str,
-                    supports: dict[str, torch.Tensor], support_tol: float) -> dict:
+def evaluate_column(
+    column: Column,
+    k_grid,
+    data,
+    seeds,
+    settings: SyntheticTrainer,
+    scale: str,
+    supports: dict[str, torch.Tensor],
+    support_tol: float,
+) -> dict:
     """Train the column at every k of the grid on every repeat, keep the k with the best mean
     validation accuracy (ties: first), and report its per-repeat test accuracy, ParaF1 against each
     reference weight vector of ``supports`` (``paraf1`` for the key ``true``, ``paraf1_<key>`` for
@@ -83,8 +94,10 @@ def evaluate_column(column: Column, k_grid, data, seeds, settings: SyntheticTrai
     pick = int(torch.argmax(mean_val))  # first maximum
     w, b = fit["w"][:, pick], fit["b"][:, pick]
     test_acc = torch.stack([accuracy(t.x @ w[r] + b[r], t.y) for r, t in enumerate(test)])
-    scores = {("paraf1" if name == "true" else f"paraf1_{name}"): [float(v) for v in para_f1(w, ref, support_tol)]
-              for name, ref in supports.items()}
+    scores = {
+        ("paraf1" if name == "true" else f"paraf1_{name}"): [float(v) for v in para_f1(w, ref, support_tol)]
+        for name, ref in supports.items()
+    }
     return {
         "k": grid[pick] if column.uses_k else None,
         "val_acc_by_k": [float(v) for v in mean_val],
@@ -133,13 +146,19 @@ def table2(cfg: DictConfig, columns_by_label: dict[str, Column], log=print) -> d
         out["seconds_single"] = times
         out.pop("w")
         columns[name] = out
-        log(f"table2 {name}: acc {mean_std(out['test_acc'])[0]:.2f}%  ParaF1 {mean_std(out['paraf1'])[0]:.3f}  "
-            f"k={out['k']}  time {mean_std(times)[0]:.2f} s/model")
+        log(
+            f"table2 {name}: acc {mean_std(out['test_acc'])[0]:.2f}%  ParaF1 {mean_std(out['paraf1'])[0]:.3f}  "
+            f"k={out['k']}  time {mean_std(times)[0]:.2f} s/model"
+        )
     lda_w, lda_b = lda_boundary(task.mean_neg, task.mean_pos, task.cov, cfg.positive_fraction)
-    return {"columns": columns, "order": list(columns), "bayes_accuracy_balanced_test": 100 * task.bayes_accuracy(0.5),
-            "lda_support": int((lda_w.abs() > 1e-9).sum()),
-            "true_support": torch.nonzero(supports["true"]).flatten().tolist(),
-            "paper_support": torch.nonzero(supports["paper"]).flatten().tolist()}
+    return {
+        "columns": columns,
+        "order": list(columns),
+        "bayes_accuracy_balanced_test": 100 * task.bayes_accuracy(0.5),
+        "lda_support": int((lda_w.abs() > 1e-9).sum()),
+        "true_support": torch.nonzero(supports["true"]).flatten().tolist(),
+        "paper_support": torch.nonzero(supports["paper"]).flatten().tolist(),
+    }
 
 
 def figure3(cfg: DictConfig, columns_by_label: dict[str, Column], log=print) -> dict:
@@ -150,13 +169,17 @@ def figure3(cfg: DictConfig, columns_by_label: dict[str, Column], log=print) -> 
     lda_w, lda_b = lda_boundary(task.mean_neg, task.mean_pos, task.cov, spec.positive_fraction)
     boundaries = {}
     for name, column in columns_by_label.items():
-        out = evaluate_column(column, cfg.k_grid, data, [cfg.seed], settings, cfg.scale,
-                              {"true": lda_w}, cfg.support_tol)
+        out = evaluate_column(
+            column, cfg.k_grid, data, [cfg.seed], settings, cfg.scale, {"true": lda_w}, cfg.support_tol
+        )
         boundaries[name] = {"w": out["w"][0], "b": out["b"][0], "k": out["k"], "test_acc": out["test_acc"][0]}
         log(f"figure3 {name}: w={[round(v, 3) for v in out['w'][0]]} b={out['b'][0]:.3f} k={out['k']}")
     shown = data[0][0]
-    return {"lda": {"w": lda_w.tolist(), "b": lda_b}, "boundaries": boundaries,
-            "points": {"x": shown.x[: spec.points].tolist(), "y": shown.y[: spec.points].tolist()}}
+    return {
+        "lda": {"w": lda_w.tolist(), "b": lda_b},
+        "boundaries": boundaries,
+        "points": {"x": shown.x[: spec.points].tolist(), "y": shown.y[: spec.points].tolist()},
+    }
 
 
 def figure4(cfg: DictConfig, columns_by_label: dict[str, Column], log=print) -> dict:
@@ -171,15 +194,19 @@ def figure4(cfg: DictConfig, columns_by_label: dict[str, Column], log=print) -> 
         data = make_repeats(task, cfg.sizes, 1.0 - ratio, cfg.repeats, cfg.data_seed)
         row = {}
         for name, column in columns_by_label.items():
-            out = evaluate_column(column, cfg.k_grid, data, seeds, settings, cfg.scale, supports,
-                                  cfg.support_tol)
-            row[name] = {"k": out["k"], "test_acc": out["test_acc"], "paraf1": out["paraf1"],
-                         "paraf1_paper": out["paraf1_paper"]}
-            log(f"figure4 ratio {ratio} {name}: acc {mean_std(out['test_acc'])[0]:.2f}%  "
-                f"ParaF1 {mean_std(out['paraf1'])[0]:.3f}")
+            out = evaluate_column(column, cfg.k_grid, data, seeds, settings, cfg.scale, supports, cfg.support_tol)
+            row[name] = {
+                "k": out["k"],
+                "test_acc": out["test_acc"],
+                "paraf1": out["paraf1"],
+                "paraf1_paper": out["paraf1_paper"],
+            }
+            log(
+                f"figure4 ratio {ratio} {name}: acc {mean_std(out['test_acc'])[0]:.2f}%  "
+                f"ParaF1 {mean_std(out['paraf1'])[0]:.3f}"
+            )
         by_ratio[str(ratio)] = row
-    return {"negative_ratios": list(cfg.figure4.negative_ratios), "by_ratio": by_ratio,
-            "order": list(columns_by_label)}
+    return {"negative_ratios": list(cfg.figure4.negative_ratios), "by_ratio": by_ratio, "order": list(columns_by_label)}
 
 
 RUNNERS = {"table2": table2, "figure3": figure3, "figure4": figure4}
@@ -200,8 +227,14 @@ def run(cfg: DictConfig, log=print) -> list[Path]:
         start = time.perf_counter()
         payload = RUNNERS[name](cfg, columns[name], log)
         payload["seconds"] = time.perf_counter() - start
-        result = make_result("synthetic", name, payload, command=" ".join(["python", *sys.argv]),
-                             config=portable_config(cfg), provenance=provenance)
+        result = make_result(
+            "synthetic",
+            name,
+            payload,
+            command=" ".join(["python", *sys.argv]),
+            config=portable_config(cfg),
+            provenance=provenance,
+        )
         written.append(write_result(Path(cfg.results_dir) / f"{name}{cfg.suffix}.json", result))
         log(f"wrote {written[-1]} ({payload['seconds']:.0f} s)")
     return written

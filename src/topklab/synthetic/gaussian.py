@@ -3,6 +3,7 @@
 The paper prints Σ_jk = 0.25^(0.5+|j−k|), whose diagonal is 0.5; the likely intended form is
 0.5^|j−k|. Both are offered (``covariance="printed"|"intended"``); Table 2 uses ``printed``.
 """
+
 from __future__ import annotations
 
 import math
@@ -65,13 +66,15 @@ class GaussianTask:
     rho: float | None = None
 
     def __post_init__(self):
-        if not (isinstance(self.d, int) and self.d >= 1 and isinstance(self.n_signal, int)
-                and 1 <= self.n_signal <= self.d):
+        if not (
+            isinstance(self.d, int) and self.d >= 1 and isinstance(self.n_signal, int) and 1 <= self.n_signal <= self.d
+        ):
             raise TopklabError(f"synthetic d={self.d}, n_signal={self.n_signal}: need ints with 1 <= n_signal <= d")
         if self.rho is None:
             if self.covariance not in COVARIANCES:
-                raise TopklabError(f"unknown covariance {self.covariance!r}; choose one of: "
-                                   f"{', '.join(COVARIANCES)} (or set rho)")
+                raise TopklabError(
+                    f"unknown covariance {self.covariance!r}; choose one of: {', '.join(COVARIANCES)} (or set rho)"
+                )
             self.cov = toeplitz_covariance(self.d, *COVARIANCES[self.covariance])
         else:
             if not -1 < self.rho < 1:

@@ -1,4 +1,5 @@
 """The theoretical (LDA) decision boundary of two Gaussians with a shared covariance."""
+
 from __future__ import annotations
 
 import math
@@ -6,8 +7,9 @@ import math
 import torch
 
 
-def lda_boundary(mean_neg: torch.Tensor, mean_pos: torch.Tensor, cov: torch.Tensor,
-                 prior_pos: float) -> tuple[torch.Tensor, float]:
+def lda_boundary(
+    mean_neg: torch.Tensor, mean_pos: torch.Tensor, cov: torch.Tensor, prior_pos: float
+) -> tuple[torch.Tensor, float]:
     """Bayes boundary ``wᵀx + b = 0`` (positive where > 0):
 
     ``w* = Σ⁻¹(μ₁ − μ₀)``, ``b* = ½(μ₀ᵀΣ⁻¹μ₀ − μ₁ᵀΣ⁻¹μ₁) + ln(π₁/π₀)``.

@@ -1,4 +1,5 @@
 """ParaF1 (Tian & Gu 2017): F1 of the recovered support of a weight vector."""
+
 from __future__ import annotations
 
 import torch

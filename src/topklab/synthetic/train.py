@@ -8,6 +8,7 @@ validation accuracy, run by the population executor (:mod:`topklab.engine.popula
 is frozen at its best state. One repeat and one k is a single model: that is what the Table 2
 "Time" row times (tests check members against a plain ``torch.optim.Adam`` loop).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ class Column:
     """A Table 2 column: an aggregate's loss-config name and overrides of its fields (for STk the
     ReLU variant, e.g. ``{"smoothing": "elu"}``)."""
 
-    aggregate: str          # average | maximum | atk | matk | stk (configs/loss/<name>.yaml)
+    aggregate: str  # average | maximum | atk | matk | stk (configs/loss/<name>.yaml)
     overrides: dict = field(default_factory=dict)
     trainer: dict = field(default_factory=dict)  # this column's own trainer settings (e.g. lam_init)
 
@@ -47,7 +48,9 @@ class Column:
 
     def module(self, scale: str) -> Aggregate:
         """The column's aggregate; ``scale`` (paper | atk) applies to those with a threshold λ."""
-        return build_paper_update_aggregate(self.aggregate, **{**self.overrides, **({"scale": scale} if self.uses_lambda else {})})
+        return build_paper_update_aggregate(
+            self.aggregate, **{**self.overrides, **({"scale": scale} if self.uses_lambda else {})}
+        )
 
 
 @dataclass
@@ -89,12 +92,16 @@ class SyntheticTrainer:
             value = getattr(self, name)
             check_int(f"synthetic trainer {name}", value, error=TopklabError)
         if self.report_state not in REPORT_STATES:
-            raise TopklabError(f"synthetic trainer report_state={self.report_state!r}; choose one of {', '.join(REPORT_STATES)}")
+            raise TopklabError(
+                f"synthetic trainer report_state={self.report_state!r}; choose one of {', '.join(REPORT_STATES)}"
+            )
         if self.lam_init != "auto" and not isinstance(self.lam_init, (int, float)):
             raise TopklabError(f"synthetic trainer lam_init={self.lam_init!r} must be a number or 'auto'")
         if not self.lr > 0 or not self.delta > 0 or self.l1 < 0 or self.min_delta < 0:
-            raise TopklabError(f"synthetic trainer needs lr > 0, delta > 0, l1 >= 0, min_delta >= 0; got "
-                               f"lr={self.lr}, delta={self.delta}, l1={self.l1}, min_delta={self.min_delta}")
+            raise TopklabError(
+                f"synthetic trainer needs lr > 0, delta > 0, l1 >= 0, min_delta >= 0; got "
+                f"lr={self.lr}, delta={self.delta}, l1={self.l1}, min_delta={self.min_delta}"
+            )
 
 
 class BinaryCrossEntropy(nn.Module):
@@ -126,8 +133,15 @@ def accuracy(output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return ((scores > 0).to(y.dtype) == y).double().mean(-1)
 
 
-def train_logistic(column: Column, settings: SyntheticTrainer, train: list[SyntheticSplit],
-                   val: list[SyntheticSplit], seeds: list[int], k: list, scale: str = "paper") -> dict:
+def train_logistic(
+    column: Column,
+    settings: SyntheticTrainer,
+    train: list[SyntheticSplit],
+    val: list[SyntheticSplit],
+    seeds: list[int],
+    k: list,
+    scale: str = "paper",
+) -> dict:
     """Train R × M logistic regressions: member (r, m) on ``train[r]``/``val[r]`` with seed
     ``seeds[r]`` and ``k[m]`` (ignored by columns without k; pass ``[1]``).
 
@@ -138,17 +152,37 @@ def train_logistic(column: Column, settings: SyntheticTrainer, train: list[Synth
         raise TopklabError("train, val and seeds need one entry per repeat")
     repeats, ks = len(train), list(k)
     executor = PopulationExecutor(
-        column.module(scale), BinaryCrossEntropy(), StackedLinear(train[0].x.shape[1]),
-        Adam(settings.betas, settings.eps), Metric("acc", accuracy, higher_is_better=True),
-        max_epochs=settings.max_epochs, batch_size=settings.batch_size, eval_every=settings.eval_every,
-        patience=settings.patience, min_delta=settings.min_delta, layout=Grouped, report_state=settings.report_state,
+        column.module(scale),
+        BinaryCrossEntropy(),
+        StackedLinear(train[0].x.shape[1]),
+        Adam(settings.betas, settings.eps),
+        Metric("acc", accuracy, higher_is_better=True),
+        max_epochs=settings.max_epochs,
+        batch_size=settings.batch_size,
+        eval_every=settings.eval_every,
+        patience=settings.patience,
+        min_delta=settings.min_delta,
+        layout=Grouped,
+        report_state=settings.report_state,
     )
     groups = [DataGroup(t.x, t.y, v.x, v.y) for t, v in zip(train, val)]
-    members = Members(split=[r for r in range(repeats) for _ in ks],
-                      seed=[seeds[r] for r in range(repeats) for _ in ks], k=ks * repeats, lr=settings.lr, l1=settings.l1, delta=settings.delta, lam_init=settings.lam_init)
+    members = Members(
+        split=[r for r in range(repeats) for _ in ks],
+        seed=[seeds[r] for r in range(repeats) for _ in ks],
+        k=ks * repeats,
+        lr=settings.lr,
+        l1=settings.l1,
+        delta=settings.delta,
+        lam_init=settings.lam_init,
+    )
     fit = executor.fit(groups, members, report=("val",))
     shape = (repeats, len(ks))
     lam = fit["lambda"] if column.uses_lambda else torch.full((len(members),), float("nan"))
-    return {"w": fit["params"]["w"][:, 0, :].reshape(*shape, -1), "b": fit["params"]["b"][:, 0].reshape(shape),
-            "lam": lam.reshape(shape), "best_step": fit["best_step"].reshape(shape),
-            "steps": fit["steps"].reshape(shape), "val_acc": fit["val_acc"].reshape(shape)}
+    return {
+        "w": fit["params"]["w"][:, 0, :].reshape(*shape, -1),
+        "b": fit["params"]["b"][:, 0].reshape(shape),
+        "lam": lam.reshape(shape),
+        "best_step": fit["best_step"].reshape(shape),
+        "steps": fit["steps"].reshape(shape),
+        "val_acc": fit["val_acc"].reshape(shape),
+    }

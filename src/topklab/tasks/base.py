@@ -1,4 +1,5 @@
 """What every task shares: how the engine gets a batch's outputs to score."""
+
 from __future__ import annotations
 
 

@@ -1,5 +1,6 @@
 """Multi-class classification: top-1/top-5 accuracy, per-class accuracy, and the long-tailed
 many / medium / few-shot groups."""
+
 from __future__ import annotations
 
 import torch

@@ -1,6 +1,7 @@
 """Image classification metrics: top-1/top-5, per-class accuracy, the long-tailed groups
 (many / medium / few-shot: more than 100, 20–100, fewer than 20 training images per class) and the
 expected calibration error."""
+
 from __future__ import annotations
 
 import torch
@@ -43,8 +44,14 @@ def expected_calibration_error(logits: torch.Tensor, labels: torch.Tensor, bins:
     return float((accuracy[used] - confident[used]).abs().sum() / len(labels) * 100)
 
 
-def classification_metrics(logits: torch.Tensor, labels: torch.Tensor, class_counts: list[int],
-                           topk: tuple[int, ...] = (1, 5), many: int = 100, few: int = 20) -> dict:
+def classification_metrics(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    class_counts: list[int],
+    topk: tuple[int, ...] = (1, 5),
+    many: int = 100,
+    few: int = 20,
+) -> dict:
     """Accuracies in percent. ``per_class[c]`` is None for a class absent from ``labels``; a group
     with no classes (or no evaluated images) is None. ``score`` (higher is better) is top-1."""
     num_classes = logits.shape[1]

@@ -1,5 +1,6 @@
 """Language modelling: the teacher-forced token loss, its perplexity, and how many tokens each
 routed block processed."""
+
 from __future__ import annotations
 
 import math
@@ -38,9 +39,13 @@ class LanguageModelingTask(Task):
         tokens = int(outputs["tokens"].sum())
         loss = float(outputs["nll"].sum()) / tokens
         per_layer = (outputs["routed"].sum(0).double() / tokens).tolist()
-        return {"loss": loss, "perplexity": math.exp(loss), "tokens": tokens,
-                "routed_fraction": sum(per_layer) / len(per_layer) if per_layer else None,
-                "routed_fraction_per_layer": per_layer}
+        return {
+            "loss": loss,
+            "perplexity": math.exp(loss),
+            "tokens": tokens,
+            "routed_fraction": sum(per_layer) / len(per_layer) if per_layer else None,
+            "routed_fraction_per_layer": per_layer,
+        }
 
     def higher_is_better(self, metric: str) -> bool:
         if metric not in ("perplexity", "loss"):

@@ -1,5 +1,6 @@
 """Evaluation metrics, named once. Each reduces over the last (sample) dimension, so the same
 function scores one model (n,) or a population (P, n). ``score`` is higher-is-better."""
+
 from __future__ import annotations
 
 import torch

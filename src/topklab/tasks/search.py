@@ -2,6 +2,7 @@
 validation) and fairseq-style batched beam search with a length penalty. Both decode step by step
 with cached keys and values and return each sentence's best hypothesis (ids ending in eos,
 right-padded to ``width``)."""
+
 from __future__ import annotations
 
 import torch
@@ -22,7 +23,7 @@ def _step_log_probs(model, tokens, memory, mask, cache, step: int, limit: int, m
     log_probs = F.log_softmax(logits.float(), dim=-1)
     log_probs[:, PAD] = log_probs[:, BOS] = -float("inf")
     if step == limit:  # the length limit forces eos
-        log_probs[:, :EOS] = log_probs[:, EOS + 1:] = -float("inf")
+        log_probs[:, :EOS] = log_probs[:, EOS + 1 :] = -float("inf")
     elif step < min_len:
         log_probs[:, EOS] = -float("inf")
     return log_probs
@@ -76,8 +77,9 @@ class BeamSearch:
     max_len_a, max_len_b, min_len : as :class:`GreedySearch`
     """
 
-    def __init__(self, beam: int = 5, length_penalty: float = 1.0, max_len_a: float = 0.0, max_len_b: int = 200,
-                 min_len: int = 1):
+    def __init__(
+        self, beam: int = 5, length_penalty: float = 1.0, max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1
+    ):
         check_int("search.beam", beam)
         self.beam, self.length_penalty = beam, length_penalty
         self.max_len_a, self.max_len_b, self.min_len = max_len_a, max_len_b, min_len
@@ -116,7 +118,9 @@ class BeamSearch:
             rank, top_scores, origin, token = (t.index_select(0, keep_rows) for t in (rank, top_scores, origin, token))
             chosen_origin, chosen_token = origin.gather(1, rank), token.gather(1, rank)
             # fewer than `beam` live continuations (tiny vocabularies): the rest are dead, not finished ones going on
-            scores = top_scores.gather(1, rank).masked_fill(ends.index_select(0, keep_rows).gather(1, rank), -float("inf"))
+            scores = top_scores.gather(1, rank).masked_fill(
+                ends.index_select(0, keep_rows).gather(1, rank), -float("inf")
+            )
             order = (keep_rows[:, None] * beam + chosen_origin).view(-1)
             tokens = torch.cat([tokens.index_select(0, order), chosen_token.view(-1, 1)], dim=1)
             if len(keep) < len(alive):
@@ -127,5 +131,5 @@ class BeamSearch:
         out = torch.full((batch, width), PAD, dtype=torch.int64, device=device)
         for sentence, hypotheses in enumerate(finished):
             best = max(hypotheses, key=lambda h: h[0])[1]  # ties keep the earlier-finished hypothesis
-            out[sentence, :len(best)] = torch.tensor(best, device=device)
+            out[sentence, : len(best)] = torch.tensor(best, device=device)
         return out

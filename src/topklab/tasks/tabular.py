@@ -1,4 +1,5 @@
 """Tabular binary classification (test misclassification %) and regression (RMSE)."""
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """Machine translation: decode each sentence, score against the references with sacreBLEU."""
+
 from __future__ import annotations
 
 import sacrebleu
@@ -51,18 +52,23 @@ class TranslationTask(Task):
         log_probs = F.log_softmax(model(x).float(), dim=-1)
         nll = -log_probs.gather(-1, y[..., None])[..., 0]
         real = y != PAD
-        return {"hypotheses": search(model, x.source, self.max_output_len),
-                "nll": (nll * real).sum(1).double(), "tokens": real.sum(1)}
+        return {
+            "hypotheses": search(model, x.source, self.max_output_len),
+            "nll": (nll * real).sum(1).double(),
+            "tokens": real.sum(1),
+        }
 
     def metrics(self, outputs: dict, references: list[str]) -> dict:
         hypotheses = [self.vocab.decode(row) for row in outputs["hypotheses"].tolist()]
         bleu = sacrebleu.metrics.BLEU()
         score = bleu.corpus_score(hypotheses, [references])
         return {
-            "bleu": score.score, "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score,
+            "bleu": score.score,
+            "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score,
             "bleu_tok": sacrebleu.corpus_bleu(hypotheses, [references], tokenize="none").score,
             "loss": float(outputs["nll"].sum() / outputs["tokens"].sum()),
-            "bleu_signature": str(bleu.get_signature()), "translations": hypotheses,
+            "bleu_signature": str(bleu.get_signature()),
+            "translations": hypotheses,
         }
 
     def higher_is_better(self, metric: str) -> bool:

@@ -1,4 +1,5 @@
 """Batch counting shared by every trainer and loader."""
+
 from __future__ import annotations
 
 

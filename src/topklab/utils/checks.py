@@ -1,9 +1,17 @@
 """One check for the integer fields of configs and constructors, so that every one fails alike."""
+
 from __future__ import annotations
 
 
-def check_int(name: str, value, low: int = 1, high: int | None = None, allow_none: bool = False,
-              error: type[Exception] = ValueError, why: str = "") -> None:
+def check_int(
+    name: str,
+    value,
+    low: int = 1,
+    high: int | None = None,
+    allow_none: bool = False,
+    error: type[Exception] = ValueError,
+    why: str = "",
+) -> None:
     """Raise ``error`` with one line unless ``value`` is an int (not a bool) in ``[low, high]``
     (``high`` None: no upper end), or None where ``allow_none``.
 
@@ -29,4 +37,6 @@ def check_int(name: str, value, low: int = 1, high: int | None = None, allow_non
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise error(f"{name}={value!r} must be an int {bounds}{' or null' if allow_none else ''}{f' ({why})' if why else ''}")
+        raise error(
+            f"{name}={value!r} must be an int {bounds}{' or null' if allow_none else ''}{f' ({why})' if why else ''}"
+        )

@@ -1,4 +1,5 @@
 """The torch device an ``engine.device`` / ``device`` setting names."""
+
 from __future__ import annotations
 
 import torch

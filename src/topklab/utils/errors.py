@@ -1,5 +1,6 @@
 """Errors that mean "the user asked for something wrong": reported as one line, exit code 2
 (:func:`fail`)."""
+
 import sys
 
 

@@ -1,4 +1,5 @@
 """Atomic writes: a reader never sees a half-written result file."""
+
 from __future__ import annotations
 
 import errno
@@ -6,8 +7,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 def _atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str) -> Path:
@@ -27,8 +29,10 @@ def _atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str) ->
         if _disk_full(err):
             from topklab.utils.errors import TopklabError
 
-            raise TopklabError(f"no space left on the device of {path.parent} ({shutil.disk_usage(path.parent).free:,} "
-                               f"bytes free) while writing {path.name}; free some, or point paths.* elsewhere") from None
+            raise TopklabError(
+                f"no space left on the device of {path.parent} ({shutil.disk_usage(path.parent).free:,} "
+                f"bytes free) while writing {path.name}; free some, or point paths.* elsewhere"
+            ) from None
         raise
     return path
 
@@ -80,10 +84,16 @@ def check_writable(folders: list[tuple[Path, str]]) -> None:
     cannot take one, or whose device is full, is a one-line :class:`~topklab.utils.errors.TopklabError`
     naming the setting."""
     for folder, setting in folders:
-        _require_room(Path(folder),
-                      lambda reason: f"cannot write to {folder} ({reason}); make it writable or choose another {setting}",
-                      lambda free: f"no space left on the device of {folder} ({free:,} bytes free); free some, or choose "
-                                   f"another {setting}", create=True)
+        _require_room(
+            Path(folder),
+            lambda reason, folder=folder, setting=setting: (
+                f"cannot write to {folder} ({reason}); make it writable or choose another {setting}"
+            ),
+            lambda free, folder=folder, setting=setting: (
+                f"no space left on the device of {folder} ({free:,} bytes free); free some, or choose another {setting}"
+            ),
+            create=True,
+        )
 
 
 def check_creatable(folder: str | os.PathLike, what: str, setting: str) -> None:
@@ -99,13 +109,22 @@ def check_creatable(folder: str | os.PathLike, what: str, setting: str) -> None:
         while not existing.exists():
             existing = existing.parent
         if not existing.is_dir():
-            raise TopklabError(f"cannot create {what} {folder}: {existing} is a file, not a folder; "
-                               f"choose another {setting}")
+            raise TopklabError(
+                f"cannot create {what} {folder}: {existing} is a file, not a folder; choose another {setting}"
+            )
     except OSError as err:
-        raise TopklabError(f"cannot create {what} {folder}: {existing} cannot be read ({err.strerror or err}); "
-                           f"choose another {setting}") from None
-    _require_room(existing,
-                  lambda reason: f"cannot create {what} {folder}: {existing} is not writable ({reason}); make it writable "
-                                 f"or choose another {setting}",
-                  lambda free: f"cannot create {what} {folder}: no space left on the device of {existing} ({free:,} bytes "
-                               f"free); free some, or choose another {setting}")
+        raise TopklabError(
+            f"cannot create {what} {folder}: {existing} cannot be read ({err.strerror or err}); "
+            f"choose another {setting}"
+        ) from None
+    _require_room(
+        existing,
+        lambda reason: (
+            f"cannot create {what} {folder}: {existing} is not writable ({reason}); make it writable "
+            f"or choose another {setting}"
+        ),
+        lambda free: (
+            f"cannot create {what} {folder}: no space left on the device of {existing} ({free:,} bytes "
+            f"free); free some, or choose another {setting}"
+        ),
+    )

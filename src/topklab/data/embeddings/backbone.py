@@ -1,5 +1,6 @@
 """A frozen timm backbone that maps images to penultimate-layer (pooled) embeddings, with the
 preprocessing it was trained at, for :mod:`topklab.data.embeddings.extract`."""
+
 from __future__ import annotations
 
 import contextlib
@@ -41,9 +42,18 @@ class Backbone:
     torch.Size([1, 256])
     """
 
-    def __init__(self, name: str, resolution: int, interpolation: str | None = None, crop_pct: float | None = None,
-                 precision: str = "fp32", storage: str = "float16", pretrained: bool = True,
-                 checkpoint: str | None = None, out_name: str | None = None):
+    def __init__(
+        self,
+        name: str,
+        resolution: int,
+        interpolation: str | None = None,
+        crop_pct: float | None = None,
+        precision: str = "fp32",
+        storage: str = "float16",
+        pretrained: bool = True,
+        checkpoint: str | None = None,
+        out_name: str | None = None,
+    ):
         import timm
 
         import topklab.models.wsl_resnext  # noqa: F401  (registers resnext101_32x48d with timm)
@@ -52,7 +62,9 @@ class Backbone:
             raise ValueError(f"backbone.name={name!r} is not a timm model (see timm.list_models())")
         check_int("backbone.resolution", resolution)
         if interpolation is not None and interpolation not in INTERPOLATIONS:
-            raise ValueError(f"backbone.interpolation={interpolation!r}; choose one of {', '.join(INTERPOLATIONS)} or null")
+            raise ValueError(
+                f"backbone.interpolation={interpolation!r}; choose one of {', '.join(INTERPOLATIONS)} or null"
+            )
         if crop_pct is not None and not 0 < crop_pct <= 1:
             raise ValueError(f"backbone.crop_pct={crop_pct} must lie in (0, 1], or be null for the model's own")
         if precision not in PRECISIONS:
@@ -71,20 +83,28 @@ class Backbone:
         overlay = None
         if self.pretrained and self.checkpoint is not None:
             if not self.checkpoint.is_file():
-                raise DataUnavailableError(f"backbone.checkpoint={self.checkpoint} does not exist; give the path of "
-                                           f"{self.name}'s weights file")
+                raise DataUnavailableError(
+                    f"backbone.checkpoint={self.checkpoint} does not exist; give the path of {self.name}'s weights file"
+                )
             overlay = {"file": str(self.checkpoint)}
         try:
-            model = timm.create_model(self.name, pretrained=self.pretrained, num_classes=0, pretrained_cfg_overlay=overlay)
+            model = timm.create_model(
+                self.name, pretrained=self.pretrained, num_classes=0, pretrained_cfg_overlay=overlay
+            )
         except (RuntimeError, OSError, ValueError, KeyError) as err:
             if not self.pretrained:
                 raise
-            where = f"from {self.checkpoint}" if self.checkpoint else "(not in the local Hugging Face / torch hub cache, and offline)"
+            where = (
+                f"from {self.checkpoint}"
+                if self.checkpoint
+                else "(not in the local Hugging Face / torch hub cache, and offline)"
+            )
             first_line = (str(err).strip().splitlines() or [""])[0][:160]
             raise DataUnavailableError(
                 f"backbone {self.name}: its pretrained weights could not be loaded {where}: {type(err).__name__}: "
                 f"{first_line}; download them on a machine with internet (timm caches them) or pass "
-                f"backbone.checkpoint=/path/to/weights") from None
+                f"backbone.checkpoint=/path/to/weights"
+            ) from None
         return model.eval().to(device)
 
     def transform(self, model: torch.nn.Module):
@@ -106,14 +126,30 @@ class Backbone:
         """What the embeddings depend on: recorded in provenance and checked on resume."""
         from timm.data import resolve_data_config
 
-        data = resolve_data_config({"input_size": (3, self.resolution, self.resolution),
-                                    **({"interpolation": self.interpolation} if self.interpolation else {}),
-                                    **({"crop_pct": self.crop_pct} if self.crop_pct else {})}, model=model)
-        return {"name": self.name, "resolution": self.resolution, "interpolation": data["interpolation"],
-                "crop_pct": data["crop_pct"], "mean": list(data["mean"]), "std": list(data["std"]),
-                "precision": self.precision, "storage": self.storage, "pretrained": self.pretrained,
-                "checkpoint": None if self.checkpoint is None else {"name": self.checkpoint.name,
-                                                                      "bytes": self.checkpoint.stat().st_size,
-                                                                      "mtime": int(self.checkpoint.stat().st_mtime)},
-                "embedding_dim": int(model.num_features)}
-
+        data = resolve_data_config(
+            {
+                "input_size": (3, self.resolution, self.resolution),
+                **({"interpolation": self.interpolation} if self.interpolation else {}),
+                **({"crop_pct": self.crop_pct} if self.crop_pct else {}),
+            },
+            model=model,
+        )
+        return {
+            "name": self.name,
+            "resolution": self.resolution,
+            "interpolation": data["interpolation"],
+            "crop_pct": data["crop_pct"],
+            "mean": list(data["mean"]),
+            "std": list(data["std"]),
+            "precision": self.precision,
+            "storage": self.storage,
+            "pretrained": self.pretrained,
+            "checkpoint": None
+            if self.checkpoint is None
+            else {
+                "name": self.checkpoint.name,
+                "bytes": self.checkpoint.stat().st_size,
+                "mtime": int(self.checkpoint.stat().st_mtime),
+            },
+            "embedding_dim": int(model.num_features),
+        }

@@ -2,11 +2,12 @@
 embeddings (:mod:`topklab.data.embeddings.store`) served to the engine straight from their memory
 maps, with difftopk's hold-out: a random ``holdout`` of the training images is the validation set
 (50,000 for ImageNet-1K, 100,000 for ImageNet-21K-P) and the official validation set is the test set."""
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -32,8 +33,17 @@ class MappedLoader(TensorLoader):
     [[10.0, 0.0], [6.0]]
     """
 
-    def __init__(self, embeddings: np.ndarray, labels: torch.Tensor, index: np.ndarray, batch_size: int | None,
-                 shuffle: bool, drop_last: bool = False, seed: int = 0, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        embeddings: np.ndarray,
+        labels: torch.Tensor,
+        index: np.ndarray,
+        batch_size: int | None,
+        shuffle: bool,
+        drop_last: bool = False,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+    ):
         self.embeddings, self.index, self.device = embeddings, np.asarray(index), torch.device(device)
         self.y = labels[torch.from_numpy(self.index)].to(self.device)
         self.batch_size = batch_size or len(self.index)
@@ -50,7 +60,7 @@ class MappedLoader(TensorLoader):
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order = self._order(epoch).numpy() if self.shuffle else np.arange(len(self.index))
         for b in range(start, len(self)):
-            positions = order[b * self.batch_size: (b + 1) * self.batch_size]
+            positions = order[b * self.batch_size : (b + 1) * self.batch_size]
             yield self.rows(positions), self.y[torch.from_numpy(positions).to(self.device)]
 
 
@@ -60,8 +70,8 @@ class EmbeddingSplits:
 
     name: str
     num_classes: int
-    arrays: dict                      # stored split -> (embeddings memory map, labels tensor)
-    parts: dict                       # train | val | test -> (stored split, row indices)
+    arrays: dict  # stored split -> (embeddings memory map, labels tensor)
+    parts: dict  # train | val | test -> (stored split, row indices)
     info: dict = field(default_factory=dict)
     indices: dict = field(default_factory=dict)
     task: str = "embeddings"
@@ -77,8 +87,12 @@ class EmbeddingSplits:
     def provides(self) -> dict:
         """What models, losses and the task may ask of the data (by constructor argument name)."""
         counts = self.class_counts
-        return {"in_features": self.in_features, "num_classes": self.num_classes, "class_counts": counts,
-                "shot_counts": counts}
+        return {
+            "in_features": self.in_features,
+            "num_classes": self.num_classes,
+            "class_counts": counts,
+            "shot_counts": counts,
+        }
 
     def targets(self, split: str) -> torch.Tensor:
         stored, index = self.parts[split]
@@ -123,8 +137,15 @@ class EmbeddingDataset:
     {'train': 1231167, 'val': 50000, 'test': 50000}
     """
 
-    def __init__(self, root: str, name: str, holdout: int, split_seed: int = 0, splits: dict | None = None,
-                 task: str = "embeddings"):
+    def __init__(
+        self,
+        root: str,
+        name: str,
+        holdout: int,
+        split_seed: int = 0,
+        splits: dict | None = None,
+        task: str = "embeddings",
+    ):
         if task != "embeddings":
             raise ValueError(f"task={task!r}: embedding datasets are 'embeddings' (multi-class labels)")
         check_int("dataset.holdout", holdout, why="training rows held out for validation")
@@ -142,18 +163,29 @@ class EmbeddingDataset:
             arrays[stored] = (embeddings, torch.from_numpy(labels))
         dims = {stored: a[0].shape[1] for stored, a in arrays.items()}
         if len(set(dims.values())) > 1:
-            raise TopklabError(f"{self.root}: the stored splits have different embedding sizes {dims}; extract them "
-                               f"with one backbone")
+            raise TopklabError(
+                f"{self.root}: the stored splits have different embedding sizes {dims}; extract them with one backbone"
+            )
         pool = len(arrays[self.stored["train"]][1])
         if self.holdout >= pool:
-            raise TopklabError(f"dataset.holdout={self.holdout} leaves no training rows of the {pool} in "
-                               f"{self.root / self.stored['train']}; lower it")
+            raise TopklabError(
+                f"dataset.holdout={self.holdout} leaves no training rows of the {pool} in "
+                f"{self.root / self.stored['train']}; lower it"
+            )
         permutation = torch.randperm(pool, generator=torch.Generator().manual_seed(self.split_seed)).numpy()
-        parts = {"train": (self.stored["train"], permutation[self.holdout:]),
-                 "val": (self.stored["train"], permutation[:self.holdout]),
-                 "test": (self.stored["test"], np.arange(len(arrays[self.stored["test"]][1])))}
-        info = {"split_seed": self.split_seed, "holdout": self.holdout, "classes": len(classes),
-                "embedding_dim": int(next(iter(dims.values()))), "storage": str(arrays[self.stored["train"]][0].dtype),
-                "sizes": {split: len(index) for split, (_, index) in parts.items()}}
-        return EmbeddingSplits(self.name, len(classes), arrays, parts, info, {"val": sorted(parts["val"][1].tolist())},
-                               task=self.task)
+        parts = {
+            "train": (self.stored["train"], permutation[self.holdout :]),
+            "val": (self.stored["train"], permutation[: self.holdout]),
+            "test": (self.stored["test"], np.arange(len(arrays[self.stored["test"]][1]))),
+        }
+        info = {
+            "split_seed": self.split_seed,
+            "holdout": self.holdout,
+            "classes": len(classes),
+            "embedding_dim": int(next(iter(dims.values()))),
+            "storage": str(arrays[self.stored["train"]][0].dtype),
+            "sizes": {split: len(index) for split, (_, index) in parts.items()},
+        }
+        return EmbeddingSplits(
+            self.name, len(classes), arrays, parts, info, {"val": sorted(parts["val"][1].tolist())}, task=self.task
+        )

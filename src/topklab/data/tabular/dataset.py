@@ -40,8 +40,9 @@ class TabularSplits:
 
     def train_loader(self, batch_size: int, drop_last: bool, seed: int, device, channels_last: bool = False):
         """Shuffled mini-batches; epoch e is the (e+1)-th permutation of a generator seeded with ``seed``."""
-        return TensorLoader(self.x_train, self.y_train, batch_size, shuffle=True, drop_last=drop_last, seed=seed,
-                            device=device)
+        return TensorLoader(
+            self.x_train, self.y_train, batch_size, shuffle=True, drop_last=drop_last, seed=seed, device=device
+        )
 
     def eval_loader(self, split: str, batch_size: int | None, device, channels_last: bool = False):
         """The whole split in its stored order (one batch when ``batch_size`` is None)."""
@@ -147,8 +148,11 @@ class TabularDataset:
             tensors.append(torch.as_tensor((x[idx] - mean) / std, dtype=torch.float32))
             tensors.append(torch.as_tensor(y[idx], dtype=torch.float32))
         info = {
-            "rows": n, "features": x.shape[1], "split_seed": seed,
-            "sizes": [len(p) for p in parts], **getattr(self.source, "info", {}),
+            "rows": n,
+            "features": x.shape[1],
+            "split_seed": seed,
+            "sizes": [len(p) for p in parts],
+            **getattr(self.source, "info", {}),
         }
         return TabularSplits(self.name, self.task, *tensors, info=info)
 

@@ -2,6 +2,7 @@
 checks the shape of STk paper Table 9. Files come from installed packages (``make setup``), so
 nothing is downloaded; a missing package gives a :class:`DataUnavailableError` naming the fix.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -44,7 +45,9 @@ def parse_table(path: Path, name: str, delimiter: str | None = ",", skip_header_
     rows = [[cell.strip() for cell in line.split(delimiter)] for line in lines if line.strip()]
     widths = {len(row) for row in rows}
     if len(widths) != 1:
-        raise TopklabError(f"dataset {name}: {path} has rows of different lengths {sorted(widths)}; the file is corrupt")
+        raise TopklabError(
+            f"dataset {name}: {path} has rows of different lengths {sorted(widths)}; the file is corrupt"
+        )
     return np.array(rows, dtype=object)
 
 
@@ -52,7 +55,9 @@ def to_float(name: str, cells: np.ndarray) -> np.ndarray:
     try:
         return cells.astype(np.float64)
     except ValueError as err:
-        raise TopklabError(f"dataset {name}: non-numeric value in the data file ({err}); reinstall it: {SETUP_HINT}") from None
+        raise TopklabError(
+            f"dataset {name}: non-numeric value in the data file ({err}); reinstall it: {SETUP_HINT}"
+        ) from None
 
 
 def keel_attributes(path: Path) -> list[str]:
@@ -96,7 +101,9 @@ class KeelDat:
         attributes = keel_attributes(path)
         table = parse_table(path, self.name, skip_header_until="@data")
         if table.shape[1] != len(attributes):
-            raise TopklabError(f"dataset {self.name}: {path} has {table.shape[1]} columns but {len(attributes)} attributes")
+            raise TopklabError(
+                f"dataset {self.name}: {path} has {table.shape[1]} columns but {len(attributes)} attributes"
+            )
         target = self.target or attributes[-1]
         columns = self.columns or [a for a in attributes if a != target]
         missing = sorted(set(columns + [target]) - set(attributes))
@@ -115,8 +122,16 @@ class DelimitedFile:
     1, 2, … (e.g. abalone's Sex M/F/I, kept as one column so that d = 8 as in Table 9).
     """
 
-    def __init__(self, name: str, package: str, path: str, delimiter: str | None = ",", target_column: int = -1,
-                 categories: dict | None = None, shape=None):
+    def __init__(
+        self,
+        name: str,
+        package: str,
+        path: str,
+        delimiter: str | None = ",",
+        target_column: int = -1,
+        categories: dict | None = None,
+        shape=None,
+    ):
         self.name = name
         self.package = package
         self.path = path
@@ -175,7 +190,9 @@ class Spambase:
 
     VARIANTS = ("auto", "uci4601", "keel4597")
 
-    def __init__(self, variant: str = "auto", rda_path: str = ".data/kernlab/usr/lib/R/site-library/kernlab/data/spam.rda"):
+    def __init__(
+        self, variant: str = "auto", rda_path: str = ".data/kernlab/usr/lib/R/site-library/kernlab/data/spam.rda"
+    ):
         if variant not in self.VARIANTS:
             raise TopklabError(f"unknown spambase variant {variant!r}; choose one of: {', '.join(self.VARIANTS)}")
         self.variant = variant

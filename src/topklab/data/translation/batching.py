@@ -8,10 +8,11 @@ size, sentences × its longest side, stays within ``max_tokens``; a full batch k
 has the same number of steps) and visited in a new order each epoch, drawn from (seed, epoch)
 alone, so any epoch can be replayed or resumed at any batch.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 
@@ -32,10 +33,10 @@ class PairBatch:
     def __len__(self) -> int:
         return len(self.source)
 
-    def __getitem__(self, index) -> "PairBatch":
+    def __getitem__(self, index) -> PairBatch:
         return PairBatch(self.source[index], self.decoder_input[index])
 
-    def to(self, device) -> "PairBatch":
+    def to(self, device) -> PairBatch:
         return PairBatch(self.source.to(device, non_blocking=True), self.decoder_input.to(device, non_blocking=True))
 
 
@@ -44,7 +45,7 @@ def pad_rows(rows: list[list[int]], width: int | None = None) -> torch.Tensor:
     width = width or max(len(r) for r in rows)
     out = torch.full((len(rows), width), PAD, dtype=torch.int64)
     for i, row in enumerate(rows):
-        out[i, :len(row)] = torch.as_tensor(row, dtype=torch.int64)
+        out[i, : len(row)] = torch.as_tensor(row, dtype=torch.int64)
     return out
 
 
@@ -55,15 +56,18 @@ def collate(sources: list[list[int]], targets: list[list[int]]) -> tuple[PairBat
     return PairBatch(pad_rows(sources), decoder_input), target
 
 
-def token_batches(source_lengths: list[int], target_lengths: list[int], max_tokens: int, seed: int,
-                  batch_multiple: int = 1) -> list[list[int]]:
+def token_batches(
+    source_lengths: list[int], target_lengths: list[int], max_tokens: int, seed: int, batch_multiple: int = 1
+) -> list[list[int]]:
     """Indices of pairs grouped by length so that len(batch) × max(src, tgt length) <= max_tokens."""
     n = len(source_lengths)
     sizes = torch.tensor([max(s, t) for s, t in zip(source_lengths, target_lengths)], dtype=torch.int64)
     longest = int(sizes.max()) if n else 0
     if longest > max_tokens:
-        raise TopklabError(f"max tokens per batch ({max_tokens}) is smaller than the longest sentence pair ({longest} tokens); "
-                           f"raise engine.batch_size (the token budget) or lower dataset.max_length")
+        raise TopklabError(
+            f"max tokens per batch ({max_tokens}) is smaller than the longest sentence pair ({longest} tokens); "
+            f"raise engine.batch_size (the token budget) or lower dataset.max_length"
+        )
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     order = order[torch.argsort(torch.tensor(target_lengths)[order], stable=True)]
     order = order[torch.argsort(torch.tensor(source_lengths)[order], stable=True)]
@@ -102,14 +106,22 @@ class TokenBucketLoader:
     (2, [1, 2])
     """
 
-    def __init__(self, sources: list[list[int]], targets: list[list[int]], max_tokens: int, seed: int = 0,
-                 device: str | torch.device = "cpu", batch_multiple: int = 1):
+    def __init__(
+        self,
+        sources: list[list[int]],
+        targets: list[list[int]],
+        max_tokens: int,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        batch_multiple: int = 1,
+    ):
         check_int("max tokens per batch", max_tokens, error=TopklabError)
         self.sources, self.targets, self.seed = sources, targets, seed
         self.device = torch.device(device)
         check_int("dataset.batch_multiple", batch_multiple, error=TopklabError)
-        self.fixed_batches = token_batches([len(s) for s in sources], [len(t) for t in targets], max_tokens, seed,
-                                           batch_multiple)
+        self.fixed_batches = token_batches(
+            [len(s) for s in sources], [len(t) for t in targets], max_tokens, seed, batch_multiple
+        )
 
     def __len__(self) -> int:
         return len(self.fixed_batches)
@@ -129,8 +141,13 @@ class TokenBucketLoader:
 class SentenceLoader:
     """Evaluation batches: the split in its stored order, ``batch_size`` sentences at a time."""
 
-    def __init__(self, sources: list[list[int]], targets: list[list[int]], batch_size: int | None,
-                 device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        sources: list[list[int]],
+        targets: list[list[int]],
+        batch_size: int | None,
+        device: str | torch.device = "cpu",
+    ):
         self.sources, self.targets = sources, targets
         self.batch_size = batch_size or len(sources)
         self.device = torch.device(device)

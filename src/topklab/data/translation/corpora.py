@@ -1,5 +1,6 @@
 """Parallel corpora: text files per split and language (Multi30k, fairseq's IWSLT14 layout) and
 Hugging Face ``datasets`` (IWSLT2017, WMT17), all tokenised by one joint subword vocabulary."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,18 +20,24 @@ def read_lines(path: Path) -> list[str]:
         with open(path, encoding="utf-8") as handle:
             return handle.read().split("\n")[:-1] if path.stat().st_size else []
     except UnicodeDecodeError as err:
-        raise TopklabError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start}); re-encode it as UTF-8") from None
+        raise TopklabError(
+            f"{path} is not UTF-8 text ({err.reason} at byte {err.start}); re-encode it as UTF-8"
+        ) from None
 
 
 def read_parallel(source_path: Path, target_path: Path) -> tuple[list[str], list[str]]:
     """The aligned lines of two files; a missing file or a length mismatch is a one-line error."""
     for path in (source_path, target_path):
         if not path.is_file():
-            raise DataUnavailableError(f"parallel corpus file {path} not found; see the dataset config for where it comes from")
+            raise DataUnavailableError(
+                f"parallel corpus file {path} not found; see the dataset config for where it comes from"
+            )
     source, target = read_lines(source_path), read_lines(target_path)
     if len(source) != len(target):
-        raise TopklabError(f"{source_path} has {len(source)} lines but {target_path} has {len(target)}; "
-                           f"the two sides of a parallel corpus must be aligned line by line")
+        raise TopklabError(
+            f"{source_path} has {len(source)} lines but {target_path} has {len(target)}; "
+            f"the two sides of a parallel corpus must be aligned line by line"
+        )
     if not source:
         raise TopklabError(f"{source_path} is empty")
     return source, target
@@ -65,14 +72,28 @@ class TranslationCorpus:
 
     name = "translation"
 
-    def __init__(self, pair: str = "de-en", vocab_size: int = 10000, spm_model_type: str = "bpe",
-                 character_coverage: float = 1.0, spm_max_sentences: int = 0, vocab_dir: str = ".data/spm",
-                 max_length: int = 256, task: str = "translation", split_seed: int = 0, batch_multiple: int = 8):
+    def __init__(
+        self,
+        pair: str = "de-en",
+        vocab_size: int = 10000,
+        spm_model_type: str = "bpe",
+        character_coverage: float = 1.0,
+        spm_max_sentences: int = 0,
+        vocab_dir: str = ".data/spm",
+        max_length: int = 256,
+        task: str = "translation",
+        split_seed: int = 0,
+        batch_multiple: int = 8,
+    ):
         self.source_lang, self.target_lang = parse_pair(pair)
         check_int("dataset.max_length", max_length, 2)
         self.pair = f"{self.source_lang}-{self.target_lang}"
-        self.vocab_options = {"vocab_size": vocab_size, "model_type": spm_model_type,
-                              "character_coverage": character_coverage, "max_sentences": spm_max_sentences}
+        self.vocab_options = {
+            "vocab_size": vocab_size,
+            "model_type": spm_model_type,
+            "character_coverage": character_coverage,
+            "max_sentences": spm_max_sentences,
+        }
         check_int("dataset.batch_multiple", batch_multiple)
         self.vocab_dir, self.max_length, self.task, self.split_seed = vocab_dir, max_length, task, split_seed
         self.batch_multiple = batch_multiple
@@ -86,18 +107,34 @@ class TranslationCorpus:
         vocab = SubwordVocab.learn([text["train"][0], text["train"][1]], cache_dir=self.vocab_dir, **self.vocab_options)
         encoded = {split: (vocab.encode_lines(src), vocab.encode_lines(tgt)) for split, (src, tgt) in text.items()}
         sources, targets = encoded["train"]
-        kept = [i for i, (s, t) in enumerate(zip(sources, targets)) if len(s) <= self.max_length and len(t) <= self.max_length]
+        kept = [
+            i
+            for i, (s, t) in enumerate(zip(sources, targets))
+            if len(s) <= self.max_length and len(t) <= self.max_length
+        ]
         encoded["train"] = ([sources[i] for i in kept], [targets[i] for i in kept])
-        info = {"pair": self.pair, "split_seed": self.split_seed, "vocab_size": len(vocab),
-                "vocab_fingerprint": vocab.model_file.parent.name, "max_length": self.max_length,
-                "dropped_train_pairs": len(sources) - len(kept),
-                "sizes": {split: len(encoded[split][0]) for split in SPLITS},
-                "target_tokens": {split: sum(map(len, encoded[split][1])) for split in SPLITS},
-                "source_tokens": {split: sum(map(len, encoded[split][0])) for split in SPLITS}}
+        info = {
+            "pair": self.pair,
+            "split_seed": self.split_seed,
+            "vocab_size": len(vocab),
+            "vocab_fingerprint": vocab.model_file.parent.name,
+            "max_length": self.max_length,
+            "dropped_train_pairs": len(sources) - len(kept),
+            "sizes": {split: len(encoded[split][0]) for split in SPLITS},
+            "target_tokens": {split: sum(map(len, encoded[split][1])) for split in SPLITS},
+            "source_tokens": {split: sum(map(len, encoded[split][0])) for split in SPLITS},
+        }
         references = {split: text[split][1] for split in ("val", "test")}
         info["batch_multiple"] = self.batch_multiple
-        return TranslationSplits(self.name, vocab, encoded, references, info, getattr(self, "indices", {}),
-                                 batch_multiple=self.batch_multiple)
+        return TranslationSplits(
+            self.name,
+            vocab,
+            encoded,
+            references,
+            info,
+            getattr(self, "indices", {}),
+            batch_multiple=self.batch_multiple,
+        )
 
 
 class ParallelTextFiles(TranslationCorpus):
@@ -130,16 +167,25 @@ class ParallelTextFiles(TranslationCorpus):
 
     def read(self):
         if not self.root.is_dir():
-            raise DataUnavailableError(f"dataset {self.name}: folder {self.root} not found; set dataset.root to the "
-                                       f"folder holding {self.files['train']}.{self.source_lang} and its siblings")
-        missing = [lang for lang in (self.source_lang, self.target_lang)
-                   if not (self.root / f"{self.files['train']}.{lang}").is_file()]
+            raise DataUnavailableError(
+                f"dataset {self.name}: folder {self.root} not found; set dataset.root to the "
+                f"folder holding {self.files['train']}.{self.source_lang} and its siblings"
+            )
+        missing = [
+            lang
+            for lang in (self.source_lang, self.target_lang)
+            if not (self.root / f"{self.files['train']}.{lang}").is_file()
+        ]
         if missing and self.languages():
-            raise TopklabError(f"dataset {self.name}: no {self.files['train']}.{missing[0]} under {self.root}; the language pair "
-                               f"{self.pair} is not in this corpus (it has {', '.join(self.languages())})")
+            raise TopklabError(
+                f"dataset {self.name}: no {self.files['train']}.{missing[0]} under {self.root}; the language pair "
+                f"{self.pair} is not in this corpus (it has {', '.join(self.languages())})"
+            )
         text = {}
         for split, stem in self.files.items():
-            source, target = read_parallel(self.root / f"{stem}.{self.source_lang}", self.root / f"{stem}.{self.target_lang}")
+            source, target = read_parallel(
+                self.root / f"{stem}.{self.source_lang}", self.root / f"{stem}.{self.target_lang}"
+            )
             if self.bpe_marker:
                 source = [line.replace(self.bpe_marker, "") for line in source]
                 target = [line.replace(self.bpe_marker, "") for line in target]
@@ -164,8 +210,18 @@ class HubParallel(TranslationCorpus):
     cache_dir : the ``datasets`` cache
     """
 
-    def __init__(self, path: str, config_name: str, pairs: list[str], root: str, name: str,
-                 hub_splits: dict | None = None, val_holdout: int = 0, cache_dir: str | None = None, **kwargs):
+    def __init__(
+        self,
+        path: str,
+        config_name: str,
+        pairs: list[str],
+        root: str,
+        name: str,
+        hub_splits: dict | None = None,
+        val_holdout: int = 0,
+        cache_dir: str | None = None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         if self.pair not in pairs:
             raise TopklabError(f"dataset {name}: unknown language pair {self.pair}; choose one of {', '.join(pairs)}")
@@ -189,9 +245,10 @@ class HubParallel(TranslationCorpus):
         except Exception as err:  # datasets raises many types (ConnectionError, FileNotFoundError, ValueError ...)
             raise DataUnavailableError(
                 f"dataset {self.name}: {self.path} ({self.config_name}) is neither saved at {self.root} nor in the datasets "
-                f"cache ({type(err).__name__}); on a machine with internet run python -c \"import datasets; "
+                f'cache ({type(err).__name__}); on a machine with internet run python -c "import datasets; '
                 f"datasets.load_dataset('{self.path}', '{self.config_name}').save_to_disk('{self.root}')\" "
-                f"and copy {self.root} here") from None
+                f"and copy {self.root} here"
+            ) from None
 
     def read(self):
         loaded = self._load()
@@ -200,19 +257,25 @@ class HubParallel(TranslationCorpus):
             if hub_name is None:
                 continue
             if hub_name not in loaded:
-                raise TopklabError(f"dataset {self.name}: split {hub_name!r} not in {self.path} (it has {', '.join(loaded)})")
+                raise TopklabError(
+                    f"dataset {self.name}: split {hub_name!r} not in {self.path} (it has {', '.join(loaded)})"
+                )
             rows = loaded[hub_name]["translation"]
             try:
                 text[split] = ([r[self.source_lang] for r in rows], [r[self.target_lang] for r in rows])
             except KeyError as err:
-                raise TopklabError(f"dataset {self.name}: rows of split {hub_name!r} have no {err.args[0]!r} side; "
-                                   f"the pair {self.pair} does not match this copy") from None
+                raise TopklabError(
+                    f"dataset {self.name}: rows of split {hub_name!r} have no {err.args[0]!r} side; "
+                    f"the pair {self.pair} does not match this copy"
+                ) from None
         if self.hub_splits["val"] is None:
             source, target = text["train"]
             if self.val_holdout >= len(source):
-                raise TopklabError(f"dataset.val_holdout={self.val_holdout} leaves no training pairs (train has {len(source)})")
+                raise TopklabError(
+                    f"dataset.val_holdout={self.val_holdout} leaves no training pairs (train has {len(source)})"
+                )
             order = torch.randperm(len(source), generator=torch.Generator().manual_seed(self.split_seed)).tolist()
-            val, train = sorted(order[:self.val_holdout]), sorted(order[self.val_holdout:])
+            val, train = sorted(order[: self.val_holdout]), sorted(order[self.val_holdout :])
             text["val"] = ([source[i] for i in val], [target[i] for i in val])
             text["train"] = ([source[i] for i in train], [target[i] for i in train])
             self.indices = {"val": val}

@@ -1,5 +1,6 @@
 """What a translation corpus hands the engine: encoded pairs per split, the vocabulary, and the
 reference sentences the task scores translations against."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,6 +1,7 @@
 """A joint subword vocabulary learned with sentencepiece (BPE by default) on the training text of
 both languages, cached under a fingerprint of that text and the options, so every run on the same
 corpus reuses one model file."""
+
 from __future__ import annotations
 
 import hashlib
@@ -30,8 +31,9 @@ def _sentencepiece():
     try:
         import sentencepiece
     except ImportError:
-        raise DataUnavailableError("sentencepiece is not installed; run `make setup` "
-                                   "(or pip install sentencepiece==0.2.3)") from None
+        raise DataUnavailableError(
+            "sentencepiece is not installed; run `make setup` (or pip install sentencepiece==0.2.3)"
+        ) from None
     return sentencepiece
 
 
@@ -56,8 +58,10 @@ class SubwordVocab:
         try:
             self._sp = _sentencepiece().SentencePieceProcessor(model_file=str(self.model_file))
         except (OSError, RuntimeError) as err:
-            raise TopklabError(f"sentencepiece model {self.model_file} cannot be read ({' '.join(str(err).split())}); "
-                               f"delete it to learn it again") from None
+            raise TopklabError(
+                f"sentencepiece model {self.model_file} cannot be read ({' '.join(str(err).split())}); "
+                f"delete it to learn it again"
+            ) from None
         self.pad, self.unk, self.bos, self.eos = PAD, UNK, BOS, EOS
 
     def __len__(self) -> int:
@@ -74,15 +78,22 @@ class SubwordVocab:
         """Text of ids, cut at the first eos, pad/bos dropped."""
         ids = [int(i) for i in ids]
         if EOS in ids:
-            ids = ids[:ids.index(EOS)]
+            ids = ids[: ids.index(EOS)]
         return self._sp.decode([i for i in ids if i not in (PAD, BOS)])
 
     def pieces(self, ids) -> list[str]:
         return [self._sp.id_to_piece(int(i)) for i in ids]
 
     @classmethod
-    def learn(cls, lines_per_language: list[list[str]], vocab_size: int, cache_dir: str | os.PathLike,
-              model_type: str = "bpe", character_coverage: float = 1.0, max_sentences: int = 0) -> "SubwordVocab":
+    def learn(
+        cls,
+        lines_per_language: list[list[str]],
+        vocab_size: int,
+        cache_dir: str | os.PathLike,
+        model_type: str = "bpe",
+        character_coverage: float = 1.0,
+        max_sentences: int = 0,
+    ) -> SubwordVocab:
         """Learn (or load from ``cache_dir/<fingerprint>/spm.model``) a joint vocabulary.
 
         Parameters
@@ -100,8 +111,13 @@ class SubwordVocab:
             raise TopklabError(f"dataset.vocab_size={vocab_size!r} must be an int > 4")
         if not 0 < character_coverage <= 1:
             raise TopklabError(f"dataset.character_coverage={character_coverage} must lie in (0, 1]")
-        options = {"vocab_size": vocab_size, "model_type": model_type, "character_coverage": character_coverage,
-                   "max_sentences": max_sentences, "format": 1}
+        options = {
+            "vocab_size": vocab_size,
+            "model_type": model_type,
+            "character_coverage": character_coverage,
+            "max_sentences": max_sentences,
+            "format": 1,
+        }
         folder = Path(cache_dir) / fingerprint(lines_per_language, options)
         model_file = folder / "spm.model"
         if model_file.exists():
@@ -110,17 +126,32 @@ class SubwordVocab:
         spm = _sentencepiece()
         with tempfile.TemporaryDirectory(dir=folder) as tmp:
             text = Path(tmp) / "train.txt"
-            text.write_text("".join(line + "\n" for lines in lines_per_language for line in lines if line.strip()),
-                            encoding="utf-8")
+            text.write_text(
+                "".join(line + "\n" for lines in lines_per_language for line in lines if line.strip()), encoding="utf-8"
+            )
             try:
                 spm.SentencePieceTrainer.train(
-                    input=str(text), model_prefix=str(Path(tmp) / "spm"), vocab_size=vocab_size, model_type=model_type,
-                    character_coverage=character_coverage, pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
-                    input_sentence_size=max_sentences, shuffle_input_sentence=True, seed_sentencepiece_size=1000000,
-                    num_threads=1, minloglevel=2, hard_vocab_limit=True)
+                    input=str(text),
+                    model_prefix=str(Path(tmp) / "spm"),
+                    vocab_size=vocab_size,
+                    model_type=model_type,
+                    character_coverage=character_coverage,
+                    pad_id=PAD,
+                    unk_id=UNK,
+                    bos_id=BOS,
+                    eos_id=EOS,
+                    input_sentence_size=max_sentences,
+                    shuffle_input_sentence=True,
+                    seed_sentencepiece_size=1000000,
+                    num_threads=1,
+                    minloglevel=2,
+                    hard_vocab_limit=True,
+                )
             except RuntimeError as err:
-                raise TopklabError(f"sentencepiece could not learn {vocab_size} pieces from this corpus "
-                                   f"({' '.join(str(err).split())[:200]}); lower dataset.vocab_size") from None
+                raise TopklabError(
+                    f"sentencepiece could not learn {vocab_size} pieces from this corpus "
+                    f"({' '.join(str(err).split())[:200]}); lower dataset.vocab_size"
+                ) from None
             (Path(tmp) / "spm.vocab").unlink(missing_ok=True)
             os.replace(Path(tmp) / "spm.model", model_file)  # atomic: concurrent jobs see a whole file or none
         (folder / "options.json").write_text(json.dumps(options, sort_keys=True) + "\n")

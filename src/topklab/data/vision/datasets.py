@@ -1,6 +1,7 @@
 """``dataset=cifar100 | cifar100lt | fmnistlt``: image classification sets built from their real
 on-disk files, with a seeded long-tailed subset and a seeded validation split (both separate from
 the training seed)."""
+
 from __future__ import annotations
 
 import os
@@ -54,12 +55,30 @@ class ImageDataset:
     name = "images"
     num_classes = 0
 
-    def __init__(self, root: str, mean, std, imbalance_ratio: float | None = None, n_max: int | None = None,
-                 lt_seed: int = 0, validation: str = "holdout", val_fraction: float = 0.05,
-                 val_per_class: int = 50, split_seed: int = 0, download: bool = False, loader: str = "device",
-                 num_workers: int = 0, pad: int = 4, flip: bool = True, resolution: int | None = None,
-                 interpolation: str = "bilinear", tte: str = "none", tte_expand: int = 24, task: str = "multiclass",
-                 val_augment: bool = False):
+    def __init__(
+        self,
+        root: str,
+        mean,
+        std,
+        imbalance_ratio: float | None = None,
+        n_max: int | None = None,
+        lt_seed: int = 0,
+        validation: str = "holdout",
+        val_fraction: float = 0.05,
+        val_per_class: int = 50,
+        split_seed: int = 0,
+        download: bool = False,
+        loader: str = "device",
+        num_workers: int = 0,
+        pad: int = 4,
+        flip: bool = True,
+        resolution: int | None = None,
+        interpolation: str = "bilinear",
+        tte: str = "none",
+        tte_expand: int = 24,
+        task: str = "multiclass",
+        val_augment: bool = False,
+    ):
         if task != "multiclass":
             raise ValueError(f"task={task!r}: image datasets are multiclass")
         if loader not in LOADER_KINDS:
@@ -89,17 +108,29 @@ class ImageDataset:
         self.split_seed = split_seed
         self.download = download
         self.task = task
-        self.loading = {"loader": loader, "num_workers": num_workers, "pad": pad, "flip": flip, "augment_val": val_augment,
-                        "resize": {"resolution": resolution, "interpolation": interpolation, "tte": tte,
-                                   "tte_expand": tte_expand} if loader == "resized" else None}
+        self.loading = {
+            "loader": loader,
+            "num_workers": num_workers,
+            "pad": pad,
+            "flip": flip,
+            "augment_val": val_augment,
+            "resize": {"resolution": resolution, "interpolation": interpolation, "tte": tte, "tte_expand": tte_expand}
+            if loader == "resized"
+            else None,
+        }
 
     def read(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         raise NotImplementedError
 
     def splits(self) -> VisionSplits:
         x_train, y_train, x_test, y_test = self.read()
-        info = {"split_seed": self.split_seed, "validation": self.validation, "source_train_size": len(y_train),
-                "loader": self.loading["loader"], **(self.loading["resize"] or {})}
+        info = {
+            "split_seed": self.split_seed,
+            "validation": self.validation,
+            "source_train_size": len(y_train),
+            "loader": self.loading["loader"],
+            **(self.loading["resize"] or {}),
+        }
         kept = np.arange(len(y_train))
         indices = {}
         try:
@@ -115,19 +146,36 @@ class ImageDataset:
                 train_idx, val_idx = kept[train_pos], kept[val_pos]
                 info["val_fraction"] = self.val_fraction
             else:
-                val_idx, moved = balanced_from_unused(y_train, kept, self.val_per_class, self.num_classes, self.split_seed)
+                val_idx, moved = balanced_from_unused(
+                    y_train, kept, self.val_per_class, self.num_classes, self.split_seed
+                )
                 train_idx = np.setdiff1d(kept, moved)
-                info.update(val_per_class=self.val_per_class,
-                            val_from_subset=np.bincount(y_train[moved], minlength=self.num_classes).tolist())
+                info.update(
+                    val_per_class=self.val_per_class,
+                    val_from_subset=np.bincount(y_train[moved], minlength=self.num_classes).tolist(),
+                )
         except ValueError as err:
             raise TopklabError(f"dataset {self.name}: {err}") from None
         indices["val"] = val_idx.tolist()
         x_tr, y_tr = as_tensors(x_train[train_idx], y_train[train_idx])
         x_va, y_va = as_tensors(x_train[val_idx], y_train[val_idx])
         x_te, y_te = as_tensors(x_test, y_test)
-        splits = VisionSplits(self.name, self.num_classes, x_tr, y_tr, x_va, y_va, x_te, y_te, self.mean, self.std, info, indices,
-                              source_counts=np.bincount(y_train[kept], minlength=self.num_classes).tolist(),
-                              **self.loading)
+        splits = VisionSplits(
+            self.name,
+            self.num_classes,
+            x_tr,
+            y_tr,
+            x_va,
+            y_va,
+            x_te,
+            y_te,
+            self.mean,
+            self.std,
+            info,
+            indices,
+            source_counts=np.bincount(y_train[kept], minlength=self.num_classes).tolist(),
+            **self.loading,
+        )
         info["sizes"] = splits.sizes()
         info["class_counts"] = splits.class_counts
         info["shot_counts"] = splits.shot_counts

@@ -1,5 +1,6 @@
 """Readers of image datasets in their real on-disk formats: CIFAR-100's ``cifar-100-python``
 pickles and the IDX files of (Fashion-)MNIST. Both return ``(images uint8 (N, C, H, W), labels int64)``."""
+
 from __future__ import annotations
 
 import gzip
@@ -32,7 +33,9 @@ def ensure_cifar100(root: Path, download: bool) -> Path:
         try:
             download_and_extract_archive(CIFAR100_URL, str(root), md5=CIFAR100_MD5)
         except Exception as err:  # no network, proxy, checksum: all end in the same instruction
-            raise DataUnavailableError(f"download failed ({type(err).__name__}: {err}); {cifar100_missing_message(root)}") from None
+            raise DataUnavailableError(
+                f"download failed ({type(err).__name__}: {err}); {cifar100_missing_message(root)}"
+            ) from None
         return folder
     raise DataUnavailableError(cifar100_missing_message(root))
 
@@ -45,9 +48,13 @@ def read_cifar100_split(path: Path) -> tuple[np.ndarray, np.ndarray]:
         data = np.asarray(entry[b"data"], dtype=np.uint8)
         labels = np.asarray(entry[b"fine_labels"], dtype=np.int64)
     except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError, AttributeError) as err:
-        raise TopklabError(f"{path} is not a readable cifar-100-python file ({type(err).__name__}: {err}); delete it and download again") from None
+        raise TopklabError(
+            f"{path} is not a readable cifar-100-python file ({type(err).__name__}: {err}); delete it and download again"
+        ) from None
     if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(labels) != len(data):
-        raise TopklabError(f"{path}: data of shape {data.shape} with {len(labels)} labels is not CIFAR (N x 3072); delete it and download again")
+        raise TopklabError(
+            f"{path}: data of shape {data.shape} with {len(labels)} labels is not CIFAR (N x 3072); delete it and download again"
+        )
     if labels.size and (labels.min() < 0 or labels.max() > 99):
         raise TopklabError(f"{path}: fine labels outside 0..99; the file is corrupt")
     return data.reshape(-1, 3, 32, 32), labels
@@ -67,10 +74,14 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
     header = 4 + 4 * ndim
     magic = int.from_bytes(raw[:4], "big") if len(raw) >= 4 else None
     if magic != IDX_MAGIC[ndim] or len(raw) < header:
-        raise TopklabError(f"{path}: magic number {magic}, expected {IDX_MAGIC[ndim]} for a {ndim}-D uint8 IDX file; the file is corrupt")
-    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+        raise TopklabError(
+            f"{path}: magic number {magic}, expected {IDX_MAGIC[ndim]} for a {ndim}-D uint8 IDX file; the file is corrupt"
+        )
+    shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     if len(raw) - header != int(np.prod(shape)):
-        raise TopklabError(f"{path}: {len(raw) - header} bytes of data for shape {shape}; the file is truncated or corrupt")
+        raise TopklabError(
+            f"{path}: {len(raw) - header} bytes of data for shape {shape}; the file is truncated or corrupt"
+        )
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape).copy()
 
 
@@ -83,8 +94,11 @@ FASHION_MNIST_HINT = (
 
 def find_fashion_mnist(candidates: list[Path]) -> Path:
     for folder in candidates:
-        if all((Path(folder) / f"{split}-{kind}.gz").is_file() for split in ("train", "t10k")
-               for kind in ("images-idx3-ubyte", "labels-idx1-ubyte")):
+        if all(
+            (Path(folder) / f"{split}-{kind}.gz").is_file()
+            for split in ("train", "t10k")
+            for kind in ("images-idx3-ubyte", "labels-idx1-ubyte")
+        ):
             return Path(folder)
     raise DataUnavailableError(f"Fashion-MNIST not found in {', '.join(map(str, candidates))}; {FASHION_MNIST_HINT}")
 

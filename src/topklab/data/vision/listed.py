@@ -7,10 +7,11 @@ ten, with flips) crops, whose logits the task averages. Every random draw of an 
 (seed, epoch, position in the epoch), so an epoch replays exactly, whichever worker decodes the
 image, and a run resumes mid-epoch.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -26,8 +27,16 @@ TTE_MODES = ("none", "fivecrop", "tencrop")
 SPLITS = ("train", "val", "test")
 
 
-def image_transforms(train: bool, resolution: int, mean, std, interpolation: str = "bilinear", tte: str = "none",
-                     tte_expand: int = 24, plain: bool = False):
+def image_transforms(
+    train: bool,
+    resolution: int,
+    mean,
+    std,
+    interpolation: str = "bilinear",
+    tte: str = "none",
+    tte_expand: int = 24,
+    plain: bool = False,
+):
     """torchvision transforms of a PIL image: the training augmentation, the single centre crop,
     a (crops, C, H, W) stack for the test-time ensemble, or (``plain``) Resize + CenterCrop at the
     resolution itself (PEL/LIFT's transform for features that initialise a head)."""
@@ -43,7 +52,9 @@ def image_transforms(train: bool, resolution: int, mean, std, interpolation: str
         resize = resolution if plain else resolution * 8 // 7
         return v2.Compose([v2.Resize(resize, interpolation=mode), v2.CenterCrop(resolution), *to_tensor])
     crops = v2.FiveCrop(resolution) if tte == "fivecrop" else v2.TenCrop(resolution)
-    return v2.Compose([v2.Resize(resolution + tte_expand, interpolation=mode), crops, StackViews(v2.Compose(to_tensor))])
+    return v2.Compose(
+        [v2.Resize(resolution + tte_expand, interpolation=mode), crops, StackViews(v2.Compose(to_tensor))]
+    )
 
 
 def check_resize(resolution, interpolation: str, tte: str, tte_expand: int) -> None:
@@ -104,8 +115,10 @@ class ImageFiles(SeededImages):
             with Image.open(path) as handle:
                 return handle.convert("RGB")
         except (OSError, UnidentifiedImageError, ValueError) as err:
-            raise TopklabError(f"image {path} cannot be read ({type(err).__name__}: {err}); "
-                               f"replace it or remove its line from the split list") from None
+            raise TopklabError(
+                f"image {path} cannot be read ({type(err).__name__}: {err}); "
+                f"replace it or remove its line from the split list"
+            ) from None
 
 
 class ArrayImages(SeededImages):
@@ -139,10 +152,24 @@ class SeededImageLoader:
     seed : int; num_workers : int >= 0; device : where batches are returned
     """
 
-    def __init__(self, dataset: SeededImages, batch_size: int, train: bool, drop_last: bool = False, seed: int = 0,
-                 num_workers: int = 0, device: str | torch.device = "cpu", channels_last: bool = False):
+    def __init__(
+        self,
+        dataset: SeededImages,
+        batch_size: int,
+        train: bool,
+        drop_last: bool = False,
+        seed: int = 0,
+        num_workers: int = 0,
+        device: str | torch.device = "cpu",
+        channels_last: bool = False,
+    ):
         self.dataset, self.batch_size, self.train, self.drop_last = dataset, batch_size, train, drop_last
-        self.seed, self.num_workers, self.device, self.channels_last = seed, num_workers, torch.device(device), channels_last
+        self.seed, self.num_workers, self.device, self.channels_last = (
+            seed,
+            num_workers,
+            torch.device(device),
+            channels_last,
+        )
 
     def __len__(self) -> int:
         return batches_per_epoch(len(self.dataset), self.batch_size, self.drop_last)
@@ -153,9 +180,14 @@ class SeededImageLoader:
         order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)) if self.train else torch.arange(n)
         order = order[: len(self) * self.batch_size].tolist()
         self.dataset.seed = seed if self.train else None
-        items = list(enumerate(order))[start * self.batch_size:]
-        loader = torch.utils.data.DataLoader(self.dataset, batch_size=self.batch_size, sampler=items,
-                                             num_workers=self.num_workers, pin_memory=self.device.type == "cuda")
+        items = list(enumerate(order))[start * self.batch_size :]
+        loader = torch.utils.data.DataLoader(
+            self.dataset,
+            batch_size=self.batch_size,
+            sampler=items,
+            num_workers=self.num_workers,
+            pin_memory=self.device.type == "cuda",
+        )
         try:
             for x, y in loader:
                 x = x.to(self.device, non_blocking=True)
@@ -175,8 +207,9 @@ class ListedSplits:
 
     task = "multiclass"
 
-    def __init__(self, name: str, root: Path, files: dict, class_names: list[str], transforms: dict, num_workers: int,
-                 info: dict):
+    def __init__(
+        self, name: str, root: Path, files: dict, class_names: list[str], transforms: dict, num_workers: int, info: dict
+    ):
         self.name, self.root, self.files, self.class_names = name, root, files, class_names
         self.transforms, self.num_workers, self.info, self.indices = transforms, num_workers, info, {}
         self.num_classes = len(class_names)
@@ -186,15 +219,22 @@ class ListedSplits:
         return np.bincount(self.files["train"][1], minlength=self.num_classes).tolist()
 
     def provides(self) -> dict:
-        return {"in_channels": 3, "num_classes": self.num_classes, "class_counts": self.class_counts,
-                "shot_counts": self.class_counts, "class_names": self.class_names}
+        return {
+            "in_channels": 3,
+            "num_classes": self.num_classes,
+            "class_counts": self.class_counts,
+            "shot_counts": self.class_counts,
+            "class_names": self.class_names,
+        }
 
     def targets(self, split: str) -> torch.Tensor:
         return torch.as_tensor(self.files[split][1])
 
     def _loader(self, split, batch_size, train, drop_last, seed, device, channels_last, transform: str | None = None):
         paths, labels = self.files[split]
-        dataset = ImageFiles(self.root, paths, labels, self.transforms[transform or ("train" if train else "eval")], None)
+        dataset = ImageFiles(
+            self.root, paths, labels, self.transforms[transform or ("train" if train else "eval")], None
+        )
         return SeededImageLoader(dataset, batch_size, train, drop_last, seed, self.num_workers, device, channels_last)
 
     def train_loader(self, batch_size: int, drop_last: bool, seed: int, device, channels_last: bool = False):
@@ -227,10 +267,25 @@ class ListedImageDataset:
     task : multiclass; split_seed : int (recorded; the lists fix the splits)
     """
 
-    def __init__(self, name: str, root: str, split_dir: str, lists: dict, num_classes: int, classnames: str = "classnames.txt",
-                 list_source: str = "", mean=(0.48145466, 0.4578275, 0.40821073), std=(0.26862954, 0.26130258, 0.27577711),
-                 resolution: int = 224, interpolation: str = "bilinear", tte: str = "none", tte_expand: int = 24,
-                 num_workers: int = 8, task: str = "multiclass", split_seed: int = 0):
+    def __init__(
+        self,
+        name: str,
+        root: str,
+        split_dir: str,
+        lists: dict,
+        num_classes: int,
+        classnames: str = "classnames.txt",
+        list_source: str = "",
+        mean=(0.48145466, 0.4578275, 0.40821073),
+        std=(0.26862954, 0.26130258, 0.27577711),
+        resolution: int = 224,
+        interpolation: str = "bilinear",
+        tte: str = "none",
+        tte_expand: int = 24,
+        num_workers: int = 8,
+        task: str = "multiclass",
+        split_seed: int = 0,
+    ):
         check_resize(resolution, interpolation, tte, tte_expand)
         if set(lists) != set(SPLITS):
             raise ValueError(f"dataset.lists needs exactly the keys train, val, test, got {sorted(lists)}")
@@ -241,25 +296,45 @@ class ListedImageDataset:
         self.name, self.root, self.split_dir, self.lists = name, Path(root), Path(split_dir), dict(lists)
         self.num_classes, self.classnames, self.list_source = num_classes, classnames, list_source
         self.mean, self.std, self.resolution, self.interpolation = tuple(mean), tuple(std), resolution, interpolation
-        self.tte, self.tte_expand, self.num_workers, self.task, self.split_seed = tte, tte_expand, num_workers, task, split_seed
+        self.tte, self.tte_expand, self.num_workers, self.task, self.split_seed = (
+            tte,
+            tte_expand,
+            num_workers,
+            task,
+            split_seed,
+        )
 
     def splits(self) -> ListedSplits:
         if not self.root.is_dir():
-            raise DataUnavailableError(f"dataset {self.name}: image root {self.root} not found; set dataset.root to the "
-                                       f"folder the split lists' paths start from (docs/vit.md)")
-        files = {split: read_split_list(self.split_dir / listing, self.num_classes, self.list_source)
-                 for split, listing in self.lists.items()}
+            raise DataUnavailableError(
+                f"dataset {self.name}: image root {self.root} not found; set dataset.root to the "
+                f"folder the split lists' paths start from (docs/vit.md)"
+            )
+        files = {
+            split: read_split_list(self.split_dir / listing, self.num_classes, self.list_source)
+            for split, listing in self.lists.items()
+        }
         for split, (paths, _) in files.items():
             if not (self.root / paths[0]).is_file():
-                raise DataUnavailableError(f"dataset {self.name}: {self.root / paths[0]} (first image of the {split} list) "
-                                           f"not found; dataset.root must be the folder its paths start from")
+                raise DataUnavailableError(
+                    f"dataset {self.name}: {self.root / paths[0]} (first image of the {split} list) "
+                    f"not found; dataset.root must be the folder its paths start from"
+                )
         class_names = read_classnames(self.split_dir / self.classnames, self.num_classes)
-        transforms = {"train": image_transforms(True, self.resolution, self.mean, self.std, self.interpolation),
-                      "eval": image_transforms(False, self.resolution, self.mean, self.std, self.interpolation, self.tte,
-                                               self.tte_expand),
-                      "plain": image_transforms(False, self.resolution, self.mean, self.std, self.interpolation, plain=True)}
-        info = {"split_seed": self.split_seed, "sizes": {s: len(files[s][0]) for s in SPLITS},
-                "interpolation": self.interpolation, "resolution": self.resolution, "tte": self.tte,
-                "class_counts": np.bincount(files["train"][1], minlength=self.num_classes).tolist()}
+        transforms = {
+            "train": image_transforms(True, self.resolution, self.mean, self.std, self.interpolation),
+            "eval": image_transforms(
+                False, self.resolution, self.mean, self.std, self.interpolation, self.tte, self.tte_expand
+            ),
+            "plain": image_transforms(False, self.resolution, self.mean, self.std, self.interpolation, plain=True),
+        }
+        info = {
+            "split_seed": self.split_seed,
+            "sizes": {s: len(files[s][0]) for s in SPLITS},
+            "interpolation": self.interpolation,
+            "resolution": self.resolution,
+            "tte": self.tte,
+            "class_counts": np.bincount(files["train"][1], minlength=self.num_classes).tolist(),
+        }
         info["shot_counts"] = info["class_counts"]
         return ListedSplits(self.name, self.root, files, class_names, transforms, self.num_workers, info)

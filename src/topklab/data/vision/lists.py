@@ -1,6 +1,7 @@
 """The OLTR split lists of ImageNet-LT and Places-LT (Liu et al. 2019, as shipped by
 classifier-balancing and LIFT): one ``relative/path label`` per line, plus ``classnames.txt``
 (``<folder or WordNet id> <readable name>`` per line, in label order)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,8 +39,10 @@ def read_split_list(path: Path, num_classes: int, where_from: str = "") -> tuple
             if not relative or not label.lstrip("-").isdigit():
                 raise TopklabError(f"{path}:{number}: expected 'relative/path label', got {line.strip()!r}")
             if not 0 <= int(label) < num_classes:
-                raise TopklabError(f"{path}:{number}: label {label} is outside 0..{num_classes - 1}; "
-                                   f"is this the list of another dataset?")
+                raise TopklabError(
+                    f"{path}:{number}: label {label} is outside 0..{num_classes - 1}; "
+                    f"is this the list of another dataset?"
+                )
             paths.append(relative)
             labels.append(int(label))
     if not paths:

@@ -8,10 +8,11 @@ horizontal flip) and normalisation:
 Both draw every epoch's randomness from ``(seed, epoch)`` alone, so an epoch can be replayed,
 or resumed at any batch, exactly (:meth:`batches` takes the first batch to yield).
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import islice
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -50,9 +51,22 @@ class DeviceLoader:
     [(4, 3, 8, 8), (4, 3, 8, 8), (2, 3, 8, 8)]
     """
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, mean, std, train: bool,
-                 device: str | torch.device = "cpu", pad: int = 4, flip: bool = True, drop_last: bool = False,
-                 channels_last: bool = False, seed: int = 0, augment: bool | None = None):
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        batch_size: int,
+        mean,
+        std,
+        train: bool,
+        device: str | torch.device = "cpu",
+        pad: int = 4,
+        flip: bool = True,
+        drop_last: bool = False,
+        channels_last: bool = False,
+        seed: int = 0,
+        augment: bool | None = None,
+    ):
         if images.dtype != torch.uint8 or images.dim() != 4:
             raise ValueError(f"images must be a uint8 tensor (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
         self.device = torch.device(device)
@@ -85,7 +99,7 @@ class DeviceLoader:
         # every padded crop position as a view (N, C, 2p+1, 2p+1, H, W): a crop is one block index
         windows = self.images.unfold(2, height, 1).unfold(3, width, 1) if offsets is not None else None
         for b in range(start, len(self)):
-            idx = order[b * self.batch_size: (b + 1) * self.batch_size]
+            idx = order[b * self.batch_size : (b + 1) * self.batch_size]
             x = windows[idx, :, offsets[0, idx], offsets[1, idx]] if windows is not None else self.images[idx]
             if flips is not None:
                 flipped = flips[idx]
@@ -119,9 +133,23 @@ class TorchvisionLoader:
     for the models and losses here; not with dropout). The device loader has no such caveat.
     """
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, mean, std, train: bool,
-                 device: str | torch.device = "cpu", pad: int = 4, flip: bool = True, drop_last: bool = False,
-                 channels_last: bool = False, seed: int = 0, num_workers: int = 0, augment: bool | None = None):
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        batch_size: int,
+        mean,
+        std,
+        train: bool,
+        device: str | torch.device = "cpu",
+        pad: int = 4,
+        flip: bool = True,
+        drop_last: bool = False,
+        channels_last: bool = False,
+        seed: int = 0,
+        num_workers: int = 0,
+        augment: bool | None = None,
+    ):
         from torchvision.transforms import v2
 
         if num_workers < 0:
@@ -146,9 +174,13 @@ class TorchvisionLoader:
         if self.num_workers == 0 and self.augment:
             torch.manual_seed(seed + 1)
         loader = torch.utils.data.DataLoader(
-            self.dataset, batch_size=self.batch_size, shuffle=self.train, num_workers=self.num_workers,
+            self.dataset,
+            batch_size=self.batch_size,
+            shuffle=self.train,
+            num_workers=self.num_workers,
             drop_last=self.drop_last and len(self.dataset) > self.batch_size,
-            generator=torch.Generator().manual_seed(seed), pin_memory=self.device.type == "cuda",
+            generator=torch.Generator().manual_seed(seed),
+            pin_memory=self.device.type == "cuda",
         )
         for x, y in islice(loader, start, None):
             x = x.to(self.device, non_blocking=True)
@@ -157,12 +189,28 @@ class TorchvisionLoader:
             yield x, y.to(self.device, non_blocking=True)
 
 
-def build_loader(kind: str, images, labels, batch_size: int, mean, std, train: bool, device, *, pad: int,
-                 flip: bool, drop_last: bool, channels_last: bool, seed: int, num_workers: int = 0,
-                 augment: bool | None = None):
+def build_loader(
+    kind: str,
+    images,
+    labels,
+    batch_size: int,
+    mean,
+    std,
+    train: bool,
+    device,
+    *,
+    pad: int,
+    flip: bool,
+    drop_last: bool,
+    channels_last: bool,
+    seed: int,
+    num_workers: int = 0,
+    augment: bool | None = None,
+):
     """``kind`` = device | torchvision (the config field ``dataset.loader``)."""
-    common = dict(device=device, pad=pad, flip=flip, drop_last=drop_last, channels_last=channels_last, seed=seed,
-                  augment=augment)
+    common = dict(
+        device=device, pad=pad, flip=flip, drop_last=drop_last, channels_last=channels_last, seed=seed, augment=augment
+    )
     if kind == "device":
         return DeviceLoader(images, labels, batch_size, mean, std, train, **common)
     if kind == "torchvision":

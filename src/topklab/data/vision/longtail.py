@@ -1,4 +1,5 @@
 """Long-tailed subsampling with an exponential profile (Cao et al. 2019; PEL/LIFT's CIFAR-100-LT)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,8 +28,10 @@ def exponential_profile(n_max: int, num_classes: int, imbalance_ratio: float) ->
     factor = 1.0 / imbalance_ratio
     counts = [int(n_max * factor ** (c / (num_classes - 1))) for c in range(num_classes)]
     if counts[-1] < 1:
-        raise ValueError(f"n_max={n_max} with imbalance_ratio={imbalance_ratio} leaves the last class without images; "
-                         f"raise n_max to at least {imbalance_ratio:g} or lower the ratio")
+        raise ValueError(
+            f"n_max={n_max} with imbalance_ratio={imbalance_ratio} leaves the last class without images; "
+            f"raise n_max to at least {imbalance_ratio:g} or lower the ratio"
+        )
     return counts
 
 

@@ -1,5 +1,6 @@
 """What a vision dataset hands the engine: uint8 image tensors per split plus what models and
 losses need to know about the data (channels, classes, training class counts)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -62,21 +63,58 @@ class VisionSplits:
 
     def provides(self) -> dict:
         """What models, losses and the task may ask of the data (by constructor argument name)."""
-        return {"in_channels": self.in_channels, "num_classes": self.num_classes, "class_counts": self.class_counts,
-                "shot_counts": self.shot_counts}
+        return {
+            "in_channels": self.in_channels,
+            "num_classes": self.num_classes,
+            "class_counts": self.class_counts,
+            "shot_counts": self.shot_counts,
+        }
 
     def targets(self, split: str) -> torch.Tensor:
         return getattr(self, f"y_{split}")
 
-    def _loader(self, images, labels, batch_size, train, device, drop_last, seed, channels_last, plain: bool = False,
-                augment: bool | None = None):
+    def _loader(
+        self,
+        images,
+        labels,
+        batch_size,
+        train,
+        device,
+        drop_last,
+        seed,
+        channels_last,
+        plain: bool = False,
+        augment: bool | None = None,
+    ):
         if self.loader == "resized":
             transform = image_transforms(train, mean=self.mean, std=self.std, plain=plain, **self.resize)
-            return SeededImageLoader(ArrayImages(images, labels.numpy(), transform, None), batch_size, train, drop_last,
-                                     seed, self.num_workers, device, channels_last)
-        return build_loader(self.loader, images, labels, batch_size, self.mean, self.std, train, device,
-                            pad=self.pad, flip=self.flip, drop_last=drop_last, channels_last=channels_last, seed=seed,
-                            num_workers=self.num_workers, augment=augment)
+            return SeededImageLoader(
+                ArrayImages(images, labels.numpy(), transform, None),
+                batch_size,
+                train,
+                drop_last,
+                seed,
+                self.num_workers,
+                device,
+                channels_last,
+            )
+        return build_loader(
+            self.loader,
+            images,
+            labels,
+            batch_size,
+            self.mean,
+            self.std,
+            train,
+            device,
+            pad=self.pad,
+            flip=self.flip,
+            drop_last=drop_last,
+            channels_last=channels_last,
+            seed=seed,
+            num_workers=self.num_workers,
+            augment=augment,
+        )
 
     def train_loader(self, batch_size: int, drop_last: bool, seed: int, device, channels_last: bool = False):
         """Augmented, shuffled batches; an epoch's randomness comes from (seed, epoch) alone."""
@@ -87,8 +125,17 @@ class VisionSplits:
         augmentation, one fixed seeded draw, when ``augment_val``: difftopk's CIFAR-100 hold-out)."""
         labels = self.targets(split)
         augment = self.augment_val and split == "val"
-        return self._loader(getattr(self, f"x_{split}"), labels, batch_size or len(labels), False, device, False, 0,
-                            channels_last, augment=augment)
+        return self._loader(
+            getattr(self, f"x_{split}"),
+            labels,
+            batch_size or len(labels),
+            False,
+            device,
+            False,
+            0,
+            channels_last,
+            augment=augment,
+        )
 
     def feature_loader(self, batch_size: int, device, channels_last: bool = False):
         """The training images in stored order without augmentation (one plain crop when resized),
@@ -139,8 +186,9 @@ def random_holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.n
     return np.setdiff1d(np.arange(len(labels)), val), val
 
 
-def balanced_from_unused(labels: np.ndarray, used: np.ndarray, per_class: int, num_classes: int,
-                         seed: int) -> tuple[np.ndarray, np.ndarray]:
+def balanced_from_unused(
+    labels: np.ndarray, used: np.ndarray, per_class: int, num_classes: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """``per_class`` images of every class for a balanced validation set: first from the training
     images the subset left unused, then, where a class has too few of those (CIFAR-100-LT's class 0
     uses all 500), the rest from that class's subset images, which leave training (never its last).
@@ -169,7 +217,8 @@ def balanced_from_unused(labels: np.ndarray, used: np.ndarray, per_class: int, n
             if short > len(subset) - 1:
                 raise ValueError(
                     f"class {c} has {len(pool)} unused and {len(subset)} subset images, too few for "
-                    f"val_per_class={per_class} while keeping one for training; lower it or use validation=holdout")
+                    f"val_per_class={per_class} while keeping one for training; lower it or use validation=holdout"
+                )
             moved.append(subset[:short])
             pool = np.concatenate([pool, subset[:short]])
         chosen.append(pool)

@@ -1,5 +1,6 @@
 """The aggregate-loss contract: one batch-native kernel per aggregate, which the 1-D module forward
 and the population executor (:mod:`topklab.engine.population`) both call."""
+
 from __future__ import annotations
 
 import torch
@@ -62,11 +63,12 @@ class Aggregate(nn.Module):
 
     hyperparameters: tuple[str, ...] = ()
     has_threshold: bool = False
-    k: int | float | None = None        # the module's own k (None: the aggregate has no k)
-    delta: float | None = None          # the module's own δ (None: the aggregate has no δ)
+    k: int | float | None = None  # the module's own k (None: the aggregate has no k)
+    delta: float | None = None  # the module's own δ (None: the aggregate has no δ)
 
-    def batched(self, losses: torch.Tensor, k: torch.Tensor, lam: torch.Tensor | None,
-                delta: torch.Tensor | None) -> torch.Tensor:
+    def batched(
+        self, losses: torch.Tensor, k: torch.Tensor, lam: torch.Tensor | None, delta: torch.Tensor | None
+    ) -> torch.Tensor:
         """The aggregate of each row of ``losses`` (P, n) -> (P,).
 
         Parameters

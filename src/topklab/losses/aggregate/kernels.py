@@ -31,12 +31,13 @@ back (native → compiled → eager).
 Unlike autograd of the formula, the fused node cannot be differentiated twice, nor used under
 ``torch.func`` transforms; a user's ``torch.compile`` of a model around it breaks the graph there.
 """
+
 from __future__ import annotations
 
 import os
 import shutil
 import warnings
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -76,7 +77,7 @@ def _python_kernel(with_grads: bool):
     return thresholded_value_and_grads if with_grads else thresholded_value
 
 
-@lru_cache(maxsize=None)
+@cache
 def compiled(phi: Smoothing, with_grads: bool, device_type: str, dtype: torch.dtype, single_row: bool):
     """The ``torch.compile``-d kernel of ``phi`` for one device type, dtype and row count class (one
     row, as in a module's forward, or several, as in a population): dynamic shapes, so one compilation
@@ -90,7 +91,7 @@ def compiled(phi: Smoothing, with_grads: bool, device_type: str, dtype: torch.dt
     return torch.compile(fused, dynamic=True)
 
 
-@lru_cache(maxsize=None)
+@cache
 def native_extension():
     """The C++ kernel (``thresholded_cpu.cpp``), built for this CPU's vector unit on first use and
     cached on disk by torch (rebuilt when the source changes)."""
@@ -153,8 +154,15 @@ class _Thresholded(torch.autograd.Function):
         if not _all_ones(grad_value):
             grad_losses = None if grad_losses is None else grad_losses.mul_(grad_value[:, None])
             grad_lam = grad_lam * grad_value
-        return (grad_losses if ctx.needs_input_grad[0] else None, grad_lam if ctx.needs_input_grad[1] else None,
-                None, None, None, None, None)
+        return (
+            grad_losses if ctx.needs_input_grad[0] else None,
+            grad_lam if ctx.needs_input_grad[1] else None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def _call(path: str, phi: Smoothing, with_grads: bool, args: tuple) -> torch.Tensor:
@@ -214,11 +222,15 @@ def thresholded(losses, lam, delta, k, scale, phi: Smoothing, path: str = "eager
                 failure = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
                 if not required:
                     _UNAVAILABLE[(path, device_type)] = failure
-                    warnings.warn(f"the {path} kernel of the thresholded losses failed on {device_type} ({failure}); "
-                                  f"using the {NEXT_PATH[path]} kernel instead (the same values to float32 rounding). "
-                                  f"Set loss.kernel to skip the attempt")
+                    warnings.warn(
+                        f"the {path} kernel of the thresholded losses failed on {device_type} ({failure}); "
+                        f"using the {NEXT_PATH[path]} kernel instead (the same values to float32 rounding). "
+                        f"Set loss.kernel to skip the attempt",
+                        stacklevel=2,
+                    )
         if required:
-            raise TopklabError(f"loss.kernel={path}, but that kernel failed on {device_type}: {failure}; "
-                               f"use loss.kernel=auto or eager")
+            raise TopklabError(
+                f"loss.kernel={path}, but that kernel failed on {device_type}: {failure}; use loss.kernel=auto or eager"
+            )
         path = NEXT_PATH[path]
     return _call("eager", phi, with_grads, args)

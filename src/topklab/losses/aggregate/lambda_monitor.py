@@ -10,6 +10,7 @@ The band is on the smoothed share because, with a δ large against the losses' s
 share sits far from k/n even at the optimum. The hard share and λ against the batch's k-th largest
 loss are sampled every ``sample_every`` calls (they need a pass and a selection).
 """
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,8 @@ import warnings
 import torch
 
 LOW_BAND_FLAG = "λ did not track the k-th loss: this row is not STk"
-FLAG_BELOW = 0.5                # a run with a smaller share of in-band steps is flagged
-WARN_AFTER_CALLS = 100          # the library warns once after this many consecutive out-of-band calls
+FLAG_BELOW = 0.5  # a run with a smaller share of in-band steps is flagged
+WARN_AFTER_CALLS = 100  # the library warns once after this many consecutive out-of-band calls
 
 
 def in_band(share: torch.Tensor, target: float) -> torch.Tensor:
@@ -32,8 +33,7 @@ def in_band(share: torch.Tensor, target: float) -> torch.Tensor:
     [True, False, True, False]
     """
     below, target_below = 1.0 - share, 1.0 - target
-    return ((share <= 2 * target) & (share >= target / 2)
-            & (below <= 2 * target_below) & (below >= target_below / 2))
+    return (share <= 2 * target) & (share >= target / 2) & (below <= 2 * target_below) & (below >= target_below / 2)
 
 
 class LambdaMonitor:
@@ -55,8 +55,19 @@ class LambdaMonitor:
 
     def _zeros(self, like: torch.Tensor) -> dict:
         zero = torch.zeros((), dtype=torch.float64, device=like.device)
-        return {name: zero.clone() for name in ("calls", "share_sum", "in_band_all", "counted", "in_band",
-                                                "hard_share_sum", "lam_minus_kth_sum", "samples")}
+        return {
+            name: zero.clone()
+            for name in (
+                "calls",
+                "share_sum",
+                "in_band_all",
+                "counted",
+                "in_band",
+                "hard_share_sum",
+                "lam_minus_kth_sum",
+                "samples",
+            )
+        }
 
     def record(self, share: torch.Tensor, k: int, n: int, sample=None) -> None:
         """One training call: ``share`` the smoothed share above λ (0-d tensor), k of n losses;
@@ -78,17 +89,29 @@ class LambdaMonitor:
             self._streak.mul_(1.0 - good).add_(1.0 - good)
             if self.calls % WARN_AFTER_CALLS == 0 and not self._warned and bool(self._streak >= WARN_AFTER_CALLS):
                 self._warned = True
-                warnings.warn(f"MATk/STk: λ has been out of band for {WARN_AFTER_CALLS} consecutive training calls "
-                              f"(smoothed share above λ {float(share):.3f}, k/n {k / n:.3f}); the loss is not top-k "
-                              f"(use lam_update='solve', or a larger lam_lr with lam_update='gradient')")
+                warnings.warn(
+                    f"MATk/STk: λ has been out of band for {WARN_AFTER_CALLS} consecutive training calls "
+                    f"(smoothed share above λ {float(share):.3f}, k/n {k / n:.3f}); the loss is not top-k "
+                    f"(use lam_update='solve', or a larger lam_lr with lam_update='gradient')",
+                    stacklevel=2,
+                )
         if sample is not None and self.calls % self.sample_every == 1 % self.sample_every:
             hard_share, gap = sample()
             epoch["hard_share_sum"] += hard_share.double()
             epoch["lam_minus_kth_sum"] += gap.double()
             epoch["samples"] += 1
 
-    EPOCH_FIELDS = ("lam_in_band", "lam_in_band_all", "lam_calls", "lam_in_band_counted", "lam_in_band_hits",
-                    "lam_in_band_all_hits", "smoothed_share", "hard_share", "lam_minus_kth")
+    EPOCH_FIELDS = (
+        "lam_in_band",
+        "lam_in_band_all",
+        "lam_calls",
+        "lam_in_band_counted",
+        "lam_in_band_hits",
+        "lam_in_band_all_hits",
+        "smoothed_share",
+        "hard_share",
+        "lam_minus_kth",
+    )
 
     def pop_epoch(self) -> dict:
         """The epoch's diagnostics (None where nothing was measured), then zero the epoch counters:
@@ -107,6 +130,7 @@ class LambdaMonitor:
 
         def ratio(num, den):
             return None if den == 0 else num / den
+
         banded = self.band_defined
         return {
             "lam_in_band": ratio(values["in_band"], values["counted"]) if banded else None,
@@ -141,8 +165,10 @@ def lambda_tracking(history: list[dict]) -> dict:
     >>> lambda_tracking(rows)["in_band"], lambda_tracking(rows)["flag"]
     (0.2222222222222222, 'λ did not track the k-th loss: this row is not STk')
     """
+
     def total(name):
         return sum(row.get(name) or 0 for row in history)
+
     banded = any(row.get("lam_in_band_all") is not None or row.get("lam_in_band") is not None for row in history)
     counted, calls = total("lam_in_band_counted"), total("lam_calls")
     in_band = total("lam_in_band_hits") / counted if banded and counted else None

@@ -9,6 +9,7 @@ gradient is not replayed: the losses are what the run saw) and counts in-band ca
 first 10 %. With ``lam_update="solve"`` it also measures the running-average λ (the one used
 outside training) on the next, not yet seen, batch.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,13 @@ from topklab.losses.aggregate.solve import solve_srelu_threshold
 from topklab.losses.k import resolve_k
 from topklab.smoothing import get_smoothing
 
-LEVELS = tuple(sorted({round(i / 200, 4) for i in range(21)} | {round(0.1 + i / 20, 4) for i in range(17)}
-                      | {round(0.9 + i / 200, 4) for i in range(21)}))
+LEVELS = tuple(
+    sorted(
+        {round(i / 200, 4) for i in range(21)}
+        | {round(0.1 + i / 20, 4) for i in range(17)}
+        | {round(0.9 + i / 200, 4) for i in range(21)}
+    )
+)
 EXACT_UP_TO = 128  # batches of at most this many losses are kept whole
 
 
@@ -62,8 +68,9 @@ class LossStream:
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), separators=(",", ":")) + "\n")
 
-    def recorded_in_band(self, k, smoothing: str, delta: float | None, skip: float = 0.1,
-                         optimal: bool = False) -> float | None:
+    def recorded_in_band(
+        self, k, smoothing: str, delta: float | None, skip: float = 0.1, optimal: bool = False
+    ) -> float | None:
         """λ in band in the recorded run itself (from :attr:`lams`): the smoothed share above λ is
         the mean of ``smoothing``'s slope at ℓ − λ (SReLU of width ``delta``; ReLU's is the hard share).
         ``optimal``: the same for each batch's own optimal λ* instead (SReLU: the root of its equation;
@@ -101,7 +108,7 @@ class LossStream:
         return sum(float((self.batch(s) < self.lams[s]).double().mean()) for s in calls) / len(calls)
 
     @classmethod
-    def load(cls, path: str | Path) -> "LossStream":
+    def load(cls, path: str | Path) -> LossStream:
         return cls(**json.loads(Path(path).read_text()))
 
 
@@ -113,6 +120,7 @@ def record_calls(aggregate, stream: LossStream):
     def recorded(losses, k, lam, delta):
         stream.add(losses[0], None if lam is None else lam[0])
         return batched(losses, k, lam, delta)
+
     aggregate.batched = recorded
     return aggregate
 
@@ -158,10 +166,14 @@ def replay(stream: LossStream, aggregate, optimizer=None, scheduler=None, skip: 
             upcoming = stream.batch(step + 1)
             eval_hits += bool(_eval_in_band(aggregate, upcoming, k / n))
             eval_below += float((upcoming < float(aggregate.lam)).double().mean())
-    return {"in_band": hits / counted if counted else None, "eval_in_band": eval_hits / eval_calls if eval_calls else None,
-            "eval_share_below": eval_below / eval_calls if eval_calls else None,
-            "hard_below": below / counted if counted else None, "gradient_gap": gap / counted if counted else None,
-            "calls": len(stream.steps)}
+    return {
+        "in_band": hits / counted if counted else None,
+        "eval_in_band": eval_hits / eval_calls if eval_calls else None,
+        "eval_share_below": eval_below / eval_calls if eval_calls else None,
+        "hard_below": below / counted if counted else None,
+        "gradient_gap": gap / counted if counted else None,
+        "calls": len(stream.steps),
+    }
 
 
 def _eval_in_band(aggregate, losses: torch.Tensor, target: float) -> bool:

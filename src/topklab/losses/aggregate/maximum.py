@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import torch
-
 from topklab.losses.aggregate.base import Aggregate
 
 

@@ -7,6 +7,7 @@ synchronisation and no data-dependent Python branch. MATk's hard-ReLU equation `
 has an interval of roots, ``[ℓ_[k+1], ℓ_[k])``; :func:`kth_largest` takes its upper end ℓ_[k], the
 exact k-th largest loss (a selection, not sort-free), where MATk equals (k/n)·ATk.
 """
+
 from __future__ import annotations
 
 import torch
@@ -14,8 +15,9 @@ import torch
 from topklab.smoothing import srelu_slope_and_curvature
 
 
-def solve_srelu_threshold(losses: torch.Tensor, k: torch.Tensor, delta: torch.Tensor, start: torch.Tensor,
-                          steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+def solve_srelu_threshold(
+    losses: torch.Tensor, k: torch.Tensor, delta: torch.Tensor, start: torch.Tensor, steps: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of ``losses`` (P, n): λ with ``Σ_i SReLU'_δ(ℓ_i − λ) ≈ k``, and that smoothed count.
 
     Each step evaluates the excess ``e = Σ SReLU'(ℓ − λ) − k`` (decreasing in λ) and its derivative,
@@ -75,7 +77,9 @@ def solve_srelu_threshold(losses: torch.Tensor, k: torch.Tensor, delta: torch.Te
             high = torch.where(excess > 0, high, lam)
             newton = lam + excess / curvature.sum(1)
             lam = torch.where((newton > low) & (newton < high), newton, 0.5 * (low + high))
-        undefined = torch.isnan(losses).any(1)  # a NaN row has no root: λ is NaN there, as the batch's k-th loss would be
+        undefined = torch.isnan(losses).any(
+            1
+        )  # a NaN row has no root: λ is NaN there, as the batch's k-th loss would be
         return torch.where(undefined, float("nan"), best), torch.where(undefined, float("nan"), best_count)
 
 

@@ -81,12 +81,16 @@ class ThresholdedTopK(Aggregate):
         self.k = validate_k(k)
         if kernel not in KERNELS:
             raise ValueError(f"unknown kernel {kernel!r}; choose one of: {', '.join(KERNELS)}")
-        check_int("compile_min_n", compile_min_n, why="rows at least this long use the compiled kernel under kernel=auto")
+        check_int(
+            "compile_min_n", compile_min_n, why="rows at least this long use the compiled kernel under kernel=auto"
+        )
         if delta is not None and not (isinstance(delta, (int, float)) and not isinstance(delta, bool) and delta > 0):
             raise ValueError(f"delta={delta!r} must be a positive number (the paper uses 0.01)")
         if delta is not None and not delta <= MAX_DELTA:
-            raise ValueError(f"delta={delta!r} is too large: SReLU is computed without overflow for δ up to "
-                             f"{MAX_DELTA:.0e} (the paper uses 0.01)")
+            raise ValueError(
+                f"delta={delta!r} is too large: SReLU is computed without overflow for δ up to "
+                f"{MAX_DELTA:.0e} (the paper uses 0.01)"
+            )
         if scale not in SCALES:
             raise ValueError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
         if smoothing == "srelu" and delta is None:
@@ -99,13 +103,18 @@ class ThresholdedTopK(Aggregate):
         self.compile_min_n = compile_min_n
         self._constraint = get_constraint(lam_constraint)
         self._check_update(lam_update, lam_lr, solve_steps, lam_momentum, lam_init)
-        self.lam_update, self.lam_lr, self.solve_steps, self.lam_momentum = lam_update, lam_lr, solve_steps, float(lam_momentum)
+        self.lam_update, self.lam_lr, self.solve_steps, self.lam_momentum = (
+            lam_update,
+            lam_lr,
+            solve_steps,
+            float(lam_momentum),
+        )
         self.lam_init = lam_init
         start = 0.0 if lam_init == "auto" else float(lam_init)
         if lam_update == "gradient":
             self.lam = nn.Parameter(torch.tensor(float(self.lam_of(start))))
         else:
-            self.register_buffer("lam", torch.tensor(start))       # the running average: λ outside training
+            self.register_buffer("lam", torch.tensor(start))  # the running average: λ outside training
             self.register_buffer("lam_last", torch.tensor(start))  # the last training call's root: the warm start
         self._started = False  # whether λ has been started (lam_init="auto") and, under "solve", solved once
         self.monitor = LambdaMonitor()
@@ -113,27 +122,42 @@ class ThresholdedTopK(Aggregate):
     def _check_update(self, lam_update, lam_lr, solve_steps, lam_momentum, lam_init) -> None:
         if lam_update not in LAM_UPDATES:
             raise ValueError(f"unknown lam_update {lam_update!r}; choose one of: {', '.join(LAM_UPDATES)}")
-        if lam_init != "auto" and (isinstance(lam_init, bool) or not isinstance(lam_init, (int, float))
-                                   or not math.isfinite(lam_init)):
-            raise ValueError(f"lam_init={lam_init!r} must be a finite number or 'auto' (the first training batch's "
-                             f"k-th largest loss)")
-        if lam_lr is not None and (isinstance(lam_lr, bool) or not isinstance(lam_lr, (int, float)) or not lam_lr > 0
-                                   or not math.isfinite(lam_lr)):
+        if lam_init != "auto" and (
+            isinstance(lam_init, bool) or not isinstance(lam_init, (int, float)) or not math.isfinite(lam_init)
+        ):
+            raise ValueError(
+                f"lam_init={lam_init!r} must be a finite number or 'auto' (the first training batch's "
+                f"k-th largest loss)"
+            )
+        if lam_lr is not None and (
+            isinstance(lam_lr, bool)
+            or not isinstance(lam_lr, (int, float))
+            or not lam_lr > 0
+            or not math.isfinite(lam_lr)
+        ):
             raise ValueError(f"lam_lr={lam_lr!r} must be a positive number, or null for the model's learning rate")
         check_int("solve_steps", solve_steps, why="Newton steps per training call")
         if isinstance(lam_momentum, bool) or not isinstance(lam_momentum, (int, float)) or not 0 < lam_momentum <= 1:
-            raise ValueError(f"lam_momentum={lam_momentum!r} must lie in (0, 1] (the running average's weight of "
-                             f"the newest root, as BatchNorm's momentum)")
+            raise ValueError(
+                f"lam_momentum={lam_momentum!r} must lie in (0, 1] (the running average's weight of "
+                f"the newest root, as BatchNorm's momentum)"
+            )
         if lam_update == "solve":
             if self.smoothing not in SOLVABLE:
-                raise ValueError(f"lam_update='solve' needs smoothing in {', '.join(SOLVABLE)}, got {self.smoothing!r}; "
-                                 f"use lam_update='gradient' for the Table 2 ablation's smoothings")
+                raise ValueError(
+                    f"lam_update='solve' needs smoothing in {', '.join(SOLVABLE)}, got {self.smoothing!r}; "
+                    f"use lam_update='gradient' for the Table 2 ablation's smoothings"
+                )
             if self._constraint.name != "none":
-                raise ValueError(f"lam_constraint={self._constraint.name!r} applies to lam_update='gradient'; "
-                                 f"with lam_update='solve' λ is the root itself (set lam_constraint=none)")
+                raise ValueError(
+                    f"lam_constraint={self._constraint.name!r} applies to lam_update='gradient'; "
+                    f"with lam_update='solve' λ is the root itself (set lam_constraint=none)"
+                )
             if lam_lr is not None:
-                raise ValueError("lam_lr applies to lam_update='gradient'; with lam_update='solve' λ is not trained "
-                                 "(set lam_lr=null)")
+                raise ValueError(
+                    "lam_lr applies to lam_update='gradient'; with lam_update='solve' λ is not trained "
+                    "(set lam_lr=null)"
+                )
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
@@ -159,8 +183,9 @@ class ThresholdedTopK(Aggregate):
             self._record(detached, lam.detach()[0], k, share)
         return value
 
-    def solve_rows(self, losses: torch.Tensor, k: torch.Tensor, delta: torch.Tensor | None,
-                   start: torch.Tensor) -> torch.Tensor:
+    def solve_rows(
+        self, losses: torch.Tensor, k: torch.Tensor, delta: torch.Tensor | None, start: torch.Tensor
+    ) -> torch.Tensor:
         """Each row's root (P,) of ``losses`` (P, n) at counts ``k`` (P,): SReLU's by ``solve_steps``
         Newton steps warm-started from ``start``, ReLU's the row's k-th largest loss (a sort).
 
@@ -215,6 +240,7 @@ class ThresholdedTopK(Aggregate):
 
         def sample():
             return (losses > lam).double().mean(), (lam - kth_largest(losses, k)).double()
+
         self.monitor.record(share, k, losses.numel(), sample)
 
     @property
@@ -253,7 +279,9 @@ class ThresholdedTopK(Aggregate):
             if self._phi.uses_delta:
                 raise ValueError(f"smoothing={self.smoothing!r} needs a width delta > 0 for every row; got None")
             delta = torch.zeros_like(k)
-        return thresholded(losses, lam, delta, k, scale, self._phi, self.path_for(losses), required=self.kernel != "auto")
+        return thresholded(
+            losses, lam, delta, k, scale, self._phi, self.path_for(losses), required=self.kernel != "auto"
+        )
 
     def path_for(self, losses: torch.Tensor) -> str:
         """The kernel path for a (P, n) block: ``kernel`` unless it is ``auto``, which takes the fast
@@ -291,7 +319,7 @@ def _every_rank(losses: torch.Tensor) -> torch.Tensor:
     padded = torch.cat([losses, losses.new_zeros(longest - losses.numel())])
     parts = [torch.empty_like(padded) for _ in range(world)]
     torch.distributed.all_gather(parts, padded)
-    return torch.cat([part[:int(count)] for part, count in zip(parts, counts)])
+    return torch.cat([part[: int(count)] for part, count in zip(parts, counts)])
 
 
 class MATk(ThresholdedTopK):
@@ -343,12 +371,31 @@ class MATk(ThresholdedTopK):
     tensor([2.0000, 1.2500])
     """
 
-    def __init__(self, k: int | float, lam_init: float | str = "auto", lam_constraint: str = "none", scale: str = "paper",
-                 kernel: str = "auto", compile_min_n: int = 16384, lam_update: str = "solve", lam_lr: float | None = None,
-                 lam_momentum: float = 0.1):
-        super().__init__(k, smoothing="relu", delta=None, lam_init=lam_init, lam_constraint=lam_constraint, scale=scale,
-                         kernel=kernel, compile_min_n=compile_min_n, lam_update=lam_update, lam_lr=lam_lr,
-                         lam_momentum=lam_momentum)
+    def __init__(
+        self,
+        k: int | float,
+        lam_init: float | str = "auto",
+        lam_constraint: str = "none",
+        scale: str = "paper",
+        kernel: str = "auto",
+        compile_min_n: int = 16384,
+        lam_update: str = "solve",
+        lam_lr: float | None = None,
+        lam_momentum: float = 0.1,
+    ):
+        super().__init__(
+            k,
+            smoothing="relu",
+            delta=None,
+            lam_init=lam_init,
+            lam_constraint=lam_constraint,
+            scale=scale,
+            kernel=kernel,
+            compile_min_n=compile_min_n,
+            lam_update=lam_update,
+            lam_lr=lam_lr,
+            lam_momentum=lam_momentum,
+        )
 
     def extra_repr(self) -> str:
         return f"k={self.k}, lam_constraint={self.lam_constraint!r}, scale={self.scale!r}{self._kernel_repr()}{self._update_repr()}"
@@ -413,6 +460,17 @@ class STk(ThresholdedTopK):
         solve_steps: int = 2,
         lam_momentum: float = 0.1,
     ):
-        super().__init__(k, smoothing=smoothing, delta=delta, lam_init=lam_init, lam_constraint=lam_constraint, scale=scale,
-                         kernel=kernel, compile_min_n=compile_min_n, lam_update=lam_update, lam_lr=lam_lr,
-                         solve_steps=solve_steps, lam_momentum=lam_momentum)
+        super().__init__(
+            k,
+            smoothing=smoothing,
+            delta=delta,
+            lam_init=lam_init,
+            lam_constraint=lam_constraint,
+            scale=scale,
+            kernel=kernel,
+            compile_min_n=compile_min_n,
+            lam_update=lam_update,
+            lam_lr=lam_lr,
+            solve_steps=solve_steps,
+            lam_momentum=lam_momentum,
+        )

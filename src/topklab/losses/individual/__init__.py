@@ -10,4 +10,17 @@ from topklab.losses.individual.smooth_topk_svm import SmoothTopKSVM
 from topklab.losses.individual.square import Square
 from topklab.losses.individual.topk_ce import TopKCrossEntropy
 
-__all__ = ["Absolute", "CostSensitiveCE", "CrossEntropy", "Hinge", "ImbalancedNoisedTopKHinge", "LabelSmoothedCrossEntropy", "Logistic", "LogitAdjusted", "NoisedTopKHinge", "SmoothTopKSVM", "Square", "TopKCrossEntropy"]
+__all__ = [
+    "Absolute",
+    "CostSensitiveCE",
+    "CrossEntropy",
+    "Hinge",
+    "ImbalancedNoisedTopKHinge",
+    "LabelSmoothedCrossEntropy",
+    "Logistic",
+    "LogitAdjusted",
+    "NoisedTopKHinge",
+    "SmoothTopKSVM",
+    "Square",
+    "TopKCrossEntropy",
+]

@@ -4,6 +4,7 @@ Both replace the (k+1)-th largest score of the top-K calibrated hinge ``[1 + s_[
 its Gaussian smoothing ``top_{k+1,ε}(s) = E_Z[(s + εZ)_[k+1]]``, estimated with a few draws, with
 the gradient ``E[one-hot(argtop-(k+1)(s + εZ))]`` estimated from the same draws.
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,9 +20,9 @@ class _NoisedKthLargest(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, scores, noise, k, epsilon):
-        noisy = scores.unsqueeze(-1) + epsilon * noise                  # (batch, classes, samples)
+        noisy = scores.unsqueeze(-1) + epsilon * noise  # (batch, classes, samples)
         values, indices = noisy.topk(k, dim=1)
-        ctx.save_for_backward(indices[:, k - 1, :])                     # (batch, samples)
+        ctx.save_for_backward(indices[:, k - 1, :])  # (batch, samples)
         ctx.classes = scores.shape[1]
         return values[:, k - 1, :].mean(-1)
 
@@ -30,7 +31,8 @@ class _NoisedKthLargest(torch.autograd.Function):
         (indices,) = ctx.saved_tensors
         samples = indices.shape[1]
         hits = grad.new_zeros(len(indices), ctx.classes).scatter_add_(
-            1, indices, grad.new_full(indices.shape, 1.0 / samples))
+            1, indices, grad.new_full(indices.shape, 1.0 / samples)
+        )
         return hits * grad.unsqueeze(1), None, None, None
 
 
@@ -55,8 +57,9 @@ def noised_kth_largest(scores: torch.Tensor, k: int, epsilon: float, noise: torc
     tensor([2.])
     """
     if noise.shape[:2] != scores.shape or noise.dim() != 3:
-        raise ValueError(f"noise must have shape (batch, classes, samples) = {tuple(scores.shape)} + (S,), "
-                         f"got {tuple(noise.shape)}")
+        raise ValueError(
+            f"noise must have shape (batch, classes, samples) = {tuple(scores.shape)} + (S,), got {tuple(noise.shape)}"
+        )
     return _NoisedKthLargest.apply(scores, noise.to(scores.dtype), k, epsilon)
 
 
@@ -100,8 +103,14 @@ class NoisedTopKHinge(nn.Module):
     (garcinc/noised-topk: ``BalNoisedTopK``, ``functional.bal_noised_topk_loss``).
     """
 
-    def __init__(self, k: int = 5, epsilon: float = 1.0, num_samples: int = 5, num_classes: int | None = None,
-                 seed: int | None = None):
+    def __init__(
+        self,
+        k: int = 5,
+        epsilon: float = 1.0,
+        num_samples: int = 5,
+        num_classes: int | None = None,
+        seed: int | None = None,
+    ):
         super().__init__()
         name = type(self).__name__
         if num_classes is None:
@@ -124,8 +133,9 @@ class NoisedTopKHinge(nn.Module):
     def margin_gap(self, output: torch.Tensor, target: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
         """``top_{k+1,ε}(s) − s_y`` per sample, after checking the shapes."""
         if output.dim() != 2 or output.shape[1] != self.num_classes:
-            raise ValueError(f"{type(self).__name__} takes scores of shape (batch, {self.num_classes}), "
-                             f"got {tuple(output.shape)}")
+            raise ValueError(
+                f"{type(self).__name__} takes scores of shape (batch, {self.num_classes}), got {tuple(output.shape)}"
+            )
         target = target.long()
         noise = self.noise(output) if noise is None else noise
         kth = noised_kth_largest(output, self.k + 1, self.epsilon, noise)
@@ -169,9 +179,17 @@ class ImbalancedNoisedTopKHinge(NoisedTopKHinge):
     2019); pytopk's ``ImbalNoisedTopK`` and ``functional.imbal_noised_topk_loss``.
     """
 
-    def __init__(self, k: int = 5, epsilon: float = 0.01, num_samples: int = 5, num_classes: int | None = None,
-                 max_m: float = 0.3, scale: float = 50.0, class_counts: list[int] | None = None,
-                 seed: int | None = None):
+    def __init__(
+        self,
+        k: int = 5,
+        epsilon: float = 0.01,
+        num_samples: int = 5,
+        num_classes: int | None = None,
+        max_m: float = 0.3,
+        scale: float = 50.0,
+        class_counts: list[int] | None = None,
+        seed: int | None = None,
+    ):
         counts = class_count_tensor("ImbalancedNoisedTopKHinge", class_counts)
         if num_classes is not None and num_classes != len(counts):
             raise ValueError(f"class_counts has {len(counts)} entries but num_classes={num_classes}; they must agree")

@@ -48,8 +48,10 @@ class SmoothTopKSVM(nn.Module):
         if key not in self._losses:
             smooth_topk = difftopk_module("difftopk.smooth_topk")
             labels = torch.arange(self.num_classes, device=device)
-            self._losses[key] = (smooth_topk.Topk_Hard_SVM(labels, self.k, 1.0),
-                                 smooth_topk.Topk_Smooth_SVM(labels, self.k, self.tau, 1.0))
+            self._losses[key] = (
+                smooth_topk.Topk_Hard_SVM(labels, self.k, 1.0),
+                smooth_topk.Topk_Smooth_SVM(labels, self.k, self.tau, 1.0),
+            )
         return self._losses[key]
 
     def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ P_K-weighted probability that the true class is among the top k. Unlike
 ``difftopk.TopKCrossEntropyLoss`` the loss is not averaged, so any aggregate (Average, ATk, STk) can
 reduce it; its batch mean equals difftopk's loss (tested).
 """
+
 from __future__ import annotations
 
 import torch
@@ -54,15 +55,18 @@ class TopKCrossEntropy(nn.Module):
     Petersen et al., "Differentiable Top-k Classification Learning", ICML 2022, Eq. 3 (papers.md §2.1).
     """
 
-    def __init__(self, p_k, operator: TopKOperator, m: int | None = None, top1_mode: str = "sm",
-                 num_classes: int | None = None):
+    def __init__(
+        self, p_k, operator: TopKOperator, m: int | None = None, top1_mode: str = "sm", num_classes: int | None = None
+    ):
         super().__init__()
         if num_classes is None:
             raise ValueError("TopKCrossEntropy needs num_classes; use it with a classification dataset")
         self.p_k = validate_p_k(list(p_k), num_classes)
         if not isinstance(operator, TopKOperator) or not operator.gives_permutation:
-            raise ValueError(f"TopKCrossEntropy needs an operator that gives a top-k permutation, got "
-                             f"{type(operator).__name__}; choose a sorting operator (configs/operator/)")
+            raise ValueError(
+                f"TopKCrossEntropy needs an operator that gives a top-k permutation, got "
+                f"{type(operator).__name__}; choose a sorting operator (configs/operator/)"
+            )
         if top1_mode not in TOP1_MODES:
             raise ValueError(f"top1_mode={top1_mode!r}; choose one of {', '.join(TOP1_MODES)}")
         self.k = len(self.p_k)

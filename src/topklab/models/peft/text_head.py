@@ -2,6 +2,7 @@
 initialise the cosine head: ``t_c = normalize(mean over templates of normalize(text(template(c))))``
 mapped back to the image tower's width by the visual projection, ``w_c = normalize(t_c · Pᵀ)``, so
 that ⟨x, w_c⟩ ∝ ⟨x·P, t_c⟩: zero-shot CLIP up to the feature norm."""
+
 from __future__ import annotations
 
 import torch
@@ -28,11 +29,21 @@ class TextHead:
     (torch.Size([2, 768]), True)
     """
 
-    def __init__(self, clip_model: str = "ViT-B-16-quickgelu", pretrained: str | None = "openai",
-                 templates=("a photo of a {}.",), cache_dir: str | None = None):
+    def __init__(
+        self,
+        clip_model: str = "ViT-B-16-quickgelu",
+        pretrained: str | None = "openai",
+        templates=("a photo of a {}.",),
+        cache_dir: str | None = None,
+    ):
         if not templates or any("{}" not in t for t in templates):
             raise ValueError("model.head_init.templates must be a non-empty list of strings with one '{}'")
-        self.clip_model, self.pretrained, self.templates, self.cache_dir = clip_model, pretrained, list(templates), cache_dir
+        self.clip_model, self.pretrained, self.templates, self.cache_dir = (
+            clip_model,
+            pretrained,
+            list(templates),
+            cache_dir,
+        )
 
     def _clip(self):
         import logging
@@ -40,9 +51,15 @@ class TextHead:
         import open_clip
 
         try:
-            logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))  # "no pretrained weights" is expected in tests
-            model = open_clip.create_model(self.clip_model, pretrained=self.pretrained, cache_dir=self.cache_dir,
-                                           require_pretrained=self.pretrained is not None)
+            logging.getLogger().setLevel(
+                max(logging.getLogger().level, logging.ERROR)
+            )  # "no pretrained weights" is expected in tests
+            model = open_clip.create_model(
+                self.clip_model,
+                pretrained=self.pretrained,
+                cache_dir=self.cache_dir,
+                require_pretrained=self.pretrained is not None,
+            )
         except RuntimeError as err:
             if "Model config for" in str(err) or "not found" in str(err).lower() and "weights" not in str(err).lower():
                 raise ValueError(f"model.head_init.clip_model={self.clip_model!r} is not an open_clip model") from None
@@ -53,9 +70,11 @@ class TextHead:
 
     def _missing(self, err: Exception) -> str:
         where = self.cache_dir or "open_clip's cache (~/.cache/huggingface/hub or ~/.cache/clip)"
-        return (f"CLIP weights {self.clip_model}/{self.pretrained} for the text head are not in {where} "
-                f"({type(err).__name__}); fetch them where a network exists (open_clip.create_model('{self.clip_model}', "
-                f"pretrained='{self.pretrained}')) and copy the cache here, or set model.head_init=null")
+        return (
+            f"CLIP weights {self.clip_model}/{self.pretrained} for the text head are not in {where} "
+            f"({type(err).__name__}); fetch them where a network exists (open_clip.create_model('{self.clip_model}', "
+            f"pretrained='{self.pretrained}')) and copy the cache here, or set model.head_init=null"
+        )
 
     @torch.no_grad()
     def __call__(self, class_names: list[str], out_features: int) -> torch.Tensor:
@@ -67,6 +86,8 @@ class TextHead:
         text = F.normalize(torch.stack(per_class), dim=-1)
         projection = model.visual.proj
         if projection is None or projection.shape[0] != out_features:
-            raise ValueError(f"{self.clip_model}'s visual projection maps {None if projection is None else projection.shape[0]} "
-                             f"features, the backbone gives {out_features}; pair the text head with its CLIP image tower")
+            raise ValueError(
+                f"{self.clip_model}'s visual projection maps {None if projection is None else projection.shape[0]} "
+                f"features, the backbone gives {out_features}; pair the text head with its CLIP image tower"
+            )
         return F.normalize(text @ projection.T, dim=-1)

@@ -1,6 +1,7 @@
 """Parameter-efficient branches for a frozen timm ViT, one class per method (PEL/LIFT's
 definitions; Shi et al. 2024). Each ``attach(vit, num_classes)`` edits the ViT in place and returns
 the parameters it trains; the backbone's own weights stay frozen unless the method trains them."""
+
 from __future__ import annotations
 
 import math
@@ -122,7 +123,7 @@ class PromptedBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.prompts is not None:
-            x = torch.cat([x[:, :self.keep], self.prompts.expand(len(x), -1, -1).to(x.dtype)], dim=1)
+            x = torch.cat([x[:, : self.keep], self.prompts.expand(len(x), -1, -1).to(x.dtype)], dim=1)
         return self.block(x)
 
 
@@ -174,4 +175,3 @@ class FullFineTuning:
 
     def attach(self, vit: nn.Module, num_classes: int) -> list[nn.Parameter]:
         return list(vit.blocks.parameters())
-

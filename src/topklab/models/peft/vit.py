@@ -1,5 +1,6 @@
 """A frozen timm ViT with a parameter-efficient branch and a cosine classifier: PEL/LIFT's model
 (Shi et al. 2024) on the 768-d class token after the final norm."""
+
 from __future__ import annotations
 
 import os
@@ -63,13 +64,17 @@ class ClassMeanHead:
             sums.index_add_(0, y.to(f.device), f)
             counts += torch.bincount(y.cpu(), minlength=num_classes).double()
         if bool((counts == 0).any()):
-            raise TopklabError(f"model.head_init=class_mean: class(es) {(counts == 0).nonzero().flatten().tolist()[:5]} "
-                               f"have no training image")
+            raise TopklabError(
+                f"model.head_init=class_mean: class(es) {(counts == 0).nonzero().flatten().tolist()[:5]} "
+                f"have no training image"
+            )
         return F.normalize((sums / counts.to(sums.device)[:, None]).float(), dim=-1)
 
 
 def weights_cache() -> str:
-    return os.environ.get("HF_HUB_CACHE") or os.path.join(os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub")
+    return os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub"
+    )
 
 
 class PeftViT(nn.Module):
@@ -101,9 +106,17 @@ class PeftViT(nn.Module):
     (torch.Size([2, 10]), 18084)
     """
 
-    def __init__(self, num_classes: int, backbone: str = "vit_base_patch16_224.augreg_in21k_ft_in1k",
-                 pretrained: bool = False, tuner=None, scale: float = 25.0, img_size: int = 224, head_init=None,
-                 class_names: list[str] | None = None):
+    def __init__(
+        self,
+        num_classes: int,
+        backbone: str = "vit_base_patch16_224.augreg_in21k_ft_in1k",
+        pretrained: bool = False,
+        tuner=None,
+        scale: float = 25.0,
+        img_size: int = 224,
+        head_init=None,
+        class_names: list[str] | None = None,
+    ):
         super().__init__()
         import timm
 
@@ -119,7 +132,8 @@ class PeftViT(nn.Module):
             raise DataUnavailableError(
                 f"pretrained weights of {backbone} are not in the Hugging Face cache {weights_cache()} "
                 f"({type(err).__name__}); download them where a network exists (timm.create_model('{backbone}', "
-                f"pretrained=True)) and copy the cache here, or set model.pretrained=false") from None
+                f"pretrained=True)) and copy the cache here, or set model.pretrained=false"
+            ) from None
         for p in vit.parameters():
             p.requires_grad_(False)
         self.trained = (tuner or LinearProbe()).attach(vit, num_classes)
@@ -130,8 +144,10 @@ class PeftViT(nn.Module):
         self.head_from_data = head_init if isinstance(head_init, ClassMeanHead) else None
         if head_init is not None and self.head_from_data is None:
             if class_names is None or len(class_names) != num_classes:
-                raise ValueError(f"model.head_init needs the {num_classes} class names, and this dataset gives "
-                                 f"{'none' if class_names is None else len(class_names)}; set model.head_init=null")
+                raise ValueError(
+                    f"model.head_init needs the {num_classes} class names, and this dataset gives "
+                    f"{'none' if class_names is None else len(class_names)}; set model.head_init=null"
+                )
             with torch.no_grad():
                 self.head.weight.copy_(head_init(list(class_names), vit.num_features))
 
@@ -141,10 +157,15 @@ class PeftViT(nn.Module):
         if self.head_from_data is None:
             return
         if not hasattr(data, "feature_loader"):
-            raise TopklabError(f"model.head_init=class_mean needs training images in one plain crop, which dataset "
-                               f"{getattr(data, 'name', '?')} does not give; use head_init=null or a listed dataset")
-        self.head.weight.copy_(self.head_from_data(self.features, data.feature_loader(self.head_from_data.batch_size, device),
-                                                   self.head.weight.shape[0]))
+            raise TopklabError(
+                f"model.head_init=class_mean needs training images in one plain crop, which dataset "
+                f"{getattr(data, 'name', '?')} does not give; use head_init=null or a listed dataset"
+            )
+        self.head.weight.copy_(
+            self.head_from_data(
+                self.features, data.feature_loader(self.head_from_data.batch_size, device), self.head.weight.shape[0]
+            )
+        )
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """The class token after the final norm (D = 768 for ViT-B)."""
