@@ -14,13 +14,16 @@ remain at their defaults" (STk paper, Table 2).
 from __future__ import annotations
 
 import math
-from functools import cache
 
 import torch
 import torch.nn.functional as F
 
+_BEYOND_SQUARE = {
+    dtype: 2.0 ** (math.frexp(torch.finfo(dtype).max)[1] // 2 - 1)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+}
 
-@cache
+
 def beyond_square(dtype: torch.dtype) -> float:
     """The |x| from which SReLU's √(x² + δ²) is taken as |x|: a power of two whose square (plus δ², for
     any δ up to :data:`~topklab.losses.aggregate.thresholded.MAX_DELTA`) stays finite in ``dtype``,
@@ -32,7 +35,7 @@ def beyond_square(dtype: torch.dtype) -> float:
     >>> beyond_square(torch.float32) == 2.0 ** 63, beyond_square(torch.float64) == 2.0 ** 511
     (True, True)
     """
-    return 2.0 ** (math.frexp(torch.finfo(dtype).max)[1] // 2 - 1)
+    return _BEYOND_SQUARE[dtype]  # a table, not functools.cache, which torch.compile would warn about
 
 
 def srelu_root(x: torch.Tensor, delta) -> torch.Tensor:

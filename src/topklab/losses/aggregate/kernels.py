@@ -123,8 +123,9 @@ def _kernel(path: str, phi: Smoothing, with_grads: bool, losses: torch.Tensor):
 
 
 def _all_ones(grad: torch.Tensor) -> bool:
-    """Whether a CPU gradient is exactly one everywhere (on a GPU the check would synchronise: False)."""
-    if grad.device.type != "cpu":
+    """Whether a CPU gradient is exactly one everywhere (False on a GPU, where the check would synchronise,
+    and while torch.compile traces, where it would break the graph)."""
+    if grad.device.type != "cpu" or torch.compiler.is_compiling():
         return False
     return grad.item() == 1.0 if grad.numel() == 1 else bool((grad == 1).all())
 
