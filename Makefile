@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 KERNLAB_RDA := .data/kernlab/usr/lib/R/site-library/kernlab/data/spam.rda
 
-.PHONY: setup data sparse demo gpu-wheels test test-slow test-all reproduce-tabular tables bench-population \
+.PHONY: setup data sparse demo gpu-wheels test test-unit test-slow test-all reproduce-tabular tables bench-population \
         reproduce-synthetic reproduce-fmnistlt reproduce-multi30k reproduce-translation-table5 \
         reproduce-translation-table8 reproduce-vision-table5 reproduce-vision-table7 reproduce-vision-table8 \
         bench-peft bench-operators reproduce-sinkhorn-beta table1 bench-topk bench-step-share figures clean \
@@ -77,9 +77,18 @@ demo: setup
 gpu-wheels:
 	PYTHON=$(PYTHON) scripts/offline_wheels.sh .whl
 
+# The tests mirror src/ (docs/tests.md#layout-and-tiers): tests/<package>/ per src/topklab package, tests/integration/
+# (end to end across packages) and tests/repo/ (lint, docs, imports, doctests). test-unit: the mirrored folders
+# without the slow and the integration-marked (end-to-end) tests, 2-3 min; test: every test not marked slow
+# (unit + integration + repo); test-slow: the slow ones; test-all: everything.
+UNIT_TESTS := $(sort $(filter-out tests/integration/ tests/repo/ tests/helpers/ tests/fixtures/,$(dir $(wildcard tests/*/test_*.py))))
+
 # On a CUDA machine the gpu-marked tests run too; elsewhere they are skipped with the reason.
 test: setup
 	$(PY) -m pytest -q -m "not slow"
+
+test-unit: setup
+	$(PY) -m pytest -q -m "not slow and not integration" $(UNIT_TESTS)
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow

@@ -1,5 +1,5 @@
 """Record the per-step loss distributions of short real runs of every recipe that uses MATk/STk,
-as replay fixtures for tests/test_lambda_replay.py (:class:`topklab.losses.aggregate.loss_stream.LossStream`).
+as replay fixtures for tests/losses/test_lambda_replay.py (:class:`topklab.losses.aggregate.loss_stream.LossStream`).
 
     python scripts/record_loss_streams.py                      # every recipe into tests/fixtures/loss_streams/
     python scripts/record_loss_streams.py recipes=[translation] steps=300

@@ -1,7 +1,7 @@
 import os
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import CONFIG_DIR, ROOT, TABULAR_DATASETS  # noqa: F401  (tests/ is on sys.path: pyproject's pythonpath)
+
 os.environ.setdefault("TOPKLAB_ROOT", str(ROOT))
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -14,20 +14,8 @@ from hydra import initialize_config_dir  # noqa: E402
 import topklab  # noqa: E402,F401  (torchvision shim before anything imports torchvision)
 from topklab.config import compose_run  # noqa: E402
 
-CONFIG_DIR = ROOT / "configs"
-TABULAR_DATASETS = [
-    "appendicitis",
-    "australian",
-    "german",
-    "phoneme",
-    "spambase",
-    "titanic",
-    "wisconsin",
-    "housing",
-    "abalone",
-    "cpusmall",
-    "sinc",
-]
+# module-scoped fixtures of tiny vision data (fmnist_root, cifar_root, listed_tree) for every folder
+pytest_plugins = ["helpers.vision_runs"]
 
 
 def _result_files() -> dict:
@@ -54,10 +42,17 @@ def compose_cfg(tmp_path):
     return _compose
 
 
+INTEGRATION = ROOT / "tests" / "integration"
+
+
 def pytest_collection_modifyitems(config, items):
-    """``gpu``-marked tests run where CUDA is visible (``make setup DEVICE=cuda``) and skip elsewhere."""
+    """Tests under ``tests/integration/`` are marked ``integration``. ``gpu``-marked tests run where CUDA is
+    visible (``make setup DEVICE=cuda``) and skip elsewhere."""
     import torch
 
+    for item in items:
+        if INTEGRATION in item.path.parents:
+            item.add_marker(pytest.mark.integration)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (make setup DEVICE=cuda on a GPU machine)")

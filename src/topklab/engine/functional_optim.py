@@ -3,7 +3,7 @@ dimension is the member (row), and each member has its own learning rate.
 
 Each step is ``torch.optim``'s single-tensor arithmetic, operation for operation, so a member's
 trajectory matches a ``torch.optim`` run of the same model bit for bit where the gradients match
-(``tests/test_population.py`` checks both against ``torch.optim``).
+(``tests/engine/test_population.py`` checks both against ``torch.optim``).
 """
 
 from __future__ import annotations

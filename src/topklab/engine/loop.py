@@ -95,6 +95,41 @@ def check_splits(data, splits, dataset_cfg=None) -> None:
     )
 
 
+STORED_AS_GIVEN = (
+    "epochs", "batch_size", "eval_batch_size", "micro_batch_size", "drop_last", "eval_every_steps", "validate_at_start",
+    "patience", "min_delta", "report_state", "amp", "channels_last", "clip_grad_norm", "average_last", "checkpoint",
+    "checkpoint_every", "resume", "max_steps", "progress", "finite_check", "gradient_exchange",
+)  # fmt: skip
+
+
+def check_engine_settings(settings: dict) -> None:
+    """A one-line ValueError for the first of :class:`Engine`'s settings that is out of range."""
+    check_int("engine.epochs", settings["epochs"])
+    check_int("engine.batch_size", settings["batch_size"])
+    for name in ("eval_batch_size", "micro_batch_size", "eval_every_steps", "patience", "max_steps"):
+        check_int(f"engine.{name}", settings[name], allow_none=True)
+    check_int("engine.average_last", settings["average_last"], 0)
+    choices = {"report_state": REPORT_STATES, "finite_check": ("auto", "step", "epoch"), "amp": tuple(AMP_DTYPES),
+               "channels_last": ("auto", True, False), "resume": (True, False, "force")}  # fmt: skip
+    for name, allowed in choices.items():
+        if settings[name] not in allowed:
+            names = ", ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in allowed)
+            raise ValueError(f"engine.{name}={settings[name]!r}; choose one of {names}")
+    if not settings["min_delta"] >= 0 or settings["checkpoint_every"] < 0 or not settings["clip_grad_norm"] >= 0:
+        raise ValueError("engine.min_delta, engine.checkpoint_every and engine.clip_grad_norm must be >= 0")
+    if settings["average_last"] and not settings["checkpoint"]:
+        raise ValueError("engine.average_last needs engine.checkpoint=true (the epoch weights are kept beside it)")
+    if settings["select_metrics"] is not None and not list(settings["select_metrics"]):
+        raise ValueError("engine.select_metrics is empty; give metric names or null for the task's primary metric")
+    final_splits = list(settings["final_splits"])
+    if set(final_splits) - set(SPLITS) or "val" not in final_splits:
+        raise ValueError(f"engine.final_splits={final_splits} must include val and name only {', '.join(SPLITS)}")
+    if settings["gradient_exchange"] is not None and settings["micro_batch_size"]:
+        raise ValueError(
+            "engine.gradient_exchange already splits each batch into its workers' shards; set engine.micro_batch_size=null"
+        )
+
+
 class Engine:
     """Trains one model on ``objective(model(x), y)`` with a Data, a Task and an optimizer.
 
@@ -187,67 +222,21 @@ class Engine:
         finite_check: str = "auto",
         deterministic: bool = False,
     ):
-        check_int("engine.epochs", epochs)
-        check_int("engine.batch_size", batch_size)
-        for name, value in (
-            ("eval_batch_size", eval_batch_size),
-            ("micro_batch_size", micro_batch_size),
-            ("eval_every_steps", eval_every_steps),
-            ("patience", patience),
-            ("max_steps", max_steps),
-        ):
-            check_int(f"engine.{name}", value, allow_none=True)
-        if report_state not in REPORT_STATES:
-            raise ValueError(f"engine.report_state={report_state!r}; choose one of {', '.join(REPORT_STATES)}")
-        if finite_check not in ("auto", "step", "epoch"):
-            raise ValueError(f"engine.finite_check={finite_check!r}; choose auto, step or epoch")
-        if amp not in AMP_DTYPES:
-            raise ValueError(f"engine.amp={amp!r}; choose one of {', '.join(AMP_DTYPES)}")
-        if channels_last not in ("auto", True, False):
-            raise ValueError(f"engine.channels_last={channels_last!r}; choose auto, true or false")
-        if not min_delta >= 0 or checkpoint_every < 0 or not clip_grad_norm >= 0:
-            raise ValueError("engine.min_delta, engine.checkpoint_every and engine.clip_grad_norm must be >= 0")
-        check_int("engine.average_last", average_last, 0)
-        if resume not in (True, False, "force"):
-            raise ValueError(f"engine.resume={resume!r}; choose true, false or force")
-        if average_last and not checkpoint:
-            raise ValueError("engine.average_last needs engine.checkpoint=true (the epoch weights are kept beside it)")
-        if select_metrics is not None and not list(select_metrics):
-            raise ValueError("engine.select_metrics is empty; give metric names or null for the task's primary metric")
-        unknown = set(final_splits) - set(SPLITS)
-        if unknown or "val" not in final_splits:
-            raise ValueError(
-                f"engine.final_splits={list(final_splits)} must include val and name only {', '.join(SPLITS)}"
-            )
-        self.epochs, self.batch_size, self.eval_batch_size, self.drop_last = (
-            epochs,
-            batch_size,
-            eval_batch_size,
-            drop_last,
-        )
-        self.micro_batch_size, self.report_state = micro_batch_size, report_state
-        self.eval_every_steps, self.validate_at_start = eval_every_steps, validate_at_start
-        self.patience, self.min_delta = patience, min_delta
-        self.select_metrics = None if select_metrics is None else list(select_metrics)
-        self.final_splits = list(final_splits)
-        self.device_name, self.amp, self.channels_last = device, amp, channels_last
-        self.schedule = dict(schedule or {"name": "constant"})
-        self.clip_grad_norm, self.average_last = clip_grad_norm, average_last
-        LRFactor(steps_per_epoch=1, epochs=epochs, **self.schedule)  # validates the fields now
-        self.checkpoint, self.checkpoint_every, self.resume, self.max_steps = (
-            checkpoint,
-            checkpoint_every,
-            resume,
-            max_steps,
-        )
-        self.profiler = {"enabled": False, "wait": 1, "warmup": 1, "active": 3, **(profiler or {})}
-        self.progress, self.finite_check, self.deterministic = progress, finite_check, bool(deterministic)
-        if gradient_exchange is not None and micro_batch_size:
-            raise ValueError(
-                "engine.gradient_exchange already splits each batch into its workers' shards; "
-                "set engine.micro_batch_size=null"
-            )
-        self.gradient_exchange = gradient_exchange
+        settings = {name: value for name, value in locals().items() if name != "self"}
+        check_engine_settings(settings)
+        self._store(**settings)
+
+    def _store(self, **settings) -> None:
+        """Keep the checked settings (:func:`check_engine_settings`) under the names the loop reads."""
+        for name in STORED_AS_GIVEN:
+            setattr(self, name, settings[name])
+        self.device_name, self.deterministic = settings["device"], bool(settings["deterministic"])
+        metrics = settings["select_metrics"]
+        self.select_metrics = None if metrics is None else list(metrics)
+        self.final_splits = list(settings["final_splits"])
+        self.schedule = dict(settings["schedule"] or {"name": "constant"})
+        LRFactor(steps_per_epoch=1, epochs=self.epochs, **self.schedule)  # validates the fields now
+        self.profiler = {"enabled": False, "wait": 1, "warmup": 1, "active": 3, **(settings["profiler"] or {})}
 
     def fit(
         self,

@@ -6,7 +6,7 @@ Member m reproduces one plain training run: the model built under ``torch.manual
 mini-batches from a ``torch.Generator`` seeded with ``seed_m`` (one ``randperm`` per epoch), the
 objective ``aggregate(individual(f(x), y)) + 1/(2C_m)·Σθ² + l1_m·Σ|W|``, a ``torch.optim``
 AdaGrad or Adam step, validation every ``eval_every`` steps, early stopping, and roll-back to the
-best validation state (``tests/test_population.py`` checks members against such a loop). The
+best validation state (``tests/engine/test_population.py`` checks members against such a loop). The
 aggregate is an :class:`~topklab.losses.aggregate.base.Aggregate` module run through its batched
 kernel, the same kernel its 1-D forward uses.
 """

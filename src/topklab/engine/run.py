@@ -126,21 +126,7 @@ def train(
     dist = Distributed.from_env(backend="gloo" if cfg.engine.device == "cpu" else None).init()
     logger = record = None
     try:
-        if dist.is_main:  # the run's record (Hydra's run directory under train.py)
-            check_writable([(Path(run_dir), "hydra.run.dir")])
-        record = RunRecord(run_dir, job_name) if dist.is_main else SilentRecord(run_dir, job_name)
-        result_path = plan_result(cfg, overrides, record.run_dir) if cfg.get("result_file") and dist.is_main else None
-        if dist.is_main:
-            check_writable(
-                [
-                    *(
-                        [(Path(cfg.paths.checkpoint_dir), "paths.checkpoint_dir")]
-                        if cfg.engine.get("checkpoint")
-                        else []
-                    ),
-                    *([(result_path.parent, "result_file")] if result_path is not None else []),
-                ]
-            )
+        record, result_path = open_record(cfg, run_dir, job_name, overrides, dist)
         data, model, objective, task, engine = build_run(cfg)
         module = TrainingModule(model, objective)
         optimizer = build(cfg.optim, "optim")(module.parameter_groups())
@@ -149,26 +135,12 @@ def train(
         record.write_start(cfg, seeds, project_root())
         record.write_indices(getattr(data, "indices", {}))
         workdir = Path(cfg.paths.checkpoint_dir) / run_key(cfg)
-        logger.start(
-            record.run_dir,
-            OmegaConf.to_container(cfg, resolve=True),
-            resume_id=CheckpointStore(workdir).info().get("logger_id"),
-        )
+        resume_id = CheckpointStore(workdir).info().get("logger_id")
+        logger.start(record.run_dir, OmegaConf.to_container(cfg, resolve=True), resume_id=resume_id)
+        hooks = dict(on_epoch_end=record.add_epoch, on_eval=logger.log, replay_logged=logger.replay)
         with deterministic_algorithms(engine.deterministic), deferred_signals():
-            result = engine.fit(
-                module,
-                optimizer,
-                data,
-                task,
-                cfg.seed,
-                on_epoch_end=record.add_epoch,
-                on_eval=logger.log,
-                replay_logged=logger.replay,
-                workdir=workdir,
-                run_dir=record.run_dir,
-                logger_id=logger.id,
-                dist=dist,
-            )
+            result = engine.fit(module, optimizer, data, task, cfg.seed, **hooks, workdir=workdir,
+                                run_dir=record.run_dir, logger_id=logger.id, dist=dist)  # fmt: skip
         dist.barrier()  # no rank tears the process group down while another still talks to it (gloo aborts then)
     except NonFiniteLossError as err:
         record.discard(keep=("last_good.pt",))
@@ -182,28 +154,41 @@ def train(
         if logger is not None:
             logger.close()
         dist.close()
-    summary = {
-        "dataset": data.name,
-        "task": data.task,
-        "data": data.info,
-        "recipe": cfg.get("recipe"),
-        "model": cfg.model._target_,
-        "loss": cfg.loss._target_,
-        "individual": cfg.individual._target_,
-        "parameters": {
-            "total": sum(p.numel() for p in model.parameters()),
-            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
-        },
-        "seeds": seeds,
-        "logger_id": logger.id,
-        "class_counts": data.info.get("class_counts"),
-        "loader": getattr(data, "loader", None),
-        **result,
-    }
+    summary = run_summary(cfg, data, model, seeds, logger.id, result)
     record.write_summary(summary)
     if result_path is not None:
         write_result(cfg, summary, record, result_path)
     return summary
+
+
+def open_record(cfg: DictConfig, run_dir, job_name, overrides, dist) -> tuple[RunRecord, Path | None]:
+    """The run's record (Hydra's run directory under train.py; silent on ranks other than the main one)
+    and where its result goes, with every folder the run will write checked first."""
+    if not dist.is_main:
+        return SilentRecord(run_dir, job_name), None
+    check_writable([(Path(run_dir), "hydra.run.dir")])
+    record = RunRecord(run_dir, job_name)
+    try:
+        result_path = plan_result(cfg, overrides, record.run_dir) if cfg.get("result_file") else None
+        folders = [(Path(cfg.paths.checkpoint_dir), "paths.checkpoint_dir")] if cfg.engine.get("checkpoint") else []
+        check_writable([*folders, *([(result_path.parent, "result_file")] if result_path is not None else [])])
+    except TopklabError:
+        record.discard()
+        raise
+    return record, result_path
+
+
+def run_summary(cfg: DictConfig, data, model, seeds: dict, logger_id, result: dict) -> dict:
+    """The run's summary: what was trained on what, with which seeds, and the engine's result."""
+    parameters = list(model.parameters())
+    return {
+        "dataset": data.name, "task": data.task, "data": data.info, "recipe": cfg.get("recipe"),
+        "model": cfg.model._target_, "loss": cfg.loss._target_, "individual": cfg.individual._target_,
+        "parameters": {"total": sum(p.numel() for p in parameters),
+                       "trainable": sum(p.numel() for p in parameters if p.requires_grad)},
+        "seeds": seeds, "logger_id": logger_id, "class_counts": data.info.get("class_counts"),
+        "loader": getattr(data, "loader", None), **result,
+    }  # fmt: skip
 
 
 def plan_result(cfg: DictConfig, overrides: list[str] | None, run_dir: Path) -> Path:

@@ -1,6 +1,6 @@
 """The experiment index, ``experiments/INDEX.md``: every row of ``configs/experiment/`` with the
 description its yaml opens with, grouped by folder. Generated (``python -m topklab.report index``)
-and compared with the committed file by ``tests/test_experiment_index.py``, so a new row cannot be
+and compared with the committed file by ``tests/repo/test_experiment_index.py``, so a new row cannot be
 missing from it."""
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import torch
+
 from topklab.losses.aggregate.base import Aggregate, mean_without_overflow
 
 
@@ -16,5 +18,5 @@ class Average(Aggregate):
     tensor([3., 1.])
     """
 
-    def batched(self, losses, k, lam, delta):
+    def batched(self, losses: torch.Tensor, k, lam, delta) -> torch.Tensor:
         return mean_without_overflow(losses.mean(1), losses, losses.new_full(losses.shape[:1], losses.shape[1]))

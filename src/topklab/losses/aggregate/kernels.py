@@ -24,7 +24,7 @@ autograd would use).
   float64 accumulators and its autograd node in C++ (no Python in the call or the backward), built
   on first use by :func:`torch.utils.cpp_extension.load` (needs a C++ compiler and ninja).
 
-All three agree to float32 rounding (``tests/test_kernels.py``). :class:`ThresholdedTopK` picks the
+All three agree to float32 rounding (``tests/losses/test_kernels.py``). :class:`ThresholdedTopK` picks the
 path per call with its ``kernel`` field; where a path cannot be built, ``auto`` warns once and falls
 back (native → compiled → eager).
 

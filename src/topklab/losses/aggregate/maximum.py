@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import torch
+
 from topklab.losses.aggregate.base import Aggregate
 
 
@@ -15,5 +17,5 @@ class Maximum(Aggregate):
     tensor([6., 4.])
     """
 
-    def batched(self, losses, k, lam, delta):
+    def batched(self, losses: torch.Tensor, k, lam, delta) -> torch.Tensor:
         return losses.max(1).values

@@ -51,7 +51,7 @@ class ThresholdedTopK(Aggregate):
     Every training call records whether λ is in band (:mod:`~topklab.losses.aggregate.
     lambda_monitor`) in ``self.monitor``; after 100 consecutive out-of-band calls the module warns once.
 
-    Extreme losses (``tests/test_aggregate_probe.py`` checks each against an exact reference): no finite
+    Extreme losses (``tests/losses/test_aggregate_probe.py`` checks each against an exact reference): no finite
     loss overflows (SReLU's root is |x| where x² would overflow, and the mean of φ is summed in float64
     with each term divided by n first); a +inf loss makes the value +inf and counts 1 above every λ; a
     −inf loss contributes φ's limit (SReLU: −δ/2, ReLU: 0) and no gradient; λ stays finite (the solve

@@ -1,0 +1,81 @@
+"""A checkpoint knows the code and machine settings that wrote it: a finished or killed run is not
+resumed under other ones without ``engine.resume=force``, and every segment of a run is recorded.
+Faults around a run's folders (unwritable, corrupt record, stale temporaries, a full disk) and a resume
+under another thread count are in test_faults.py."""
+
+import pytest
+
+import topklab.engine.loop as loop
+from helpers.vision_runs import TINY_FMNIST
+from topklab.engine.run import train
+from topklab.engine.run_identity import check_resumable, code_version
+from topklab.utils.errors import TopklabError
+
+LOSS = '''"""A loss."""
+import torch
+
+
+def scale(x):
+    """Twice x."""
+    return 2 * x
+'''
+
+
+def write_package(root, loss=LOSS, report="def render():\n    return 'table'\n", kernel="int f() { return 1; }\n"):
+    (root / "losses").mkdir(parents=True, exist_ok=True)
+    (root / "report").mkdir(exist_ok=True)
+    (root / "losses" / "scale.py").write_text(loss)
+    (root / "report" / "tables.py").write_text(report)
+    (root / "kernel.cpp").write_text(kernel)
+    return code_version(root)
+
+
+def test_code_version_ignores_comments_docstrings_layout_and_reports_but_not_code(tmp_path):
+    original = write_package(tmp_path / "a")
+    reformatted = LOSS.replace('"""Twice x."""', '"""Twice x, documented at length."""  ').replace(
+        "return 2 * x", "# doubled\n    return (2 *\n            x)"
+    )
+    assert (
+        write_package(
+            tmp_path / "b",
+            loss=reformatted,
+            report="def render():\n    return 'another table'\n",
+            kernel="\n  int f() { return 1; }  \n\n",
+        )
+        == original
+    )
+    assert write_package(tmp_path / "c", loss=LOSS.replace("2 * x", "3 * x")) != original
+    assert write_package(tmp_path / "d", kernel="int f() { return 2; }\n") != original
+
+
+def test_the_installed_code_version_is_stable_within_a_process():
+    assert code_version() == code_version() and len(code_version()) == 16
+
+
+def test_a_checkpoint_without_a_record_is_not_resumed_silently():
+    me = {"code": "a", "device": "cpu", "threads": 1, "cpu_capability": "AVX2", "torch": "2.13.0"}
+    with pytest.raises(TopklabError, match="no record of the code and machine .* engine.resume=force"):
+        check_resumable(None, me, "ckpt", force=False)
+    check_resumable(None, me, "ckpt", force=True)
+
+
+def test_a_finished_run_is_not_reused_under_other_code_unless_forced(
+    compose_cfg,
+    tmp_path,
+    fmnist_root,
+    monkeypatch,
+):
+    overrides = [*TINY_FMNIST, f"dataset.root={fmnist_root}", "engine.epochs=1", "loss=stk", "result_file=null"]
+    first = train(compose_cfg(*overrides), tmp_path / "first")
+    assert [segment["from_step"] for segment in first["segments"]] == [0]
+    again = train(compose_cfg(*overrides), tmp_path / "again")  # the finished checkpoint, same code: reused
+    assert again["metrics"] == first["metrics"] and [s["from_step"] for s in again["segments"]] == [0, first["steps"]]
+
+    identity = loop.segment_identity
+    monkeypatch.setattr(loop, "segment_identity", lambda device: {**identity(device), "code": "0" * 16})
+    with pytest.raises(
+        TopklabError, match=f"code {first['segments'][0]['code']}, this run has 0{{16}}.*engine.resume=force"
+    ):
+        train(compose_cfg(*overrides), tmp_path / "changed")
+    forced = train(compose_cfg(*overrides, "engine.resume=force"), tmp_path / "forced")
+    assert [segment["code"] for segment in forced["segments"]] == [first["segments"][0]["code"], "0" * 16]

@@ -1,0 +1,27 @@
+"""What several test folders share: the repository's paths, the tabular dataset names, writers of tiny
+files in the real formats (:mod:`helpers.vision_files`, :mod:`helpers.translation_files`,
+:mod:`helpers.embedding_files`) and the fixtures and references more than one test module uses
+(:mod:`helpers.vision_runs`, :mod:`helpers.population`, :mod:`helpers.tables`).
+
+``tests/`` is on ``sys.path`` (pyproject's ``[tool.pytest.ini_options] pythonpath``), so a test in any
+folder imports these as ``from helpers import ROOT`` or ``from helpers.vision_files import ...``."""
+
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]
+ROOT = TESTS.parent
+CONFIG_DIR = ROOT / "configs"
+FIXTURES = TESTS / "fixtures"
+TABULAR_DATASETS = [
+    "appendicitis",
+    "australian",
+    "german",
+    "phoneme",
+    "spambase",
+    "titanic",
+    "wisconsin",
+    "housing",
+    "abalone",
+    "cpusmall",
+    "sinc",
+]

@@ -1,0 +1,30 @@
+"""Fake result envelopes for the table renderers (``report/test_tables.py``, ``integration/test_embedding_rows.py``)."""
+
+from topklab.report import make_result, write_result
+
+
+def fake_vision_run(results, table, row, label, seed, top1, top5, per_class):
+    test = {
+        "top1": top1,
+        "top5": top5,
+        "many": per_class[0],
+        "medium": per_class[1],
+        "few": per_class[2],
+        "per_class": per_class,
+        "score": top1,
+    }
+    summary = {
+        "metrics": {"test": test},
+        "class_counts": [150, 50, 5],
+        "selection": {"top1": {"test": top1}, "top5": {"test": top5 + 1.0}},
+    }
+    config = {"trainer": {"epochs": 3, "batch_size": 8, "select_metrics": ["top1", "top5"]}}
+    result = make_result(
+        "vision",
+        f"{table}/{row}",
+        {"table": table, "row": row, "label": label, "summary": summary},
+        f"python train.py vision={table}/{row} seed={seed}",
+        config,
+        {"git": {"sha": "def5678"}, "seeds": {"seed": seed}},
+    )
+    return write_result(results / "vision" / table / row / f"seed{seed}.json", result)

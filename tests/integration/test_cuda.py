@@ -1,0 +1,104 @@
+"""What only a GPU can check: the STk kernels on CUDA against the CPU reference, a PEL row's step
+with fp16 autocast and channels-last, and the device-resident image loader on CUDA. Marked ``gpu``:
+skipped where no CUDA device is visible."""
+
+import pytest
+import torch
+
+from helpers.vision_runs import TINY_VIT, data_overrides
+from topklab.engine.run import train
+from topklab.losses import STk
+from topklab.losses.aggregate.solve import kth_largest_value
+from topklab.tasks.classification_metrics import expected_calibration_error
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("lam_update", ["solve", "gradient"])
+def test_stk_on_cuda_matches_the_cpu_in_float64(lam_update):
+    losses = torch.rand(4097, dtype=torch.float64)
+    values, grads = [], []
+    for device in ("cpu", "cuda"):
+        aggregate = STk(k=0.9, delta=0.01, lam_update=lam_update).double().to(device)
+        x = losses.to(device).clone().requires_grad_(True)  # a fresh leaf per device (.to("cpu") is the tensor itself)
+        value = aggregate(x)
+        value.backward()
+        values.append(value.detach().cpu())
+        lam = aggregate.threshold.grad if lam_update == "gradient" else aggregate.lam_last
+        grads.append((x.grad.cpu(), lam.detach().cpu()))
+    assert torch.allclose(values[0], values[1], rtol=1e-10)
+    assert torch.allclose(grads[0][0], grads[1][0], rtol=1e-9) and torch.allclose(grads[0][1], grads[1][1], rtol=1e-9)
+
+
+@pytest.mark.parametrize("k", [1, 5, 500_000, 999_996, 1_000_000])
+def test_kth_largest_on_cuda_is_the_cpu_kthvalue(k):
+    """CUDA takes ℓ_[k] by topk (its kthvalue selects a long row in one block); the value is the CPU's."""
+    losses = torch.randn(1_000_000, generator=torch.Generator().manual_seed(0)).round(decimals=2)  # many ties
+    assert torch.equal(kth_largest_value(losses.cuda(), k).cpu(), losses.kthvalue(1_000_001 - k).values)
+
+
+def test_ece_of_cuda_logits_repeats_bit_for_bit():
+    """ECE's bin sums must not be atomic float adds, or a resumed run's metrics differ in the last digit."""
+    generator = torch.Generator().manual_seed(0)
+    logits, labels = (
+        torch.randn(200_000, 10, generator=generator),
+        torch.randint(0, 10, (200_000,), generator=generator),
+    )
+    on_cpu = expected_calibration_error(logits, labels)
+    on_cuda = {expected_calibration_error(logits.cuda(), labels.cuda()) for _ in range(5)}
+    assert len(on_cuda) == 1 and on_cuda.pop() == pytest.approx(on_cpu, rel=1e-12)
+
+
+@pytest.mark.parametrize("row", ["stk/table5/cifar100lt_stk", "stk/table5/places_lt_atk"])
+def test_a_pel_row_trains_on_cuda_with_fp16_autocast(compose_cfg, tmp_path, row, cifar_root, listed_tree):
+    cfg = compose_cfg(
+        f"experiment={row}",
+        *data_overrides(row, cifar_root, listed_tree),
+        *TINY_VIT,
+        "model.head_init=null",
+        "engine.epochs=1",
+        "engine.max_steps=2",
+        "engine.batch_size=8",
+        "engine.micro_batch_size=4",
+        "engine.device=cuda",
+        "engine.amp=fp16",
+        "engine.channels_last=true",
+        "engine.progress=false",
+        "logger=none",
+        "result_file=null",
+    )
+    summary = train(cfg, tmp_path / "run")
+    assert summary["device"].startswith("cuda") and summary["amp"] == "fp16" and summary["steps"] == 2
+    assert summary["cost"]["peak_memory_mb"] > 0 and 0 <= summary["metrics"]["test"]["top1"] <= 100
+
+
+def test_the_device_loader_on_cuda_gives_the_cpu_batches():
+    from topklab.data.vision import DeviceLoader
+
+    images = torch.randint(0, 256, (20, 3, 8, 8), dtype=torch.uint8)
+    batches = [
+        [
+            x.cpu()
+            for x, _ in DeviceLoader(
+                images, torch.arange(20), 8, [0.5] * 3, [0.25] * 3, train=True, device=device
+            ).batches(epoch=3)
+        ]
+        for device in ("cpu", "cuda")
+    ]
+    assert all(torch.allclose(a, b) for a, b in zip(*batches))
+
+
+@pytest.mark.parametrize("network", ["odd_even", "bitonic", "splitter_selection"])
+def test_diffsortnet_on_cuda_matches_the_cpu_in_float64(network):
+    from topklab.operators import DiffSortNet
+
+    scores = torch.randn(8, 37, dtype=torch.float64)
+    weights = torch.randn(8, 37, 5, dtype=torch.float64)
+    results = []
+    for device in ("cpu", "cuda"):
+        x = scores.to(device).clone().requires_grad_(True)
+        P = DiffSortNet(network, 0.5, "logistic_phi", 0.5).permutation(x, 5)
+        (P * weights.to(device)).sum().backward()
+        results.append((P.detach().cpu(), x.grad.cpu()))
+    assert torch.allclose(results[0][0], results[1][0], atol=1e-12)
+    assert torch.allclose(results[0][1], results[1][1], atol=1e-10)

