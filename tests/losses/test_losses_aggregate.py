@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from topklab.losses import ATk, Average, MATk, Maximum, STk
+from topklab.losses.aggregate.base import Aggregate
 from topklab.losses.aggregate.solve import kth_largest_value
 from topklab.losses.k import resolve_k, validate_k
 from topklab.smoothing import SMOOTHINGS, srelu
@@ -392,3 +393,18 @@ def test_kth_largest_by_topk_is_kthvalue_with_ties_infinities_and_nan():
             for k in range(1, n + 1):
                 expected, got = x.kthvalue(n + 1 - k).values, kth_largest_value(x, k, by_topk=True)
                 assert got.dtype == dtype and (torch.equal(got, expected) or (got.isnan() and expected.isnan())), (x, k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_average_fast_path_is_the_batched_path_bit_for_bit(dtype):
+    """Average() on a CPU returns x.mean() directly where it is finite; that is the batched path's value and gradient."""
+    generator = torch.Generator().manual_seed(0)
+    for n in (1, 2, 7, 16, 33, 1000, 4097):
+        losses = (torch.rand(n, generator=generator) * 10).to(dtype)
+        fast, batched = losses.clone().requires_grad_(True), losses.clone().requires_grad_(True)
+        value_fast, value_batched = Average()(fast), Aggregate.forward(Average(), batched)
+        value_fast.backward()
+        value_batched.backward()
+        assert torch.equal(value_fast, value_batched) and torch.equal(fast.grad, batched.grad), n
+    huge = torch.full((4,), torch.finfo(dtype).max, dtype=dtype)  # the sum overflows: the batched path's float64 mean
+    assert torch.isfinite(Average()(huge)) and Average()(huge) == torch.finfo(dtype).max
