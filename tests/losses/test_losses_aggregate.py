@@ -408,3 +408,27 @@ def test_average_fast_path_is_the_batched_path_bit_for_bit(dtype):
         assert torch.equal(value_fast, value_batched) and torch.equal(fast.grad, batched.grad), n
     huge = torch.full((4,), torch.finfo(dtype).max, dtype=dtype)  # the sum overflows: the batched path's float64 mean
     assert torch.isfinite(Average()(huge)) and Average()(huge) == torch.finfo(dtype).max
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("make", [Maximum, lambda: ATk(k=0.3), lambda: ATk(k=1), lambda: ATk(k=0.3, method="sort")])
+def test_maximum_and_atk_fast_paths_are_the_batched_path_bit_for_bit(dtype, make):
+    """With ties and infinities; an infinite ATk value takes the batched path itself."""
+    generator = torch.Generator().manual_seed(0)
+    for n in (1, 2, 7, 16, 33, 1000, 4097):
+        losses = torch.randint(0, 5, (n,), generator=generator).to(dtype)
+        draw = torch.rand(n, generator=generator)
+        losses[draw < 0.05], losses[(draw > 0.05) & (draw < 0.08)] = float("-inf"), float("inf")
+        fast, batched = losses.clone().requires_grad_(True), losses.clone().requires_grad_(True)
+        value_fast, value_batched = make()(fast), Aggregate.forward(make(), batched)
+        value_fast.backward()
+        value_batched.backward()
+        assert torch.equal(value_fast, value_batched) or (value_fast.isnan() and value_batched.isnan()), n
+        assert torch.equal(fast.grad.nan_to_num(), batched.grad.nan_to_num()), n
+
+
+def test_atk_in_bfloat16_averages_exactly_k_losses():
+    """k = 257 is not a bfloat16 number (the batched path's k tensor rounds it to 256); ATk() uses the int."""
+    losses = torch.cat([torch.zeros(256), torch.full((744,), -256.0)]).double()  # the 257th largest is -256
+    expected = losses.topk(257).values.mean()  # -256/257, where the top 256 alone average 0
+    assert ATk(k=257)(losses.to(torch.bfloat16)).double() == expected.to(torch.bfloat16).double() != 0

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import math
+
 import torch
 
-from topklab.losses.aggregate.base import Aggregate, mean_without_overflow
-from topklab.losses.k import validate_k
+from topklab.losses.aggregate.base import Aggregate, check_losses, mean_without_overflow
+from topklab.losses.k import resolve_k, validate_k
 
 ATK_METHODS = ("topk", "sort")
 
@@ -42,6 +44,17 @@ class ATk(Aggregate):
         if method not in ATK_METHODS:
             raise ValueError(f"unknown ATk method {method!r}; choose one of: {', '.join(ATK_METHODS)}")
         self.method = method
+
+    def forward(self, losses: torch.Tensor) -> torch.Tensor:
+        # the usual case, a finite CPU value, without the batched path's masks: its value and gradient bit for bit
+        k = resolve_k(self.k, check_losses(losses).numel())
+        ranked = (
+            torch.sort(losses, descending=True).values[:k] if self.method == "sort" else torch.topk(losses, k).values
+        )
+        value = ranked.sum() / k
+        if value.device.type == "cpu" and not torch.compiler.is_compiling() and not math.isinf(value.item()):
+            return value
+        return super().forward(losses)
 
     def batched(self, losses, k, lam, delta):
         """Each row's largest ``k[p]`` losses, ranked (``topk`` up to the largest k, or a full
