@@ -8,13 +8,14 @@ import torch
 from topklab.models.peft import VPT, AdaptFormer, BiasOnly, FullFineTuning, LinearProbe, LoRA, PeftViT, default_rank
 from topklab.utils.errors import DataUnavailableError
 
-VIT_B = "vit_base_patch16_224"
+VIT_B = "vit_base_patch16_224"  # the counts are ViT-B/16's; the behaviour tests take the 12-layer tiny ViT (width 192)
 DIM, LAYERS = 768, 12
+VIT_TINY, TINY_DIM = "vit_tiny_patch16_224", 192
 
 
-def vit_b(tuner, num_classes=100, seed=0):
+def vit(tuner, num_classes=100, seed=0, backbone=VIT_TINY):
     torch.manual_seed(seed)
-    return PeftViT(num_classes, backbone=VIT_B, tuner=tuner, img_size=32)
+    return PeftViT(num_classes, backbone=backbone, tuner=tuner, img_size=32)
 
 
 def test_default_rank_follows_pel():
@@ -38,7 +39,7 @@ def test_default_rank_follows_pel():
     ids=["adaptformer", "lora", "vpt_deep", "vpt_shallow", "bias_only", "linear_probe", "full"],
 )
 def test_trainable_parameter_counts_of_vit_b16(tuner, expected):
-    model = vit_b(tuner)
+    model = vit(tuner, backbone=VIT_B)
     assert model.trainable_parameters == expected + 100 * DIM  # + the cosine head
     assert sum(p.numel() for group in model.parameter_groups() for p in group["params"]) == model.trainable_parameters
     assert expected != 101436 or isinstance(tuner, AdaptFormer)
@@ -50,7 +51,7 @@ def test_trainable_parameter_counts_of_vit_b16(tuner, expected):
     ids=["adaptformer", "lora", "vpt", "bias_only"],
 )
 def test_only_the_branch_and_head_get_gradients(tuner):
-    model = vit_b(tuner, num_classes=5)
+    model = vit(tuner, num_classes=5)
     if isinstance(tuner, (AdaptFormer, LoRA)):  # their zero-initialised factor would block the other's gradient
         for p in model.trained:
             p.data.normal_(0, 0.02)
@@ -65,7 +66,7 @@ def test_only_the_branch_and_head_get_gradients(tuner):
 
 @pytest.mark.parametrize("tuner", [AdaptFormer(rank=4), LoRA(rank=4)], ids=["adaptformer", "lora"])
 def test_the_branch_leaves_the_backbone_output_unchanged_at_step_0(tuner):
-    tuned, plain = vit_b(tuner, seed=3), vit_b(LinearProbe(), seed=3)
+    tuned, plain = vit(tuner, seed=3), vit(LinearProbe(), seed=3)
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(tuned.features(x), plain.features(x))
     with torch.no_grad():
@@ -75,9 +76,9 @@ def test_the_branch_leaves_the_backbone_output_unchanged_at_step_0(tuner):
 
 
 def test_deep_prompts_change_the_features_and_keep_the_class_token_first():
-    prompted, plain = vit_b(VPT(length=4), seed=1), vit_b(LinearProbe(), seed=1)
+    prompted, plain = vit(VPT(length=4), seed=1), vit(LinearProbe(), seed=1)
     x = torch.randn(2, 3, 32, 32)
-    assert prompted.features(x).shape == (2, DIM) and not torch.allclose(prompted.features(x), plain.features(x))
+    assert prompted.features(x).shape == (2, TINY_DIM) and not torch.allclose(prompted.features(x), plain.features(x))
 
 
 def test_pretrained_weights_offline_are_one_line_naming_them(monkeypatch, tmp_path):
