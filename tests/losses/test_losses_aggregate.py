@@ -259,7 +259,7 @@ def test_unknown_names_list_the_choices():
 
 def test_aggregate_rejects_non_vector_input():
     with pytest.raises(ValueError, match="1-D tensor"):
-        Average()(torch.ones(3, 2))
+        Average()(torch.ones(()))  # a (3, 2) input is three rows now (tests/losses/test_aggregate_shapes.py)
     with pytest.raises(ValueError, match="empty"):
         STk(0.5)(torch.ones(0))
 
@@ -432,3 +432,12 @@ def test_atk_in_bfloat16_averages_exactly_k_losses():
     losses = torch.cat([torch.zeros(256), torch.full((744,), -256.0)]).double()  # the 257th largest is -256
     expected = losses.topk(257).values.mean()  # -256/257, where the top 256 alone average 0
     assert ATk(k=257)(losses.to(torch.bfloat16)).double() == expected.to(torch.bfloat16).double() != 0
+
+
+def test_atk_batched_in_bfloat16_averages_exactly_k_losses():
+    """The batched path and 2-D input too (issue 31): bfloat16 rows are summed in float32 with k = 257 exact."""
+    losses = torch.cat([torch.zeros(256), torch.full((744,), -256.0)])
+    expected = losses.topk(257).values.mean().to(torch.bfloat16).expand(2)  # -256/257 rounded once
+    rows = torch.stack([losses, losses.flip(0)]).to(torch.bfloat16)
+    assert torch.equal(ATk(k=257).batched(rows, torch.tensor([257.0, 257.0]), None, None), expected)
+    assert torch.equal(ATk(k=257)(rows), expected)

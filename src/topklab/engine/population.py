@@ -29,7 +29,7 @@ from topklab.engine.functional_optim import FunctionalOptimizer
 from topklab.engine.population_layout import Gathered, Grouped
 from topklab.engine.stacked import StackedModel
 from topklab.engine.stopping import REPORT_STATES, EarlyStopping
-from topklab.losses.aggregate.base import Aggregate
+from topklab.losses.aggregate.base import Aggregate, accumulation_dtype
 from topklab.losses.k import resolve_k, validate_k
 from topklab.utils.batching import batches_per_epoch
 from topklab.utils.checks import check_int
@@ -321,7 +321,9 @@ class PopulationExecutor:
             "l1": torch.as_tensor(members.l1, dtype=self.dtype),
             "delta": torch.as_tensor(members.delta, dtype=self.dtype),
             **{
-                ("k", size): torch.as_tensor([resolve_k(k, size) for k in members.k], dtype=self.dtype)
+                ("k", size): torch.as_tensor(
+                    [resolve_k(k, size) for k in members.k], dtype=accumulation_dtype(self.dtype)
+                )  # counts are exact in float32, not in half precision
                 for size in sizes
             },
         }

@@ -1,4 +1,4 @@
-"""Losses: individual (per-sample, no reduction) and aggregate (1-D losses -> scalar).
+"""Losses: individual (per-sample, no reduction) and aggregate (losses (..., n) -> one value per row).
 
 >>> import torch
 >>> from topklab.losses import STk, Logistic
@@ -7,7 +7,17 @@
 torch.Size([])
 """
 
-from topklab.losses.aggregate import Aggregate, ATk, Average, MATk, Maximum, SoftATk, STk, ThresholdedTopK
+from topklab.losses.aggregate import (
+    Aggregate,
+    AggregateInputError,
+    ATk,
+    Average,
+    MATk,
+    Maximum,
+    SoftATk,
+    STk,
+    ThresholdedTopK,
+)
 from topklab.losses.individual import (
     Absolute,
     CostSensitiveCE,
@@ -28,6 +38,7 @@ __all__ = [
     "ATk",
     "Absolute",
     "Aggregate",
+    "AggregateInputError",
     "Average",
     "CostSensitiveCE",
     "CrossEntropy",

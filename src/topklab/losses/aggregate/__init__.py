@@ -1,8 +1,8 @@
 from topklab.losses.aggregate.atk import ATk
 from topklab.losses.aggregate.average import Average
-from topklab.losses.aggregate.base import Aggregate
+from topklab.losses.aggregate.base import Aggregate, AggregateInputError
 from topklab.losses.aggregate.maximum import Maximum
 from topklab.losses.aggregate.soft_atk import SoftATk
 from topklab.losses.aggregate.thresholded import MATk, STk, ThresholdedTopK
 
-__all__ = ["ATk", "Aggregate", "Average", "MATk", "Maximum", "STk", "SoftATk", "ThresholdedTopK"]
+__all__ = ["ATk", "Aggregate", "AggregateInputError", "Average", "MATk", "Maximum", "STk", "SoftATk", "ThresholdedTopK"]

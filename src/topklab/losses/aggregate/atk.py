@@ -4,8 +4,14 @@ import math
 
 import torch
 
-from topklab.losses.aggregate.base import Aggregate, check_losses, mean_without_overflow
-from topklab.losses.k import resolve_k, validate_k
+from topklab.losses.aggregate.base import (
+    Aggregate,
+    accumulation_dtype,
+    check_k,
+    check_losses,
+    mean_without_overflow,
+    resolve_count,
+)
 
 ATK_METHODS = ("topk", "sort")
 
@@ -16,12 +22,17 @@ class ATk(Aggregate):
 
     Parameters
     ----------
-    k : int >= 1 or float in (0, 1]
+    k : int >= 1, float in (0, 1] or Tensor
         A count, or a fraction of the batch (rounded half-up, at least 1). ``k = n`` is
-        :class:`Average`, ``k = 1`` is :class:`Maximum`.
+        :class:`Average`, ``k = 1`` is :class:`Maximum`. A tensor gives each row its own k: integer
+        counts in [1, n] or floating fractions in (0, 1], of a shape that broadcasts to the losses'
+        shape without ``dim``.
     method : {"topk", "sort"}
         ``topk`` selects with ``torch.topk``; ``sort`` sorts all n losses (the paper's "ATk",
         kept for the timing comparisons). Same value and gradient.
+    dim : int
+        The axis of the losses to aggregate (default -1, the last); the other axes are rows (see
+        :class:`~topklab.losses.aggregate.base.Aggregate`).
 
     Extreme losses: a −inf beyond the k-th does not count; ±inf among the k largest propagate; a
     float32 sum that overflows where the mean is finite is redone in float64; NaN propagates.
@@ -32,40 +43,47 @@ class ATk(Aggregate):
     tensor(4.)
     >>> ATk(k=0.5, method="sort")(torch.tensor([1.0, 5.0, 3.0, 0.0]))
     tensor(4.)
+    >>> ATk(k=torch.tensor([1, 3]))(torch.tensor([[1.0, 5.0, 3.0], [2.0, 2.0, 8.0]]))  # a k per row
+    tensor([5., 4.])
     >>> ATk(k=1).batched(torch.tensor([[1.0, 5.0, 3.0], [2.0, 2.0, 8.0]]), torch.tensor([2.0, 3.0]), None, None)
     tensor([4., 4.])
     """
 
     hyperparameters = ("k",)
 
-    def __init__(self, k: int | float, method: str = "topk"):
-        super().__init__()
-        self.k = validate_k(k)
+    def __init__(self, k: int | float | torch.Tensor, method: str = "topk", dim: int = -1):
+        super().__init__(dim)
+        self.k = check_k(k)
         if method not in ATK_METHODS:
             raise ValueError(f"unknown ATk method {method!r}; choose one of: {', '.join(ATK_METHODS)}")
         self.method = method
 
     def forward(self, losses: torch.Tensor) -> torch.Tensor:
-        # the usual case, a finite CPU value, without the batched path's masks: its value and gradient bit for bit
-        k = resolve_k(self.k, check_losses(losses).numel())
-        ranked = (
-            torch.sort(losses, descending=True).values[:k] if self.method == "sort" else torch.topk(losses, k).values
-        )
-        value = ranked.sum() / k
-        if value.device.type == "cpu" and not torch.compiler.is_compiling() and not math.isinf(value.item()):
-            return value
+        # the usual case, 1-D losses with a finite CPU value, without the batched path's masks: its
+        # value and gradient bit for bit
+        work = check_losses(losses, self.dim)
+        if work.dim() == 1 and not isinstance(self.k, torch.Tensor):
+            k = resolve_count(self.k, work.numel())
+            ranked = (
+                torch.sort(work, descending=True).values[:k] if self.method == "sort" else torch.topk(work, k).values
+            )
+            value = ranked.sum() / k
+            if value.device.type == "cpu" and not torch.compiler.is_compiling() and not math.isinf(value.item()):
+                return value.to(losses.dtype)
         return super().forward(losses)
 
     def batched(self, losses, k, lam, delta):
         """Each row's largest ``k[p]`` losses, ranked (``topk`` up to the largest k, or a full
-        ``sort``), masked beyond its own k and averaged; the gradient is 1/k on each of them."""
+        ``sort``), masked beyond its own k and averaged; the gradient is 1/k on each of them. Half
+        precision losses are summed in float32; the result has the losses' dtype."""
+        work, k = losses.to(accumulation_dtype(losses.dtype)), k.to(accumulation_dtype(losses.dtype))
         if self.method == "sort":
-            ranked = torch.sort(losses, dim=1, descending=True).values
+            ranked = torch.sort(work, dim=1, descending=True).values
         else:
-            ranked = torch.topk(losses, int(k.max()), dim=1).values
+            ranked = torch.topk(work, int(k.max()), dim=1).values
         keep = torch.arange(ranked.shape[1], device=losses.device)[None, :] < k[:, None]
         kept = torch.where(keep, ranked, torch.zeros_like(ranked))  # a -inf beyond k stays out (0·-inf is NaN)
-        return mean_without_overflow(kept.sum(1) / k, kept, k)
+        return mean_without_overflow(kept.sum(1) / k, kept, k).to(losses.dtype)
 
     def extra_repr(self) -> str:
-        return f"k={self.k}, method={self.method!r}"
+        return f"k={self.k}, method={self.method!r}{self._dim_repr()}"

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from topklab.losses.aggregate.base import Aggregate, check_losses, mean_without_overflow
+from topklab.losses.aggregate.base import Aggregate, accumulation_dtype, check_losses, mean_without_overflow
 
 
 class Average(Aggregate):
@@ -12,20 +12,36 @@ class Average(Aggregate):
     where the mean is finite (float32 losses near 3e38) is redone in float64; ±inf propagate (+inf
     and −inf together give NaN), as does NaN.
 
+    Parameters
+    ----------
+    dim : int
+        The axis of the losses to average (default -1, the last); the other axes are rows, each
+        averaged on its own (see :class:`~topklab.losses.aggregate.base.Aggregate`).
+
     Examples
     --------
     >>> Average()(torch.tensor([1.0, 2.0, 6.0]))
     tensor(3.)
-    >>> Average().batched(torch.tensor([[1.0, 2.0, 6.0], [0.0, 0.0, 3.0]]), None, None, None)
+    >>> Average()(torch.tensor([[1.0, 2.0, 6.0], [0.0, 0.0, 3.0]]))
     tensor([3., 1.])
+    >>> Average(dim=0)(torch.tensor([[1.0, 2.0, 6.0], [0.0, 0.0, 3.0]], dtype=torch.bfloat16))
+    tensor([0.5000, 1.0000, 4.5000], dtype=torch.bfloat16)
     """
 
     def forward(self, losses: torch.Tensor) -> torch.Tensor:
-        # the usual case, a finite CPU mean, is x.mean() itself: a third of the batched path's cost at small n
-        plain = check_losses(losses).mean()
-        if plain.device.type == "cpu" and not torch.compiler.is_compiling() and not math.isinf(plain.item()):
-            return plain
+        # the usual case, a finite CPU mean of 1-D losses, is x.mean() itself: a third of the batched
+        # path's cost at small n
+        work = check_losses(losses, self.dim)
+        if work.dim() == 1:
+            plain = work.mean()
+            if plain.device.type == "cpu" and not torch.compiler.is_compiling() and not math.isinf(plain.item()):
+                return plain.to(losses.dtype)
         return super().forward(losses)
 
     def batched(self, losses: torch.Tensor, k, lam, delta) -> torch.Tensor:
-        return mean_without_overflow(losses.mean(1), losses, losses.new_full(losses.shape[:1], losses.shape[1]))
+        work = losses.to(accumulation_dtype(losses.dtype))
+        count = torch.full(work.shape[:1], work.shape[1], dtype=work.dtype, device=work.device)
+        return mean_without_overflow(work.mean(1), work, count).to(losses.dtype)
+
+    def extra_repr(self) -> str:
+        return self._dim_repr().removeprefix(", ")

@@ -15,7 +15,8 @@ result afterwards, one rounding apart. Three paths compute it:
 
 The mean of φ is summed in float64 with each term divided by n first, on every path, so that no
 row of finite losses overflows where its mean is finite (the gradients' sums keep the dtype
-autograd would use).
+autograd would use). Float16 and bfloat16 rows are computed in float32 on every path, k included
+(:func:`thresholded` converts them; the C++ kernel itself takes float32 and float64).
 
 - ``eager``: the Python functions below, on torch operations;
 - ``compiled``: the same functions through ``torch.compile`` (inductor: C++ on CPU, Triton on
@@ -43,6 +44,7 @@ from pathlib import Path
 import torch
 from torch.autograd.function import once_differentiable
 
+from topklab.losses.aggregate.base import accumulation_dtype
 from topklab.smoothing import Smoothing
 from topklab.utils.errors import TopklabError
 
@@ -179,12 +181,17 @@ def _call(path: str, phi: Smoothing, with_grads: bool, args: tuple) -> torch.Ten
 def thresholded(losses, lam, delta, k, scale, phi: Smoothing, path: str = "eager", required: bool = False):
     """value_p (P,) for every row of ``losses`` (P, n), differentiable in the losses and λ.
 
+    Float16 and bfloat16 rows are computed in float32 (the losses, λ, δ, k and the scale, so that
+    every count is exact) and the value is returned in their dtype; float32 and float64 rows in
+    their own dtype, k and the other per-row settings converted to it.
+
     Parameters
     ----------
     losses : Tensor (P, n), per-sample losses, one row per member
     lam : Tensor (P,), the effective threshold λ of each row
     delta : Tensor (P,), the smoothing width δ > 0 of each row (ignored by all but SReLU)
-    k : Tensor (P,), the count k of each row, in [1, n]
+    k : Tensor (P,), the count k of each row, in [1, n] (float32 or float64: a half dtype cannot
+        hold every count above 256)
     scale : Tensor (P,), the output scale s of each row (ones, or n/k for MATk's ATk scale)
     phi : the smoothing (:data:`topklab.smoothing.SMOOTHINGS`)
     path : {"eager", "compiled", "native"}, the kernel (see the module docstring); a path that
@@ -208,7 +215,14 @@ def thresholded(losses, lam, delta, k, scale, phi: Smoothing, path: str = "eager
         raise ValueError(f"{', '.join(constants)} of a thresholded aggregate are constants; pass them detached")
     if path not in NEXT_PATH and path != "eager":
         raise ValueError(f"unknown kernel path {path!r}; choose one of: eager, compiled, native")
-    args = (losses, lam, delta.to(losses.dtype), k.to(losses.dtype), scale.to(losses.dtype))
+    dtype = accumulation_dtype(losses.dtype)
+    args = tuple(t.to(dtype) for t in (losses, lam, delta, k, scale))
+    return _run(args, phi, path, required).to(losses.dtype)
+
+
+def _run(args: tuple, phi: Smoothing, path: str, required: bool) -> torch.Tensor:
+    """:func:`thresholded` on ``args`` in one dtype: the first path of ``path``'s fallback chain that runs."""
+    losses, lam = args[:2]
     with_grads = torch.is_grad_enabled() and (losses.requires_grad or lam.requires_grad)
     device_type = losses.device.type
     if path == "native" and device_type != "cpu":
@@ -227,7 +241,7 @@ def thresholded(losses, lam, delta, k, scale, phi: Smoothing, path: str = "eager
                         f"the {path} kernel of the thresholded losses failed on {device_type} ({failure}); "
                         f"using the {NEXT_PATH[path]} kernel instead (the same values to float32 rounding). "
                         f"Set loss.kernel to skip the attempt",
-                        stacklevel=2,
+                        stacklevel=3,
                     )
         if required:
             raise TopklabError(

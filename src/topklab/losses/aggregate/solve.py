@@ -84,10 +84,11 @@ def solve_srelu_threshold(
 
 
 def kth_largest_value(losses: torch.Tensor, k: int, by_topk: bool | None = None) -> torch.Tensor:
-    """ℓ_[k] of 1-D ``losses`` as ``losses.kthvalue(n + 1 − k)`` gives it (NaN counts as the largest),
-    by ``torch.topk`` of the shorter side (k or n + 1 − k) where ``by_topk`` (default: on CUDA, whose
-    ``kthvalue`` selects a long row in one thread block: 62 ms for 1e7 losses on an H200, where topk
-    takes 1–2 ms); the CPU's ``kthvalue`` is a linear-time selection already.
+    """ℓ_[k] of ``losses`` along the last axis as ``losses.kthvalue(n + 1 − k, -1)`` gives it (NaN
+    counts as the largest), by ``torch.topk`` of the shorter side (k or n + 1 − k) where ``by_topk``
+    (default: on CUDA, whose ``kthvalue`` selects a long row in one thread block: 62 ms for 1e7
+    losses on an H200, where topk takes 1–2 ms); the CPU's ``kthvalue`` is a linear-time selection
+    already. 1-D losses give a 0-d tensor, (P, n) losses one value per row.
 
     Examples
     --------
@@ -95,29 +96,36 @@ def kth_largest_value(losses: torch.Tensor, k: int, by_topk: bool | None = None)
     >>> [float(kth_largest_value(x, k, by_topk=True)) for k in range(1, 6)]
     [5.0, 3.0, 3.0, 1.0, 0.0]
     """
-    n = losses.numel()
+    n = losses.shape[-1]
     if not (losses.is_cuda if by_topk is None else by_topk):
-        return losses.kthvalue(n + 1 - k).values
+        return losses.kthvalue(n + 1 - k, -1).values
     if k <= n + 1 - k:
         largest = losses.topk(k, sorted=False).values
         nan = largest.isnan()
-        return torch.where(nan.all(), largest.max(), torch.where(nan, float("inf"), largest).amin())
-    return losses.topk(n + 1 - k, largest=False, sorted=False).values.amax()  # max propagates NaN, the largest
+        return torch.where(nan.all(-1), largest.amax(-1), torch.where(nan, float("inf"), largest).amin(-1))
+    return losses.topk(n + 1 - k, largest=False, sorted=False).values.amax(-1)  # amax propagates NaN, the largest
 
 
-def kth_largest(losses: torch.Tensor, k: int) -> torch.Tensor:
-    """ℓ_[k] of 1-D ``losses`` (k a count in [1, n]), a 0-d tensor: the root of MATk's equation where
-    MATk equals (k/n)·ATk. An infinite ℓ_[k] is clamped to the finite losses' range, so that λ stays
-    finite (MATk is then +inf with a +inf loss, as ATk is).
+def kth_largest(losses: torch.Tensor, k: int | torch.Tensor) -> torch.Tensor:
+    """ℓ_[k] of ``losses`` (1-D, or (P, n) per row; k a count in [1, n], or a (P,) tensor of counts,
+    one per row): the root of MATk's equation where MATk equals (k/n)·ATk. An infinite ℓ_[k] is
+    clamped to the finite losses' range, so that λ stays finite (MATk is then +inf with a +inf loss,
+    as ATk is).
 
     Examples
     --------
     >>> kth_largest(torch.tensor([1.0, 5.0, 3.0, 0.0]), 2)
     tensor(3.)
+    >>> kth_largest(torch.tensor([[1.0, 5.0, 3.0], [2.0, 0.0, 8.0]]), torch.tensor([3.0, 1.0]))
+    tensor([1., 8.])
     """
     with torch.no_grad():
-        value = kth_largest_value(losses, k)
+        if isinstance(k, torch.Tensor):  # per row: a sort, NaN first as kthvalue ranks it
+            descending = losses.sort(dim=-1, descending=True).values
+            value = descending.gather(-1, (k.long() - 1)[:, None]).squeeze(-1)
+        else:
+            value = kth_largest_value(losses, k)
         finite = torch.isfinite(losses)
-        least = torch.where(finite, losses, torch.full_like(losses, float("inf"))).amin()
-        most = torch.where(finite, losses, torch.full_like(losses, float("-inf"))).amax()
-        return torch.where(finite.any(), value.clamp(least, most), value)
+        least = torch.where(finite, losses, torch.full_like(losses, float("inf"))).amin(-1)
+        most = torch.where(finite, losses, torch.full_like(losses, float("-inf"))).amax(-1)
+        return torch.where(finite.any(-1), value.clamp(least, most), value)

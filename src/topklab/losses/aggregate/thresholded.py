@@ -5,11 +5,11 @@ import math
 import torch
 from torch import nn
 
-from topklab.losses.aggregate.base import Aggregate, check_losses
+from topklab.losses.aggregate.base import Aggregate, AggregateInputError, check_k
 from topklab.losses.aggregate.kernels import KERNELS, thresholded
 from topklab.losses.aggregate.lambda_monitor import LambdaMonitor
 from topklab.losses.aggregate.solve import kth_largest, solve_srelu_threshold
-from topklab.losses.k import resolve_k, validate_k
+from topklab.losses.k import resolve_k
 from topklab.losses.threshold import get_constraint
 from topklab.smoothing import get_smoothing
 from topklab.utils.checks import check_int
@@ -48,15 +48,32 @@ class ThresholdedTopK(Aggregate):
       schedule. Under Adam λ then moves about one learning rate per step, which cannot follow
       losses that fall by units per epoch (λ below every loss is the Average objective).
 
+    λ for batched rows (losses ``(..., n)`` reduced over ``dim``, P rows):
+
+    - ``"solve"``: every row gets its own root on a training call, at no extra cost (the solve is
+      batched over rows), all warm-started from the one stored λ; the stored warm start and running
+      average follow the mean of the rows' finite roots, and a call outside training uses that one
+      running average for every row (as BatchNorm's statistics). Rows whose roots lie far apart may
+      need more ``solve_steps`` to reach them from the shared start (MATk's selection needs none).
+    - ``"gradient"``: one λ, shared by every row (its gradient collects every row's), for any
+      number of rows; each row's value is then its Eq. 5/6 at that λ, at or above the row's own
+      minimum over λ, and ``lam_init="auto"`` starts λ at the k-th largest of all the rows' losses
+      together at the sum of their counts.
+    - ``rows=R`` builds the module for exactly R rows: λ (and under "solve" the warm start and the
+      running average) has one entry per row, each started, solved and averaged on its own row,
+      and losses with another number of rows are an :class:`~topklab.losses.aggregate.base.
+      AggregateInputError`.
+
     Every training call records whether λ is in band (:mod:`~topklab.losses.aggregate.
-    lambda_monitor`) in ``self.monitor``; after 100 consecutive out-of-band calls the module warns once.
+    lambda_monitor`) in ``self.monitor`` (for several rows, over all their losses and counts
+    together); after 100 consecutive out-of-band calls the module warns once.
 
     Extreme losses (``tests/losses/test_aggregate_probe.py`` checks each against an exact reference): no finite
     loss overflows (SReLU's root is |x| where x² would overflow, and the mean of φ is summed in float64
     with each term divided by n first); a +inf loss makes the value +inf and counts 1 above every λ; a
     −inf loss contributes φ's limit (SReLU: −δ/2, ReLU: 0) and no gradient; λ stays finite (the solve
     brackets the finite losses, MATk's k-th largest is clamped to their range). NaN propagates, and a
-    NaN batch leaves λ's stored values as they were.
+    NaN row's root does not enter λ's stored values (an all-NaN batch leaves them as they were).
     """
 
     hyperparameters = ("k",)
@@ -64,7 +81,7 @@ class ThresholdedTopK(Aggregate):
 
     def __init__(
         self,
-        k: int | float,
+        k: int | float | torch.Tensor,
         smoothing: str,
         delta: float | None = 0.01,
         lam_init: float | str = "auto",
@@ -76,9 +93,13 @@ class ThresholdedTopK(Aggregate):
         lam_lr: float | None = None,
         solve_steps: int = 2,
         lam_momentum: float = 0.1,
+        dim: int = -1,
+        rows: int | None = None,
     ):
-        super().__init__()
-        self.k = validate_k(k)
+        super().__init__(dim)
+        self.k = check_k(k)
+        check_int("rows", rows, allow_none=True, why="the number of rows the module keeps a λ for, one each")
+        self.rows = rows
         if kernel not in KERNELS:
             raise ValueError(f"unknown kernel {kernel!r}; choose one of: {', '.join(KERNELS)}")
         check_int(
@@ -111,11 +132,12 @@ class ThresholdedTopK(Aggregate):
         )
         self.lam_init = lam_init
         start = 0.0 if lam_init == "auto" else float(lam_init)
+        shape = () if rows is None else (rows,)
         if lam_update == "gradient":
-            self.lam = nn.Parameter(torch.tensor(float(self.lam_of(start))))
+            self.lam = nn.Parameter(torch.full(shape, float(self.lam_of(start))))
         else:
-            self.register_buffer("lam", torch.tensor(start))  # the running average: λ outside training
-            self.register_buffer("lam_last", torch.tensor(start))  # the last training call's root: the warm start
+            self.register_buffer("lam", torch.full(shape, start))  # the running average: λ outside training
+            self.register_buffer("lam_last", torch.full(shape, start))  # the last training call's root: the warm start
         self._started = False  # whether λ has been started (lam_init="auto") and, under "solve", solved once
         self.monitor = LambdaMonitor()
 
@@ -164,24 +186,33 @@ class ThresholdedTopK(Aggregate):
         self._started = True  # a loaded λ is a started one: no re-initialisation from the next batch
 
     def forward(self, losses: torch.Tensor) -> torch.Tensor:
-        losses = check_losses(losses)
-        n = losses.numel()
-        k = resolve_k(self.k, n)
-        k_row = losses.new_tensor([k])
-        delta = None if self.delta is None else losses.new_tensor([self.delta])
+        """The aggregate of ``losses`` (..., n) over ``dim``, one value per row; on a training call
+        λ is solved (per row) or started first, and the monitor records the call (see the class)."""
+        rows = self.as_rows(losses)
+        if self.rows is not None and rows.shape[0] != self.rows:
+            raise AggregateInputError(
+                f"{type(self).__name__} was built with rows={self.rows} (a λ per row), but losses of shape "
+                f"{tuple(losses.shape)} reduced over dim={self.dim} have {rows.shape[0]} rows; pass "
+                f"{self.rows} rows, or build it with rows=None for one λ shared by any number of rows"
+            )
+        k, count = self.counts(rows, self._batch(losses))
+        delta = None if self.delta is None else rows.new_full(rows.shape[:1], self.delta)
         training = self.training and torch.is_grad_enabled()
-        detached = losses.detach()
+        detached = rows.detach()
         share = None
         if self.lam_update == "solve":
-            lam, share = self._solve(detached, k, k_row, delta) if training else (self.lam.to(losses.dtype)[None], None)
+            if training:
+                lam, share = self._solve(detached, k, count, delta)
+            else:
+                lam = self.lam.to(rows.dtype).expand(rows.shape[0])
         else:
             if training and not self._started:
-                self._start_gradient(detached, k)
-            lam = self.threshold.to(losses.dtype)[None]
-        value = self.batched(losses[None], k_row, lam, delta).squeeze(0)
+                self._start_gradient(detached, k, count)
+            lam = self.threshold.to(rows.dtype).expand(rows.shape[0])
+        value = self.batched(rows, k, lam, delta)
         if training:
-            self._record(detached, lam.detach()[0], k, share)
-        return value
+            self._record(detached, lam.detach(), k, count, share)
+        return self.from_rows(value, losses)
 
     def solve_rows(
         self, losses: torch.Tensor, k: torch.Tensor, delta: torch.Tensor | None, start: torch.Tensor
@@ -201,47 +232,79 @@ class ThresholdedTopK(Aggregate):
         lam, _ = solve_srelu_threshold(losses, k, delta, start, self.solve_steps)
         return lam
 
-    def _solve(self, losses: torch.Tensor, k: int, k_row: torch.Tensor, delta: torch.Tensor | None):
-        """This batch's root λ (1,) and the smoothed share above it (None where not known yet);
-        updates the warm start and the running average."""
-        n = losses.numel()
+    def _kth(self, losses: torch.Tensor, k: torch.Tensor, count: int | None) -> torch.Tensor:
+        """Each row's k-th largest loss (P,), clamped to its finite range: by selection where the rows
+        share the count ``count``, by a sort where each row has its own (a tensor k)."""
+        return kth_largest(losses, k if count is None else count)
+
+    def _solve(self, losses: torch.Tensor, k: torch.Tensor, count: int | None, delta: torch.Tensor | None):
+        """Each row's root λ (P,) and the smoothed share above them (None where not known yet);
+        updates the warm start and the running average: each row's own under ``rows``, else the
+        mean of the rows' finite roots."""
         if self.smoothing == "relu":
-            lam, share = kth_largest(losses, k)[None], None
+            lam, share = self._kth(losses, k, count), None
         else:
             if not self._started and self.lam_init == "auto":
-                self.lam_last.copy_(kth_largest(losses, k))
-            lam, count = solve_srelu_threshold(losses[None], k_row, delta, self.lam_last[None], self.solve_steps)
-            share = count[0] / n
-        with torch.no_grad():  # a non-finite batch leaves the stored λ as it was (the engine stops on its loss)
-            root = lam[0].to(self.lam.dtype)
-            finite = torch.isfinite(root)
-            self.lam_last.copy_(torch.where(finite, root, self.lam_last))
+                kth = self._kth(losses, k, count)
+                self.lam_last.copy_(kth if self.rows is not None else kth.mean())
+            start = self.lam_last.expand(losses.shape[0])
+            lam, smoothed = solve_srelu_threshold(losses, k, delta, start, self.solve_steps)
+            share = smoothed.sum() / losses.numel()
+        with torch.no_grad():  # a non-finite root leaves its stored λ as it was (the engine stops on its loss)
+            finite = torch.isfinite(lam)
+            if self.rows is not None:
+                root, valid = lam.to(self.lam.dtype), finite
+            else:
+                found = finite.sum()
+                root = (torch.where(finite, lam, torch.zeros_like(lam)).sum() / found.clamp(min=1)).to(self.lam.dtype)
+                valid = found > 0
+            self.lam_last.copy_(torch.where(valid, root, self.lam_last))
             average = (1.0 - self.lam_momentum) * self.lam + self.lam_momentum * root if self._started else root
-            self.lam.copy_(torch.where(finite, average, self.lam))
+            self.lam.copy_(torch.where(valid, average, self.lam))
         self._started = True
         return lam, share
 
-    def _start_gradient(self, losses: torch.Tensor, k: int) -> None:
+    def _start_gradient(self, losses: torch.Tensor, k: torch.Tensor, count: int | None) -> None:
         """``lam_init="auto"`` under the gradient update: λ starts at this first batch's k-th largest
-        loss (under torch.distributed, of the whole batch over the ranks, so that every replica starts
-        alike and as one process would)."""
+        loss: each row's under ``rows``, else that of all the rows' losses together at the sum of
+        their counts (the root of a λ shared by the rows)."""
         if self.lam_init == "auto":
             with torch.no_grad():
-                if torch.distributed.is_available() and torch.distributed.is_initialized():
-                    losses = _every_rank(losses)
-                    k = resolve_k(self.k, losses.numel())
-                self.lam.fill_(self.lam_of(float(kth_largest(losses, k))))
+                if self.rows is None:
+                    total = count * losses.shape[0] if count is not None else int(k.sum())
+                    parts = [(losses.reshape(-1), total, losses.shape[0] == 1)]
+                else:
+                    parts = [(row, int(c), True) for row, c in zip(losses, k.tolist())]
+                starts = [self.lam_of(float(self._auto_start(*part))) for part in parts]
+                self.lam.copy_(torch.tensor(starts, dtype=self.lam.dtype).view(self.lam.shape))
         self._started = True
 
-    def _record(self, losses: torch.Tensor, lam: torch.Tensor, k: int, share: torch.Tensor | None) -> None:
+    def _auto_start(self, losses: torch.Tensor, total: int, one_row: bool) -> torch.Tensor:
+        """The k-th largest of 1-D ``losses`` at the count ``total``; under torch.distributed, of the
+        whole batch over the ranks, so that every replica starts alike and as one process would (the
+        module's k resolved for the whole batch where ``losses`` is one row, else ``total`` scaled)."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            local, losses = losses.numel(), _every_rank(losses)
+            if one_row and not isinstance(self.k, torch.Tensor):
+                total = resolve_k(self.k, losses.numel())
+            else:
+                total = min(losses.numel(), max(1, round(total * losses.numel() / local)))
+        return kth_largest(losses, total)
+
+    def _record(
+        self, losses: torch.Tensor, lam: torch.Tensor, k: torch.Tensor, count: int | None, share: torch.Tensor | None
+    ) -> None:
+        """One training call in the monitor: the rows' losses (P, n) and their λ (P,) together, the
+        smoothed share over all P·n losses against the summed count over P·n."""
         if share is None:
             delta = losses.new_tensor(self.delta if self.delta is not None else 0.0)
-            share = self._phi.slope(losses - lam, delta, losses.new_ones(())).mean()
+            share = self._phi.slope(losses - lam[:, None], delta, losses.new_ones(())).mean()
+        total = count * losses.shape[0] if count is not None else int(k.sum())
 
         def sample():
-            return (losses > lam).double().mean(), (lam - kth_largest(losses, k)).double()
+            return (losses > lam[:, None]).double().mean(), (lam - self._kth(losses, k, count)).double().mean()
 
-        self.monitor.record(share, k, losses.numel(), sample)
+        self.monitor.record(share, total, losses.numel(), sample)
 
     @property
     def lam_constraint(self) -> str:
@@ -298,6 +361,7 @@ class ThresholdedTopK(Aggregate):
         return (
             f"k={self.k}, smoothing={self.smoothing!r}, delta={self.delta}, "
             f"lam_constraint={self.lam_constraint!r}, scale={self.scale!r}{self._kernel_repr()}{self._update_repr()}"
+            f"{self._dim_repr()}{self._rows_repr()}"
         )
 
     def _update_repr(self) -> str:
@@ -305,6 +369,9 @@ class ThresholdedTopK(Aggregate):
             steps = "" if self.smoothing == "relu" else f", solve_steps={self.solve_steps}"
             return f", lam_update='solve'{steps}, lam_momentum={self.lam_momentum}"
         return f", lam_update='gradient', lam_lr={self.lam_lr}, lam_init={self.lam_init!r}"
+
+    def _rows_repr(self) -> str:
+        return "" if self.rows is None else f", rows={self.rows}"
 
     def _kernel_repr(self) -> str:
         return f", kernel={self.kernel!r}" + (f", compile_min_n={self.compile_min_n}" if self.kernel == "auto" else "")
@@ -334,8 +401,10 @@ class MATk(ThresholdedTopK):
 
     Parameters
     ----------
-    k : int >= 1 or float in (0, 1]
-        A count, or a fraction of the batch (rounded half-up, at least 1).
+    k : int >= 1, float in (0, 1] or Tensor
+        A count, or a fraction of the batch (rounded half-up, at least 1). A tensor gives each row
+        its own k: integer counts in [1, n] or floating fractions in (0, 1], of a shape that
+        broadcasts to the losses' shape without ``dim`` (each row's λ is then solved at its own k).
     lam_update : {"solve", "gradient"}
         How λ follows the losses (see :class:`ThresholdedTopK`): "solve", the exact k-th largest
         loss of each training batch and a running average of it outside training; "gradient", a
@@ -359,21 +428,32 @@ class MATk(ThresholdedTopK):
         float32 rounding.
     compile_min_n : int >= 1
         The shortest row that ``auto`` sends to the native or compiled kernel. Default 16384.
+    dim : int
+        The axis of the losses to aggregate (default -1, the last); the other axes are rows, with
+        λ as :class:`ThresholdedTopK` describes (per row under "solve", shared under "gradient").
+    rows : int >= 1 or None
+        None (default): one stored λ for any number of rows. R: the module takes exactly R rows and
+        keeps a λ per row (a parameter of shape (R,) under "gradient"; buffers under "solve").
 
     Examples
     --------
     >>> loss = MATk(k=2)
     >>> losses = torch.tensor([1.0, 5.0, 3.0, 0.0], requires_grad=True)
     >>> loss(losses), loss.threshold  # a training call solves λ = ℓ_[2] = 3: (2/4)·ATk = 2
-    (tensor(2., grad_fn=<SqueezeBackward1>), tensor(3.))
+    (tensor(2., grad_fn=<ViewBackward0>), tensor(3.))
     >>> losses = torch.tensor([[1.0, 5.0, 3.0, 0.0], [1.0, 5.0, 3.0, 0.0]])
     >>> loss.batched(losses, k=torch.tensor([2.0, 1.0]), lam=torch.tensor([3.0, 5.0]), delta=None)  # row by row
     tensor([2.0000, 1.2500])
+    >>> loss(torch.tensor([[1.0, 5.0, 3.0, 0.0], [4.0, 4.0, 0.0, 0.0]]))  # rows: each its own λ, 3 and 4
+    tensor([2., 2.])
+    >>> per_row = MATk(k=2, lam_update="gradient", rows=2)  # a trained λ per row
+    >>> per_row(torch.tensor([[1.0, 5.0, 3.0, 0.0], [4.0, 4.0, 0.0, 0.0]])), per_row.threshold.tolist()
+    (tensor([2., 2.], grad_fn=<ViewBackward0>), [3.0, 4.0])
     """
 
     def __init__(
         self,
-        k: int | float,
+        k: int | float | torch.Tensor,
         lam_init: float | str = "auto",
         lam_constraint: str = "none",
         scale: str = "paper",
@@ -382,6 +462,8 @@ class MATk(ThresholdedTopK):
         lam_update: str = "solve",
         lam_lr: float | None = None,
         lam_momentum: float = 0.1,
+        dim: int = -1,
+        rows: int | None = None,
     ):
         super().__init__(
             k,
@@ -395,10 +477,15 @@ class MATk(ThresholdedTopK):
             lam_update=lam_update,
             lam_lr=lam_lr,
             lam_momentum=lam_momentum,
+            dim=dim,
+            rows=rows,
         )
 
     def extra_repr(self) -> str:
-        return f"k={self.k}, lam_constraint={self.lam_constraint!r}, scale={self.scale!r}{self._kernel_repr()}{self._update_repr()}"
+        return (
+            f"k={self.k}, lam_constraint={self.lam_constraint!r}, scale={self.scale!r}{self._kernel_repr()}"
+            f"{self._update_repr()}{self._dim_repr()}{self._rows_repr()}"
+        )
 
 
 class STk(ThresholdedTopK):
@@ -415,8 +502,9 @@ class STk(ThresholdedTopK):
 
     Parameters
     ----------
-    k : int >= 1 or float in (0, 1]
-        A count, or a fraction of the batch (rounded half-up, at least 1).
+    k : int >= 1, float in (0, 1] or Tensor
+        A count, or a fraction of the batch (rounded half-up, at least 1); a tensor, one k per row
+        (as in :class:`MATk`).
     delta : float in (0, 1e12]
         SReLU smoothing width; smaller is closer to MATk. Paper default 0.01. Ignored by the
         other smoothings.
@@ -425,7 +513,7 @@ class STk(ThresholdedTopK):
     solve_steps : int >= 1
         "solve" only: safeguarded Newton steps per training call (no early exit, so no
         synchronisation); more steps come closer to the batch's own root. Default 2.
-    lam_update, lam_lr, lam_init, lam_momentum, lam_constraint, scale, kernel, compile_min_n
+    lam_update, lam_lr, lam_init, lam_momentum, lam_constraint, scale, kernel, compile_min_n, dim, rows
         As in :class:`MATk` ("solve" needs smoothing "srelu").
 
     Examples
@@ -447,7 +535,7 @@ class STk(ThresholdedTopK):
 
     def __init__(
         self,
-        k: int | float,
+        k: int | float | torch.Tensor,
         delta: float = 0.01,
         smoothing: str = "srelu",
         lam_init: float | str = "auto",
@@ -459,6 +547,8 @@ class STk(ThresholdedTopK):
         lam_lr: float | None = None,
         solve_steps: int = 2,
         lam_momentum: float = 0.1,
+        dim: int = -1,
+        rows: int | None = None,
     ):
         super().__init__(
             k,
@@ -473,4 +563,6 @@ class STk(ThresholdedTopK):
             lam_lr=lam_lr,
             solve_steps=solve_steps,
             lam_momentum=lam_momentum,
+            dim=dim,
+            rows=rows,
         )
