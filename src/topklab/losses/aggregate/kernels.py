@@ -116,6 +116,32 @@ def compiler_error(path: str, device: torch.device) -> str | None:
     return _UNAVAILABLE.get((path, device.type))
 
 
+def native_solve(losses, k, delta, start, steps: int, required: bool = False):
+    """:func:`~topklab.losses.aggregate.solve.solve_srelu_threshold`'s ``(λ, count)`` from the C++ kernel,
+    or None where it cannot run (not a float32/float64 CPU tensor, inside a user's ``torch.compile``,
+    or the extension failed to build: then one warning per process, as for the loss kernel, or under
+    ``required`` (``kernel=native``) a :class:`TopklabError`)."""
+    usable = losses.device.type == "cpu" and losses.dtype in (torch.float32, torch.float64)
+    if not usable or torch.compiler.is_compiling() or ("native", "cpu") in _UNAVAILABLE:
+        return None
+    try:
+        lam, count = native_extension().solve_srelu(losses, k, delta, start, steps)
+    except Exception as error:
+        failure = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        if required:
+            raise TopklabError(
+                f"loss.kernel=native, but that kernel failed on cpu: {failure}; use loss.kernel=auto or eager"
+            ) from None
+        _UNAVAILABLE[("native", "cpu")] = failure
+        warnings.warn(
+            f"the native kernel of the thresholded losses failed on cpu ({failure}); solving λ with the eager "
+            f"torch operations instead (the same root to float32 rounding)",
+            stacklevel=2,
+        )
+        return None
+    return lam, count
+
+
 def _kernel(path: str, phi: Smoothing, with_grads: bool, losses: torch.Tensor):
     """The eager or compiled Python kernel for these losses."""
     if path == "compiled":

@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import torch
 
+from topklab.losses.aggregate.kernels import native_solve
 from topklab.smoothing import srelu_slope_and_curvature
 
 
 def solve_srelu_threshold(
-    losses: torch.Tensor, k: torch.Tensor, delta: torch.Tensor, start: torch.Tensor, steps: int
+    losses: torch.Tensor,
+    k: torch.Tensor,
+    delta: torch.Tensor,
+    start: torch.Tensor,
+    steps: int,
+    path: str = "eager",
+    required: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of ``losses`` (P, n): λ with ``Σ_i SReLU'_δ(ℓ_i − λ) ≈ k``, and that smoothed count.
 
@@ -41,6 +48,11 @@ def solve_srelu_threshold(
     start : Tensor (P,), the warm start (the last λ)
     steps : int >= 1, Newton/bisection steps; from a warm start one or two usually reach the root's
         neighbourhood when the losses move little between calls
+    path : {"eager", "native"}, "native" runs the same steps in ``thresholded_cpu.cpp`` (float32 or
+        float64 CPU rows: one pass over the losses per step, sums in float64) and falls back to the
+        eager torch operations where that kernel is unavailable (:func:`~topklab.losses.aggregate.
+        kernels.native_solve`), or raises there under ``required``; the two give the same count to
+        float32 rounding (λ itself may differ where the count is flat in λ, between two losses)
 
     Returns
     -------
@@ -54,6 +66,10 @@ def solve_srelu_threshold(
     >>> 2.0 < float(lam) < 3.0, round(float(count), 6)
     (True, 2.0)
     """
+    if path == "native":
+        solved = native_solve(losses, k, delta, start, steps, required)
+        if solved is not None:
+            return solved
     with torch.no_grad():
         n = losses.shape[1]
         finite = torch.isfinite(losses)

@@ -229,7 +229,9 @@ class ThresholdedTopK(Aggregate):
         if self.smoothing == "relu":
             descending = losses.sort(dim=1, descending=True).values
             return descending.gather(1, (k.long() - 1).view(-1, 1)).view(-1)
-        lam, _ = solve_srelu_threshold(losses, k, delta, start, self.solve_steps)
+        lam, _ = solve_srelu_threshold(
+            losses, k, delta, start, self.solve_steps, self.path_for(losses), self.kernel != "auto"
+        )
         return lam
 
     def _kth(self, losses: torch.Tensor, k: torch.Tensor, count: int | None) -> torch.Tensor:
@@ -248,7 +250,9 @@ class ThresholdedTopK(Aggregate):
                 kth = self._kth(losses, k, count)
                 self.lam_last.copy_(kth if self.rows is not None else kth.mean())
             start = self.lam_last.expand(losses.shape[0])
-            lam, smoothed = solve_srelu_threshold(losses, k, delta, start, self.solve_steps)
+            lam, smoothed = solve_srelu_threshold(
+                losses, k, delta, start, self.solve_steps, self.path_for(losses), self.kernel != "auto"
+            )
             share = smoothed.sum() / losses.numel()
         with torch.no_grad():  # a non-finite root leaves its stored λ as it was (the engine stops on its loss)
             finite = torch.isfinite(lam)

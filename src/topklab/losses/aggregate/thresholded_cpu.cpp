@@ -7,6 +7,7 @@
 // Built on first use by topklab.losses.aggregate.kernels.native_extension().
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -157,9 +158,89 @@ at::Tensor thresholded(const at::Tensor& losses, const at::Tensor& lam, const at
   return Thresholded::apply(losses, lam, delta, k, scale, smoothing);
 }
 
+// λ per row with Σ_i SReLU'_δ(ℓ_i − λ) ≈ k: solve.py's solve_srelu_threshold (the same bracket, safeguarded
+// Newton steps and best iterate), each step one pass over the row with double sums and no temporaries.
+template <typename T>
+void solve_rows(const T* losses, const T* k, const T* delta, const T* start, int64_t P, int64_t n, int64_t steps,
+                T* lam_out, T* count_out) {
+  constexpr T big = beyond_square<T>();
+  const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  for (int64_t p = 0; p < P; ++p) {
+    const T* row = losses + p * n;
+    T least = inf, most = -inf;
+    int64_t above = 0;
+    bool undefined = false;
+    for (int64_t i = 0; i < n; ++i) {
+      const T v = row[i];
+      if (std::isnan(v)) {
+        undefined = true;
+      } else if (std::isinf(v)) {
+        above += v > T(0);
+      } else {
+        least = v < least ? v : least;
+        most = v > most ? v : most;
+      }
+    }
+    if (undefined) {
+      lam_out[p] = nan;
+      count_out[p] = nan;
+      continue;
+    }
+    if (least > most) least = most = T(0);  // no finite loss
+    const T d = delta[p], dd = d * d, kp = k[p];
+    const T lower_gap = T(n) - kp < T(0.5) ? T(0.5) : T(n) - kp, upper_gap = kp - T(above) < T(0.5) ? T(0.5) : kp - T(above);
+    T low = least - d * std::sqrt(T(n) / lower_gap), high = most + d * std::sqrt(T(n) / upper_gap);
+    T lam = std::min(std::max(start[p], low), high);
+    T best = lam, best_excess = inf, best_count = T(n);
+    for (int64_t step = 0; step <= steps; ++step) {
+      double count = 0.0, curvature = 0.0;
+#pragma omp simd reduction(+ : count, curvature)
+      for (int64_t i = 0; i < n; ++i) {
+        T z = row[i] - lam;
+        z = z < -big ? -big : (z > big ? big : z);
+        const T root = std::sqrt(z * z + dd);
+        const T slope = z < T(0) ? dd / (T(2) * root * (root - z)) : T(0.5) * (T(1) + z / root);
+        count += double(slope);
+        curvature += double(T(0.5) * dd / (root * root * root));
+      }
+      const T excess = T(count) - kp;
+      if (std::abs(excess) < best_excess) {
+        best = lam;
+        best_excess = std::abs(excess);
+        best_count = T(count);
+      }
+      if (excess > T(0)) low = lam; else high = lam;
+      const T newton = lam + excess / T(curvature);
+      lam = newton > low && newton < high ? newton : T(0.5) * (low + high);
+    }
+    lam_out[p] = best;
+    count_out[p] = best_count;
+  }
+}
+
+// (λ (P,), smoothed count above λ (P,)) of losses (P, n) at counts k, widths δ, warm starts start (each (P,)).
+std::vector<at::Tensor> solve_srelu(const at::Tensor& losses_in, const at::Tensor& k_in, const at::Tensor& delta_in,
+                                    const at::Tensor& start_in, int64_t steps) {
+  TORCH_CHECK(losses_in.device().is_cpu() && losses_in.dim() == 2, "losses must be a (P, n) CPU tensor");
+  auto losses = losses_in.detach().contiguous();
+  auto prepare = [&](const at::Tensor& t, const char* name) {
+    TORCH_CHECK(t.dim() == 1 && t.size(0) == losses.size(0), name, " must have one entry per row");
+    return t.detach().to(losses.scalar_type()).contiguous();
+  };
+  auto k = prepare(k_in, "k"), delta = prepare(delta_in, "delta"), start = prepare(start_in, "start");
+  const int64_t P = losses.size(0), n = losses.size(1);
+  auto lam = at::empty({P}, losses.options()), count = at::empty({P}, losses.options());
+  AT_DISPATCH_FLOATING_TYPES(losses.scalar_type(), "solve_srelu_cpu", [&] {
+    solve_rows<scalar_t>(losses.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), delta.data_ptr<scalar_t>(),
+                         start.data_ptr<scalar_t>(), P, n, steps, lam.data_ptr<scalar_t>(), count.data_ptr<scalar_t>());
+  });
+  return {lam, count};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("thresholded", &thresholded, "value per row, differentiable in the losses and λ");
   m.def("run", &run, "(value, ∂/∂losses, ∂/∂λ) per row, no autograd");
+  m.def("solve_srelu", &solve_srelu, "(λ, smoothed count above λ) per row: the root of Σ SReLU'(ℓ − λ) = k");
 }
