@@ -24,6 +24,8 @@ def test_sparsification_benchmark_times_every_selector_and_checks_what_it_sent(t
         "sampled threshold (DGC's rule)",
         "STk threshold, cold",
         "STk threshold, warm",
+        "STk threshold (native), cold",
+        "STk threshold (native), warm",
         "bandwidth floor: x.abs().sum()",
     ]
     assert rows[0]["vs_topk"] == 1.0 and rows[0]["recall"] == 1.0 and rows[-1]["vs_floor"] == 1.0
@@ -31,6 +33,8 @@ def test_sparsification_benchmark_times_every_selector_and_checks_what_it_sent(t
     assert all(0.8 <= r["count_over_k"] <= 1.1 and r["recall"] >= 0.8 for r in selectors)
     assert rows[1]["count_over_k"] == 1.0 and rows[1]["sent_over_k_p5_p95"] == [1.0, 1.0]  # never fewer than k
     assert all(r["passes"] >= 8 for r in rows[2:4]) and all(r["ns_per_element"] > 0 for r in rows)
+    eager_cold, native_cold = rows[2], rows[4]  # the same Newton steps: one C++ pass each instead of six
+    assert native_cold["passes"] - 2 == (eager_cold["passes"] - 2) // 6
 
 
 def test_benchmarks_refuse_a_missing_gpu_with_one_line(capsys):

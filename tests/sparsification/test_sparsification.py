@@ -31,6 +31,14 @@ def test_stk_threshold_sends_k_up_to_its_tolerance_and_only_entries_above_lambda
     assert abs(len(chosen) - k) <= 0.1 * k + 2  # 5 % on the smoothed count, a little more on the hard one
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_stk_threshold_native_sums_take_the_eager_steps(dtype):
+    values = heavy_tailed(20_000).to(dtype)
+    eager, native = STkThresholdSelector(), STkThresholdSelector(kernel="native")
+    assert torch.equal(eager(values, 200), native(values, 200))
+    assert native.iterations == eager.iterations and float(native.lam) == pytest.approx(float(eager.lam), rel=1e-6)
+
+
 def test_stk_threshold_warm_start_needs_fewer_steps_on_a_slightly_changed_vector():
     values = heavy_tailed(50_000)
     warm, cold = STkThresholdSelector(warm_start=True), STkThresholdSelector(warm_start=False)
@@ -91,6 +99,8 @@ def test_the_dense_exchange_steps_with_the_whole_batch_gradient():
 
 
 def test_bad_settings_get_one_line_errors():
+    with pytest.raises(ValueError, match="unknown kernel 'fast'; choose one of: eager, native"):
+        STkThresholdSelector(kernel="fast")
     with pytest.raises(ValueError, match="keep_ratio"):
         SparseGradientExchange(workers=2, keep_ratio=0.0, selector=ExactTopK)
     with pytest.raises(ValueError, match="selector is needed"):

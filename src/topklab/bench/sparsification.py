@@ -7,7 +7,9 @@ For each P and keep ratio (k = ⌈ratio·P⌉) on gradient-like magnitudes (|N(0
 heavy tail), the selectors of ``configs/gradient_exchange/`` at their defaults are timed in turn
 (interleaved, one warm-up call excluded, the median of ``--repeats``): ``torch.topk``, DGC's sampled
 threshold, and the STk threshold twice: cold (no previous λ) and warm (λ from the same vector before a
-1 % multiplicative perturbation, as between training steps), and ``x.abs().sum()``, one read of the
+1 % multiplicative perturbation, as between training steps), each with its Newton sums as torch
+operations (the selector's default, ``kernel=eager``) and in one C++ pass (``kernel=native``), and
+``x.abs().sum()``, one read of the
 vector: the memory-bandwidth floor. Each row gives the time, its ratio to ``torch.topk`` and to the
 floor measured in the same run, ns per element, the passes over the vector (STk), the count sent
 relative to k, the recall of the true top-k, and for the sampled threshold the 5th-95th percentile of
@@ -29,9 +31,10 @@ from topklab.bench.isolation import project_root
 
 ROOT = project_root()
 SENT_DRAWS = 20  # sampled-threshold messages drawn per size (each on a 1 %-perturbed vector) for the sent/k percentiles
-STK_PASSES_PER_STEP = (
-    6  # elementwise passes over the magnitudes per Newton step of the STk selector (z, r, z/r + sum, r⁻³ + sum)
-)
+# the STk selector's kernels, as labelled in the rows, and its passes over the magnitudes per Newton step: eager
+# torch operations (z, r, z/r + sum, r⁻³ + sum) or one C++ pass
+STK_KERNELS = {"eager": "", "native": " (native)"}
+STK_PASSES_PER_STEP = {"eager": 6, "native": 1}
 
 
 def magnitudes(n: int, seed: int, device):
@@ -54,23 +57,28 @@ def measure(n: int, ratio: float, repeats: int, device) -> list[dict]:
     true_top = torch.zeros(n, dtype=torch.bool, device=device)
     true_top[values.topk(k).indices] = True
 
-    def warm_stk():
-        selector = STkThresholdSelector()
+    def warm_stk(kernel):
+        selector = STkThresholdSelector(kernel=kernel)
         selector.threshold(previous, k)
         return selector
 
-    warm = warm_stk()
+    warm = {kernel: warm_stk(kernel) for kernel in STK_KERNELS}
     last_cold = {}
 
-    def cold_stk():
-        last_cold["selector"] = STkThresholdSelector()
-        return last_cold["selector"](values, k)
+    def cold_stk(kernel):
+        last_cold[kernel] = STkThresholdSelector(kernel=kernel)
+        return last_cold[kernel](values, k)
 
     selectors = {
         "exact top-k": lambda: ExactTopK()(values, k),
         "sampled threshold (DGC's rule)": lambda: SampledThreshold(seed=0)(values, k),
-        "STk threshold, cold": cold_stk,
-        "STk threshold, warm": lambda: warm(values, k),  # its warm start set up outside the timer
+        **{
+            f"STk threshold{label}, {state}": (
+                partial(cold_stk, kernel) if state == "cold" else partial(warm[kernel], values, k)
+            )  # the warm start is set up outside the timer
+            for kernel, label in STK_KERNELS.items()
+            for state in ("cold", "warm")
+        },
         "bandwidth floor: x.abs().sum()": lambda: values.abs().sum(),
     }
     times, chosen = interleaved(
@@ -78,7 +86,12 @@ def measure(n: int, ratio: float, repeats: int, device) -> list[dict]:
         repeats,
         partial(timed, device=device),
         warmup=1,
-        setup={"STk threshold, warm": lambda: warm.lam.fill_(float(warm_stk().lam))},
+        setup={
+            f"STk threshold{label}, warm": partial(
+                lambda kernel: warm[kernel].lam.fill_(float(warm_stk(kernel).lam)), kernel
+            )
+            for kernel, label in STK_KERNELS.items()
+        },
     )
     sent = sorted(
         len(
@@ -90,8 +103,11 @@ def measure(n: int, ratio: float, repeats: int, device) -> list[dict]:
         for seed in range(SENT_DRAWS)
     )
     passes = {
-        "STk threshold, cold": STK_PASSES_PER_STEP * last_cold["selector"].iterations + 2,
-        "STk threshold, warm": STK_PASSES_PER_STEP * warm.iterations + 2,
+        f"STk threshold{label}, {state}": STK_PASSES_PER_STEP[kernel]
+        * (last_cold[kernel] if state == "cold" else warm[kernel]).iterations
+        + 2
+        for kernel, label in STK_KERNELS.items()
+        for state in ("cold", "warm")
     }
     rows = []
     for name in selectors:

@@ -19,7 +19,10 @@ import math
 import torch
 from torch import nn
 
+from topklab.losses.aggregate.kernels import native_extension, native_ratio_sums
 from topklab.utils.checks import check_int
+
+KERNELS = ("eager", "native")
 
 
 def _check(magnitudes: torch.Tensor, k: int) -> None:
@@ -171,6 +174,11 @@ class STkThresholdSelector(nn.Module):
     count_tolerance : float in (0, 1), stop when the smoothed count is within this fraction of k
     max_iter : int >= 1, the most Newton/bisection steps per call (then λ is used as it stands)
     warm_start : bool, start from the last λ (else from the bracket's midpoint)
+    kernel : {"eager", "native"}, how a Newton step's two sums over the magnitudes are taken: torch
+        operations (about six passes with temporaries) or one C++ pass in the thresholded losses'
+        extension (:mod:`topklab.losses.aggregate.kernels`; CPU float32/float64, else eager; one
+        warning and eager where it cannot be built). The same sums to float64 rounding, so λ can differ
+        in its last bits; the committed sparsification rows ran ``eager``.
 
     Examples
     --------
@@ -180,14 +188,24 @@ class STkThresholdSelector(nn.Module):
     True
     """
 
-    def __init__(self, delta: float = 0.01, count_tolerance: float = 0.05, max_iter: int = 50, warm_start: bool = True):
+    def __init__(
+        self,
+        delta: float = 0.01,
+        count_tolerance: float = 0.05,
+        max_iter: int = 50,
+        warm_start: bool = True,
+        kernel: str = "eager",
+    ):
         super().__init__()
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown kernel {kernel!r}; choose one of: {', '.join(KERNELS)}")
         if not delta > 0:
             raise ValueError(f"delta={delta} must be > 0")
         if not 0 < count_tolerance < 1:
             raise ValueError(f"count_tolerance={count_tolerance} must lie in (0, 1)")
         check_int("max_iter", max_iter)
         self.delta, self.count_tolerance, self.max_iter, self.warm_start = delta, count_tolerance, max_iter, warm_start
+        self.kernel = kernel
         self.register_buffer("lam", torch.tensor(float("nan"), dtype=torch.float64))
         self.iterations = 0
 
@@ -202,23 +220,34 @@ class STkThresholdSelector(nn.Module):
         if not (self.warm_start and low < lam < high):
             lam = 0.5 * (low + high)
         n = magnitudes.numel()
+        sums = self._native_sums if self.kernel == "native" and native_ratio_sums(magnitudes) else _ratio_sums
         for iteration in range(1, self.max_iter + 1):
             self.iterations = iteration
-            z = magnitudes - lam
-            root = torch.sqrt(z * z + delta * delta)
             # Σ SReLU'(z) = ½(n + Σ z/r): the tail's δ²/(2z²) is below float32's resolution but adds < 1 to the count
-            excess = 0.5 * (n + float((z / root).sum(dtype=torch.float64))) - k
+            ratio, cubes = sums(magnitudes, lam, delta)
+            excess = 0.5 * (n + ratio) - k
             if abs(excess) <= self.count_tolerance * k:
                 break
             if excess > 0:
                 low = lam
             else:
                 high = lam
-            slope = 0.5 * delta * delta * float(root.pow_(-3).sum(dtype=torch.float64))
+            slope = 0.5 * delta * delta * cubes
             newton = lam + excess / slope if slope > 0 else math.nan
             lam = newton if low < newton < high else 0.5 * (low + high)
         self.lam.fill_(lam)
         return lam
 
+    @staticmethod
+    def _native_sums(magnitudes: torch.Tensor, lam: float, delta: float) -> tuple[float, float]:
+        return tuple(native_extension().srelu_ratio_sums(magnitudes, lam, delta))
+
     def forward(self, magnitudes: torch.Tensor, k: int) -> torch.Tensor:
         return (magnitudes > self.threshold(magnitudes, k)).nonzero().view(-1)
+
+
+def _ratio_sums(magnitudes: torch.Tensor, lam: float, delta: float) -> tuple[float, float]:
+    """``(Σ z/r, Σ r⁻³)`` with ``z = |g| − λ``, ``r = √(z² + δ²)``, by torch operations summed in float64."""
+    z = magnitudes - lam
+    root = torch.sqrt(z * z + delta * delta)
+    return float((z / root).sum(dtype=torch.float64)), float(root.pow_(-3).sum(dtype=torch.float64))

@@ -23,7 +23,9 @@ autograd would use). Float16 and bfloat16 rows are computed in float32 on every 
   CUDA), fused into one loop over the losses with float64 accumulators;
 - ``native`` (CPU): ``thresholded_cpu.cpp``, the same per-element formulas in one C++ loop with
   float64 accumulators and its autograd node in C++ (no Python in the call or the backward), built
-  on first use by :func:`torch.utils.cpp_extension.load` (needs a C++ compiler and ninja).
+  on first use by :func:`torch.utils.cpp_extension.load` (needs a C++ compiler and ninja). The same
+  extension solves STk's λ (:func:`native_solve`, used by :func:`~topklab.losses.aggregate.solve.
+  solve_srelu_threshold` on this path).
 
 All three agree to float32 rounding (``tests/losses/test_kernels.py``). :class:`ThresholdedTopK` picks the
 path per call with its ``kernel`` field; where a path cannot be built, ``auto`` warns once and falls
@@ -114,6 +116,23 @@ _UNAVAILABLE: dict[tuple[str, str], str] = {}  # (path, device type) -> why it c
 def compiler_error(path: str, device: torch.device) -> str | None:
     """Why ``path`` ("native" or "compiled") failed on this device type in this process (None: not known to fail)."""
     return _UNAVAILABLE.get((path, device.type))
+
+
+def native_ratio_sums(values: torch.Tensor) -> bool:
+    """Whether the C++ sums of the STk gradient selector (``srelu_ratio_sums``) can run on ``values``: a
+    float32/float64 CPU tensor and an extension that builds (else one warning per process, and False)."""
+    if values.device.type != "cpu" or values.dtype not in (torch.float32, torch.float64):
+        return False
+    if ("native", "cpu") in _UNAVAILABLE:
+        return False
+    try:
+        native_extension()
+    except Exception as error:
+        failure = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        _UNAVAILABLE[("native", "cpu")] = failure
+        warnings.warn(f"the native kernel failed on cpu ({failure}); using torch operations instead", stacklevel=2)
+        return False
+    return True
 
 
 def native_solve(losses, k, delta, start, steps: int, required: bool = False):
