@@ -66,7 +66,11 @@ def test_rows_compose_to_difftopks_recipe(compose_cfg, dataset, lr, epochs, m, h
                 and cfg.engine.eval_every_steps == 100
                 and cfg.engine.drop_last
             )
-            assert cfg.result_file.endswith(f"results/vision/petersen_{dataset}/{method}_{name}/seed0.json")
+            assert (cfg.result.family, cfg.result.table, cfg.result.get("row")) == (
+                "vision",
+                f"petersen_{dataset}",
+                None,
+            )
             operator = cfg.individual.operator
             if method in ("bitonic", "splitter_selection"):
                 assert (operator.network, operator.steepness, operator.distribution, operator.art_lambda) == (

@@ -1,17 +1,23 @@
-"""Where a run's portable result may go, so that a trial run never overwrites a committed one.
+"""Where a run's portable result goes, so that a trial run never overwrites a committed one.
 
-A row's result file lies under ``<root>/results/``. A run writes there only with the row's own
-settings: its command-line overrides may choose the row, the seed, the launcher, machine paths and
-the logger, nothing that changes training. A run on another device type writes beside the row, in
-the table ``<table>_<device>`` (so GPU rows get their own files and tables). A stored result with
-other settings (config, thread count, CPU kernels) is replaced only with ``force_result=true``,
-checked before training starts. A result file outside ``results/`` is the caller's own choice.
+An experiment row says what its result is, never where it goes: its ``result`` block names the
+family (vision, translation, language_modeling) and the report table, both set by the row's group,
+and the row is the experiment's yaml stem unless the row names it. With ``result_file=auto`` (the
+default) its file is :func:`result_path`'s ``<root>/results/<folder>/<table>/<row>/seed<k>.json``,
+the folder being the family's or a study's (``routing``, ``sparsification``). A run writes there only
+with the row's own settings: its command-line overrides may choose the row, the seed, the launcher,
+machine paths and the logger, nothing that changes training. A run on another device type writes
+beside the row, in the table ``<table>_<device>`` (so GPU rows get their own files and tables). A
+stored result with other settings (config, thread count, CPU kernels) is replaced only with
+``force_result=true``, checked before training starts. A ``result_file`` path outside ``results/``
+is the caller's own choice.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
 
 import torch
 
@@ -28,6 +34,12 @@ ROW_OWN_KEYS = (
 )  # overrides a row's result allows
 ROW_OWN_PREFIXES = ("hydra", "paths.", "logger.")
 IGNORED_CONFIG_KEYS = ("logger", "force_result")  # config keys that do not change a result
+AUTO = "auto"  # result_file: the row's own file, from its result block (none for a run that is no row)
+FAMILIES = ("vision", "translation", "language_modeling")  # families of a train.py run's result
+
+
+def _key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
 
 
 def changed_settings(overrides: list[str]) -> list[str]:
@@ -39,11 +51,85 @@ def changed_settings(overrides: list[str]) -> list[str]:
     >>> changed_settings(["experiment=fmnistlt/la_stk", "seed=2", "hydra/launcher=joblib", "engine.epochs=1"])
     ['engine.epochs=1']
     """
+    return [o for o in overrides if _key(o) not in ROW_OWN_KEYS and not _key(o).startswith(ROW_OWN_PREFIXES)]
 
-    def key(override: str) -> str:
-        return override.lstrip("+~").split("=", 1)[0]
 
-    return [o for o in overrides if key(o) not in ROW_OWN_KEYS and not key(o).startswith(ROW_OWN_PREFIXES)]
+def chosen_experiment(overrides: list[str] | None) -> str | None:
+    """The experiment row that command-line overrides choose: its path under ``configs/experiment/``.
+
+    Examples
+    --------
+    >>> chosen_experiment(["seed=1", "experiment=stk/multi30k/atk", "hydra/launcher=joblib"])
+    'stk/multi30k/atk'
+    >>> chosen_experiment(["dataset=sinc"]) is None and chosen_experiment(None) is None
+    True
+    """
+    chosen = [o.split("=", 1)[1] for o in overrides or [] if not o.startswith("~") and _key(o) == "experiment"]
+    return chosen[-1] if chosen and chosen[-1] not in ("", "null") else None
+
+
+def row_filing(result: Mapping | None, experiment: str | None) -> dict | None:
+    """What an experiment row's result is: ``{family, folder, table, row}`` from the row's ``result``
+    block, the row being the experiment's yaml stem unless the block names it (None: not known); None
+    for a run that is no row (neither family nor table set).
+
+    Examples
+    --------
+    >>> block = {"family": "language_modeling", "folder": "routing", "table": "multi30k_en", "row": None}
+    >>> row_filing(block, "routing/dense")
+    {'family': 'language_modeling', 'folder': 'routing', 'table': 'multi30k_en', 'row': 'dense'}
+    >>> row_filing({"family": None, "folder": None, "table": None, "row": None}, None) is None
+    True
+    """
+    if not result or (result.get("family") is None and result.get("table") is None):
+        return None
+    family, table = result.get("family"), result.get("table")
+    if family not in FAMILIES or not table:
+        raise TopklabError(
+            f"result.family={family!r}, result.table={table!r}: an experiment row's group sets both "
+            f"(family one of {', '.join(FAMILIES)}); set them, or remove the result block"
+        )
+    row = result.get("row") or (PurePosixPath(experiment).name if experiment else None)
+    return {"family": family, "folder": result.get("folder") or family, "table": table, "row": row}
+
+
+def result_path(root: str | Path, filing: dict, seed: int) -> Path:
+    """An experiment row's result file: ``<root>/results/<folder>/<table>/<row>/seed<seed>.json``
+    (``filing`` from :func:`row_filing`).
+
+    Examples
+    --------
+    >>> result_path("/repo", {"folder": "vision", "table": "fmnistlt", "row": "la_stk"}, 2).as_posix()
+    '/repo/results/vision/fmnistlt/la_stk/seed2.json'
+    """
+    if not filing["row"]:
+        raise TopklabError(
+            f"result_file=auto cannot name this {filing['table']} row (no experiment= among the overrides, no "
+            f"result.row); pass experiment=<row> with the overrides, result.row=<name>, or result_file=<path> or null"
+        )
+    return Path(root) / "results" / filing["folder"] / filing["table"] / filing["row"] / f"seed{seed}.json"
+
+
+def filed_as(filing: dict | None, asked: Path, task: str | None, device: torch.device) -> dict:
+    """``{family, table, row}`` that the result's envelope and payload carry: the row's ``filing``
+    (:func:`row_filing`). What it does not say, for a file asked for by path (a run that is no row, or
+    a library call that names no experiment), comes from that file's folders ``<table>/<row>/`` and,
+    for the family, the data's ``task`` (translation, language_modeling, else vision). A run on another
+    device type than the CPU is filed in the table ``<table>_<device>``.
+
+    Examples
+    --------
+    >>> filing = {"family": "translation", "folder": "translation", "table": "multi30k", "row": "stk"}
+    >>> filed_as(filing, Path("/tmp/a/b/seed0.json"), "translation", torch.device("cuda"))
+    {'family': 'translation', 'table': 'multi30k_cuda', 'row': 'stk'}
+    >>> filed_as(None, Path("/tmp/mine/trial/seed0.json"), "binary", torch.device("cpu"))
+    {'family': 'vision', 'table': 'mine', 'row': 'trial'}
+    """
+    filing = filing or {}
+    family = filing.get("family") or (task if task in ("translation", "language_modeling") else "vision")
+    table = filing.get("table") or asked.parent.parent.name
+    suffix = "" if device.type == "cpu" else f"_{device.type}"
+    return {"family": family, "table": f"{table}{suffix}", "row": filing.get("row") or asked.parent.name}
 
 
 def identity(device: torch.device) -> dict:

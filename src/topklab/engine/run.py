@@ -20,7 +20,16 @@ from topklab.engine.interrupt import deferred_signals
 from topklab.engine.loop import check_splits
 from topklab.engine.objective import Objective, TrainingModule
 from topklab.engine.record import RunRecord, SilentRecord
-from topklab.engine.result_guard import check_replaceable, destination, identity
+from topklab.engine.result_guard import (
+    AUTO,
+    check_replaceable,
+    chosen_experiment,
+    destination,
+    filed_as,
+    identity,
+    result_path,
+    row_filing,
+)
 from topklab.loggers import NullLogger
 from topklab.losses.k import resolve_k
 from topklab.report import make_result
@@ -116,9 +125,10 @@ def train(
 ) -> dict:
     """Train one model as configured; write the run record to ``run_dir``; return the summary.
 
-    ``overrides``: the command line's overrides (train.py passes them), which decide whether the
-    result may go to the row's file under results/ (:mod:`topklab.engine.result_guard`); None
-    writes ``cfg.result_file`` as given (after the same check that it replaces nothing different).
+    ``overrides``: the command line's overrides (train.py passes them): their ``experiment=`` names
+    the row, and they decide whether the result may go to the row's file under results/
+    (:mod:`topklab.engine.result_guard`); None writes ``cfg.result_file`` as given (after the same
+    check that it replaces nothing different), ``auto`` only for a row whose ``result.row`` is set.
 
     Raises :class:`TopklabError` (after removing the partial record) on bad input. Under
     ``torchrun`` every rank trains; only the main rank writes the record, logs and the result.
@@ -126,7 +136,7 @@ def train(
     dist = Distributed.from_env(backend="gloo" if cfg.engine.device == "cpu" else None).init()
     logger = record = None
     try:
-        record, result_path = open_record(cfg, run_dir, job_name, overrides, dist)
+        record, planned = open_record(cfg, run_dir, job_name, overrides, dist)
         data, model, objective, task, engine = build_run(cfg)
         module = TrainingModule(model, objective)
         optimizer = build(cfg.optim, "optim")(module.parameter_groups())
@@ -156,26 +166,27 @@ def train(
         dist.close()
     summary = run_summary(cfg, data, model, seeds, logger.id, result)
     record.write_summary(summary)
-    if result_path is not None:
-        write_result(cfg, summary, record, result_path)
+    if planned is not None:
+        write_result(cfg, summary, record, *planned)
     return summary
 
 
-def open_record(cfg: DictConfig, run_dir, job_name, overrides, dist) -> tuple[RunRecord, Path | None]:
+def open_record(cfg: DictConfig, run_dir, job_name, overrides, dist) -> tuple[RunRecord, tuple[Path, dict] | None]:
     """The run's record (Hydra's run directory under train.py; silent on ranks other than the main one)
-    and where its result goes, with every folder the run will write checked first."""
+    and where its result goes and what it is filed as (:func:`plan_result`), with every folder the run
+    will write checked first."""
     if not dist.is_main:
         return SilentRecord(run_dir, job_name), None
     check_writable([(Path(run_dir), "hydra.run.dir")])
     record = RunRecord(run_dir, job_name)
     try:
-        result_path = plan_result(cfg, overrides, record.run_dir) if cfg.get("result_file") else None
+        planned = plan_result(cfg, overrides, record.run_dir)
         folders = [(Path(cfg.paths.checkpoint_dir), "paths.checkpoint_dir")] if cfg.engine.get("checkpoint") else []
-        check_writable([*folders, *([(result_path.parent, "result_file")] if result_path is not None else [])])
+        check_writable([*folders, *([(planned[0].parent, "result_file")] if planned is not None else [])])
     except TopklabError:
         record.discard()
         raise
-    return record, result_path
+    return record, planned
 
 
 def run_summary(cfg: DictConfig, data, model, seeds: dict, logger_id, result: dict) -> dict:
@@ -191,15 +202,22 @@ def run_summary(cfg: DictConfig, data, model, seeds: dict, logger_id, result: di
     }  # fmt: skip
 
 
-def plan_result(cfg: DictConfig, overrides: list[str] | None, run_dir: Path) -> Path:
-    """Where the result will go (said in one line when not ``cfg.result_file``), checked before
-    training so that a refusal costs nothing."""
+def plan_result(cfg: DictConfig, overrides: list[str] | None, run_dir: Path) -> tuple[Path, dict] | None:
+    """``(path, filing)``: where the result will go (said in one line when not where asked) and the
+    ``{family, table, row}`` it is filed as, checked before training so that a refusal costs nothing.
+    None when the run writes none: ``result_file=null``, or ``auto`` for a run that is no experiment row.
+    ``auto`` asks for the row's own file (:func:`~topklab.engine.result_guard.result_path`)."""
+    setting = cfg.get("result_file")
+    filing = None if setting is None else row_filing(cfg.get("result"), chosen_experiment(overrides))
+    if setting is None or (setting == AUTO and filing is None):
+        return None
     device = resolve_device(cfg.engine.device)
-    path, note = destination(cfg.result_file, cfg.paths.root_dir, overrides, run_dir, device)
+    asked = result_path(cfg.paths.root_dir, filing, cfg.seed) if setting == AUTO else Path(setting)
+    path, note = destination(str(asked), cfg.paths.root_dir, overrides, run_dir, device)
     if note:
         print(note)
     check_replaceable(path, portable_config(cfg), identity(device), bool(cfg.get("force_result")))
-    return path
+    return path, filed_as(filing, asked, OmegaConf.select(cfg, "dataset.task"), device)
 
 
 def optimized_value(cfg: DictConfig, summary: dict) -> float:
@@ -214,22 +232,18 @@ def optimized_value(cfg: DictConfig, summary: dict) -> float:
     return float(val[name])
 
 
-def write_result(cfg: DictConfig, summary: dict, record: RunRecord, path: Path) -> Path:
-    """The run's compact, portable result at ``cfg.result_file`` (``results/<family>/<table>/<row>/
-    seed<k>.json`` for an experiment row, family vision, translation or language_modeling): the summary, the config
-    without machine paths, the provenance and the command, in :mod:`topklab.report.schema`'s
-    envelope, written atomically."""
-    table, row = path.parent.parent.name, path.parent.name
-    family = (
-        summary["task"] if summary["task"] in ("translation", "language_modeling") else "vision"
-    )  # the data's envelope family
+def write_result(cfg: DictConfig, summary: dict, record: RunRecord, path: Path, filing: dict) -> Path:
+    """The run's compact, portable result at ``path`` (:func:`plan_result`), filed as ``filing``'s
+    family, table and row, labelled ``cfg.row``: the summary, the config without machine paths, the
+    provenance and the command, in :mod:`topklab.report.schema`'s envelope, written atomically."""
+    table, row = filing["table"], filing["row"]
     portable_summary = {k: v for k, v in summary.items() if k != "logger_id"}  # a CSV logger's id is a path
     payload = {"table": table, "row": row, "label": cfg.get("row") or row, "summary": portable_summary}
     command = "python " + " ".join(Path(a).name if i == 0 else a for i, a in enumerate(sys.argv))
     return write_envelope(
         path,
         make_result(
-            family,
+            filing["family"],
             f"{table}/{row}",
             payload,
             command=command,
