@@ -1,14 +1,18 @@
 """scripts/bench_operators.py runs end to end on tiny sizes (its numbers are not asserted: speed is
-checked by running the benchmark, never by a timed unit test)."""
+checked by running the benchmark, never by a timed unit test); its memory guard stops an allocation
+past the limit; the peer table renders every state of a pair."""
 
 import json
 import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
 from helpers import ROOT
+from topklab.bench.isolation import run_isolated
+from topklab.bench.operators import OVER_MEMORY, PEERS, render_peers
 
 SCRIPT = ROOT / "scripts" / "bench_operators.py"
 
@@ -32,6 +36,7 @@ def test_full_mode_writes_the_table_json_and_plot(tmp_path):
             "--operators",
             "dftopk",
             "odd_even",
+            "sparse_topk",
             "--sizes",
             "5",
             "10",
@@ -59,6 +64,12 @@ def test_full_mode_writes_the_table_json_and_plot(tmp_path):
     rows = {r["operator"]: r for r in result["result"]["rows"]}
     assert [s["n"] for s in rows["odd_even"]["speed"]] == [5, 10] and rows["odd_even"]["output"] == "permutation"
     assert rows["dftopk"]["output"] == "soft_topk" and result["provenance"]["git"]
+    pairs = {(p["operator"], p["peer"]): p for p in result["result"]["peers"]}
+    assert set(pairs) == {(name, peer) for name, peer, _ in PEERS if name in ("odd_even", "sparse_topk")}
+    for key in [("odd_even", "difftopk"), ("odd_even", "diffsort"), ("sparse_topk", "python_pav")]:
+        assert [s["n"] for s in pairs[key]["sizes"]] == [5, 10] and pairs[key]["sizes"][-1]["max_abs_difference"] < 4e-5
+    assert "## Ours against every installed peer, side by side" in table
+    assert "| sparse_topk | ours with kernel='python' (the Python PAV) | 10 |" in table
     assert (tmp_path / "operators_test.png").stat().st_size > 0
     (tmp_path / "operators_test.md").unlink()
     subprocess.run(
@@ -78,3 +89,51 @@ def test_unknown_operator_is_a_one_line_error():
         [sys.executable, str(SCRIPT), "--operators", "quicksort", "--no-train"], capture_output=True, text=True
     )
     assert done.returncode == 2 and "unknown operator(s) quicksort" in done.stderr
+
+
+@pytest.mark.integration
+def test_the_memory_guard_turns_an_allocation_past_the_limit_into_a_skipped_row():
+    script = textwrap.dedent(
+        """
+        import json, torch
+        from topklab.bench.operators import failed_row, guard_memory
+
+        guard_memory(0.25, "cpu")
+        small = torch.ones(2**24)  # 64 MiB: inside the limit
+        try:
+            torch.ones(2**28)  # 1 GiB
+        except (RuntimeError, MemoryError) as err:
+            print(json.dumps({"row": failed_row(err), "small": float(small.sum())}))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"row": {"skipped": OVER_MEMORY}, "small": 2.0**24}
+
+
+@pytest.mark.integration
+def test_a_pair_is_measured_side_by_side_in_its_own_process():
+    options = {"operator": "sparse_topk", "peer": "python_pav", "sizes": [5, 40], "device": "cpu", "repeats": 3}
+    options.update(warmup=1, max_seconds=5.0, memory_limit_gb=2.0, peer_batch=3)
+    result = run_isolated("topklab.bench.operators:measure_peer_options", options)
+    assert result["output"] == "soft_topk" and [(s["n"], s["batch"]) for s in result["sizes"]] == [(5, 3), (40, 3)]
+    for size in result["sizes"]:
+        assert size["max_abs_difference"] == 0.0  # the C++ and the Python PAV give the same bits
+        assert size["repeats"] == 3 and size["ours_ms"] > 0 and size["peer_over_ours"] > 0
+
+
+def test_the_peer_table_renders_every_state_of_a_pair():
+    measured = {"n": 100, "k": 50, "ours_ms": 0.5, "peer_ms": 2.0, "peer_over_ours": 4.0, "repeats": 20}
+    measured.update(max_abs_difference=3e-8, ours_peak_mb=0.1, peer_peak_mb=40.0)
+    stopped = {**measured, "n": 500, "peer_ms": 6000.0, "peer_over_ours": 12000.0, "repeats": 1, "stopped": True}
+    skipped = {"n": 1000, "k": 500, "ours_ms": 9.0, "repeats": 1, "ours_peak_mb": 1.0, "peer": {"skipped": OVER_MEMORY}}
+    pairs = [
+        {"operator": "odd_even", "peer": "difftopk", "label": "difftopk dense", "sizes": [measured, stopped, skipped]},
+        {"operator": "sparse_topk", "peer": "torchsort", "label": "torchsort", "error": "not installed"},
+    ]
+    lines = render_peers({"peers": pairs, "memory_limit_gb": 4.0, "peer_batch": 1})
+    assert "| odd_even | difftopk dense | 100 | 0.5 | 2 | 4.00 | 3.0e-08 | 0.1 | 40.0 |" in lines
+    stopped_row = "| odd_even | difftopk dense | 500 | 0.5 | 6e+03 | 12000.00 (one call, stopped: over time) |"
+    assert any(line.startswith(stopped_row) for line in lines)
+    assert "| odd_even | difftopk dense | 1,000 | 9 | skipped: over memory limit (the peer) | — | — | — | — |" in lines
+    assert "Not measured: torchsort for sparse_topk (not installed)." in lines
+    assert render_peers({"rows": []}) == []  # a result written before the peer table

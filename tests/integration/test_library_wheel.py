@@ -173,6 +173,7 @@ def test_the_wheel_requires_torch_and_numpy_only(bare):
     extras = {line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Provides-Extra:")}
     assert {"experiments", "tabular", "translation", "vision", "docs"} <= extras
     assert "topklab/losses/aggregate/thresholded_cpu.cpp" in names  # the native kernel's source, built on first use
+    assert "topklab/operators/pav_cpu.cpp" in names  # sparse top-k's C++ PAV, built on first use
 
 
 def test_the_readme_example_runs_without_the_experiment_stack(bare):
