@@ -33,6 +33,8 @@ Extreme inputs, the same for every operator (:meth:`TopKOperator.soft_topk` and
   Where the operator's literal limit differs from this rule (the cost normalisation of SOFT top-k
   and the standardisation of SinkhornSort would make every finite entry tie, and a sorting
   network keeps the n-wire layout), the rule is what the operator computes; its docstring says so.
+  Inside ``torch.compile`` the operators that group such rows (``masks_extremes = False``: the
+  sorting networks, SparseTopK) give them NaN instead (:class:`TopKOperator`).
 - **NaN**: a row with a NaN score gives a row of NaN (the whole row: every entry of p depends on
   every score); other rows are unaffected (a NaN row takes no part in SoftTopKOT's batch
   normalisation either). Nothing is raised, so there is no device synchronisation for the check.
@@ -190,6 +192,13 @@ class TopKOperator(nn.Module):
     a GPU (only these operators pay it there: the sorting networks, whose layout depends on n, and
     SparseTopK, which already synchronises in its solvers). On the CPU every operator makes that
     check and calls its core directly on all-finite scores (the rule changes nothing there).
+
+    While ``torch.compile`` traces, no call reads the data on the host, so that a model around the
+    operator compiles as one graph (``fullgraph=True``): a ``masks_extremes`` core always takes the
+    vectorised path (the same values and gradients as the direct call on finite scores), and the
+    core of any other operator runs on every row at once, with rows holding a non-finite score
+    replaced by zeros in its input and given NaN in the output (grouping them by (n_f, k') would
+    need their counts on the host). Finite rows get what eager mode gives them.
     """
 
     gives_permutation = False
@@ -235,14 +244,26 @@ class TopKOperator(nn.Module):
         if batch == 0:
             empty = scores * 0
             return empty[:, :, None].expand(batch, n, k).clone() if columns else empty
+        compiling = torch.compiler.is_compiling()
+        if compiling and not self.masks_extremes:
+            return _finite_rows(core, scores, k, columns)
         # All finite: the rule is the identity, so the core alone gives the same result. The check is
         # free on the CPU; on a GPU it would synchronise, so there only the grouped operators make it.
-        if (scores.device.type == "cpu" or not self.masks_extremes) and bool(torch.isfinite(scores).all()):
+        checked = scores.device.type == "cpu" or not self.masks_extremes
+        if checked and not compiling and bool(torch.isfinite(scores).all()):
             return core(scores, k, plain(scores, k) if self.masks_extremes else None)
         inputs, rest, split = extremes(scores, k)
         if not self.masks_extremes:
             return assemble(_by_groups(core, inputs, split, k, columns), split, k)
         return assemble(core(inputs, k, rest), split, k)
+
+
+def _finite_rows(core, scores: torch.Tensor, k: int, columns: bool) -> torch.Tensor:
+    """The core of a ``masks_extremes = False`` operator on all rows in one call, as ``torch.compile``
+    traces it: a row with a non-finite score gets zeros as the core's input and NaN as its output."""
+    finite = torch.isfinite(scores).all(1, keepdim=True)
+    out = core(torch.where(finite, scores, torch.zeros((), dtype=scores.dtype, device=scores.device)), k, None)
+    return torch.where(finite[:, :, None] if columns else finite, out, torch.nan)
 
 
 def _by_groups(core, inputs: torch.Tensor, split: _Split, k: int, columns: bool) -> torch.Tensor:

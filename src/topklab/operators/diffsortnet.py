@@ -3,6 +3,8 @@ of the top-k permutation and mix wires pairwise: O(L·n·k) per row instead of d
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from topklab.operators.base import TopKOperator, positive
@@ -11,14 +13,15 @@ from topklab.operators.relaxations import RELAXATIONS, check_distribution
 
 
 class Workspace:
-    """Buffers for one (network, n, k, batch, dtype, device) and their per-layer views, built once,
-    so that the loops of :class:`NetworkTopK` only launch arithmetic. Values are wire-major (n,
-    batch), columns (n, k, batch); strided layers get views of both wires, gathered layers none.
-    What a backward needs is copied out of the buffers, so calls may interleave."""
+    """Buffers for one (network, n, k, batch, dtype, device) and their per-layer views, built once
+    (in eager mode; afresh in every traced forward and backward under ``torch.compile``), so that
+    the loops of :class:`NetworkTopK` only launch arithmetic. Values are wire-major (n, batch),
+    columns (n, k, batch); strided layers get views of both wires, gathered layers none. What a
+    backward needs is copied out of the buffers, so calls may interleave."""
 
     def __init__(self, plans: list[LayerPlan], n: int, k: int, batch: int, dtype, device):
         self.plans = plans
-        depth, widest = len(plans), max((layer.size for layer in plans), default=0)
+        depth, widest = len(plans), max([0, *(layer.size for layer in plans)])
         new = dict(dtype=dtype, device=device)
         self.values, self.grad_values = torch.empty(n, batch, **new), torch.empty(n, batch, **new)
         self.columns, self.grad = torch.empty(n, k, batch, **new), torch.empty(n, k, batch, **new)
@@ -53,12 +56,14 @@ class NetworkTopK(torch.autograd.Function):
     w·(lower − upper) from the lower wire to the upper one; the columns go back through the
     layers with the same weights (Petersen et al. 2021, Eq. 2–3). The forward keeps v, w and the
     column gaps of each layer's window; the backward runs the column recursion forwards, then the
-    value recursion backwards.
+    value recursion backwards. ``workspace`` is a callable that gives the :class:`Workspace`, which
+    forward and backward each ask for: the cached one in eager mode, a new one (tensors of the
+    traced graph, never a mutated input) under ``torch.compile``.
     """
 
     @staticmethod
     def forward(ctx, scores, workspace, relaxation, steepness, art_lambda):
-        ws = workspace
+        ws = workspace()
         x = ws.values
         x.copy_(scores.t())
         for layer, pair, v, w, side in zip(ws.plans, ws.value_pairs, ws.signed_at, ws.weight_at, ws.side_at):
@@ -80,12 +85,12 @@ class NetworkTopK(torch.autograd.Function):
             gaps[depth] = lower - upper
             layer.mix(columns, lower, upper, ws.column_weight_at[depth], gaps[depth], layer.first)
         ctx.save_for_backward(ws.signed.clone(), ws.weights.clone(), *gaps)
-        ctx.workspace, ctx.relaxation, ctx.steepness, ctx.art_lambda = ws, relaxation, steepness, art_lambda
+        ctx.workspace, ctx.relaxation, ctx.steepness, ctx.art_lambda = workspace, relaxation, steepness, art_lambda
         return columns.permute(2, 0, 1).clone(memory_format=torch.contiguous_format)
 
     @staticmethod
     def backward(ctx, grad_output):
-        ws = ctx.workspace
+        ws = ctx.workspace()
         signed, weights, *gaps = ctx.saved_tensors
         ws.weights.copy_(weights)
         grad = ws.grad
@@ -145,10 +150,14 @@ class DiffSortNet(TopKOperator):
     n-wire layout): a network is defined by its number of wires, and the rule keeps the answer that
     of the same operator on the finite scores. Rows with an infinite score are grouped by (n_f, k')
     and each group runs its own network; a call checks ``isfinite(scores).all()`` first (one
-    synchronisation on a GPU). A NaN score makes its row NaN; an empty batch gives an empty result;
-    float16 and bfloat16 are computed in float32 and returned in their dtype. Finite scores up to
-    the dtype's maximum give finite P: where a difference of scores could overflow (a score beyond
-    a quarter of the maximum), the values are halved and β rescaled to give the same comparators.
+    synchronisation on a GPU). Under ``torch.compile``, which cannot regroup rows without reading
+    the data on the host, such rows give NaN instead (see
+    :class:`~topklab.operators.base.TopKOperator`); finite rows get the eager values, and a model
+    around the operator compiles as one graph (``fullgraph=True``). A NaN score makes its row NaN;
+    an empty batch gives an empty result; float16 and bfloat16 are computed in float32 and returned
+    in their dtype. Finite scores up to the dtype's maximum give finite P: where a difference of
+    scores could overflow (a score beyond a quarter of the maximum), the values are halved and β
+    rescaled to give the same comparators.
 
     Examples
     --------
@@ -194,13 +203,21 @@ class DiffSortNet(TopKOperator):
     def extra_repr(self) -> str:
         return f"{self.network}, steepness={self.steepness}, distribution={self.distribution}"
 
-    def workspace(self, n: int, k: int, batch: int, device: torch.device, dtype: torch.dtype) -> Workspace:
-        """The network's layer plans and buffers for n wires, k outputs and a batch (cached)."""
-        key = (n, k, batch, str(device), dtype)
-        if key not in self._workspaces:
+    def workspace(
+        self, n: int, k: int, batch: int, device: torch.device, dtype: torch.dtype
+    ) -> Callable[[], Workspace]:
+        """A callable that gives the network's layer plans and buffers for n wires, k outputs and a
+        batch: the cached :class:`Workspace` in eager mode; while ``torch.compile`` traces, a new one
+        at each call (forward and backward each build their buffers in their own graph) on plans
+        built once."""
+        key, compiling = (n, k, batch, str(device), dtype), torch.compiler.is_compiling()
+        if compiling or key not in self._workspaces:
             plans = [layer.to(device, dtype) for layer in plan(NETWORKS[self.network](n, k), n, k)]
+            if compiling:
+                return lambda: Workspace(plans, n, k, batch, dtype, device)
             self._workspaces[key] = Workspace(plans, n, k, batch, dtype, device)
-        return self._workspaces[key]
+        workspace = self._workspaces[key]
+        return lambda: workspace
 
     def _permutation(self, scores: torch.Tensor, k: int, rest=None) -> torch.Tensor:
         low_precision = scores.dtype in (torch.float16, torch.bfloat16)

@@ -141,13 +141,10 @@ class LayerPlan:
         of the contiguous ``state`` (updated in place by :meth:`mix`) or gathered copies."""
         if not self.strided:
             return state.index_select(0, self.lower[first:]), state.index_select(0, self.upper[first:])
-        row = state[0].numel()
-        inner = state.stride()[1:]
         blocks = self.blocks - first // self.span
-        size = (blocks, self.span) + state.shape[1:]
-        stride = (2 * self.span * row, row) + inner
-        offset = state.storage_offset() + (self.start + 2 * self.span * (first // self.span)) * row
-        return (state.as_strided(size, stride, offset), state.as_strided(size, stride, offset + self.span * row))
+        begin = self.start + 2 * self.span * (first // self.span)
+        pairs = state[begin : begin + 2 * self.span * blocks].view(blocks, 2, self.span, *state.shape[1:])
+        return pairs[:, 0], pairs[:, 1]
 
     def shaped(self, values: torch.Tensor, inner: int = 0) -> torch.Tensor:
         """Per-comparator ``values`` (comparators, batch) shaped like :meth:`pairs`' output, with
