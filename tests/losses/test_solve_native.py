@@ -23,7 +23,10 @@ def rows(n: int, dtype=torch.float64, seed=0):
 @pytest.mark.parametrize("steps", [1, 2, 30])
 def test_the_native_solve_is_the_eager_one_in_float64(n, steps):
     args = rows(n)
-    eager, native = solve_srelu_threshold(*args, steps), solve_srelu_threshold(*args, steps, path="native")
+    eager, native = (
+        solve_srelu_threshold(*args, steps),
+        solve_srelu_threshold(*args, steps, path="native", required=True),
+    )
     torch.testing.assert_close(native[0], eager[0], rtol=0, atol=1e-10)
     torch.testing.assert_close(native[1], eager[1], rtol=0, atol=1e-9)
 
@@ -32,7 +35,7 @@ def test_in_float32_the_native_count_is_the_eager_one_to_rounding():
     losses, k, delta, start = rows(4097, torch.float32, seed=3)
     eager, native = (
         solve_srelu_threshold(losses, k, delta, start, 2),
-        solve_srelu_threshold(losses, k, delta, start, 2, path="native"),
+        solve_srelu_threshold(losses, k, delta, start, 2, path="native", required=True),
     )
     assert native[0].dtype == native[1].dtype == torch.float32
     torch.testing.assert_close(native[1], eager[1], rtol=1e-4, atol=0)  # the eager count sums 4,097 float32 terms
@@ -43,7 +46,7 @@ def test_a_nan_row_has_no_root_and_the_others_are_solved():
     losses = torch.randn(2, 50, generator=torch.Generator().manual_seed(1))
     losses[0, 3] = float("nan")
     args = (losses, torch.tensor([5.0, 5.0]), torch.tensor([0.01, 0.01]), torch.zeros(2))
-    lam, count = solve_srelu_threshold(*args, 20, path="native")
+    lam, count = solve_srelu_threshold(*args, 20, path="native", required=True)
     assert lam[0].isnan() and count[0].isnan()
     assert abs(float(count[1]) - 5.0) < 1e-3 and float(lam[1]) == pytest.approx(
         float(solve_srelu_threshold(*args, 20)[0][1]), abs=1e-5

@@ -239,21 +239,27 @@ std::vector<at::Tensor> solve_srelu(const at::Tensor& losses_in, const at::Tenso
 
 // (Σ_i z_i/r_i, Σ_i r_i⁻³) over 1-D values with z = v − λ, r = √(z² + δ²), elementwise in the values'
 // dtype and summed in double: one Newton step of the STk gradient selector (sparsification/selectors.py).
+template <typename T>
+void ratio_sums(const T* v, int64_t n, double lam, double delta, double& ratio, double& cubes) {
+  const T lm = T(lam), dd = T(delta * delta);
+  double r = 0.0, c = 0.0;
+#pragma omp simd reduction(+ : r, c)
+  for (int64_t i = 0; i < n; ++i) {
+    const T z = v[i] - lm;
+    const T root = std::sqrt(z * z + dd);
+    r += double(z / root);
+    c += double(T(1) / (root * root * root));
+  }
+  ratio = r;
+  cubes = c;
+}
+
 std::vector<double> srelu_ratio_sums(const at::Tensor& values_in, double lam, double delta) {
   TORCH_CHECK(values_in.device().is_cpu() && values_in.dim() == 1, "values must be a 1-D CPU tensor");
   auto values = values_in.detach().contiguous();
   double ratio = 0.0, cubes = 0.0;
   AT_DISPATCH_FLOATING_TYPES(values.scalar_type(), "srelu_ratio_sums_cpu", [&] {
-    const scalar_t* v = values.data_ptr<scalar_t>();
-    const scalar_t lm = scalar_t(lam), dd = scalar_t(delta * delta);
-    const int64_t n = values.numel();
-#pragma omp simd reduction(+ : ratio, cubes)
-    for (int64_t i = 0; i < n; ++i) {
-      const scalar_t z = v[i] - lm;
-      const scalar_t root = std::sqrt(z * z + dd);
-      ratio += double(z / root);
-      cubes += double(scalar_t(1) / (root * root * root));
-    }
+    ratio_sums<scalar_t>(values.data_ptr<scalar_t>(), values.numel(), lam, delta, ratio, cubes);
   });
   return {ratio, cubes};
 }
