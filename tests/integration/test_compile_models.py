@@ -6,11 +6,9 @@ dynamo traces with it) is captured as one graph without a break; the slow tier t
 compiled (inductor) and eager from the same initialisation and data and compares the loss and
 every parameter's gradient at each step.
 
-Two gaps of MATk/STk, whose fixes belong in ``src/topklab/losses/aggregate/``, are strict xfails:
-with ``lam_update="gradient"`` and the default ``lam_init="auto"`` the first training call sets λ
-from ``float(kth_largest(...))``, a graph break (``ThresholdedTopK._start_gradient``; the cases
-here without it start at ``lam_init=0.0``); and ``LambdaMonitor.calls``, a Python int reached from
-the module, makes every training call recompile, so the 10 steps exceed dynamo's recompile limit (8).
+MATk/STk cases cover λ solved and trained, from λ₀ = 0 and from ``lam_init="auto"`` (set on the first
+training call without reading the value on the host); the λ monitor keeps only on-device sums under
+compile, so the 10 steps do not recompile per call.
 """
 
 import copy
@@ -52,11 +50,6 @@ class TopKClassifier(nn.Module):
         return self.loss(self.linear(x), y).mean()
 
 
-AUTO_INIT = pytest.mark.xfail(
-    raises=AssertionError,
-    strict=True,
-    reason="lam_init='auto' reads the first batch's k-th loss on the host (float(...)): a graph break",
-)
 MODELS = {
     "stk-solve": lambda: AggregatedLogistic(STk(k=0.5)),
     "stk-gradient": lambda: AggregatedLogistic(STk(k=0.5, lam_update="gradient", lam_init=0.0)),
@@ -67,23 +60,6 @@ MODELS = {
     "topk-ce-bitonic": lambda: TopKClassifier("bitonic"),
     "topk-ce-odd-even": lambda: TopKClassifier("odd_even"),
 }
-RECOMPILES = pytest.mark.xfail(
-    raises=torch._dynamo.exc.FailOnRecompileLimitHit,
-    strict=True,
-    reason="LambdaMonitor.calls, a Python int under the module, is guarded: each training call recompiles and "
-    "the 9th exceeds dynamo's recompile_limit (8), which fullgraph=True makes an error",
-)
-
-
-def marked(name: str, trained: bool):
-    """``name`` as a test parameter, with the xfail of the gap it meets: in 10 training steps the
-    recompiles of every MATk/STk model (``fullgraph=True`` itself keeps ``float(...)`` in the graph
-    as an unbacked scalar), in ``explain`` the graph break of ``lam_init="auto"``."""
-    if trained and not name.startswith("topk-ce"):
-        return pytest.param(name, marks=RECOMPILES)
-    if not trained and name.endswith("auto-init"):
-        return pytest.param(name, marks=AUTO_INIT)
-    return name
 
 
 def batch(name: str, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,7 +74,7 @@ def at(step: int):
     return lambda message: f"step {step}: {message}"
 
 
-@pytest.mark.parametrize("name", [marked(name, trained=False) for name in MODELS])
+@pytest.mark.parametrize("name", list(MODELS))
 def test_the_model_and_its_loss_trace_as_one_graph(name):
     assert not torch._dynamo.config.capture_scalar_outputs  # dynamo's default: .item() would break the graph
     torch._dynamo.reset()
@@ -109,7 +85,7 @@ def test_the_model_and_its_loss_trace_as_one_graph(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [marked(name, trained=True) for name in MODELS])
+@pytest.mark.parametrize("name", list(MODELS))
 def test_ten_compiled_training_steps_give_the_eager_values_and_gradients(name):
     """Inductor (C++ on a CPU) against eager from the same initialisation and batches: the loss, every
     parameter's gradient and then the whole state (parameters, λ and its buffers) within rtol 1e-5 and

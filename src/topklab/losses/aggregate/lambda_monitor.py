@@ -50,6 +50,7 @@ class LambdaMonitor:
         self.calls = 0
         self._epoch = None
         self._streak = None
+        self._seen = None  # the calls so far as a 0-d tensor: what the burn-in compares under torch.compile
         self._warned = False
         self.band_defined = True  # False once a call had k = n
 
@@ -71,11 +72,19 @@ class LambdaMonitor:
 
     def record(self, share: torch.Tensor, k: int, n: int, sample=None) -> None:
         """One training call: ``share`` the smoothed share above λ (0-d tensor), k of n losses;
-        ``sample`` (on every ``sample_every``-th call) a callable giving ``(hard share, λ − ℓ_[k])``."""
+        ``sample`` (on every ``sample_every``-th call) a callable giving ``(hard share, λ − ℓ_[k])``.
+
+        Inside a user's ``torch.compile`` only the on-device sums are kept (no Python counter, which
+        would recompile every call): the warning and the samples wait for eager calls."""
         if self._epoch is None:
             self._epoch = self._zeros(share)
             self._streak = torch.zeros((), dtype=torch.float64, device=share.device)
-        self.calls += 1
+        if self._seen is None:
+            self._seen = torch.full((), float(self.calls), dtype=torch.float64, device=share.device)
+        compiling = torch.compiler.is_compiling()
+        if not compiling:
+            self.calls += 1
+        self._seen += 1
         epoch = self._epoch
         epoch["calls"] += 1
         epoch["share_sum"] += share.detach().double()
@@ -83,10 +92,12 @@ class LambdaMonitor:
         if k < n:
             good = in_band(share.detach(), k / n).double()
             epoch["in_band_all"] += good
-            if self.calls > self.burn_in:
-                epoch["counted"] += 1
-                epoch["in_band"] += good
+            counted = (self._seen > self.burn_in).double()  # after the burn-in: 1, else 0 (exact sums either way)
+            epoch["counted"] += counted
+            epoch["in_band"] += good * counted
             self._streak.mul_(1.0 - good).add_(1.0 - good)
+            if compiling:
+                return
             if self.calls % WARN_AFTER_CALLS == 0 and not self._warned and bool(self._streak >= WARN_AFTER_CALLS):
                 self._warned = True
                 warnings.warn(
@@ -95,7 +106,7 @@ class LambdaMonitor:
                     f"(use lam_update='solve', or a larger lam_lr with lam_update='gradient')",
                     stacklevel=2,
                 )
-        if sample is not None and self.calls % self.sample_every == 1 % self.sample_every:
+        if sample is not None and not compiling and self.calls % self.sample_every == 1 % self.sample_every:
             hard_share, gap = sample()
             epoch["hard_share_sum"] += hard_share.double()
             epoch["lam_minus_kth_sum"] += gap.double()
@@ -149,6 +160,7 @@ class LambdaMonitor:
 
     def load_state_dict(self, state: dict) -> None:
         self.calls, self._warned = int(state["calls"]), bool(state["warned"])
+        self._seen = None  # restarted from ``calls`` on the next call
 
 
 def lambda_tracking(history: list[dict]) -> dict:

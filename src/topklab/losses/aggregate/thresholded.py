@@ -279,8 +279,12 @@ class ThresholdedTopK(Aggregate):
                     parts = [(losses.reshape(-1), total, losses.shape[0] == 1)]
                 else:
                     parts = [(row, int(c), True) for row, c in zip(losses, k.tolist())]
-                starts = [self.lam_of(float(self._auto_start(*part))) for part in parts]
-                self.lam.copy_(torch.tensor(starts, dtype=self.lam.dtype).view(self.lam.shape))
+                if self.lam_constraint == "none":  # λ is stored as it is: no value read on the host (compile-friendly)
+                    starts = torch.stack([self._auto_start(*part) for part in parts])
+                    self.lam.copy_(starts.to(self.lam.dtype).view(self.lam.shape))
+                else:
+                    starts = [self.lam_of(float(self._auto_start(*part))) for part in parts]
+                    self.lam.copy_(torch.tensor(starts, dtype=self.lam.dtype).view(self.lam.shape))
         self._started = True
 
     def _auto_start(self, losses: torch.Tensor, total: int, one_row: bool) -> torch.Tensor:
