@@ -41,7 +41,7 @@ import torch
 
 from topklab.operators.base import TopKOperator, positive
 from topklab.utils.checks import check_int
-from topklab.utils.errors import TopklabError
+from topklab.utils.errors import TopklabError, first_line
 
 SOLVERS = ("pav", "dykstra")
 KERNELS = ("auto", "native", "python")
@@ -170,7 +170,7 @@ def native_pav(required: bool = False):
         try:
             return _build_native_pav()
         except Exception as error:
-            failure = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+            failure = first_line(error)
             if not required:
                 _NATIVE_FAILURE["pav"] = failure
                 warnings.warn(

@@ -19,7 +19,7 @@ import math
 import torch
 from torch import nn
 
-from topklab.losses.aggregate.kernels import native_extension, native_ratio_sums
+from topklab.losses.aggregate.kernels import native_extension, native_ready
 from topklab.utils.checks import check_int
 
 KERNELS = ("eager", "native")
@@ -220,7 +220,8 @@ class STkThresholdSelector(nn.Module):
         if not (self.warm_start and low < lam < high):
             lam = 0.5 * (low + high)
         n = magnitudes.numel()
-        sums = self._native_sums if self.kernel == "native" and native_ratio_sums(magnitudes) else _ratio_sums
+        native = self.kernel == "native" and native_ready(magnitudes, "using torch operations instead")
+        sums = self._native_sums if native else _ratio_sums
         for iteration in range(1, self.max_iter + 1):
             self.iterations = iteration
             # Σ SReLU'(z) = ½(n + Σ z/r): the tail's δ²/(2z²) is below float32's resolution but adds < 1 to the count

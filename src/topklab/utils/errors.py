@@ -29,6 +29,18 @@ class Interrupted(TopklabError):
         self.exit_code = 128 + signal_number
 
 
+def first_line(error: BaseException) -> str:
+    """An exception's first line, at most 200 characters (its type's name when it has no message): what a
+    one-line error or warning quotes of a failure.
+
+    Examples
+    --------
+    >>> first_line(RuntimeError(chr(10).join(["CppCompileError: gcc not found", "more detail"])))
+    'CppCompileError: gcc not found'
+    """
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+
+
 def fail(err: Exception | str) -> None:
     """Print ``error: <err>`` on stderr and exit with code 2 (an interrupted run: 128 + the signal).
     Any other exception than a :class:`TopklabError` is a bug, not a fault: it is raised again with its

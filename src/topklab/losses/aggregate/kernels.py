@@ -48,7 +48,7 @@ from torch.autograd.function import once_differentiable
 
 from topklab.losses.aggregate.base import accumulation_dtype
 from topklab.smoothing import Smoothing
-from topklab.utils.errors import TopklabError
+from topklab.utils.errors import TopklabError, first_line
 
 KERNELS = ("auto", "native", "compiled", "eager")
 NEXT_PATH = {"native": "compiled", "compiled": "eager"}  # where a path that cannot be built falls back to
@@ -118,46 +118,38 @@ def compiler_error(path: str, device: torch.device) -> str | None:
     return _UNAVAILABLE.get((path, device.type))
 
 
-def native_ratio_sums(values: torch.Tensor) -> bool:
-    """Whether the C++ sums of the STk gradient selector (``srelu_ratio_sums``) can run on ``values``: a
-    float32/float64 CPU tensor and an extension that builds (else one warning per process, and False)."""
+def native_ready(values: torch.Tensor, fallback: str, required: bool = False) -> bool:
+    """Whether the C++ extension can serve ``values``: a float32/float64 CPU tensor, outside a user's
+    ``torch.compile``, and an extension that builds here. A build failure warns once per process
+    (``fallback`` says what runs instead) and gives False, or under ``required`` (``kernel=native``)
+    raises a :class:`TopklabError`."""
     if values.device.type != "cpu" or values.dtype not in (torch.float32, torch.float64):
         return False
-    if ("native", "cpu") in _UNAVAILABLE:
+    if torch.compiler.is_compiling() or ("native", "cpu") in _UNAVAILABLE:
         return False
     try:
         native_extension()
     except Exception as error:
-        failure = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-        _UNAVAILABLE[("native", "cpu")] = failure
-        warnings.warn(f"the native kernel failed on cpu ({failure}); using torch operations instead", stacklevel=2)
-        return False
-    return True
-
-
-def native_solve(losses, k, delta, start, steps: int, required: bool = False):
-    """:func:`~topklab.losses.aggregate.solve.solve_srelu_threshold`'s ``(λ, count)`` from the C++ kernel,
-    or None where it cannot run (not a float32/float64 CPU tensor, inside a user's ``torch.compile``,
-    or the extension failed to build: then one warning per process, as for the loss kernel, or under
-    ``required`` (``kernel=native``) a :class:`TopklabError`)."""
-    usable = losses.device.type == "cpu" and losses.dtype in (torch.float32, torch.float64)
-    if not usable or torch.compiler.is_compiling() or ("native", "cpu") in _UNAVAILABLE:
-        return None
-    try:
-        lam, count = native_extension().solve_srelu(losses, k, delta, start, steps)
-    except Exception as error:
-        failure = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        failure = first_line(error)
         if required:
             raise TopklabError(
                 f"loss.kernel=native, but that kernel failed on cpu: {failure}; use loss.kernel=auto or eager"
             ) from None
         _UNAVAILABLE[("native", "cpu")] = failure
         warnings.warn(
-            f"the native kernel of the thresholded losses failed on cpu ({failure}); solving λ with the eager "
-            f"torch operations instead (the same root to float32 rounding)",
-            stacklevel=2,
+            f"the native kernel of the thresholded losses failed on cpu ({failure}); {fallback}", stacklevel=3
         )
+        return False
+    return True
+
+
+def native_solve(losses, k, delta, start, steps: int, required: bool = False):
+    """:func:`~topklab.losses.aggregate.solve.solve_srelu_threshold`'s ``(λ, count)`` from the C++ kernel,
+    or None where it cannot run (:func:`native_ready`)."""
+    fallback = "solving λ with the eager torch operations instead (the same root to float32 rounding)"
+    if not native_ready(losses, fallback, required):
         return None
+    lam, count = native_extension().solve_srelu(losses, k, delta, start, steps)
     return lam, count
 
 
@@ -279,7 +271,7 @@ def _run(args: tuple, phi: Smoothing, path: str, required: bool) -> torch.Tensor
                 return _call(path, phi, with_grads, args)
             except Exception as error:
                 _call("eager", phi, False, args)  # an error of the inputs raises here, not blamed on the kernel
-                failure = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+                failure = first_line(error)
                 if not required:
                     _UNAVAILABLE[(path, device_type)] = failure
                     warnings.warn(
