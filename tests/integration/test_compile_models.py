@@ -84,12 +84,10 @@ def test_the_model_and_its_loss_trace_as_one_graph(name):
     assert explanation.graph_count == 1
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(MODELS))
-def test_ten_compiled_training_steps_give_the_eager_values_and_gradients(name):
-    """Inductor (C++ on a CPU) against eager from the same initialisation and batches: the loss, every
-    parameter's gradient and then the whole state (parameters, λ and its buffers) within rtol 1e-5 and
-    atol 1e-6 at each of the 10 steps (generated kernels may sum in another order)."""
+def train_both(name: str):
+    """Inductor (C++ on a CPU) against eager from the same initialisation and batches, 10 SGD steps: the
+    loss, every parameter's gradient and then the whole state (parameters, λ and its buffers) within
+    rtol 1e-5 and atol 1e-6 at each step (generated kernels may sum in another order). Returns both models."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     eager = MODELS[name]()
@@ -111,6 +109,39 @@ def test_ten_compiled_training_steps_give_the_eager_values_and_gradients(name):
         for optimizer in optimizers.values():
             optimizer.step()
         torch.testing.assert_close(twin.state_dict(), eager.state_dict(), rtol=1e-5, atol=1e-6, msg=at(step))
+    return eager, twin
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(MODELS))
+def test_ten_compiled_training_steps_give_the_eager_values_and_gradients(name):
+    train_both(name)
+
+
+DOUBLED = pytest.mark.xfail(
+    raises=AssertionError,
+    strict=True,
+    reason="after the first call's recompile the compiled graph adds each call's in-band hit twice (19 of 10 "
+    "calls; lam_calls and the counted calls are right): cause not found yet",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=DOUBLED) if name.endswith(("solve", "auto-init")) else name
+        for name in MODELS
+        if not name.startswith("topk-ce")
+    ],
+)
+def test_the_lambda_monitor_counts_compiled_calls_as_eager_ones(name):
+    eager, twin = train_both(name)
+    counted = ("lam_calls", "lam_in_band_counted", "lam_in_band_hits", "lam_in_band_all_hits")
+    compiled, reference = twin.aggregate.monitor.pop_epoch(), eager.aggregate.monitor.pop_epoch()
+    assert compiled["lam_calls"] == 10
+    assert {key: compiled[key] for key in counted} == {key: reference[key] for key in counted}
+    assert compiled["smoothed_share"] == pytest.approx(reference["smoothed_share"], rel=1e-5)
 
 
 def test_under_compile_a_sorting_network_gives_eager_rows_and_nan_where_a_score_is_infinite():
