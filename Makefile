@@ -101,13 +101,13 @@ test-all: setup
 PRESET ?= quick
 JOBS   ?= 1
 # cpusmall first: the longest row (≈ 57 % of the full preset's cell time), so that two jobs end together
-ROWS   := $(shell ls configs/experiment/stk/table[346]/*.yaml 2>/dev/null | sed 's|configs/experiment/||; s|\.yaml$$||' \
+ROWS   := $(shell ls configs/experiment/stk/table[346]/[!_]*.yaml 2>/dev/null | sed 's|configs/experiment/||; s|\.yaml$$||' \
             | awk '/cpusmall$$/ {print; next} {rest = rest $$0 "\n"} END {printf "%s", rest}' | paste -sd, -)
 reproduce-tabular: setup
 ifeq ($(JOBS),1)
-	$(PY) scripts/reproduce_tabular.py preset=$(PRESET)
+	$(PY) train.py -m experiment=$(ROWS) preset=$(PRESET)
 else
-	$(PY) scripts/reproduce_tabular.py -m preset=$(PRESET) row=$(ROWS) threads=1 \
+	$(PY) train.py -m experiment=$(ROWS) preset=$(PRESET) runner.threads=1 \
 		hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS)
 endif
 

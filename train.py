@@ -25,21 +25,28 @@ from omegaconf import DictConfig  # noqa: E402
 
 import topklab.launch  # noqa: E402,F401  (registers Hydra's resolver for configs/hydra/launcher/joblib.yaml)
 from topklab.cli import preflight  # noqa: E402
-from topklab.config import agreed_recipe, expand_group_globs, recipe_arguments  # noqa: E402
-from topklab.engine.run import format_summary, optimized_value, train  # noqa: E402
+from topklab.config import expand_group_globs  # noqa: E402
+from topklab.engine.build import build  # noqa: E402
 from topklab.utils.errors import TopklabError, fail  # noqa: E402
 
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float:
     hydra_cfg = HydraConfig.get()
+    if os.environ.get("RANK", "0") == "0" and not any(
+        o.lstrip("+~").startswith("recipe=") for o in hydra_cfg.overrides.task
+    ):
+        print(f"recipe: {cfg.recipe} (the dataset's or the row's; choose another with recipe=<name>)")
     # A TopklabError is not caught here: hydra.callbacks.jobs (topklab.launch.callback) turns it into
     # `error: ...` + exit 2 for a single run, and into a recorded failure for a sweep job.
-    summary = train(
-        cfg, hydra_cfg.runtime.output_dir, job_name=hydra_cfg.job.name, overrides=list(hydra_cfg.overrides.task)
+    runner = build(cfg.runner, "runner")  # runner=model trains one model; a tabular or synthetic row runs its protocol
+    value = runner(
+        cfg,
+        hydra_cfg.runtime.output_dir,
+        job_name=hydra_cfg.job.name,
+        overrides=list(hydra_cfg.overrides.task),
+        experiment=hydra_cfg.runtime.choices.get("experiment"),
     )
-    value = optimized_value(cfg, summary)
-    print(format_summary(summary))
     print(f"run record: {hydra_cfg.runtime.output_dir}")
     return value
 
@@ -66,19 +73,9 @@ def cli(argv: list[str]) -> None:
         argv = expand_group_globs(list(argv), ROOT / "configs")
     except TopklabError as err:
         fail(err)
-    recipes = preflight(argv, ROOT / "configs")  # what its compositions found; None: Hydra's own flags, nothing checked
-    try:
-        recipe = (
-            agreed_recipe(recipes)
-            if recipes is not None
-            else recipe_arguments(argv, ROOT / "configs", multirun=bool({"-m", "--multirun"} & set(argv)))
-        )
-    except TopklabError as err:
-        fail(err)
-    if recipe and os.environ.get("RANK", "0") == "0":
-        print(f"{recipe[0].replace('=', ': ')} (from the dataset's task; choose another with recipe=<name>)")
+    preflight(argv, ROOT / "configs")
     at = next((i for i, arg in enumerate(argv) if arg.startswith("--")), len(argv))
-    argv[at:at] = recipe + quiet_rank_overrides()  # overrides go before Hydra's --cfg/--resolve flags
+    argv[at:at] = quiet_rank_overrides()  # overrides go before Hydra's --cfg/--resolve flags
     sys.argv[1:] = argv  # Hydra reads its command line from sys.argv
     main()
 

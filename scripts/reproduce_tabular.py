@@ -41,7 +41,7 @@ def main(cfg: DictConfig) -> None:
 def preflight(argv: list[str]) -> None:
     """Unknown presets, rows, or overrides meant for train.py fail in one line before any job runs."""
     args = [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]
-    train_groups = set(config_groups(ROOT / "configs")) - {"paths"}
+    train_groups = set(config_groups(ROOT / "configs")) - {"paths", "preset"}
     for arg in args:
         key, _, value = arg.lstrip("+~").partition("=")
         if key in train_groups:

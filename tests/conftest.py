@@ -33,7 +33,7 @@ def results_tree_untouched():
 
 @pytest.fixture
 def compose_cfg(tmp_path):
-    """Compose configs/train.yaml with overrides (``recipe=auto`` resolved as train.py does), logging under tmp_path."""
+    """Compose configs/train.yaml with overrides once, as train.py does (the dataset chooses its recipe), logging under tmp_path."""
 
     def _compose(*overrides: str):
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):

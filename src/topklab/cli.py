@@ -13,14 +13,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from topklab.config import (
-    TRAIN_EXCLUDED,
-    compose_with_recipe,
-    config_groups,
-    override_values,
-    parse_overrides,
-    sweep_points,
-)
+from topklab.config import TRAIN_EXCLUDED, compose_run, config_groups, override_values, parse_overrides, sweep_points
 from topklab.utils.errors import TopklabError, fail
 from topklab.utils.io import check_creatable
 
@@ -40,13 +33,13 @@ def check_group_choices(overrides: list[str], config_dir: Path, exclude=TRAIN_EX
                 raise TopklabError(f"unknown {override.key_or_group} {option!r}; choose one of: {', '.join(options)}")
 
 
-def check_configs(overrides: list[str], config_dir: Path, multirun: bool) -> set[str | None]:
+def check_configs(overrides: list[str], config_dir: Path, multirun: bool) -> None:
     """Compose the config for each sweep value and construct the cheap objects (loss, engine,
-    dataset, model, logger ...) so that wrong types or ranges fail before any job runs. Returns the
-    recipes these compositions chose for ``recipe=auto`` ({None}: the command line names one)."""
+    dataset, model, logger ...) so that wrong types or ranges fail before any job runs."""
     from hydra import initialize_config_dir
 
     from topklab.engine.build import DATA_CONTEXT_KEYS, build, data_context  # torch: only when configs are checked
+    from topklab.engine.result_guard import chosen_experiment
 
     parsed = parse_overrides(overrides)
     sweeps = [o for o in parsed if o.is_sweep_override() and not o.is_hydra_override()]
@@ -56,12 +49,10 @@ def check_configs(overrides: list[str], config_dir: Path, multirun: bool) -> set
     task = [o for o in parsed if not o.is_hydra_override()]
     points = sweep_points(task, config_groups(config_dir))
     intervals = [o.input_line for o in task if o.is_interval_sweep()]
-    recipes = set()
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3", job_name="train"):  # train.py's job
         for i, point in enumerate(points):
             try:
-                cfg, recipe = compose_with_recipe([*point, *settings], return_hydra_config=i == 0)
-                recipes.add(recipe)
+                cfg = compose_run([*point, *settings], return_hydra_config=i == 0)
             except TopklabError as err:  # Hydra lists its whole search path after a missing config
                 raise TopklabError(str(err).split(" Config search path:")[0]) from None
             if i == 0:
@@ -70,6 +61,7 @@ def check_configs(overrides: list[str], config_dir: Path, multirun: bool) -> set
                 node = cfg.get(group)  # None: removed with ~group; data-dependent ones are checked once data is read
                 if node is not None and not data_context(node, dict.fromkeys(DATA_CONTEXT_KEYS)):
                     build(node, group)
+            build(cfg.runner, "runner").check(cfg, [*point, *settings], chosen_experiment(point))
         check_output_dir(hydra_cfg, settings, multirun)
         sweeper = intervals and hydra_cfg.hydra.sweeper
         if sweeper and sweeper._target_ == BASIC_SWEEPER:
@@ -77,7 +69,6 @@ def check_configs(overrides: list[str], config_dir: Path, multirun: bool) -> set
                 f"{intervals[0]}: interval() needs a sweeper that samples (e.g. hydra/sweeper=optuna); "
                 "Hydra's basic sweeper takes a,b, range(), choice() and glob()"
             )
-    return {None} if any(o.key_or_group == "recipe" for o in task) else recipes
 
 
 def check_output_dir(cfg, settings: list[str], multirun: bool) -> None:
@@ -101,16 +92,15 @@ def check_output_dir(cfg, settings: list[str], multirun: bool) -> None:
     check_creatable(folder, f"the {'sweep' if multirun else 'run'} directory", setting)
 
 
-def preflight(argv: list[str], config_dir: Path) -> set[str | None] | None:
-    """Exit with a one-line error (code 2) when the command line asks for something invalid. Returns
-    the recipes the checked compositions chose (:func:`check_configs`; whether they agree is
-    :func:`topklab.config.agreed_recipe`'s question), None when nothing was checked."""
+def preflight(argv: list[str], config_dir: Path) -> None:
+    """Exit with a one-line error (code 2) when the command line asks for something invalid: one
+    composition per sweep value (one for a single run), before Hydra composes the run itself."""
     flags = {a for a in argv if a.startswith("-")}
     if flags - CHECKED_FLAGS:
-        return None  # --help, --cfg, --info, -cn ... are Hydra's own
+        return  # --help, --cfg, --info, -cn ... are Hydra's own
     args = [a for a in argv if not a.startswith("-")]
     try:
         check_group_choices(args, config_dir)
-        return check_configs(args, config_dir, multirun=bool(flags))
+        check_configs(args, config_dir, multirun=bool(flags))
     except TopklabError as err:
         fail(err)

@@ -5,8 +5,8 @@ engine and the command line that both use it.
 - overrides as Hydra's own parser reads them (:func:`parse_overrides`), the values each gives its key
   (:func:`override_values`) and one override list per swept value (:func:`sweep_points`);
 - ``group=glob(...)`` written out as the options it matches (:func:`expand_group_globs`);
-- composition with the recipe a dataset's task implies (:func:`compose_run`, :func:`recipe_for`,
-  :func:`recipe_arguments`).
+- one composition of a run, whose dataset chooses the recipe inside Hydra's own composition
+  (:func:`compose_run`).
 
 Overrides are read by Hydra's own parser, so every form Hydra accepts is read the way Hydra will
 read it: ``key=a,b``, ``range()``, ``glob()``, ``choice()``, ``interval()``, ``+key=``, ``~key``,
@@ -25,7 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from topklab.utils.errors import TopklabError
 
-TRAIN_EXCLUDED = ("hydra", "local", "preset", "backbone")  # groups train.yaml does not select from
+TRAIN_EXCLUDED = ("hydra", "local", "backbone")  # groups train.yaml does not select from
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 
 
@@ -140,74 +140,20 @@ def expand_group_globs(argv: list[str], config_dir: Path) -> list[str]:
     return out
 
 
-def recipe_for(cfg: DictConfig) -> str | None:
-    """The recipe ``recipe=auto`` stands for: the dataset's ``task`` (binary | regression |
-    multiclass); None when the config already names one."""
-    if cfg.get("recipe") != "auto":
-        return None
-    task = OmegaConf.select(cfg, "dataset.task")
-    if task is None:
-        raise TopklabError(f"dataset {cfg.dataset.get('_target_')} has no task field; pass recipe=<name>")
-    return str(task)
-
-
-def chooses_groups(override: str) -> bool:
-    """Whether an override can change the dataset's task: a group choice (``dataset=``,
-    ``experiment=``) or a dataset field; field overrides of other groups wait for the recipe."""
-    key = override.lstrip("+~").split("=", 1)[0]
-    return not key.startswith("hydra") and ("." not in key or key.startswith("dataset."))
-
-
 def compose_run(overrides: list[str], config_name: str = "train", return_hydra_config: bool = False) -> DictConfig:
-    """Compose ``config_name`` with ``overrides`` (Hydra must be initialised: inside a
-    ``@hydra.main`` app or ``initialize_config_dir``), resolving ``recipe=auto`` from the dataset:
-    a first composition with the group choices finds the dataset's task, the second adds
-    ``recipe=<task>``, so field overrides of the recipe's groups (``optim.momentum=``) apply.
-    Command-line choices of model, optim, individual, engine and task win over the recipe's.
-    ``return_hydra_config``: keep Hydra's own node (``hydra.run.dir`` ...) in the result."""
-    return compose_with_recipe(overrides, config_name, return_hydra_config)[0]
-
-
-def compose_with_recipe(
-    overrides: list[str], config_name: str = "train", return_hydra_config: bool = False
-) -> tuple[DictConfig, str | None]:
-    """:func:`compose_run`'s config and the recipe it chose for ``recipe=auto`` (None: the command
-    line or the config names one)."""
+    """Compose ``config_name`` with ``overrides`` once, as ``python train.py`` does (Hydra must be
+    initialised: inside a ``@hydra.main`` app or ``initialize_config_dir``). The recipe is chosen in
+    that one composition: each dataset's yaml overrides ``recipe`` with its task's, and choices of
+    model, optim, individual, engine, task or recipe on the command line win over it.
+    ``return_hydra_config``: keep Hydra's own node (``hydra.run.dir`` ...) in the result. A config
+    that cannot be composed, or whose dataset chooses no recipe, is a one-line :class:`TopklabError`."""
     try:
-        recipe = recipe_for(compose(config_name, overrides=[o for o in overrides if chooses_groups(o)]))
-        if recipe is not None:
-            overrides = [*(o for o in overrides if not o.lstrip("+~").startswith("recipe=")), f"recipe={recipe}"]
         cfg = compose(config_name, overrides=overrides, return_hydra_config=return_hydra_config)
     except (HydraException, OmegaConfBaseException) as err:
         raise TopklabError(" ".join(str(err).split())) from None
-    return cfg, recipe
-
-
-def recipe_arguments(args: list[str], config_dir, multirun: bool) -> list[str]:
-    """``["recipe=<task>"]`` for a command line that leaves ``recipe=auto``, so that Hydra composes
-    train.py's config once with the right groups; every point of a ``-m`` sweep must agree."""
-    from hydra import initialize_config_dir
-
-    overrides = [
-        o for o in parse_overrides([a for a in args if "=" in a or a.startswith("~")]) if not o.is_hydra_override()
-    ]
-    if any(o.key_or_group == "recipe" for o in overrides):
-        return []
-    points = (
-        sweep_points(overrides, config_groups(Path(config_dir))) if multirun else [[o.input_line for o in overrides]]
-    )
-    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        recipes = {recipe_for(compose("train", overrides=[o for o in point if chooses_groups(o)])) for point in points}
-    return agreed_recipe(recipes)
-
-
-def agreed_recipe(recipes: set[str | None]) -> list[str]:
-    """``["recipe=<task>"]`` for the one recipe every point of a command line chose (``[]``: the
-    command line or the config names it); points that need different recipes are a one-line error."""
-    if len(recipes) > 1:
+    if cfg.get("recipe") == "auto":
         raise TopklabError(
-            f"this sweep mixes datasets that need different recipes ({', '.join(sorted(map(str, recipes)))}); "
-            f"pass recipe=<name> or run one sweep per kind of dataset"
+            f"dataset {OmegaConf.select(cfg, 'dataset.name') or OmegaConf.select(cfg, 'dataset._target_')} chooses no "
+            "recipe: add `defaults: [override /recipe@_group_: <task>]` to its yaml, or pass recipe=<name> (none: no recipe)"
         )
-    [recipe] = recipes
-    return [] if recipe is None else [f"recipe={recipe}"]
+    return cfg

@@ -1,5 +1,7 @@
 """Every option of every config group composes and instantiates (lightning-hydra-template style),
-and recipe=auto gives each kind of dataset sensible groups that the command line can override."""
+and each dataset's recipe gives each kind of dataset sensible groups that the command line can override."""
+
+import re
 
 import pytest
 import torch
@@ -43,6 +45,8 @@ GROUP_OPTIONS = [
     if not option.rsplit("/", 1)[-1].startswith("_")
     and not (group == "experiment" and option.startswith(SEPARATELY_TESTED_ROWS))
     and group not in ("operator", "gradient_exchange", "router")
+    and (group, option)
+    != ("recipe", "auto")  # the placeholder a dataset replaces: test_a_dataset_that_chooses_no_recipe_is_refused
 ]
 # operators are placed inside a loss (operator@individual.operator=<name>): test_every_operator_composes;
 # gradient exchanges inside the engine (gradient_exchange@engine.gradient_exchange=<name>): test_every_gradient_exchange;
@@ -176,10 +180,32 @@ def test_command_line_choices_win_over_the_recipe(compose_cfg):
 
 
 def test_a_group_option_describes_only_itself():
-    """Couplings live in recipes and experiment rows, not in dataset/model/loss/... options."""
+    """Couplings live in recipes and experiment rows, not in dataset/model/loss/... options; a
+    dataset's one coupling is the recipe of its own task."""
     for group in ("dataset", "model", "loss", "individual", "optim", "engine", "task", "logger"):
         for path in (CONFIG_DIR / group).glob("*.yaml"):
-            assert "override /" not in path.read_text(), f"{group}/{path.name} sets another group"
+            text = path.read_text()
+            if group == "dataset":
+                task = re.search(r"^task: (\w+)", text, re.M)
+                recipe = re.findall(r"^  - override /recipe@_group_: (\w+)", text, re.M)
+                assert recipe == ([task.group(1)] if task else []), f"{path.name}: its recipe is not its task's"
+                text = re.sub(r"^  - override /recipe@_group_: \w+", "", text, flags=re.M)
+            assert "override /" not in text, f"{group}/{path.name} sets another group"
+
+
+@pytest.mark.parametrize("dataset", config_groups(CONFIG_DIR)["dataset"])
+def test_every_dataset_chooses_the_recipe_of_its_task(compose_cfg, dataset):
+    cfg = compose_cfg(f"dataset={dataset}")
+    assert cfg.recipe == cfg.dataset.task
+
+
+def test_a_dataset_that_chooses_no_recipe_is_refused(compose_cfg):
+    with pytest.raises(
+        TopklabError,
+        match=r"^dataset topklab.data.vision.CIFAR100 chooses no recipe: add `defaults: \[override /recipe",
+    ):
+        compose_cfg("dataset=cifar100lt", "recipe=auto")
+    assert compose_cfg("dataset=cifar100lt", "recipe=none").model._target_.endswith("MLP")
 
 
 def test_fields_of_recipe_chosen_groups_can_be_overridden(compose_cfg):

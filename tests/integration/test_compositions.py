@@ -1,10 +1,10 @@
 """How many times ``python train.py ...`` composes its config, and who composes it.
 
-Issue 30 asks for one composition per run. Today a run composes in topklab's checks before Hydra
-starts (:func:`topklab.cli.preflight`: per sweep point one composition that finds the dataset's
-recipe and one with it; the recipe handed to Hydra is the one these found) and in Hydra itself
-(``hydra.main`` composes once to read the run mode and once to run; the basic sweeper composes each
-job's config twice more, once to check the batch and once to launch it). These tests pin the
+A run composes once in topklab's checks before Hydra starts (:func:`topklab.cli.preflight`: one
+composition per sweep point, with the recipe the dataset's yaml chooses inside it) and in Hydra
+itself (``hydra.main`` composes once to read the run mode and once to run; the basic sweeper
+composes each job's config twice more, once to check the batch and once to launch it). Nothing
+composes to find the recipe and nothing rewrites the command line with it. These tests pin the
 counts, so that a change that adds a composition fails and one that removes some lowers them here."""
 
 import os
@@ -40,14 +40,14 @@ def compositions(*args) -> dict:
     return eval(line.partition(": ")[2])
 
 
-def test_a_run_composes_twice_in_the_checks_and_twice_in_hydra(tmp_path):
+def test_a_run_composes_once_in_the_checks_and_twice_in_hydra(tmp_path):
     assert compositions("dataset=sinc", "engine.epochs=1", "logger=none", f"paths.log_dir={tmp_path}") == {
-        "topklab": 2,
+        "topklab": 1,
         "hydra": 2,
     }
 
 
-def test_a_sweep_composes_twice_per_point_and_twice_per_job_in_hydra(tmp_path):
+def test_a_sweep_composes_once_per_point_and_twice_per_job_in_hydra(tmp_path):
     assert compositions(
         "-m", "dataset=sinc", "engine.epochs=1", "logger=none", "optim.lr=0.1,0.2", f"hydra.sweep.dir={tmp_path}"
-    ) == {"topklab": 4, "hydra": 6}
+    ) == {"topklab": 2, "hydra": 6}

@@ -203,15 +203,37 @@ def test_train_returns_the_optimized_metric_for_sweepers(compose_cfg, tmp_path):
         optimized_value(cfg, summary)
 
 
-def test_cli_resolves_the_recipe_before_hydra_composes(tmp_path):
+def test_the_dataset_chooses_the_recipe_inside_hydras_composition(tmp_path):
     result = run_cli("dataset=cifar100lt", "optim.momentum=0.8", "--cfg", "job")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("recipe: multiclass") and "momentum: 0.8" in result.stdout
-    mixed = run_cli("-m", "dataset=australian,cifar100lt", f"paths.log_dir={tmp_path}")
-    assert mixed.returncode == 2 and not any(tmp_path.iterdir())
-    assert mixed.stderr.strip().splitlines() == [
-        "error: this sweep mixes datasets that need different recipes (binary, multiclass); pass recipe=<name> "
-        "or run one sweep per kind of dataset"
+    assert "recipe: multiclass" in result.stdout and "momentum: 0.8" in result.stdout
+    chosen = run_cli("dataset=cifar100lt", "recipe=binary", "--cfg", "job")
+    assert chosen.returncode == 0 and "recipe: binary" in chosen.stdout and "topklab.models.MLP" in chosen.stdout
+    unchosen = run_cli("dataset=cifar100lt", "recipe=auto", f"paths.log_dir={tmp_path}")
+    assert unchosen.returncode == 2 and not any(tmp_path.iterdir())
+    assert (
+        unchosen.stderr.strip()
+        .splitlines()[0]
+        .startswith("error: dataset topklab.data.vision.CIFAR100 chooses no recipe")
+    )
+
+
+def test_a_sweep_over_datasets_gives_each_job_its_datasets_recipe(tmp_path):
+    result = run_cli(
+        "-m",
+        "dataset=australian,sinc",
+        "engine.epochs=1",
+        "logger=none",
+        "result_file=null",
+        f"hydra.sweep.dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr
+    from omegaconf import OmegaConf
+
+    jobs = [OmegaConf.load(p) for p in tmp_path.glob("*/.hydra/config.yaml")]
+    assert sorted((job.dataset.name, job.recipe, job.individual._target_) for job in jobs) == [
+        ("australian", "binary", "topklab.losses.Logistic"),
+        ("sinc", "regression", "topklab.losses.Square"),
     ]
 
 

@@ -333,7 +333,8 @@ def test_make_reproduce_tabular_runs_every_row_once_the_longest_first():
         text=True,
         check=True,
     ).stdout
-    rows = next(arg for arg in dry.split() if arg.startswith("row=")).removeprefix("row=").split(",")
+    assert "train.py -m experiment=" in dry  # one runner: each row's cells through train.py (runner=tabular_cells)
+    rows = next(arg for arg in dry.split() if arg.startswith("experiment=")).removeprefix("experiment=").split(",")
     assert rows[0] == "stk/table6/cpusmall" and sorted(rows) == sorted(tabular_rows(CONFIG_DIR))
 
 

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from topklab.utils.errors import TopklabError
 from topklab.utils.io import atomic_torch_save, atomic_write_json
 
-NOT_IN_KEY = ("paths", "logger", "result", "result_file", "row", "optimized_metric")
+NOT_IN_KEY = ("paths", "logger", "result", "result_file", "row", "optimized_metric", "runner", "preset")
 ENGINE_NOT_IN_KEY = ("progress", "resume", "checkpoint", "checkpoint_every")
 DATASET_NOT_IN_KEY = ("root", "download")  # where the files are, not what they are
 

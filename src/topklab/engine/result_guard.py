@@ -27,13 +27,15 @@ ROW_OWN_KEYS = (
     "experiment",
     "seed",
     "recipe",
+    "runner",
+    "preset",
     "force_result",
     "logger",
     "engine.progress",
     "engine.resume",
 )  # overrides a row's result allows
-ROW_OWN_PREFIXES = ("hydra", "paths.", "logger.")
-IGNORED_CONFIG_KEYS = ("logger", "force_result")  # config keys that do not change a result
+ROW_OWN_PREFIXES = ("hydra", "paths.", "logger.", "runner.")
+IGNORED_CONFIG_KEYS = ("logger", "force_result", "runner", "preset")  # config keys that do not change a result
 AUTO = "auto"  # result_file: the row's own file, from its result block (none for a run that is no row)
 FAMILIES = ("vision", "translation", "language_modeling")  # families of a train.py run's result
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -218,6 +219,42 @@ def plan_result(cfg: DictConfig, overrides: list[str] | None, run_dir: Path) -> 
         print(note)
     check_replaceable(path, portable_config(cfg), identity(device), bool(cfg.get("force_result")))
     return path, filed_as(filing, asked, OmegaConf.select(cfg, "dataset.task"), device)
+
+
+@dataclass
+class ModelRun:
+    """``runner=model``: train one model with the engine (:func:`train`), print its summary and
+    return the validation metric a sweeper optimises. What ``python train.py`` does for every
+    per-model row and every run that is no row.
+
+    Examples
+    --------
+    >>> ModelRun()  # train.py: instantiate(cfg.runner)(cfg, run_dir, job_name=..., overrides=...)
+    ModelRun()
+    """
+
+    def check(self, cfg: DictConfig, overrides: list[str], experiment: str | None = None) -> None:
+        """A one-line :class:`TopklabError` for a command line this runner cannot honour (train.py's
+        checks call it before Hydra starts)."""
+        chosen = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split(".")[0] == "preset"]
+        if chosen:
+            raise TopklabError(
+                f"{chosen[0]} sets the tabular protocol of a row's cells (runner=tabular_cells); "
+                "this run trains one model (runner=model): drop it"
+            )
+
+    def __call__(
+        self,
+        cfg: DictConfig,
+        run_dir: str | Path,
+        job_name: str | None = None,
+        overrides: list[str] | None = None,
+        experiment: str | None = None,
+    ) -> float:
+        self.check(cfg, overrides or [], experiment)
+        summary = train(cfg, run_dir, job_name=job_name, overrides=overrides)
+        print(format_summary(summary))
+        return optimized_value(cfg, summary)
 
 
 def optimized_value(cfg: DictConfig, summary: dict) -> float:

@@ -1,13 +1,15 @@
-"""Run the cells of the STk paper's tabular tables (``scripts/reproduce_tabular.py``): rows ×
-columns × grid × splits → population executor → selection → cell store. Each row is an
+"""Run the cells of the STk paper's tabular tables (``train.py experiment=<row>`` through
+:class:`TabularCells`, or ``scripts/reproduce_tabular.py``): rows × columns × grid × splits →
+population executor → selection → cell store. Each row is an
 ``experiment=stk/table<N>/<dataset>`` config whose ``cells`` name the table and its columns
 (individual losses × aggregates); every cell's config is composed by Hydra from the row and the
 column, so the dataset, individual loss and aggregate are exactly what ``train.py`` would build.
-Needs an initialised Hydra (the script's ``@hydra.main``, or ``initialize_config_dir`` in tests)."""
+Needs an initialised Hydra (an ``@hydra.main`` app, or ``initialize_config_dir`` in tests)."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -136,3 +138,87 @@ def reproduce(cfg: DictConfig) -> list[dict]:
                 f"(selected {describe(record['selected'])}; {record['seconds']:.0f} s)"
             )
     return [store.load(cell) for cell, *_ in plan]
+
+
+CELLS_OWN_KEYS = (
+    "experiment",
+    "preset",
+    "runner",
+    "paths",
+    "hydra",
+    "cpu_capability",
+    "logger",
+)  # what reaches the cells
+
+
+@dataclass
+class TabularCells:
+    """``runner=tabular_cells``: ``python train.py experiment=stk/table3/<dataset> [preset=full]`` runs
+    that row by the paper's protocol, like ``scripts/reproduce_tabular.py row=<the row>``: every cell
+    (individual × aggregate) over the preset's grid × splits, stored one JSON per cell.
+
+    Parameters
+    ----------
+    aggregates, individuals : list of str or None
+        The row's cells to run (None: all of them).
+    results_dir : str or None
+        Where the cells are stored (None: ``results/tabular/<preset name>``). A run that changes a preset field
+        on the command line stores them in its run directory instead, so a trial never replaces a
+        committed cell.
+    threads : int >= 0
+        torch threads (0: torch's default).
+    progress : bool
+        A tqdm bar over the trainings.
+
+    Examples
+    --------
+    >>> TabularCells(aggregates=["stk"]).aggregates
+    ['stk']
+    """
+
+    aggregates: list[str] | None = None
+    individuals: list[str] | None = None
+    results_dir: str | None = None
+    threads: int = 0
+    progress: bool = True
+
+    def check(self, cfg: DictConfig, overrides: list[str], experiment: str | None = None) -> None:
+        """A one-line :class:`TopklabError` for a command line this runner cannot honour: no tabular
+        row, no preset, or an override that would not reach the cells (train.py checks before Hydra)."""
+        if experiment not in tabular_rows(Path(cfg.paths.root_dir) / "configs"):
+            raise TopklabError(
+                f"runner=tabular_cells runs a row of Tables 3, 4 and 6 (experiment=stk/table3/<dataset> ...), "
+                f"not {experiment or 'a run without experiment='}; use runner=model for one model"
+            )
+        if cfg.get("preset") is None:
+            raise TopklabError("runner=tabular_cells needs a protocol: preset=quick | full | fraction")
+        ignored = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split(".")[0] not in CELLS_OWN_KEYS]
+        if ignored:
+            raise TopklabError(
+                f"{ignored[0]} does not reach the cells: each is composed from the row and the preset; "
+                "change a preset field (preset.<field>=) or the row's yaml, or train one model with runner=model"
+            )
+
+    def __call__(self, cfg: DictConfig, run_dir, job_name=None, overrides=None, experiment=None) -> None:
+        overrides = list(overrides or [])
+        self.check(cfg, overrides, experiment)
+        keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides]
+        trial = any(key.startswith("preset.") for key in keys)
+        setup = OmegaConf.create(
+            {
+                "row": experiment,
+                "preset": OmegaConf.to_container(cfg.preset, resolve=True),
+                "results_dir": str(Path(run_dir) / "cells")
+                if trial
+                else self.results_dir or str(Path(cfg.paths.root_dir) / "results" / "tabular" / cfg.preset.name),
+                "aggregates": self.aggregates,
+                "individuals": self.individuals,
+                "threads": self.threads,
+                "progress": self.progress,
+                "paths": OmegaConf.to_container(cfg.paths, resolve=True),
+                "config_dir": str(Path(cfg.paths.root_dir) / "configs"),
+                "cpu_capability": cfg.get("cpu_capability"),
+            }
+        )
+        records = reproduce(setup)
+        print(f"{len(records)} cells of {experiment} in {setup.results_dir}; `make tables` writes results/tables/")

@@ -238,3 +238,74 @@ def run(cfg: DictConfig, log=print) -> list[Path]:
         written.append(write_result(Path(cfg.results_dir) / f"{name}{cfg.suffix}.json", result))
         log(f"wrote {written[-1]} ({payload['seconds']:.0f} s)")
     return written
+
+
+SYNTHETIC_OWN_KEYS = ("experiment", "seed", "runner", "paths", "hydra", "logger")  # what reaches the column
+
+
+@dataclasses.dataclass
+class SyntheticColumn:
+    """``runner=synthetic_column``: ``python train.py experiment=stk/table2/stk_srelu`` runs that column
+    of the synthetic experiment (its aggregate over the repeats, with configs/reproduce_synthetic.yaml's
+    task, data and training, training seed ``seed`` + r) and writes ``<run dir>/<experiment>.json``
+    with this column alone. The committed file holds every column of one draw
+    (``python scripts/reproduce_synthetic.py experiments=[<experiment>]``).
+
+    Parameters
+    ----------
+    experiment : {"table2", "figure3", "figure4"}
+        The experiment the column belongs to (the row's group sets it).
+    repeats : int >= 1
+        Repeats, each on fresh data (the paper: 50).
+    threads : int >= 0
+        torch threads (0: torch's default).
+    settings : list of str
+        Overrides of configs/reproduce_synthetic.yaml for this column (a trial, e.g.
+        ``["trainer.max_epochs=2", "k_grid=[0.5]"]``); every field not named keeps the paper's setting.
+
+    Examples
+    --------
+    >>> SyntheticColumn(experiment="table2", repeats=2).repeats
+    2
+    """
+
+    experiment: str
+    repeats: int = 50
+    threads: int = 0
+    settings: list[str] = dataclasses.field(default_factory=list)
+
+    def check(self, cfg: DictConfig, overrides: list[str], experiment: str | None = None) -> None:
+        """A one-line :class:`TopklabError` for a command line this runner cannot honour: no column
+        row, or an override that would not reach the column (train.py checks before Hydra)."""
+        if self.experiment not in RUNNERS or experiment is None:
+            raise TopklabError(
+                f"runner=synthetic_column runs a column row of {', '.join(EXPERIMENTS)} "
+                f"(experiment=stk/table2/<column> ...), not {experiment or 'a run without experiment='}"
+            )
+        ignored = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split(".")[0] not in SYNTHETIC_OWN_KEYS]
+        if ignored:
+            raise TopklabError(
+                f"{ignored[0]} does not reach the column: its task, data and training are "
+                "configs/reproduce_synthetic.yaml's; set one with runner.settings=[<field>=<value>]"
+            )
+
+    def __call__(self, cfg: DictConfig, run_dir, job_name=None, overrides=None, experiment=None) -> None:
+        self.check(cfg, list(overrides or []), experiment)
+        paths = [f"paths.{key}={value}" for key, value in OmegaConf.to_container(cfg.paths, resolve=True).items()]
+        try:
+            setup = compose(
+                "reproduce_synthetic",
+                overrides=[
+                    f"experiments=[{self.experiment}]",
+                    f"{self.experiment}.columns=[{experiment}]",
+                    f"results_dir={Path(run_dir)}",
+                    f"repeats={self.repeats}",
+                    f"threads={self.threads}",
+                    f"seed={cfg.seed}",
+                    *paths,
+                    *self.settings,
+                ],
+            )
+        except (HydraException, OmegaConfBaseException) as err:
+            raise TopklabError(f"runner.settings: {' '.join(str(err).split())}") from None
+        run(setup)

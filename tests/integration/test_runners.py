@@ -1,0 +1,97 @@
+"""One entry point for every row: ``python train.py experiment=<row>`` runs a tabular row's cells under
+a preset (runner=tabular_cells), a synthetic column (runner=synthetic_column) and every other row as
+one model (runner=model); each runner refuses, before Hydra starts, a command line it cannot honour."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT
+from topklab.cli import preflight
+from topklab.engine.run import ModelRun
+
+
+def train_py(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_a_tabular_row_runs_its_cells_under_its_preset(tmp_path):
+    done = train_py("experiment=stk/table3/australian", f"paths.log_dir={tmp_path}", "runner.progress=false")
+    assert done.returncode == 0, done.stderr
+    assert f"5 of 5 cells already in {ROOT}/results/tabular/quick; 0 to train" in done.stdout  # the committed cells
+
+    trial = train_py(
+        "experiment=stk/table3/australian",
+        "preset.max_epochs=1",
+        "preset.n_splits=2",
+        "runner.aggregates=[stk]",
+        "runner.progress=false",
+        f"paths.log_dir={tmp_path}",
+    )
+    assert trial.returncode == 0, trial.stderr
+    [cell] = tmp_path.glob("stk_table3/runs/*/cells/**/*.json")  # a changed preset field: into the run's directory
+    record = json.loads(cell.read_text())["result"]
+    assert record["preset"] == "quick" and record["cell"]["aggregate"] == "stk"
+    assert len(record["per_split"]["test"]) == 2 and record["selected"]["k"] in (1, 0.5, 0.9)
+
+
+def test_a_synthetic_row_runs_its_column(tmp_path):
+    settings = (
+        "['k_grid=[0.5]','time_repeats=1','sizes.train=400','sizes.val=100','sizes.test=100','trainer.max_epochs=2']"
+    )
+    done = train_py(
+        "experiment=stk/table2/stk_srelu",
+        "runner.repeats=1",
+        f"runner.settings={settings}",
+        f"paths.log_dir={tmp_path}",
+    )
+    assert done.returncode == 0, done.stderr
+    [path] = tmp_path.glob("train/runs/*/table2.json")
+    result = json.loads(path.read_text())
+    assert list(result["result"]["columns"]) == ["STk (SReLU)"] and result["config"]["repeats"] == 1
+    assert result["config"]["sizes"]["train"] == 400
+
+
+def test_a_tabular_row_trains_one_model_with_runner_model(compose_cfg, tmp_path):
+    cfg = compose_cfg("experiment=stk/table3/australian", "runner=model", "engine.epochs=1", "logger=none")
+    value = ModelRun()(cfg, tmp_path / "run", overrides=["experiment=stk/table3/australian", "runner=model"])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert value == summary["metrics"]["val"]["error_pct"]
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (
+            ["experiment=stk/table3/australian", "engine.epochs=3"],
+            "error: engine.epochs=3 does not reach the cells: each is composed from the row and the preset; "
+            "change a preset field (preset.<field>=) or the row's yaml, or train one model with runner=model",
+        ),
+        (
+            ["runner=tabular_cells"],
+            "error: runner=tabular_cells runs a row of Tables 3, 4 and 6 (experiment=stk/table3/<dataset> ...), "
+            "not a run without experiment=; use runner=model for one model",
+        ),
+        (
+            ["dataset=sinc", "preset=full"],
+            "error: preset=full sets the tabular protocol of a row's cells (runner=tabular_cells); "
+            "this run trains one model (runner=model): drop it",
+        ),
+        (
+            ["experiment=stk/table2/stk_srelu", "loss.k=3"],
+            "error: loss.k=3 does not reach the column: its task, data and training are "
+            "configs/reproduce_synthetic.yaml's; set one with runner.settings=[<field>=<value>]",
+        ),
+    ],
+)
+def test_a_runner_refuses_what_it_cannot_honour_before_hydra_starts(capsys, tmp_path, args, line):
+    with pytest.raises(SystemExit) as exit_:
+        preflight([*args, f"paths.log_dir={tmp_path}"], ROOT / "configs")
+    assert exit_.value.code == 2 and capsys.readouterr().err.strip() == line
+    assert not any(tmp_path.iterdir())
