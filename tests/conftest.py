@@ -31,6 +31,25 @@ def results_tree_untouched():
     assert not changed, f"tests wrote into results/: {changed}; pass result_file=null or a tmp path"
 
 
+@pytest.fixture(scope="session")
+def composed_rows(tmp_path_factory) -> dict:
+    """``{row: config}`` of every row of configs/experiment/, composed once per session as train.py
+    composes it (seed 0, logs under a session folder), read-only: tests share them."""
+    from omegaconf import OmegaConf
+
+    from topklab.config import config_groups
+
+    log_dir = tmp_path_factory.mktemp("rows")
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        rows = {
+            row: compose_run([f"paths.log_dir={log_dir}", f"experiment={row}"])
+            for row in config_groups(CONFIG_DIR)["experiment"]
+        }
+    for cfg in rows.values():
+        OmegaConf.set_readonly(cfg, True)
+    return rows
+
+
 @pytest.fixture
 def compose_cfg(tmp_path):
     """Compose configs/train.yaml with overrides once, as train.py does (the dataset chooses its recipe), logging under tmp_path."""

@@ -75,8 +75,8 @@ def test_there_is_something_to_compose():
 
 @pytest.mark.integration
 @pytest.mark.parametrize("group,option", GROUP_OPTIONS, ids=[f"{g}={o}" for g, o in GROUP_OPTIONS])
-def test_compose_and_instantiate(compose_cfg, group, option):
-    cfg = compose_cfg(f"{group}={option}")
+def test_compose_and_instantiate(compose_cfg, composed_rows, group, option):
+    cfg = composed_rows[option] if group == "experiment" else compose_cfg(f"{group}={option}")
     if cfg.model.get("pretrained"):
         offline = [
             f"{k}={v}"

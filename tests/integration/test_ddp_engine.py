@@ -9,8 +9,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from helpers import ROOT
+from topklab.engine.run import train
 
 TINY = ["dataset=wisconsin", "engine.epochs=2", "logger=none"]
 
@@ -40,6 +42,16 @@ def run(tmp_path, name, *args, ranks=1):
     return json.loads((tmp_path / name / "summary.json").read_text())
 
 
+def one_process(compose_cfg, tmp_path, *args) -> dict:
+    """The single-process reference, trained in this process at one thread as each rank runs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return train(compose_cfg(*TINY, *args), tmp_path / "one")
+    finally:
+        torch.set_num_threads(threads)
+
+
 def same_training(a: dict, b: dict) -> bool:
     return (
         a["metrics"] == b["metrics"]
@@ -58,15 +70,15 @@ def test_two_ranks_train_like_one_process_for_sums_over_samples(tmp_path, loss):
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
 
 
-def test_a_solved_lambda_needs_the_gathered_losses_under_ddp(tmp_path):
+def test_a_solved_lambda_needs_the_gathered_losses_under_ddp(compose_cfg, tmp_path):
     """λ solved per batch is the root of the losses a rank sees: the global batch's with gather_losses."""
-    one = run(tmp_path, "one", "loss=stk", "loss.k=0.5")
+    one = one_process(compose_cfg, tmp_path, "loss=stk", "loss.k=0.5")
     gathered = run(tmp_path, "gathered", "loss=stk", "loss.k=0.5", "objective.gather_losses=true", ranks=2)
     assert same_training(one, gathered)
 
 
-def test_atk_needs_the_gathered_losses_under_ddp(tmp_path):
-    one = run(tmp_path, "one", "loss=atk", "loss.k=0.25")
+def test_atk_needs_the_gathered_losses_under_ddp(compose_cfg, tmp_path):
+    one = one_process(compose_cfg, tmp_path, "loss=atk", "loss.k=0.25")
     gathered = run(tmp_path, "gathered", "loss=atk", "loss.k=0.25", "objective.gather_losses=true", ranks=2)
     local = run(tmp_path, "local", "loss=atk", "loss.k=0.25", ranks=2)
     assert same_training(one, gathered)

@@ -8,9 +8,12 @@ import subprocess
 import sys
 
 import pytest
+from hydra import initialize_config_dir
 
-from helpers import ROOT
+from helpers import CONFIG_DIR, ROOT
 from topklab.cli import preflight
+from topklab.config import compose_run
+from topklab.engine.build import build
 from topklab.engine.run import ModelRun
 
 
@@ -21,21 +24,17 @@ def train_py(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_a_tabular_row_runs_its_cells_under_its_preset(tmp_path):
-    done = train_py("experiment=stk/table3/australian", f"paths.log_dir={tmp_path}", "runner.progress=false")
-    assert done.returncode == 0, done.stderr
-    assert f"5 of 5 cells already in {ROOT}/results/tabular/quick; 0 to train" in done.stdout  # the committed cells
+def test_a_tabular_row_runs_its_cells_under_its_preset(tmp_path, capsys):
+    row = "stk/table3/australian"
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):  # the cells are composed in the run
+        committed = compose_run([f"experiment={row}", f"paths.log_dir={tmp_path}"])
+        build(committed.runner, "runner")(committed, tmp_path / "a", overrides=[f"experiment={row}"], experiment=row)
+        assert f"5 of 5 cells already in {ROOT}/results/tabular/quick; 0 to train" in capsys.readouterr().out
 
-    trial = train_py(
-        "experiment=stk/table3/australian",
-        "preset.max_epochs=1",
-        "preset.n_splits=2",
-        "runner.aggregates=[stk]",
-        "runner.progress=false",
-        f"paths.log_dir={tmp_path}",
-    )
-    assert trial.returncode == 0, trial.stderr
-    [cell] = tmp_path.glob("stk_table3/runs/*/cells/**/*.json")  # a changed preset field: into the run's directory
+        trial = ["preset.max_epochs=1", "preset.n_splits=2", "runner.aggregates=[stk]", "runner.progress=false"]
+        cfg = compose_run([f"experiment={row}", *trial, f"paths.log_dir={tmp_path}"])
+        build(cfg.runner, "runner")(cfg, tmp_path / "b", overrides=[f"experiment={row}", *trial], experiment=row)
+    [cell] = (tmp_path / "b" / "cells").glob("**/*.json")  # a changed preset field: into the run's directory
     record = json.loads(cell.read_text())["result"]
     assert record["preset"] == "quick" and record["cell"]["aggregate"] == "stk"
     assert len(record["per_split"]["test"]) == 2 and record["selected"]["k"] in (1, 0.5, 0.9)
