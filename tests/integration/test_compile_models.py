@@ -118,23 +118,8 @@ def test_ten_compiled_training_steps_give_the_eager_values_and_gradients(name):
     train_both(name)
 
 
-DOUBLED = pytest.mark.xfail(
-    raises=AssertionError,
-    strict=True,
-    reason="after the first call's recompile the compiled graph adds each call's in-band hit twice (19 of 10 "
-    "calls; lam_calls and the counted calls are right): cause not found yet",
-)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(name, marks=DOUBLED) if name.endswith(("solve", "auto-init")) else name
-        for name in MODELS
-        if not name.startswith("topk-ce")
-    ],
-)
+@pytest.mark.parametrize("name", [name for name in MODELS if not name.startswith("topk-ce")])
 def test_the_lambda_monitor_counts_compiled_calls_as_eager_ones(name):
     eager, twin = train_both(name)
     counted = ("lam_calls", "lam_in_band_counted", "lam_in_band_hits", "lam_in_band_all_hits")

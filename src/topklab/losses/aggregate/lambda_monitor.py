@@ -42,33 +42,35 @@ class LambdaMonitor:
     ``record(share, k, n)`` after each training call; ``pop_epoch()`` returns the epoch's
     diagnostics (one synchronisation) and starts the next epoch's. Calls before ``burn_in`` (set by
     the engine to 10 % of the run's calls) count in ``in_band_all`` but not in ``in_band``.
+
+    All the on-device state is one float64 vector (``SUMS``, then the calls seen and the
+    out-of-band streak), updated in place as a whole. Under ``torch.compile`` the first call creates
+    it inside the graph; separate 0-d counters made there were returned by inductor as one buffer
+    wherever its joint-graph passes proved their values equal (the sums still at 0, or ``in_band``
+    and ``in_band_all`` when that call is past the burn-in), so that every later call added to that
+    buffer once per counter (twice the in-band hits). One vector cannot alias another counter.
     """
+
+    SUMS = (
+        "calls",
+        "share_sum",
+        "in_band_all",
+        "counted",
+        "in_band",
+        "hard_share_sum",
+        "lam_minus_kth_sum",
+        "samples",
+    )  # the epoch's sums: the first slots of the state vector, zeroed by pop_epoch
+    _SAMPLED = slice(SUMS.index("hard_share_sum"), SUMS.index("samples") + 1)
+    _SEEN, _STREAK = len(SUMS), len(SUMS) + 1  # the calls so far (what the burn-in compares), the streak
 
     def __init__(self, sample_every: int = 50):
         self.sample_every = sample_every
         self.burn_in = 0
         self.calls = 0
-        self._epoch = None
-        self._streak = None
-        self._seen = None  # the calls so far as a 0-d tensor: what the burn-in compares under torch.compile
+        self._state = None  # the epoch's SUMS, the calls seen, the out-of-band streak (float64, on the device)
         self._warned = False
         self.band_defined = True  # False once a call had k = n
-
-    def _zeros(self, like: torch.Tensor) -> dict:
-        zero = torch.zeros((), dtype=torch.float64, device=like.device)
-        return {
-            name: zero.clone()
-            for name in (
-                "calls",
-                "share_sum",
-                "in_band_all",
-                "counted",
-                "in_band",
-                "hard_share_sum",
-                "lam_minus_kth_sum",
-                "samples",
-            )
-        }
 
     def record(self, share: torch.Tensor, k: int, n: int, sample=None) -> None:
         """One training call: ``share`` the smoothed share above λ (0-d tensor), k of n losses;
@@ -76,29 +78,30 @@ class LambdaMonitor:
 
         Inside a user's ``torch.compile`` only the on-device sums are kept (no Python counter, which
         would recompile every call): the warning and the samples wait for eager calls."""
-        if self._epoch is None:
-            self._epoch = self._zeros(share)
-            self._streak = torch.zeros((), dtype=torch.float64, device=share.device)
-        if self._seen is None:
-            self._seen = torch.full((), float(self.calls), dtype=torch.float64, device=share.device)
+        if self._state is None:
+            self._state = torch.zeros(len(self.SUMS) + 2, dtype=torch.float64, device=share.device)
+            self._state[self._SEEN] = float(self.calls)
         compiling = torch.compiler.is_compiling()
         if not compiling:
             self.calls += 1
-        self._seen += 1
-        epoch = self._epoch
-        epoch["calls"] += 1
-        epoch["share_sum"] += share.detach().double()
+        state = self._state
+        share = share.detach()
+        share64 = share.double()
+        one, zero = torch.ones_like(share64), torch.zeros_like(share64)
         self.band_defined = k < n
         if k < n:
-            good = in_band(share.detach(), k / n).double()
-            epoch["in_band_all"] += good
-            counted = (self._seen > self.burn_in).double()  # after the burn-in: 1, else 0 (exact sums either way)
-            epoch["counted"] += counted
-            epoch["in_band"] += good * counted
-            self._streak.mul_(1.0 - good).add_(1.0 - good)
-            if compiling:
-                return
-            if self.calls % WARN_AFTER_CALLS == 0 and not self._warned and bool(self._streak >= WARN_AFTER_CALLS):
+            good = in_band(share, k / n).double()
+            counted = (state[self._SEEN] + 1 > self.burn_in).double()  # after the burn-in: 1, else 0 (exact sums)
+            kept = 1.0 - good  # the streak becomes streak · (1 − good) + (1 − good): + 1, or 0 when in band
+            added = [one, share64, good, counted, good * counted, zero, zero, zero, one, kept]
+        else:
+            kept = one
+            added = [one, share64, zero, zero, zero, zero, zero, zero, one, zero]
+        keep = torch.cat([torch.ones(len(self.SUMS) + 1, dtype=torch.float64, device=state.device), kept.view(1)])
+        state.mul_(keep).add_(torch.stack(added))  # × 1 and + 0 leave a slot bit for bit as it was
+        if k < n and not compiling:
+            streak = state[self._STREAK]
+            if self.calls % WARN_AFTER_CALLS == 0 and not self._warned and bool(streak >= WARN_AFTER_CALLS):
                 self._warned = True
                 warnings.warn(
                     f"MATk/STk: λ has been out of band for {WARN_AFTER_CALLS} consecutive training calls "
@@ -108,9 +111,7 @@ class LambdaMonitor:
                 )
         if sample is not None and not compiling and self.calls % self.sample_every == 1 % self.sample_every:
             hard_share, gap = sample()
-            epoch["hard_share_sum"] += hard_share.double()
-            epoch["lam_minus_kth_sum"] += gap.double()
-            epoch["samples"] += 1
+            state[self._SAMPLED] += torch.stack([hard_share.double(), gap.double(), one])
 
     EPOCH_FIELDS = (
         "lam_in_band",
@@ -133,11 +134,11 @@ class LambdaMonitor:
         - ``smoothed_share``: mean smoothed share above λ; ``hard_share``: mean sampled share of losses > λ;
         - ``lam_minus_kth``: mean sampled λ − ℓ_[k] (the batch's k-th largest loss).
         """
-        if self._epoch is None:
+        if self._state is None:
             return dict.fromkeys(self.EPOCH_FIELDS)
-        values = {name: float(v) for name, v in self._epoch.items()}
-        for v in self._epoch.values():
-            v.zero_()
+        sums = self._state[: len(self.SUMS)]
+        values = dict(zip(self.SUMS, sums.tolist()))
+        sums.zero_()
 
         def ratio(num, den):
             return None if den == 0 else num / den
@@ -160,7 +161,8 @@ class LambdaMonitor:
 
     def load_state_dict(self, state: dict) -> None:
         self.calls, self._warned = int(state["calls"]), bool(state["warned"])
-        self._seen = None  # restarted from ``calls`` on the next call
+        if self._state is not None:  # the calls seen restart from ``calls``
+            self._state[self._SEEN] = float(self.calls)
 
 
 def lambda_tracking(history: list[dict]) -> dict:
