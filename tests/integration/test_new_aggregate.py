@@ -16,9 +16,9 @@ from topklab.engine.aggregates import aggregate_class
 from topklab.engine.run import train
 from topklab.losses import Logistic
 from topklab.losses.aggregate.base import Aggregate
-from topklab.losses.k import validate_k
 from topklab.protocol import Cell, Grid, run_cell
 from topklab.protocol.cell import Protocol
+from topklab.utils.k import validate_k
 
 
 class BottomK(Aggregate):

@@ -6,8 +6,8 @@ import torch
 from topklab.losses import ATk, Average, MATk, Maximum, STk
 from topklab.losses.aggregate.base import Aggregate
 from topklab.losses.aggregate.solve import kth_largest_value
-from topklab.losses.k import resolve_k, validate_k
 from topklab.smoothing import SMOOTHINGS, srelu
+from topklab.utils.k import resolve_k, validate_k
 
 
 def distinct_losses(n, seed=0, dtype=torch.float64):

@@ -134,7 +134,7 @@ def test_bad_settings_are_one_line_errors(kwargs, message):
 def test_bad_input_is_a_one_line_error():
     op = PerturbedTopK(num_samples=2)
     for call in (op.soft_topk, op.permutation):
-        for scores, k, message in ((torch.zeros(5), 1, "shape"), (torch.zeros(2, 5), 6, "k=6")):
+        for scores, k, message in ((torch.tensor(1.0), 1, "shape"), (torch.zeros(2, 5), 6, "k=6")):
             with pytest.raises(ValueError, match=message) as error:
                 call(scores, k)
             assert "\n" not in str(error.value)

@@ -164,7 +164,7 @@ def test_bad_settings_are_one_line_errors(kwargs, message):
 def test_bad_input_is_a_one_line_error():
     op = SparseTopK()
     for scores, k, message in (
-        (torch.zeros(5), 1, "shape"),
+        (torch.tensor(1.0), 1, "shape"),
         (torch.zeros(2, 5), 6, "k=6"),
         (torch.zeros(2, 5, dtype=torch.long), 1, "floating-point"),
     ):

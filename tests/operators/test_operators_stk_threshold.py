@@ -139,7 +139,7 @@ def test_bad_settings_are_one_line_errors(kwargs, message):
 def test_bad_input_is_a_one_line_error():
     for threshold in ("solved", "learned"):
         op = STkThreshold(threshold=threshold)
-        for scores, k, message in ((torch.zeros(5), 1, "shape"), (torch.zeros(2, 5), 0, "k=0")):
+        for scores, k, message in ((torch.tensor(1.0), 1, "shape"), (torch.zeros(2, 5), 0, "k=0")):
             with pytest.raises(ValueError, match=message) as error:
                 op.soft_topk(scores, k)
             assert "\n" not in str(error.value)

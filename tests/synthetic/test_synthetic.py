@@ -19,10 +19,10 @@ from topklab.bench.topk_sum import (
 )
 from topklab.engine.aggregates import build_paper_update_aggregate
 from topklab.engine.population import initial_threshold
-from topklab.losses.k import resolve_k
 from topklab.synthetic import GaussianTask, lda_boundary, para_f1
 from topklab.synthetic.train import BinaryCrossEntropy, Column, SyntheticTrainer, accuracy, train_logistic
 from topklab.utils.errors import TopklabError
+from topklab.utils.k import resolve_k
 
 # ---------- data ----------
 

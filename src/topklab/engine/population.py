@@ -30,10 +30,10 @@ from topklab.engine.population_layout import Gathered, Grouped
 from topklab.engine.stacked import StackedModel
 from topklab.engine.stopping import REPORT_STATES, EarlyStopping
 from topklab.losses.aggregate.base import Aggregate, accumulation_dtype
-from topklab.losses.k import resolve_k, validate_k
 from topklab.utils.batching import batches_per_epoch
 from topklab.utils.checks import check_int
 from topklab.utils.errors import TopklabError
+from topklab.utils.k import resolve_k, validate_k
 
 __all__ = ["DataGroup", "Gathered", "Grouped", "Members", "Metric", "PopulationExecutor", "initial_threshold"]
 

@@ -32,13 +32,13 @@ from topklab.engine.result_guard import (
     row_filing,
 )
 from topklab.loggers import NullLogger
-from topklab.losses.k import resolve_k
 from topklab.report import make_result
 from topklab.report import write_result as write_envelope
 from topklab.utils.checks import check_int
 from topklab.utils.device import resolve_device
 from topklab.utils.errors import NonFiniteLossError, TopklabError
 from topklab.utils.io import check_writable
+from topklab.utils.k import resolve_k
 from topklab.utils.provenance import check_cpu_capability, portable_config
 from topklab.utils.seed import deterministic_algorithms, seed_everything
 

@@ -3,13 +3,17 @@
 Conventions, the same for every operator:
 
 - ``scores`` is a float tensor of shape (batch, n); a larger score is more likely to be selected.
+  Any shape works with ``dim`` (default −1), the axis of n: the other axes are a batch of rows,
+  flattened for the operator's core and restored after. k is an int, or a float fraction of n in
+  (0, 1] (rounded half up, at least 1); one k per call (the cores' shapes depend on it).
 - ``soft_topk(scores, k)`` returns ``p`` of shape (batch, n): the relaxed indicator of the k
   largest scores, with entries in [0, 1] where the operator is ``bounded``. Its hard limit is 1 on
   the k largest and 0 elsewhere. NeuralSort and SoftSort are not bounded: their relaxed
   permutations are stochastic per rank (each column sums to 1 over the items) but not per item,
   so an item close to several ranks can collect more than 1 (e.g. 1.045 for NeuralSort at τ =
   0.01 on near-equal scores); neither paper clamps it, and neither do we.
-- ``permutation(scores, k)`` returns ``P`` of shape (batch, n, k): ``P[b, i, j]`` is the relaxed
+- ``permutation(scores, k)`` returns ``P`` of shape (batch, n, k) (for (..., n) scores, (..., n, k)
+  with ``dim`` moved before the k axis): ``P[b, i, j]`` is the relaxed
   probability that item i is the (j+1)-th largest, so column 0 is the top-1. Its hard limit is the
   one-hot rank of the k largest items. Summing the k columns gives a soft top-k indicator.
 
@@ -56,6 +60,12 @@ tensor([[0.8161, 1.0000, 0.1839, 0.0000],
         [0.6667, 0.6667, 0.6667, 0.0000]], dtype=torch.float64)
 >>> LapSum().soft_topk(torch.zeros(0, 4), k=2).shape
 torch.Size([0, 4])
+>>> LapSum().soft_topk(torch.randn(5, 3, 2), k=0.5, dim=1).sum(1).round(decimals=4)  # k = 2 of n = 3
+tensor([[2., 2.],
+        [2., 2.],
+        [2., 2.],
+        [2., 2.],
+        [2., 2.]])
 """
 
 from __future__ import annotations
@@ -66,6 +76,7 @@ import torch
 from torch import nn
 
 from topklab.utils.checks import check_int
+from topklab.utils.k import resolve_k, validate_k
 
 
 def check_scores(scores: torch.Tensor, k: int, name: str) -> None:
@@ -75,6 +86,27 @@ def check_scores(scores: torch.Tensor, k: int, name: str) -> None:
     if not scores.is_floating_point():
         raise ValueError(f"{name} takes floating-point scores, got {scores.dtype}")
     check_int(f"{name}: k", k, 1, scores.shape[1], why="at most the row length n")
+
+
+def as_rows(scores: torch.Tensor, k, dim: int, name: str) -> tuple[torch.Tensor, int, tuple[int, ...]]:
+    """``scores`` of shape (..., n, ...) as the (batch, n) rows an operator's core takes (``dim`` the
+    axis of n, the other axes flattened into the batch), k as a count of that n (an int, or a float
+    fraction in (0, 1] rounded half up), and the shape of ``scores`` with ``dim`` moved last.
+    A view where ``dim`` is already the last axis of a contiguous tensor."""
+    if not isinstance(scores, torch.Tensor) or scores.dim() == 0:
+        raise ValueError(f"{name} takes scores of shape (..., n), got {getattr(scores, 'shape', type(scores))}")
+    if not -scores.dim() <= dim < scores.dim():
+        raise ValueError(f"{name}: dim={dim} is not an axis of scores of shape {tuple(scores.shape)}")
+    if isinstance(k, torch.Tensor):
+        raise ValueError(f"{name} takes one k per call (an int or a fraction), got a tensor; call it once per k")
+    moved = scores.movedim(dim, -1)
+    n = moved.shape[-1]
+    if isinstance(k, float):
+        try:
+            k = resolve_k(validate_k(k), max(n, 1))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{name}: {err}") from None
+    return moved.reshape(-1, n), k, tuple(moved.shape)
 
 
 def positive(value: float, name: str, direction: str) -> float:
@@ -212,23 +244,31 @@ class TopKOperator(nn.Module):
         """One-line errors for input the operator refuses, before any computation."""
         check_scores(scores, k, type(self).__name__)
 
-    def soft_topk(self, scores: torch.Tensor, k: int) -> torch.Tensor:
+    def soft_topk(self, scores: torch.Tensor, k: int | float, dim: int = -1) -> torch.Tensor:
+        """p, each entry's soft top-k membership, in the shape of ``scores``: the k largest along
+        ``dim`` (the other axes are a batch of rows), k an int or a fraction of n."""
+        rows, k, shape = as_rows(scores, k, dim, type(self).__name__)
         if type(self)._soft_topk is TopKOperator._soft_topk:
             if not self.gives_permutation:
                 raise NotImplementedError(f"{type(self).__name__} must implement _soft_topk")
-            return self.permutation(scores, k).sum(-1)
-        return self._guarded(scores, k, self._soft_topk)
+            p = self._guarded(rows, k, self._permutation, columns=True).sum(-1)
+        else:
+            p = self._guarded(rows, k, self._soft_topk)
+        return p.reshape(shape).movedim(-1, dim)
 
-    def permutation(self, scores: torch.Tensor, k: int) -> torch.Tensor:
+    def permutation(self, scores: torch.Tensor, k: int | float, dim: int = -1) -> torch.Tensor:
+        """P, of shape (..., n, k) (``dim`` moved to the second-last axis): column j the soft
+        indicator of the j-th largest entry of each row along ``dim``."""
         if not self.gives_permutation:
             raise ValueError(
                 f"{type(self).__name__} gives a soft top-k indicator, not a top-k permutation; "
                 "the top-k cross-entropy needs one of the sorting operators (see configs/operator/)"
             )
-        return self._guarded(scores, k, self._permutation, columns=True)
+        rows, k, shape = as_rows(scores, k, dim, type(self).__name__)
+        return self._guarded(rows, k, self._permutation, columns=True).reshape(*shape, k)
 
-    def forward(self, scores: torch.Tensor, k: int) -> torch.Tensor:
-        return self.soft_topk(scores, k)
+    def forward(self, scores: torch.Tensor, k: int | float, dim: int = -1) -> torch.Tensor:
+        return self.soft_topk(scores, k, dim)
 
     # The cores. With masks_extremes, ``rest`` describes each row (:class:`Extremes`); without, the
     # scores are all finite, k holds for every row and ``rest`` is None.

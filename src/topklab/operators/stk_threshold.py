@@ -19,7 +19,7 @@ import math
 import torch
 from torch import nn
 
-from topklab.operators.base import TopKOperator, positive
+from topklab.operators.base import TopKOperator, as_rows, positive
 from topklab.smoothing import srelu, srelu_slope_and_curvature
 from topklab.utils.checks import check_int
 
@@ -242,11 +242,11 @@ class STkThreshold(TopKOperator):
         # value λ*, gradient ∂λ/∂x = h/Σh (implicit-function theorem on Σ SReLU'(x − λ) = k)
         return lam + (weight * (safe - safe.detach())).sum(1), residual
 
-    def soft_topk(self, scores: torch.Tensor, k: int) -> torch.Tensor:
+    def soft_topk(self, scores: torch.Tensor, k: int | float, dim: int = -1) -> torch.Tensor:
         if self.threshold_mode == "learned":  # elementwise, whatever k (see the class docstring)
-            self.check(scores, k)
+            self.check(*as_rows(scores, k, dim, type(self).__name__)[:2])
             return srelu_slope(scores - self.lam.to(scores.dtype), self.delta)
-        return super().soft_topk(scores, k)
+        return super().soft_topk(scores, k, dim)
 
     def _soft_topk(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
         x = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores

@@ -6,8 +6,8 @@ import itertools
 from dataclasses import dataclass
 
 from topklab.engine.aggregates import aggregate_class
-from topklab.losses.k import validate_k
 from topklab.utils.errors import TopklabError
+from topklab.utils.k import validate_k
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ import numbers
 import torch
 from torch import nn
 
-from topklab.losses.k import resolve_k, validate_k
 from topklab.utils.errors import TopklabError
+from topklab.utils.k import resolve_k, validate_k
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -38,7 +38,7 @@ def check_dim(dim: int) -> int:
 
 
 def check_k(k: int | float | torch.Tensor) -> int | float | torch.Tensor:
-    """``k`` as :func:`~topklab.losses.k.validate_k` checks a number; a tensor holds one k per row:
+    """``k`` as :func:`~topklab.utils.k.validate_k` checks a number; a tensor holds one k per row:
     counts (an integer dtype, each >= 1) or fractions (a floating dtype, each in (0, 1]), kept on the
     CPU (a detached copy).
 
@@ -100,7 +100,7 @@ def check_losses(losses: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 def resolve_count(k: int | float, n: int) -> int:
-    """:func:`~topklab.losses.k.resolve_k` of a number, a count larger than ``n`` an :class:`AggregateInputError`.
+    """:func:`~topklab.utils.k.resolve_k` of a number, a count larger than ``n`` an :class:`AggregateInputError`.
 
     Examples
     --------
@@ -183,7 +183,7 @@ class Aggregate(nn.Module):
         ----------
         losses : Tensor (P, n), per-sample losses, one row per member
         k : Tensor (P,), per-row k as a count in [1, n] (resolve fractions with
-            :func:`topklab.losses.k.resolve_k` first), in float32 or float64 (a half dtype cannot hold
+            :func:`topklab.utils.k.resolve_k` first), in float32 or float64 (a half dtype cannot hold
             every count above 256); ignored without ``"k"`` in ``hyperparameters``
         lam : Tensor (P,) or None, per-row effective threshold λ; used only when ``has_threshold``
         delta : Tensor (P,) or None, per-row smoothing width δ > 0; used only with ``"delta"``

@@ -20,8 +20,8 @@ import torch
 
 from topklab.losses.aggregate.lambda_monitor import in_band
 from topklab.losses.aggregate.solve import solve_srelu_threshold
-from topklab.losses.k import resolve_k
 from topklab.smoothing import get_smoothing
+from topklab.utils.k import resolve_k
 
 LEVELS = tuple(
     sorted(

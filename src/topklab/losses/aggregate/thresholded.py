@@ -9,10 +9,10 @@ from topklab.losses.aggregate.base import Aggregate, AggregateInputError, check_
 from topklab.losses.aggregate.kernels import KERNELS, thresholded
 from topklab.losses.aggregate.lambda_monitor import LambdaMonitor
 from topklab.losses.aggregate.solve import kth_largest, solve_srelu_threshold
-from topklab.losses.k import resolve_k
 from topklab.losses.threshold import get_constraint
 from topklab.smoothing import get_smoothing
 from topklab.utils.checks import check_int
+from topklab.utils.k import resolve_k
 
 MAX_DELTA = 1e12  # SReLU's root √(x² + δ²) is |x| from 2^63 on in float32: δ²/x² must be below rounding there
 

@@ -1,4 +1,4 @@
-"""The ``k`` of a top-k aggregate: a count or a fraction of the batch."""
+"""The ``k`` of a top-k aggregate or operator: a count or a fraction of the row (n losses or scores)."""
 
 from __future__ import annotations
 
