@@ -140,6 +140,18 @@ def expand_group_globs(argv: list[str], config_dir: Path) -> list[str]:
     return out
 
 
+def override_root(override: str) -> str:
+    """The config group or top-level key an override sets: ``preset`` for ``preset.max_epochs=5``,
+    ``hydra`` for ``hydra/launcher=joblib``, ``loss`` for ``+loss.k=3``.
+
+    Examples
+    --------
+    >>> [override_root(o) for o in ["preset.n_splits=2", "hydra/launcher=joblib", "~logger", "seed=1"]]
+    ['preset', 'hydra', 'logger', 'seed']
+    """
+    return override.lstrip("+~").split("=", 1)[0].split(".", 1)[0].split("/", 1)[0].split("@", 1)[0]
+
+
 def compose_run(overrides: list[str], config_name: str = "train", return_hydra_config: bool = False) -> DictConfig:
     """Compose ``config_name`` with ``overrides`` once, as ``python train.py`` does (Hydra must be
     initialised: inside a ``@hydra.main`` app or ``initialize_config_dir``). The recipe is chosen in

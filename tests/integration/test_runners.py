@@ -94,3 +94,10 @@ def test_a_runner_refuses_what_it_cannot_honour_before_hydra_starts(capsys, tmp_
         preflight([*args, f"paths.log_dir={tmp_path}"], ROOT / "configs")
     assert exit_.value.code == 2 and capsys.readouterr().err.strip() == line
     assert not any(tmp_path.iterdir())
+
+
+def test_make_reproduce_tabular_s_command_line_passes_the_checks(tmp_path):
+    """The launcher, the preset and the runner's thread count are a tabular row's own settings."""
+    rows = "experiment=stk/table3/australian,stk/table6/sinc"
+    launcher = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={tmp_path}/sweep"]
+    assert preflight(["-m", rows, "preset=full", "runner.threads=1", *launcher], ROOT / "configs") is None

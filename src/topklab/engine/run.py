@@ -14,6 +14,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from topklab.config import override_root
 from topklab.engine.build import build, build_for_data
 from topklab.engine.checkpoint import CheckpointStore, run_key
 from topklab.engine.distributed import Distributed
@@ -236,7 +237,7 @@ class ModelRun:
     def check(self, cfg: DictConfig, overrides: list[str], experiment: str | None = None) -> None:
         """A one-line :class:`TopklabError` for a command line this runner cannot honour (train.py's
         checks call it before Hydra starts)."""
-        chosen = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split(".")[0] == "preset"]
+        chosen = [o for o in overrides if override_root(o) == "preset"]
         if chosen:
             raise TopklabError(
                 f"{chosen[0]} sets the tabular protocol of a row's cells (runner=tabular_cells); "

@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from topklab.config import compose_run, config_groups
+from topklab.config import compose_run, config_groups, override_root
 from topklab.engine.aggregates import with_lam_update
 from topklab.engine.build import build
 from topklab.protocol.cell import Cell, Protocol, run_cell
@@ -192,7 +192,7 @@ class TabularCells:
             )
         if cfg.get("preset") is None:
             raise TopklabError("runner=tabular_cells needs a protocol: preset=quick | full | fraction")
-        ignored = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split(".")[0] not in CELLS_OWN_KEYS]
+        ignored = [o for o in overrides if override_root(o) not in CELLS_OWN_KEYS]
         if ignored:
             raise TopklabError(
                 f"{ignored[0]} does not reach the cells: each is composed from the row and the preset; "

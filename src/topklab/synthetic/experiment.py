@@ -19,6 +19,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from topklab.config import override_root
 from topklab.report import make_result, mean_std, write_result
 from topklab.synthetic.gaussian import GaussianTask
 from topklab.synthetic.lda import lda_boundary
@@ -282,7 +283,7 @@ class SyntheticColumn:
                 f"runner=synthetic_column runs a column row of {', '.join(EXPERIMENTS)} "
                 f"(experiment=stk/table2/<column> ...), not {experiment or 'a run without experiment='}"
             )
-        ignored = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split(".")[0] not in SYNTHETIC_OWN_KEYS]
+        ignored = [o for o in overrides if override_root(o) not in SYNTHETIC_OWN_KEYS]
         if ignored:
             raise TopklabError(
                 f"{ignored[0]} does not reach the column: its task, data and training are "
