@@ -1,10 +1,11 @@
-"""Train one model (or a sweep with -m) from the Hydra configs in configs/.
+"""Run one training or table row (or a sweep with -m) from the Hydra configs in configs/.
 
 python train.py                                  # STk + MLP on australian, offline
 python train.py loss=atk dataset=german          # swap any config group
 python train.py loss=stk dataset=cifar100lt      # image recipe: ResNet-32, logit-adjusted CE, SGD
 python train.py -m loss=average,atk,matk,stk     # sweep
 python train.py experiment=fmnistlt/la_stk       # a row of a results table
+python train.py experiment=stk/table3/australian preset=full   # a tabular row: its cells (runner=tabular_cells)
 torchrun --nproc_per_node 2 train.py ...         # DistributedDataParallel, one process per GPU
 """
 

@@ -106,7 +106,7 @@ def test_every_committed_result_lies_where_its_row_puts_it(filings):
 
 @pytest.mark.integration  # every row composed (the session's compositions)
 def test_every_committed_tabular_cell_lies_where_its_row_and_preset_put_it(composed):
-    """The tabular rows' cells (``scripts/reproduce_tabular.py``): ``tabular/<preset>/<table>/<row>/<individual>-<aggregate>.json``."""
+    """The tabular rows' cells (``runner=tabular_cells``): ``tabular/<preset>/<table>/<row>/<individual>-<aggregate>.json``."""
     cells = {}
     for row, cfg in composed.items():
         if cfg.get("cells") is not None:

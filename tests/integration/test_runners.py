@@ -15,6 +15,7 @@ from topklab.cli import preflight
 from topklab.config import compose_run
 from topklab.engine.build import build
 from topklab.engine.run import ModelRun
+from topklab.utils.errors import TopklabError
 
 
 def train_py(*args: str) -> subprocess.CompletedProcess:
@@ -57,9 +58,11 @@ def test_a_synthetic_row_runs_its_column(tmp_path):
     assert result["config"]["sizes"]["train"] == 400
 
 
-def test_a_tabular_row_trains_one_model_with_runner_model(compose_cfg, tmp_path):
-    cfg = compose_cfg("experiment=stk/table3/australian", "runner=model", "engine.epochs=1", "logger=none")
-    value = ModelRun()(cfg, tmp_path / "run", overrides=["experiment=stk/table3/australian", "runner=model"])
+@pytest.mark.parametrize("row", ["stk/table3/australian", "stk/table2/atk"])
+def test_a_tabular_or_synthetic_row_trains_one_model_with_runner_model(compose_cfg, tmp_path, row):
+    cfg = compose_cfg(f"experiment={row}", "runner=model", "engine.epochs=1", "logger=none")
+    assert build(cfg.runner, "runner") == ModelRun()
+    value = ModelRun()(cfg, tmp_path / "run", overrides=[f"experiment={row}", "runner=model", "~preset"])
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert value == summary["metrics"]["val"]["error_pct"]
 
@@ -83,9 +86,18 @@ def test_a_tabular_row_trains_one_model_with_runner_model(compose_cfg, tmp_path)
             "this run trains one model (runner=model): drop it",
         ),
         (
+            ["experiment=fmnistlt/la_stk", "runner=synthetic_column"],
+            "error: runner=synthetic_column runs a column row of table2, figure3, figure4 "
+            "(experiment=stk/table2/<column> ...), not fmnistlt/la_stk",
+        ),
+        (
+            ["experiment=stk/table3/australian", "+preset.foo=2"],
+            "error: preset: Protocol.__init__() got an unexpected keyword argument 'foo'",
+        ),
+        (
             ["experiment=stk/table2/stk_srelu", "loss.k=3"],
             "error: loss.k=3 does not reach the column: its task, data and training are "
-            "configs/reproduce_synthetic.yaml's; set one with runner.settings=[<field>=<value>]",
+            "configs/reproduce_synthetic.yaml's; set one with 'runner.settings=[\"<field>=<value>\"]'",
         ),
     ],
 )
@@ -94,6 +106,16 @@ def test_a_runner_refuses_what_it_cannot_honour_before_hydra_starts(capsys, tmp_
         preflight([*args, f"paths.log_dir={tmp_path}"], ROOT / "configs")
     assert exit_.value.code == 2 and capsys.readouterr().err.strip() == line
     assert not any(tmp_path.iterdir())
+
+
+def test_the_protocol_runners_refuse_torchrun(monkeypatch, compose_cfg):
+    from topklab.protocol.reproduce import TabularCells
+    from topklab.synthetic.experiment import SyntheticColumn
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for runner, row in ((TabularCells(), "stk/table3/australian"), (SyntheticColumn(), "stk/figure3/atk")):
+        with pytest.raises(TopklabError, match=r"runs in one process; start it without torchrun$"):
+            runner.check(compose_cfg(f"experiment={row}"), [f"experiment={row}"], row)
 
 
 def test_make_reproduce_tabular_s_command_line_passes_the_checks(tmp_path):

@@ -162,7 +162,7 @@ def test_the_full_preset_gives_the_papers_table_files_and_every_stored_preset_re
 def test_no_results_is_a_one_line_error_and_writes_nothing(results, capsys):
     assert make_tables.main(["--results", str(results), "--preset", "nothing"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: no cells under") and "preset=nothing" in err[0]
+    assert len(err) == 1 and err[0].startswith("error: no cells under") and "PRESET=nothing" in err[0]
     assert not (results / "tables").exists()
 
 

@@ -237,7 +237,7 @@ class ModelRun:
     def check(self, cfg: DictConfig, overrides: list[str], experiment: str | None = None) -> None:
         """A one-line :class:`TopklabError` for a command line this runner cannot honour (train.py's
         checks call it before Hydra starts)."""
-        chosen = [o for o in overrides if override_root(o) == "preset"]
+        chosen = [o for o in overrides if override_root(o) == "preset" and not o.startswith("~")]
         if chosen:
             raise TopklabError(
                 f"{chosen[0]} sets the tabular protocol of a row's cells (runner=tabular_cells); "

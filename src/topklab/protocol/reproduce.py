@@ -8,6 +8,7 @@ Needs an initialised Hydra (an ``@hydra.main`` app, or ``initialize_config_dir``
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,7 +115,7 @@ def reproduce(cfg: DictConfig) -> list[dict]:
         f"{len(todo)} to train ({trainings} trainings)"
     )
     provenance = collect(cfg.paths.root_dir) if todo else None
-    command = " ".join(["python", *sys.argv])
+    command = cfg.get("command") or " ".join(["python", *sys.argv])
     with tqdm(total=trainings, unit="training", disable=not cfg.progress, smoothing=0.05) as bar:
         for cell, cell_cfg, settings in todo:
             bar.set_description(cell.key)
@@ -154,7 +155,7 @@ CELLS_OWN_KEYS = (
 @dataclass
 class TabularCells:
     """``runner=tabular_cells``: ``python train.py experiment=stk/table3/<dataset> [preset=full]`` runs
-    that row by the paper's protocol, like ``scripts/reproduce_tabular.py row=<the row>``: every cell
+    that row by the paper's protocol: every cell
     (individual × aggregate) over the preset's grid × splits, stored one JSON per cell.
 
     Parameters
@@ -162,8 +163,8 @@ class TabularCells:
     aggregates, individuals : list of str or None
         The row's cells to run (None: all of them).
     results_dir : str or None
-        Where the cells are stored (None: ``results/tabular/<preset name>``). A run that changes a preset field
-        on the command line stores them in its run directory instead, so a trial never replaces a
+        Where the cells are stored. None: ``results/tabular/<preset name>``, or the run's directory
+        for a run that changes a preset field on the command line, so that a trial never replaces a
         committed cell.
     threads : int >= 0
         torch threads (0: torch's default).
@@ -192,6 +193,9 @@ class TabularCells:
             )
         if cfg.get("preset") is None:
             raise TopklabError("runner=tabular_cells needs a protocol: preset=quick | full | fraction")
+        protocol_from(cfg.preset)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise TopklabError("runner=tabular_cells runs in one process; start it without torchrun")
         ignored = [o for o in overrides if override_root(o) not in CELLS_OWN_KEYS]
         if ignored:
             raise TopklabError(
@@ -202,15 +206,14 @@ class TabularCells:
     def __call__(self, cfg: DictConfig, run_dir, job_name=None, overrides=None, experiment=None) -> None:
         overrides = list(overrides or [])
         self.check(cfg, overrides, experiment)
-        keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides]
-        trial = any(key.startswith("preset.") for key in keys)
+        trial = any(o.lstrip("+~").startswith("preset.") for o in overrides)  # a changed field, not a named preset
+        committed = Path(cfg.paths.root_dir) / "results" / "tabular" / cfg.preset.name
         setup = OmegaConf.create(
             {
                 "row": experiment,
+                "command": " ".join(["python train.py", f"experiment={experiment}", *overrides]),
                 "preset": OmegaConf.to_container(cfg.preset, resolve=True),
-                "results_dir": str(Path(run_dir) / "cells")
-                if trial
-                else self.results_dir or str(Path(cfg.paths.root_dir) / "results" / "tabular" / cfg.preset.name),
+                "results_dir": self.results_dir or str(Path(run_dir) / "cells" if trial else committed),
                 "aggregates": self.aggregates,
                 "individuals": self.individuals,
                 "threads": self.threads,

@@ -122,12 +122,12 @@ def render_tables(results: Path, preset: str | None = None, allow_dirty: bool = 
         cells = read_results(results / "tabular" / name, "tabular")
         if not cells:
             raise TopklabError(
-                f"no cells under {results / 'tabular' / name}; run `python scripts/reproduce_tabular.py "
-                f"preset={name}` first (or pick another --preset)"
+                f"no cells under {results / 'tabular' / name}; run `make reproduce-tabular PRESET={name}` "
+                "first (or pick another --preset)"
             )
         rendered.update(render_tabular(name, paper, cells))
     if not rendered:
-        raise TopklabError(f"no cells under {results / 'tabular'}; run `python scripts/reproduce_tabular.py` first")
+        raise TopklabError(f"no cells under {results / 'tabular'}; run `make reproduce-tabular` first")
     for name, (source, render) in SINGLE_TABLES.items():
         result = _optional(results, source, name)
         if result is not None:

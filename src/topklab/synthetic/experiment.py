@@ -9,6 +9,7 @@ it from ``k_grid`` by validation accuracy averaged over the repeats (as §5.1 do
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
@@ -241,53 +242,68 @@ def run(cfg: DictConfig, log=print) -> list[Path]:
     return written
 
 
-SYNTHETIC_OWN_KEYS = ("experiment", "seed", "runner", "paths", "hydra", "logger")  # what reaches the column
+SYNTHETIC_OWN_KEYS = (
+    "experiment",
+    "seed",
+    "runner",
+    "paths",
+    "hydra",
+    "logger",
+)  # what a column honours or ignores harmlessly
 
 
 @dataclasses.dataclass
 class SyntheticColumn:
     """``runner=synthetic_column``: ``python train.py experiment=stk/table2/stk_srelu`` runs that column
-    of the synthetic experiment (its aggregate over the repeats, with configs/reproduce_synthetic.yaml's
-    task, data and training, training seed ``seed`` + r) and writes ``<run dir>/<experiment>.json``
-    with this column alone. The committed file holds every column of one draw
-    (``python scripts/reproduce_synthetic.py experiments=[<experiment>]``).
+    of the synthetic experiment its row's folder names (``table2``, ``figure3``, ``figure4``): its
+    aggregate over the repeats, with configs/reproduce_synthetic.yaml's task, data and training
+    (training seed ``seed`` + r, data ``data_seed`` + r), and writes ``<run dir>/<experiment>.json``
+    with this column alone. The committed file holds every column
+    (``python scripts/reproduce_synthetic.py experiments=[<experiment>]``, ``make reproduce-synthetic``).
 
     Parameters
     ----------
-    experiment : {"table2", "figure3", "figure4"}
-        The experiment the column belongs to (the row's group sets it).
     repeats : int >= 1
         Repeats, each on fresh data (the paper: 50).
     threads : int >= 0
-        torch threads (0: torch's default).
+        torch threads (0: torch's default; 1, as ``make reproduce-synthetic`` runs).
     settings : list of str
         Overrides of configs/reproduce_synthetic.yaml for this column (a trial, e.g.
-        ``["trainer.max_epochs=2", "k_grid=[0.5]"]``); every field not named keeps the paper's setting.
+        ``["trainer.max_epochs=2", "k_grid=[0.5]"]``; on the command line quote each item:
+        ``'runner.settings=["trainer.max_epochs=2"]'``); every field not named keeps the paper's setting.
 
     Examples
     --------
-    >>> SyntheticColumn(experiment="table2", repeats=2).repeats
+    >>> SyntheticColumn(repeats=2).repeats
     2
     """
 
-    experiment: str
     repeats: int = 50
-    threads: int = 0
+    threads: int = 1
     settings: list[str] = dataclasses.field(default_factory=list)
+
+    @staticmethod
+    def experiment_of(row: str | None) -> str | None:
+        """The synthetic experiment a column row belongs to: ``table2`` for ``stk/table2/atk``."""
+        parts = (row or "").split("/")
+        return parts[1] if len(parts) == 3 and parts[0] == "stk" and parts[1] in RUNNERS else None
 
     def check(self, cfg: DictConfig, overrides: list[str], experiment: str | None = None) -> None:
         """A one-line :class:`TopklabError` for a command line this runner cannot honour: no column
-        row, or an override that would not reach the column (train.py checks before Hydra)."""
-        if self.experiment not in RUNNERS or experiment is None:
+        row, several processes, or an override that would not reach the column (train.py checks
+        before Hydra)."""
+        if self.experiment_of(experiment) is None:
             raise TopklabError(
                 f"runner=synthetic_column runs a column row of {', '.join(EXPERIMENTS)} "
                 f"(experiment=stk/table2/<column> ...), not {experiment or 'a run without experiment='}"
             )
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise TopklabError("runner=synthetic_column runs in one process; start it without torchrun")
         ignored = [o for o in overrides if override_root(o) not in SYNTHETIC_OWN_KEYS]
         if ignored:
             raise TopklabError(
                 f"{ignored[0]} does not reach the column: its task, data and training are "
-                "configs/reproduce_synthetic.yaml's; set one with runner.settings=[<field>=<value>]"
+                "configs/reproduce_synthetic.yaml's; set one with 'runner.settings=[\"<field>=<value>\"]'"
             )
 
     def __call__(self, cfg: DictConfig, run_dir, job_name=None, overrides=None, experiment=None) -> None:
@@ -297,8 +313,8 @@ class SyntheticColumn:
             setup = compose(
                 "reproduce_synthetic",
                 overrides=[
-                    f"experiments=[{self.experiment}]",
-                    f"{self.experiment}.columns=[{experiment}]",
+                    f"experiments=[{self.experiment_of(experiment)}]",
+                    f"{self.experiment_of(experiment)}.columns=[{experiment}]",
                     f"results_dir={Path(run_dir)}",
                     f"repeats={self.repeats}",
                     f"threads={self.threads}",

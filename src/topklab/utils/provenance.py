@@ -63,15 +63,16 @@ def git_info(root: str | os.PathLike) -> dict:
     return dict(_git_info(str(Path(root).resolve())))
 
 
-MACHINE_KEYS = ("paths", "results_dir", "result", "result_file")  # top-level keys that only say where things are
+MACHINE_KEYS = ("paths", "results_dir", "result", "result_file", "runner", "preset")  # top-level keys that say
+# where things are, or (runner, preset) what train.py ran: not what a per-model result computed
 
 
 DATASET_MACHINE_KEYS = ("root", "split_dir", "vocab_dir", "cache_dir")
 
 
 def portable_config(cfg) -> dict:
-    """The resolved config without machine paths (``paths``, ``results_dir``, ``result``, ``result_file``, and
-    the dataset's ``root``, ``split_dir``, ``vocab_dir`` and ``cache_dir``), for committed results."""
+    """The resolved config without machine paths (``paths``, ``results_dir``, ``result``, ``result_file``), the
+    runner and preset that ran it, and the dataset's ``root``, ``split_dir``, ``vocab_dir`` and ``cache_dir``), for committed results."""
     from omegaconf import OmegaConf
 
     config = OmegaConf.to_container(cfg, resolve=True)
