@@ -83,3 +83,50 @@ def test_atk_needs_the_gathered_losses_under_ddp(compose_cfg, tmp_path):
     local = run(tmp_path, "local", "loss=atk", "loss.k=0.25", ranks=2)
     assert same_training(one, gathered)
     assert not same_training(one, local)
+
+
+CLOSE = """
+import os
+
+import torch
+
+from topklab.engine.distributed import Distributed
+
+
+def gloo_threads():
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            names.append(open(f"/proc/self/task/{task}/comm").read().strip())
+        except OSError:  # a thread that has just ended
+            pass
+    return [name for name in names if "gloo" in name]
+
+
+ctx = Distributed.from_env(backend="gloo").init()
+wrapped = ctx.wrap(torch.nn.Linear(3, 1))
+wrapped(torch.randn(4, 3)).sum().backward()
+ctx.barrier()
+cycle = {"wrapped": wrapped}
+cycle["self"] = cycle  # the wrapper left in a reference cycle, as a finished engine may leave it
+del wrapped, cycle
+ctx.close()
+print("gloo threads after close:", gloo_threads())
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="lists the threads in /proc")
+def test_close_frees_the_process_group_and_ends_gloos_threads(tmp_path):
+    """After close() no gloo thread is left to run into interpreter exit, where one that drops a
+    tensor aborts the rank (`terminate called without an active exception`)."""
+    script = tmp_path / "close.py"
+    script.write_text(CLOSE)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-8000:]
+    assert done.stdout.count("gloo threads after close: []") == 2, done.stdout

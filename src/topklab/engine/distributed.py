@@ -58,6 +58,8 @@ Examples
 
 from __future__ import annotations
 
+import gc
+import importlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -206,6 +208,11 @@ class Distributed:
                     f"are visible; use --nproc_per_node <= the number of GPUs"
                 )
             torch.cuda.set_device(self.local_rank)
+        # torch.distributed.nn.functional binds group.WORLD as its functions' default argument when it
+        # is first imported; DistributedDataParallel imports it, so after init_process_group that pins
+        # the process group: destroy_process_group would then not free it, and gloo's threads would
+        # outlive it into interpreter exit (where they can abort the process). Imported now, it binds None.
+        importlib.import_module("torch.distributed.nn")
         dist.init_process_group(
             self.backend, init_method=init_method, timeout=timeout, world_size=self.world_size, rank=self.rank
         )
@@ -233,8 +240,15 @@ class Distributed:
             dist.barrier(device_ids=[self.local_rank] if self.backend == "nccl" else None)
 
     def close(self) -> None:
-        """Shut the process group down (a no-op when none was started)."""
+        """Shut the process group down (a no-op when none was started).
+
+        Only the last reference frees a process group and joins gloo's threads. The DDP wrapper
+        (its reducer holds the group) may be left in a reference cycle: collect it first, so that
+        the threads end here rather than at interpreter exit, where one that drops a tensor aborts
+        the process (``terminate called without an active exception``).
+        """
         if dist.is_initialized():
+            gc.collect()
             dist.destroy_process_group()
 
 
