@@ -476,7 +476,7 @@ def test_an_unexpected_exception_keeps_its_traceback(run_cli, train_py, monkeypa
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug in the engine")
 
-    monkeypatch.setattr(train_py, "train", broken)
+    monkeypatch.setattr("topklab.engine.run.train", broken)  # what runner=model calls
     code, _, err = run_cli("dataset=sinc", "logger=none", f"paths.log_dir={tmp_path}")
     assert code == 1
     assert "Traceback (most recent call last):" in err and "in broken" in err
