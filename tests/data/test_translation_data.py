@@ -161,6 +161,7 @@ def test_vocabulary_sizes_a_corpus_cannot_fill_are_refused(tmp_path):
         SubwordVocab.learn([["ab ba"] * 10, ["ab"] * 10], 500, tmp_path)
 
 
+@pytest.mark.integration  # the real corpus, its BPE and vocabulary: the default tier, not test-unit
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason="../shared/data/multi30k is not here")
 def test_multi30k_from_the_shared_folder(tmp_path):
     data = ParallelTextFiles(

@@ -225,6 +225,7 @@ def test_a_corrupt_vision_result_is_a_one_line_error(results, capsys):
     assert len(err) == 1 and "seed0.json is corrupt" in err[0]
 
 
+@pytest.mark.integration  # every committed result through every renderer: the default tier, not test-unit
 def test_committed_tables_are_rendered_unchanged_from_the_committed_results():
     """Every file in results/tables/ is exactly what the renderers make of results/ (preset fraction,
     as `make tables`); fails if a renderer or a result drifts."""
