@@ -79,7 +79,8 @@ gpu-wheels:
 
 # The tests mirror src/ (docs/tests.md#layout-and-tiers): tests/<package>/ per src/topklab package, tests/integration/
 # (end to end across packages) and tests/repo/ (lint, docs, imports, doctests). test-unit: the mirrored folders
-# without the slow and the integration-marked (end-to-end) tests, 2-3 min; test: every test not marked slow
+# without the slow and the integration-marked (end-to-end) tests, about 2 min once the C++ extensions are built (3 min
+# with their first build); test: every test not marked slow
 # (unit + integration + repo); test-slow: the slow ones; test-all: everything.
 UNIT_TESTS := $(sort $(filter-out tests/integration/ tests/repo/ tests/helpers/ tests/fixtures/,$(dir $(wildcard tests/*/test_*.py))))
 
