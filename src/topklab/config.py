@@ -152,6 +152,19 @@ def override_root(override: str) -> str:
     return override.lstrip("+~").split("=", 1)[0].split(".", 1)[0].split("/", 1)[0].split("@", 1)[0]
 
 
+def check_one_process_command(runner: str, overrides: list[str], allowed: tuple[str, ...], refusal: str) -> None:
+    """For a runner that runs a whole protocol in one process (a tabular row's cells, a synthetic
+    column): a one-line :class:`TopklabError` under torchrun, or for the first override whose
+    :func:`override_root` is not ``allowed`` (``"{override} " + refusal``)."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise TopklabError(f"runner={runner} runs in one process; start it without torchrun")
+    ignored = [o for o in overrides if override_root(o) not in allowed]
+    if ignored:
+        raise TopklabError(f"{ignored[0]} {refusal}")
+
+
 def compose_run(overrides: list[str], config_name: str = "train", return_hydra_config: bool = False) -> DictConfig:
     """Compose ``config_name`` with ``overrides`` once, as ``python train.py`` does (Hydra must be
     initialised: inside a ``@hydra.main`` app or ``initialize_config_dir``). The recipe is chosen in

@@ -8,7 +8,6 @@ Needs an initialised Hydra (an ``@hydra.main`` app, or ``initialize_config_dir``
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from topklab.config import compose_run, config_groups, override_root
+from topklab.config import check_one_process_command, compose_run, config_groups
 from topklab.engine.aggregates import with_lam_update
 from topklab.engine.build import build
 from topklab.protocol.cell import Cell, Protocol, run_cell
@@ -194,14 +193,13 @@ class TabularCells:
         if cfg.get("preset") is None:
             raise TopklabError("runner=tabular_cells needs a protocol: preset=quick | full | fraction")
         protocol_from(cfg.preset)
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise TopklabError("runner=tabular_cells runs in one process; start it without torchrun")
-        ignored = [o for o in overrides if override_root(o) not in CELLS_OWN_KEYS]
-        if ignored:
-            raise TopklabError(
-                f"{ignored[0]} does not reach the cells: each is composed from the row and the preset; "
-                "change a preset field (preset.<field>=) or the row's yaml, or train one model with runner=model"
-            )
+        check_one_process_command(
+            "tabular_cells",
+            overrides,
+            CELLS_OWN_KEYS,
+            "does not reach the cells: each is composed from the row and the preset; change a preset field "
+            "(preset.<field>=) or the row's yaml, or train one model with runner=model",
+        )
 
     def __call__(self, cfg: DictConfig, run_dir, job_name=None, overrides=None, experiment=None) -> None:
         overrides = list(overrides or [])

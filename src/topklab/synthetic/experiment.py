@@ -9,7 +9,6 @@ it from ``k_grid`` by validation accuracy averaged over the repeats (as §5.1 do
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from topklab.config import override_root
+from topklab.config import check_one_process_command
 from topklab.report import make_result, mean_std, write_result
 from topklab.synthetic.gaussian import GaussianTask
 from topklab.synthetic.lda import lda_boundary
@@ -297,14 +296,13 @@ class SyntheticColumn:
                 f"runner=synthetic_column runs a column row of {', '.join(EXPERIMENTS)} "
                 f"(experiment=stk/table2/<column> ...), not {experiment or 'a run without experiment='}"
             )
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise TopklabError("runner=synthetic_column runs in one process; start it without torchrun")
-        ignored = [o for o in overrides if override_root(o) not in SYNTHETIC_OWN_KEYS]
-        if ignored:
-            raise TopklabError(
-                f"{ignored[0]} does not reach the column: its task, data and training are "
-                "configs/reproduce_synthetic.yaml's; set one with 'runner.settings=[\"<field>=<value>\"]'"
-            )
+        check_one_process_command(
+            "synthetic_column",
+            overrides,
+            SYNTHETIC_OWN_KEYS,
+            "does not reach the column: its task, data and training are configs/reproduce_synthetic.yaml's; "
+            "set one with 'runner.settings=[\"<field>=<value>\"]'",
+        )
 
     def __call__(self, cfg: DictConfig, run_dir, job_name=None, overrides=None, experiment=None) -> None:
         self.check(cfg, list(overrides or []), experiment)
