@@ -14,6 +14,7 @@ read it: ``key=a,b``, ``range()``, ``glob()``, ``choice()``, ``interval()``, ``+
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from hydra import compose
@@ -156,8 +157,6 @@ def check_one_process_command(runner: str, overrides: list[str], allowed: tuple[
     """For a runner that runs a whole protocol in one process (a tabular row's cells, a synthetic
     column): a one-line :class:`TopklabError` under torchrun, or for the first override whose
     :func:`override_root` is not ``allowed`` (``"{override} " + refusal``)."""
-    import os
-
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise TopklabError(f"runner={runner} runs in one process; start it without torchrun")
     ignored = [o for o in overrides if override_root(o) not in allowed]

@@ -148,7 +148,7 @@ CELLS_OWN_KEYS = (
     "hydra",
     "cpu_capability",
     "logger",
-)  # what reaches the cells
+)  # overrides the cells honour (experiment, preset, runner, cpu_capability) or that do not touch them
 
 
 @dataclass
@@ -209,7 +209,7 @@ class TabularCells:
         setup = OmegaConf.create(
             {
                 "row": experiment,
-                "command": " ".join(["python train.py", f"experiment={experiment}", *overrides]),
+                "command": " ".join(["python train.py", *overrides]),  # Hydra's task overrides name the row
                 "preset": OmegaConf.to_container(cfg.preset, resolve=True),
                 "results_dir": self.results_dir or str(Path(run_dir) / "cells" if trial else committed),
                 "aggregates": self.aggregates,
