@@ -111,7 +111,8 @@ cycle = {"wrapped": wrapped}
 cycle["self"] = cycle  # the wrapper left in a reference cycle, as a finished engine may leave it
 del wrapped, cycle
 ctx.close()
-print("gloo threads after close:", gloo_threads())
+with open(os.environ["THREADS_OUT"] + os.environ["RANK"], "w") as out:
+    out.write(repr(gloo_threads()))
 """
 
 
@@ -123,10 +124,11 @@ def test_close_frees_the_process_group_and_ends_gloos_threads(tmp_path):
     script.write_text(CLOSE)
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "THREADS_OUT": str(tmp_path / "threads_rank")},
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr[-8000:]
-    assert done.stdout.count("gloo threads after close: []") == 2, done.stdout
+    left = {rank: (tmp_path / f"threads_rank{rank}").read_text() for rank in (0, 1)}
+    assert left == {0: "[]", 1: "[]"}, left
