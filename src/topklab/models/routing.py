@@ -187,7 +187,7 @@ class STkThresholdRouter(TokenRouter):
         A(λ) = (1/n) Σ_i SReLU_δ(s_i − λ) + c·λ,     ∂A/∂λ = c − (1/n) Σ_i SReLU'_δ(s_i − λ)
 
     so a smoothed fraction c of the tokens lies above it. ``lam_update="solve"`` (the default) finds
-    that root on every training batch (``solve_steps`` warm-started safeguarded Newton steps, sort-free;
+    that root on every training batch (``solve_steps`` warm-started safeguarded steps, sort-free;
     :func:`~topklab.losses.aggregate.solve.solve_srelu_threshold`) and keeps a running average of it
     (momentum ``lam_momentum``) for inference, as BatchNorm keeps its statistics: the routed share is
     c in training and stays causal at inference. ``lam_update="gradient"`` makes λ a parameter trained

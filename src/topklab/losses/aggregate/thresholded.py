@@ -37,7 +37,7 @@ class ThresholdedTopK(Aggregate):
 
     - ``"solve"`` (default): on each training call (``self.training`` with gradients enabled) λ is
       the root of the batch's stationarity equation in λ, found by ``solve_steps`` safeguarded
-      Newton steps warm-started from the last root (:func:`~topklab.losses.aggregate.solve.
+      steps warm-started from the last root (:func:`~topklab.losses.aggregate.solve.
       solve_srelu_threshold`; for MATk the exact k-th largest loss, a selection). λ is then a
       buffer, not a parameter: the loss's gradient in the losses is exact at the root (envelope
       theorem) and nothing of λ goes to the optimizer. A running average of the roots (momentum
@@ -158,7 +158,7 @@ class ThresholdedTopK(Aggregate):
             or not math.isfinite(lam_lr)
         ):
             raise ValueError(f"lam_lr={lam_lr!r} must be a positive number, or null for the model's learning rate")
-        check_int("solve_steps", solve_steps, why="Newton steps per training call")
+        check_int("solve_steps", solve_steps, why="solve steps per training call")
         if isinstance(lam_momentum, bool) or not isinstance(lam_momentum, (int, float)) or not 0 < lam_momentum <= 1:
             raise ValueError(
                 f"lam_momentum={lam_momentum!r} must lie in (0, 1] (the running average's weight of "
@@ -218,7 +218,7 @@ class ThresholdedTopK(Aggregate):
         self, losses: torch.Tensor, k: torch.Tensor, delta: torch.Tensor | None, start: torch.Tensor
     ) -> torch.Tensor:
         """Each row's root (P,) of ``losses`` (P, n) at counts ``k`` (P,): SReLU's by ``solve_steps``
-        Newton steps warm-started from ``start``, ReLU's the row's k-th largest loss (a sort).
+        safeguarded steps warm-started from ``start``, ReLU's the row's k-th largest loss (a sort).
 
         Examples
         --------
@@ -504,7 +504,7 @@ class STk(ThresholdedTopK):
     Sort-free and O(n). ``L_mat-k − δ/2 <= L_st-k <= L_mat-k`` for every λ, and L_st-k → L_mat-k
     as δ → 0. The default scale is the paper's k/n, **not** ATk's 1/k. By default
     (``lam_update="solve"``) each training call puts λ at the root of ``Σ SReLU'(ℓ_i − λ) = k`` by
-    ``solve_steps`` Newton steps warm-started from the last root, so λ follows the losses however
+    ``solve_steps`` safeguarded steps warm-started from the last root, so λ follows the losses however
     fast training moves them; ``lam_update="gradient"`` is the paper's SGD-STk, λ a parameter
     trained with the model.
 
@@ -519,7 +519,8 @@ class STk(ThresholdedTopK):
     smoothing : {"srelu", "elu", "softplus", "leaky_relu"}
         φ in place of ReLU; the others are the Table 2 ablation at PyTorch defaults.
     solve_steps : int >= 1
-        "solve" only: safeguarded Newton steps per training call (no early exit, so no
+        "solve" only: safeguarded steps per training call (Newton's, or a power-law step outside
+        a pile of losses; :func:`~topklab.losses.aggregate.solve.power_law_step`) (no early exit, so no
         synchronisation); more steps come closer to the batch's own root. Default 2.
     lam_update, lam_lr, lam_init, lam_momentum, lam_constraint, scale, kernel, compile_min_n, dim, rows
         As in :class:`MATk` ("solve" needs smoothing "srelu").

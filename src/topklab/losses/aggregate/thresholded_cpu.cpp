@@ -158,8 +158,21 @@ at::Tensor thresholded(const at::Tensor& losses, const at::Tensor& lam, const at
   return Thresholded::apply(losses, lam, delta, k, scale, smoothing);
 }
 
+// solve.py's power_law_step: Newton's step on the count's gap to the nearer end raised to q = 1/p, its local
+// power law read off the gap's first two derivatives; q above NEWTON_ABOVE = ½ taken as 1 (Newton's step), below −½ as −½.
+template <typename T>
+T power_law_step(T count, T excess, T k, T n, T bend, T change) {
+  const bool below = excess > T(0);
+  const T gap = below ? n - count : count, target = below ? n - k : k, sign = below ? T(1) : T(-1);
+  T q = T(1) - sign * (gap / bend) * (change / bend);
+  q = q > T(0.5) ? T(1) : (q < T(-0.5) ? T(-0.5) : q);  // NaN stays NaN: the solve then bisects
+  const T log_ratio = std::log(target / gap), x = q * log_ratio;
+  const T relative = std::abs(x) < T(1e-6) ? T(1) + T(0.5) * x : std::expm1(x) / x;
+  return sign * gap / bend * log_ratio * relative;
+}
+
 // λ per row with Σ_i SReLU'_δ(ℓ_i − λ) ≈ k: solve.py's solve_srelu_threshold (the same bracket, safeguarded
-// Newton steps and best iterate), each step one pass over the row with double sums and no temporaries.
+// power-law steps and best iterate), each step one pass over the row with double sums and no temporaries.
 template <typename T>
 void solve_rows(const T* losses, const T* k, const T* delta, const T* start, int64_t P, int64_t n, int64_t steps,
                 T* lam_out, T* count_out) {
@@ -193,15 +206,17 @@ void solve_rows(const T* losses, const T* k, const T* delta, const T* start, int
     T lam = std::min(std::max(start[p], low), high);
     T best = lam, best_excess = inf, best_count = T(n);
     for (int64_t step = 0; step <= steps; ++step) {
-      double count = 0.0, curvature = 0.0;
-#pragma omp simd reduction(+ : count, curvature)
+      double count = 0.0, curvature = 0.0, change = 0.0;
+#pragma omp simd reduction(+ : count, curvature, change)
       for (int64_t i = 0; i < n; ++i) {
         T z = row[i] - lam;
         z = z < -big ? -big : (z > big ? big : z);
         const T root = std::sqrt(z * z + dd);
         const T slope = z < T(0) ? dd / (T(2) * root * (root - z)) : T(0.5) * (T(1) + z / root);
+        const T bend = T(0.5) * dd / (root * root * root);
         count += double(slope);
-        curvature += double(T(0.5) * dd / (root * root * root));
+        curvature += double(bend);
+        change += double(T(3) * bend * (z / (z * z + dd)));
       }
       const T excess = T(count) - kp;
       if (std::abs(excess) < best_excess) {
@@ -210,8 +225,8 @@ void solve_rows(const T* losses, const T* k, const T* delta, const T* start, int
         best_count = T(count);
       }
       if (excess > T(0)) low = lam; else high = lam;
-      const T newton = lam + excess / T(curvature);
-      lam = newton > low && newton < high ? newton : T(0.5) * (low + high);
+      const T proposal = lam + power_law_step(T(count), excess, kp, T(n), T(curvature), T(change));
+      lam = proposal > low && proposal < high ? proposal : T(0.5) * (low + high);
     }
     lam_out[p] = best;
     count_out[p] = best_count;
