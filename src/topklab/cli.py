@@ -13,11 +13,12 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+import topklab.launch  # noqa: F401  (the topklab.rank_* resolvers that Hydra's run directory reads)
 from topklab.config import TRAIN_EXCLUDED, compose_run, config_groups, override_values, parse_overrides, sweep_points
 from topklab.utils.errors import TopklabError, fail
 from topklab.utils.io import check_creatable
 
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+BASIC_SWEEPERS = ("hydra._internal.core_plugins.basic_sweeper.BasicSweeper", "hydra_plugins.topklab_sweeper.RowSweeper")
 CHECKED_FLAGS = {"-m", "--multirun"}  # with any other flag (--help, --cfg, -cn ...) Hydra has the command line
 
 
@@ -64,7 +65,7 @@ def check_configs(overrides: list[str], config_dir: Path, multirun: bool) -> Non
             build(cfg.runner, "runner").check(cfg, [*point, *settings], chosen_experiment(point))
         check_output_dir(hydra_cfg, settings, multirun)
         sweeper = intervals and hydra_cfg.hydra.sweeper
-        if sweeper and sweeper._target_ == BASIC_SWEEPER:
+        if sweeper and sweeper._target_ in BASIC_SWEEPERS:
             raise TopklabError(
                 f"{intervals[0]}: interval() needs a sweeper that samples (e.g. hydra/sweeper=optuna); "
                 "Hydra's basic sweeper takes a,b, range(), choice() and glob()"

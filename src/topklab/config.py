@@ -4,7 +4,8 @@ engine and the command line that both use it.
 - the config groups and their options (:func:`config_groups`);
 - overrides as Hydra's own parser reads them (:func:`parse_overrides`), the values each gives its key
   (:func:`override_values`) and one override list per swept value (:func:`sweep_points`);
-- ``group=glob(...)`` written out as the options it matches (:func:`expand_group_globs`);
+- ``group=glob(...)`` matched against a group's options in its subfolders too, as the sweeper that
+  ``configs/hydra/default.yaml`` chooses (``hydra_plugins.topklab_sweeper.RowSweeper``) matches it;
 - one composition of a run, whose dataset chooses the recipe inside Hydra's own composition
   (:func:`compose_run`).
 
@@ -115,30 +116,6 @@ def sweep_points(overrides: list[Override], groups: dict[str, list[str]]) -> lis
     choices = [[f"{o.get_key_element()}={v}" for v in override_values(o, groups)] or [o.input_line] for o in overrides]
     base = [values[0] for values in choices]
     return [base] + [base[:i] + [value] + base[i + 1 :] for i, values in enumerate(choices) for value in values[1:]]
-
-
-def expand_group_globs(argv: list[str], config_dir: Path) -> list[str]:
-    """``group=glob(...)`` written out as the options it matches: Hydra's sweeper lists only a group's
-    top-level options, so a glob over rows in subfolders (``experiment=glob(petersen/cifar100/*)``)
-    would launch no job; other arguments are returned as they are.
-
-    Examples
-    --------
-    >>> expand_group_globs(["-m", "experiment=glob(sinkhorn_beta/beta_1*)", "seed=0"], CONFIG_DIR)  # doctest: +SKIP
-    ['-m', 'experiment=sinkhorn_beta/beta_1,sinkhorn_beta/beta_10,sinkhorn_beta/beta_100,sinkhorn_beta/beta_1000', 'seed=0']
-    """
-    groups = config_groups(config_dir)
-    out = []
-    for arg in argv:
-        override = None if arg.startswith("-") or "glob(" not in arg else _parse(OverridesParser.create(), arg)
-        if (
-            override is not None
-            and override.value_type == ValueType.GLOB_CHOICE_SWEEP
-            and override.key_or_group in groups
-        ):
-            arg = f"{override.get_key_element()}={','.join(override_values(override, groups))}"
-        out.append(arg)
-    return out
 
 
 def override_root(override: str) -> str:

@@ -108,14 +108,22 @@ def test_preflight_accepts_every_override_form(capsys, argv):
     assert capsys.readouterr().err == ""
 
 
-def test_a_glob_over_rows_in_subfolders_is_written_out_for_hydras_sweeper():
-    """Hydra lists a group's top-level options only: `experiment=glob(sinkhorn_beta/*)` would launch no job."""
-    from topklab.config import expand_group_globs
+def test_the_sweepers_glob_reaches_rows_in_subfolders_and_lists_what_the_preflight_checks():
+    """Hydra lists a group's top-level options only: under its basic sweeper
+    `experiment=glob(sinkhorn_beta/*)` would launch no job. The sweeper train.yaml chooses matches
+    every group's options as the preflight does (`config_groups`)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    argv = ["-m", "experiment=glob(sinkhorn_beta/*)", "seed=0,1", "loss=glob(*tk,exclude=matk)"]
-    assert expand_group_globs(argv, CONFIG_DIR) == [
-        "-m",
-        "experiment=sinkhorn_beta/beta_1,sinkhorn_beta/beta_10,sinkhorn_beta/beta_100,sinkhorn_beta/beta_1000",
-        "seed=0,1",
-        "loss=atk,stk",
-    ]
+    from hydra_plugins.topklab_sweeper import NestedGroupOptions
+    from topklab.config import compose_run, config_groups
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        assert compose_run([], return_hydra_config=True).hydra.sweeper._target_.endswith("RowSweeper")
+        loader = NestedGroupOptions(GlobalHydra.instance().config_loader())
+        parser = OverridesParser.create(config_loader=loader)
+        [rows] = parser.parse_overrides(["experiment=glob(sinkhorn_beta/*)"])
+        assert list(rows.sweep_string_iterator()) == [f"sinkhorn_beta/beta_{b}" for b in (1, 10, 100, 1000)]
+        for group, options in config_groups(CONFIG_DIR).items():
+            assert loader.get_group_options(group) == options, group
