@@ -63,13 +63,10 @@ def test_unknown_group_option_in_any_form(args):
         check_group_choices(args, CONFIG_DIR)
 
 
-def test_scripts_check_their_own_groups():
-    """reproduce_tabular.py checks presets (not a train.py group) with exclude=("hydra",)."""
-    check_group_choices(
-        ["preset=full", "row=table3/german,table3/phoneme", "aggregates=[average,stk]"], CONFIG_DIR, exclude=("hydra",)
-    )
+def test_presets_are_a_group_of_train_py():
+    check_group_choices(["preset=full", "experiment=stk/table3/german,stk/table3/phoneme"], CONFIG_DIR)
     with pytest.raises(TopklabError, match="unknown preset 'nope'"):
-        check_group_choices(["preset=quick,nope"], CONFIG_DIR, exclude=("hydra",))
+        check_group_choices(["preset=quick,nope"], CONFIG_DIR)
 
 
 @pytest.mark.parametrize(

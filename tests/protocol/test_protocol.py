@@ -164,7 +164,7 @@ ROW = "stk/table3/wisconsin"
 
 @pytest.fixture
 def hydra_ready():
-    """The runner composes each cell with Hydra, as scripts/reproduce_tabular.py's @hydra.main does."""
+    """The runner composes each cell with Hydra, as train.py's @hydra.main does."""
     from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
@@ -282,12 +282,12 @@ def test_every_paper_row_is_runnable_and_matches_the_paper_table(hydra_ready):
 
 @pytest.mark.parametrize("preset", sorted(p.stem for p in (CONFIG_DIR / "preset").glob("*.yaml")))
 def test_presets_compose_into_a_protocol(preset):
-    from hydra import compose, initialize_config_dir
+    from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("reproduce_tabular", overrides=[f"preset={preset}"])
+        cfg = compose_run(["experiment=stk/table3/australian", f"preset={preset}"])
     protocol = protocol_from(cfg.preset)
-    assert cfg.preset.name == preset and cfg.results_dir.endswith(f"results/tabular/{preset}")
+    assert cfg.preset.name == preset and cfg.runner._target_.endswith("TabularCells")
     assert protocol.batch_size == 16 and protocol.hidden == 10 and protocol.patience == 50
     if preset in ("full", "fraction"):
         assert protocol.grid == Grid(**PAPER_GRID) and protocol.n_splits == {"full": 50, "fraction": 2}[preset]
@@ -297,10 +297,10 @@ def test_presets_compose_into_a_protocol(preset):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["row=stk/table3/nope"], "error: unknown row 'stk/table3/nope'; choose from: stk/table3/appendicitis"),
-        (["-m", "row=stk/table3/wisconsin,stk/table3/nope"], "error: unknown row 'stk/table3/nope'"),
+        (["row=stk/table3/nope"], "error: unknown experiment 'stk/table3/nope'; choose one of: fmnistlt/ce"),
+        (["-m", "row=stk/table3/wisconsin,stk/table3/nope"], "error: unknown experiment 'stk/table3/nope'"),
         (["preset=huge"], "error: unknown preset 'huge'; choose one of: fraction, full, quick"),
-        (["dataset=german"], "error: dataset= is a train.py option"),
+        (["dataset=german"], "error: dataset=german does not reach the cells"),
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2_before_any_job(tmp_path, args, message):

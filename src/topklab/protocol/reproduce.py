@@ -1,5 +1,5 @@
 """Run the cells of the STk paper's tabular tables (``train.py experiment=<row>`` through
-:class:`TabularCells`, or ``scripts/reproduce_tabular.py``): rows × columns × grid × splits →
+:class:`TabularCells`; ``scripts/reproduce_tabular.py`` is an alias of that command): rows × columns × grid × splits →
 population executor → selection → cell store. Each row is an
 ``experiment=stk/table<N>/<dataset>`` config whose ``cells`` name the table and its columns
 (individual losses × aggregates); every cell's config is composed by Hydra from the row and the
