@@ -121,13 +121,11 @@ tables: setup
 bench-population: setup
 	$(PY) scripts/bench_population.py
 
-# STk §4.2: Table 2, Figures 3 and 4 into results/synthetic/*.json (50 repeats; about 45 min here at 1 thread), then
-# Table 2 with the intended covariance 0.5^|j-k| (table2_intended.json, about 20 min) and Table 2 and Figure 4 with
-# MATk/STk at ATk's scale (table2_scale_atk.json, figure4_scale_atk.json, about 40 min).
+# STk §4.2 into results/synthetic/*.json, one row of configs/experiment/stk/synthetic/ per file (50 repeats, one
+# thread, one after the other): Table 2, Figures 3 and 4 (about 45 min here), Table 2 with the intended covariance
+# 0.5^|j-k| (about 20 min), Table 2 and Figure 4 with MATk/STk at ATk's scale (about 40 min).
 reproduce-synthetic: setup
-	$(PY) scripts/reproduce_synthetic.py threads=1
-	$(PY) scripts/reproduce_synthetic.py threads=1 experiments=[table2] task.covariance=intended suffix=_intended
-	$(PY) scripts/reproduce_synthetic.py threads=1 experiments=[table2,figure4] scale=atk suffix=_scale_atk
+	$(PY) train.py -m 'experiment=glob(stk/synthetic/*)'
 
 # Vision: the fmnistlt table's runs (5 rows x seeds 0-4, ResNet-32, 20 epochs; two jobs of one thread
 # at a time, about 40 min on 2 CPU cores), each writing results/vision/fmnistlt/<row>/seed<k>.json;

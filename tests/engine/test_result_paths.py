@@ -24,7 +24,15 @@ from topklab.utils.provenance import portable_config
 ROWS = [row for row in config_groups(CONFIG_DIR)["experiment"] if not PurePosixPath(row).name.startswith("_")]
 STUDIES = ("routing", "sparsification")  # folders of results/ that a study keeps beside the families'
 # rows whose runner is not runner=model: a tabular row's cells (one file per cell and preset), a synthetic column
-RUNNER_ROWS = ("stk/table2/", "stk/table3/", "stk/table4/", "stk/table6/", "stk/figure3/", "stk/figure4/")
+RUNNER_ROWS = (
+    "stk/table2/",
+    "stk/table3/",
+    "stk/table4/",
+    "stk/table6/",
+    "stk/figure3/",
+    "stk/figure4/",
+    "stk/synthetic/",
+)
 NAMED_ROWS = ("stk/table5/", "stk/table7/", "stk/table8/")  # per-dataset rows: <dataset>_<row>.yaml
 RUN_FOLDERS = ("vision", "translation", *STUDIES)  # results/ folders of train.py rows
 

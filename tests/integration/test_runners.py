@@ -1,5 +1,6 @@
 """One entry point for every row: ``python train.py experiment=<row>`` runs a tabular row's cells under
-a preset (runner=tabular_cells), a synthetic column (runner=synthetic_column) and every other row as
+a preset (runner=tabular_cells), a synthetic column (runner=synthetic_column) or a whole committed
+synthetic file (runner=synthetic_experiment), and every other row as
 one model (runner=model); each runner refuses, before Hydra starts, a command line it cannot honour."""
 
 import json
@@ -123,3 +124,35 @@ def test_make_reproduce_tabular_s_command_line_passes_the_checks(tmp_path):
     rows = "experiment=stk/table3/australian,stk/table6/sinc"
     launcher = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={tmp_path}/sweep"]
     assert preflight(["-m", rows, "preset=full", "runner.threads=1", *launcher], ROOT / "configs") is None
+
+
+def test_a_synthetic_file_row_runs_every_column_and_a_trial_stays_in_its_run_directory(tmp_path):
+    """stk/synthetic/table2_intended: the row's settings (the intended covariance, the file's suffix)
+    reach the protocol; changing runner.settings on the command line is a trial, written beside the
+    run, never into results/synthetic/."""
+    small = "'k_grid=[0.5]','time_repeats=1','sizes.train=300','sizes.val=100','sizes.test=100','trainer.max_epochs=1'"
+    settings = f"[{small},'task.covariance=intended','suffix=_intended']"
+    done = train_py(
+        "experiment=stk/synthetic/table2_intended",
+        "runner.repeats=1",
+        f"runner.settings={settings}",
+        f"paths.log_dir={tmp_path}",
+    )
+    assert done.returncode == 0, done.stderr
+    [path] = tmp_path.glob("train/runs/*/table2_intended.json")
+    result = json.loads(path.read_text())
+    assert len(result["result"]["columns"]) == 9 and result["config"]["task"]["covariance"] == "intended"
+
+
+def test_make_reproduce_synthetic_runs_the_six_committed_files_and_passes_the_checks():
+    dry = subprocess.run(["make", "-n", "reproduce-synthetic"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    [line] = [line for line in dry.stdout.splitlines() if "train.py" in line]
+    argv = line.split("train.py", 1)[1].replace("'", "").split()
+    preflight(argv, CONFIG_DIR)  # composes every row and runs its runner's checks; exits 2 on a bad one
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        files = set()
+        for row in sorted((CONFIG_DIR / "experiment" / "stk" / "synthetic").glob("[!_]*.yaml")):
+            runner = compose_run([f"experiment=stk/synthetic/{row.stem}"]).runner
+            suffix = next((s.split("=", 1)[1] for s in runner.settings if s.startswith("suffix=")), "")
+            files |= {f"{experiment}{suffix}.json" for experiment in runner.experiments}
+    assert files == {p.name for p in (ROOT / "results" / "synthetic").glob("*.json")}

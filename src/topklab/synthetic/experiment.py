@@ -257,8 +257,8 @@ class SyntheticColumn:
     of the synthetic experiment its row's folder names (``table2``, ``figure3``, ``figure4``): its
     aggregate over the repeats, with configs/reproduce_synthetic.yaml's task, data and training
     (training seed ``seed`` + r, data ``data_seed`` + r), and writes ``<run dir>/<experiment>.json``
-    with this column alone. The committed file holds every column
-    (``python scripts/reproduce_synthetic.py experiments=[<experiment>]``, ``make reproduce-synthetic``).
+    with this column alone. The committed file holds every column (:class:`SyntheticExperiment`,
+    ``python train.py experiment=stk/synthetic/<experiment>``, ``make reproduce-synthetic``).
 
     Parameters
     ----------
@@ -319,6 +319,79 @@ class SyntheticColumn:
                     f"seed={cfg.seed}",
                     *paths,
                     *self.settings,
+                ],
+            )
+        except (HydraException, OmegaConfBaseException) as err:
+            raise TopklabError(f"runner.settings: {' '.join(str(err).split())}") from None
+        run(setup)
+
+
+SYNTHETIC_TRIAL_KEYS = ("runner.repeats", "runner.settings", "runner.experiments")  # change what the file holds
+
+
+@dataclasses.dataclass
+class SyntheticExperiment:
+    """``runner=synthetic_experiment``: ``python train.py experiment=stk/synthetic/table2`` runs a whole
+    committed file of the synthetic experiments, every column of ``experiments`` over the repeats
+    on the same draws, into ``results/synthetic/<experiment><suffix>.json``: what
+    ``scripts/reproduce_synthetic.py`` runs with the same fields. A command line that changes
+    ``runner.repeats``, ``runner.settings`` or ``runner.experiments`` is a trial: its files go to the
+    run's directory, never to ``results/``.
+
+    Parameters
+    ----------
+    experiments : list of str
+        Of ``table2``, ``figure3``, ``figure4`` (the row's).
+    settings : list of str
+        The row's overrides of configs/reproduce_synthetic.yaml (e.g. ``["scale=atk", "suffix=_scale_atk"]``).
+    repeats : int >= 1
+        Repeats, each on fresh data (the paper: 50).
+    threads : int >= 0
+        torch threads (0: torch's default; 1, as the committed files were made).
+
+    Examples
+    --------
+    >>> SyntheticExperiment(experiments=["table2"], settings=["suffix=_intended"]).settings
+    ['suffix=_intended']
+    """
+
+    experiments: list[str] = dataclasses.field(default_factory=list)
+    settings: list[str] = dataclasses.field(default_factory=list)
+    repeats: int = 50
+    threads: int = 1
+
+    def check(self, cfg: DictConfig, overrides: list[str], experiment: str | None = None) -> None:
+        """A one-line :class:`TopklabError` for a command line this runner cannot honour: a row
+        without experiments, several processes, or an override that would not reach the file."""
+        if not self.experiments or set(self.experiments) - set(EXPERIMENTS):
+            raise TopklabError(
+                f"runner=synthetic_experiment runs a row of configs/experiment/stk/synthetic/ "
+                f"(runner.experiments of {', '.join(EXPERIMENTS)}), not {experiment or 'a run without experiment='}"
+            )
+        check_one_process_command(
+            "synthetic_experiment",
+            overrides,
+            SYNTHETIC_OWN_KEYS,
+            "does not reach the experiment: its task, data and training are configs/reproduce_synthetic.yaml's; "
+            "set one with 'runner.settings=[\"<field>=<value>\"]' (a trial)",
+        )
+
+    def __call__(self, cfg: DictConfig, run_dir, job_name=None, overrides=None, experiment=None) -> None:
+        overrides = list(overrides or [])
+        self.check(cfg, overrides, experiment)
+        trial = any(o.lstrip("+~").startswith(SYNTHETIC_TRIAL_KEYS) for o in overrides)
+        paths = [f"paths.{key}={value}" for key, value in OmegaConf.to_container(cfg.paths, resolve=True).items()]
+        try:
+            setup = compose(
+                "reproduce_synthetic",
+                overrides=[
+                    f"experiments=[{','.join(self.experiments)}]",
+                    f"repeats={self.repeats}",
+                    f"threads={self.threads}",
+                    f"seed={cfg.seed}",
+                    *paths,
+                    *self.settings,
+                    *([f"results_dir={Path(run_dir)}"] if trial else []),
                 ],
             )
         except (HydraException, OmegaConfBaseException) as err:
