@@ -58,7 +58,8 @@ def failure(call) -> str:
 
 @pytest.fixture(scope="module")
 def train_py():
-    """train.py as a module: ``cli(argv)`` is ``python train.py ARGV`` in this process."""
+    """train.py as a module: ``cli()`` with ``sys.argv = [train.py, *ARGV]`` is ``python train.py ARGV``
+    in this process."""
     spec = importlib.util.spec_from_file_location("topklab_train_py", ROOT / "train.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -70,12 +71,12 @@ def run_cli(train_py, monkeypatch, capsys):
     """``run_cli(*argv)`` -> (exit code, stdout, stderr) of train.py's command line, run in this process."""
 
     def run(*argv):
-        monkeypatch.setattr(sys, "argv", [str(ROOT / "train.py")])
+        monkeypatch.setattr(sys, "argv", [str(ROOT / "train.py"), *argv])
         monkeypatch.setenv("HYDRA_MAIN_MODULE", "__main__")  # Hydra then finds configs/ beside train.py, as when run
         handlers, level = logging.root.handlers[:], logging.root.level
         capsys.readouterr()
         try:
-            train_py.cli(list(argv))
+            train_py.cli()
             code = 0
         except SystemExit as stop:
             code = stop.code
