@@ -294,12 +294,12 @@ def test_from_any_warm_start_two_steps_per_call_reach_the_band_within_five_calls
     solve_steps=2. With Newton's step in place of the power-law step, three of the six eager
     parametrizations fail (λ stuck beside tight modes, a pile, or a heavy tail at k/n = 0.96)."""
     stuck = []
+    k, width = torch.tensor([fraction * 2048], dtype=torch.float64), torch.tensor([delta], dtype=torch.float64)
     for name, shape in SHAPES.items():
+        generator = torch.Generator().manual_seed(1)
+        batches = [shape(generator).double()[None] for _ in range(6)]
+        root, _ = solve_srelu_threshold(batches[0], k, width, torch.zeros(1, dtype=torch.float64), steps=80)
         for offset in (-100, -10, -5, -3, -1, 1, 3, 5, 10, 100):
-            generator = torch.Generator().manual_seed(1)
-            batches = [shape(generator).double()[None] for _ in range(6)]
-            k, width = torch.tensor([fraction * 2048], dtype=torch.float64), torch.tensor([delta], dtype=torch.float64)
-            root, _ = solve_srelu_threshold(batches[0], k, width, torch.zeros(1, dtype=torch.float64), steps=80)
             lam = root + offset * delta
             for batch in batches[1:]:
                 lam, count = solve_srelu_threshold(batch, k, width, lam, steps=2, path=path, required=path == "native")
