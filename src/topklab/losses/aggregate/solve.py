@@ -56,7 +56,8 @@ def solve_srelu_threshold(
         float64 CPU rows: one pass over the losses per step, sums in float64) and falls back to the
         eager torch operations where that kernel is unavailable (:func:`~topklab.losses.aggregate.
         kernels.native_solve`), or raises there under ``required``; the two give the same count to
-        float32 rounding (λ itself may differ where the count is flat in λ, between two losses)
+        float32 rounding near the root (λ itself may differ where the count is flat in λ, between two
+        losses; far from the root in float32 the eager float32 sums can take another step)
 
     Returns
     -------
@@ -124,12 +125,15 @@ def power_law_step(
     ``±(a/bend)·((target/a)^q − 1)/q``. q = 1 is Newton's step on the count (losses spread evenly
     around λ); q = −½ is SReLU's own tail law, ``1 − SReLU'(z) ≈ δ²/(4z²)``, where λ lies several δ
     outside a pile of near-equal losses, the count is nearly flat, and Newton's step overshoots the
-    pile (q <= −½ for any sum of such tails, by Cauchy–Schwarz, so q is clamped there). Above
-    :data:`NEWTON_ABOVE` = ½ the step is Newton's: among the losses the q read is biased low by the
-    nearest ones, and its step would stop short of a target far into the bulk (measured on
-    warm-started solves: losses that move by 100 δ per call stay in band on 0.86 of the calls
-    without this, 0.94 with it). Between −½ and ½ the step is the power law's, shorter than
-    Newton's, so it does not jump over a pile it cannot see. NaN or infinite where the gap or
+    pile. q is clamped at −½ below: for the tail law itself any sum of such tails has q <= −½
+    (Cauchy–Schwarz), and q far below −½ is read where losses beyond the pile add a near-constant
+    to the gap; the clamped step is the shorter one. Above :data:`NEWTON_ABOVE` = ½ the step is
+    Newton's: among the losses the q read is biased low by the nearest ones, and its step would
+    stop short of a target far into the bulk (uniform losses that move by 100 δ per call stay in
+    band on 0.86 of the calls without this rule, 0.94 with it:
+    ``test_among_spread_losses_the_step_is_newtons``). Between −½ and ½ the step is the power
+    law's, never longer than Newton's and in its direction, so it does not jump over a pile it
+    cannot see. ``thresholded_cpu.cpp`` holds the same two limits. NaN or infinite where the gap or
     ``bend`` is 0; the solve then bisects.
 
     Examples

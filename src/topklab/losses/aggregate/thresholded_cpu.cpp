@@ -159,7 +159,8 @@ at::Tensor thresholded(const at::Tensor& losses, const at::Tensor& lam, const at
 }
 
 // solve.py's power_law_step: Newton's step on the count's gap to the nearer end raised to q = 1/p, its local
-// power law read off the gap's first two derivatives; q above NEWTON_ABOVE = ½ taken as 1 (Newton's step), below −½ as −½.
+// power law read off the gap's first two derivatives; q above solve.py's NEWTON_ABOVE = ½ taken as 1 (Newton's
+// step), below −½ as −½ (change one, change both).
 template <typename T>
 T power_law_step(T count, T excess, T k, T n, T bend, T change) {
   const bool below = excess > T(0);
