@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import topklab.launch  # noqa: F401  (the topklab.rank_* resolvers that Hydra's run directory reads)
-from topklab.config import compose_run, config_groups, override_values, parse_overrides, sweep_points
+from topklab.config import TRAIN_EXCLUDED, compose_run, config_groups, override_values, parse_overrides, sweep_points
 from topklab.utils.errors import TopklabError, fail
 from topklab.utils.io import check_creatable
 
@@ -22,9 +22,9 @@ BASIC_SWEEPERS = ("hydra._internal.core_plugins.basic_sweeper.BasicSweeper", "hy
 CHECKED_FLAGS = {"-m", "--multirun"}  # with any other flag (--help, --cfg, -cn ...) Hydra has the command line
 
 
-def check_group_choices(overrides: list[str], config_dir: Path) -> None:
+def check_group_choices(overrides: list[str], config_dir: Path, exclude=TRAIN_EXCLUDED) -> None:
     """Every option an override chooses for a config group (each value of a sweep) exists."""
-    groups = config_groups(config_dir)
+    groups = config_groups(config_dir, exclude)
     for override in parse_overrides(overrides):
         options = groups.get(override.key_or_group)
         if options is None or override.is_delete():

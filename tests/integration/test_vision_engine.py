@@ -230,6 +230,7 @@ def experiment_rows():
             (
                 "stk/table",
                 "stk/figure",
+                "stk/synthetic/",
                 "stk/multi30k",
                 "stk/iwslt14",
                 "stk/wmt17",
