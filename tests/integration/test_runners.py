@@ -131,16 +131,16 @@ def test_a_synthetic_file_row_runs_every_column_and_a_trial_stays_in_its_run_dir
     reach the protocol; changing runner.settings on the command line is a trial, written beside the
     run, never into results/synthetic/."""
     small = "'k_grid=[0.5]','time_repeats=1','sizes.train=300','sizes.val=100','sizes.test=100','trainer.max_epochs=1'"
-    settings = f"[{small},'task.covariance=intended','suffix=_intended']"
-    done = train_py(
-        "experiment=stk/synthetic/table2_intended",
+    row = "stk/synthetic/table2_intended"
+    overrides = [
+        f"experiment={row}",
         "runner.repeats=1",
-        f"runner.settings={settings}",
-        f"paths.log_dir={tmp_path}",
-    )
-    assert done.returncode == 0, done.stderr
-    [path] = tmp_path.glob("train/runs/*/table2_intended.json")
-    result = json.loads(path.read_text())
+        f"runner.settings=[{small},'task.covariance=intended','suffix=_intended']",
+    ]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):  # the runner composes the protocol
+        cfg = compose_run([*overrides, f"paths.log_dir={tmp_path}"])
+        build(cfg.runner, "runner")(cfg, tmp_path / "run", overrides=overrides, experiment=row)
+    result = json.loads((tmp_path / "run" / "table2_intended.json").read_text())
     assert len(result["result"]["columns"]) == 9 and result["config"]["task"]["covariance"] == "intended"
 
 

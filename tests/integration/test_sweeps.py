@@ -23,7 +23,9 @@ def run_train(*args, env=None):
     )
 
 
-@pytest.mark.parametrize("launcher", ["basic", "joblib", "submitit_local"])
+@pytest.mark.parametrize(
+    "launcher", ["basic", "joblib", pytest.param("submitit_local", marks=pytest.mark.slow)]
+)  # submitit_local: the same callback as basic and joblib, in its own job processes (8 s)
 def test_a_diverging_job_is_recorded_and_the_others_finish(tmp_path, launcher):
     sweep = tmp_path / "sweep"
     (sweep / "7_old").mkdir(parents=True)
