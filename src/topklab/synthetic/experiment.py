@@ -241,6 +241,17 @@ def run(cfg: DictConfig, log=print) -> list[Path]:
     return written
 
 
+def run_protocol(cfg: DictConfig, fields: list[str], settings: list[str]) -> None:
+    """Compose configs/reproduce_synthetic.yaml from a runner's ``fields``, the run's seed and paths,
+    then ``settings`` (the last word), and :func:`run` it; a setting Hydra cannot apply is one line."""
+    paths = [f"paths.{key}={value}" for key, value in OmegaConf.to_container(cfg.paths, resolve=True).items()]
+    try:
+        setup = compose("reproduce_synthetic", overrides=[*fields, f"seed={cfg.seed}", *paths, *settings])
+    except (HydraException, OmegaConfBaseException) as err:
+        raise TopklabError(f"runner.settings: {' '.join(str(err).split())}") from None
+    run(setup)
+
+
 SYNTHETIC_OWN_KEYS = (
     "experiment",
     "seed",
@@ -306,24 +317,14 @@ class SyntheticColumn:
 
     def __call__(self, cfg: DictConfig, run_dir, job_name=None, overrides=None, experiment=None) -> None:
         self.check(cfg, list(overrides or []), experiment)
-        paths = [f"paths.{key}={value}" for key, value in OmegaConf.to_container(cfg.paths, resolve=True).items()]
-        try:
-            setup = compose(
-                "reproduce_synthetic",
-                overrides=[
-                    f"experiments=[{self.experiment_of(experiment)}]",
-                    f"{self.experiment_of(experiment)}.columns=[{experiment}]",
-                    f"results_dir={Path(run_dir)}",
-                    f"repeats={self.repeats}",
-                    f"threads={self.threads}",
-                    f"seed={cfg.seed}",
-                    *paths,
-                    *self.settings,
-                ],
-            )
-        except (HydraException, OmegaConfBaseException) as err:
-            raise TopklabError(f"runner.settings: {' '.join(str(err).split())}") from None
-        run(setup)
+        fields = [
+            f"experiments=[{self.experiment_of(experiment)}]",
+            f"{self.experiment_of(experiment)}.columns=[{experiment}]",
+            f"results_dir={Path(run_dir)}",
+            f"repeats={self.repeats}",
+            f"threads={self.threads}",
+        ]
+        run_protocol(cfg, fields, self.settings)
 
 
 SYNTHETIC_TRIAL_KEYS = ("runner.repeats", "runner.settings", "runner.experiments")  # change what the file holds
@@ -380,20 +381,5 @@ class SyntheticExperiment:
         overrides = list(overrides or [])
         self.check(cfg, overrides, experiment)
         trial = any(o.lstrip("+~").startswith(SYNTHETIC_TRIAL_KEYS) for o in overrides)
-        paths = [f"paths.{key}={value}" for key, value in OmegaConf.to_container(cfg.paths, resolve=True).items()]
-        try:
-            setup = compose(
-                "reproduce_synthetic",
-                overrides=[
-                    f"experiments=[{','.join(self.experiments)}]",
-                    f"repeats={self.repeats}",
-                    f"threads={self.threads}",
-                    f"seed={cfg.seed}",
-                    *paths,
-                    *self.settings,
-                    *([f"results_dir={Path(run_dir)}"] if trial else []),
-                ],
-            )
-        except (HydraException, OmegaConfBaseException) as err:
-            raise TopklabError(f"runner.settings: {' '.join(str(err).split())}") from None
-        run(setup)
+        fields = [f"experiments=[{','.join(self.experiments)}]", f"repeats={self.repeats}", f"threads={self.threads}"]
+        run_protocol(cfg, fields, [*self.settings, *([f"results_dir={Path(run_dir)}"] if trial else [])])
