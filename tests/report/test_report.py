@@ -182,3 +182,22 @@ def test_committed_figures_are_redrawn_pixel_for_pixel(tmp_path):
     for name in written:
         ours, committed = image.imread(tmp_path / name), image.imread(RESULTS / "figures" / name)
         assert ours.shape == committed.shape and np.array_equal(ours, committed), f"{name} differs"
+
+
+def test_a_result_records_its_command_without_one_machines_folders():
+    provenance = {"argv": ["train.py", "seed=0", "paths.checkpoint_dir=/work/ckpt"], "git": {}}
+    result = make_result("bench", "t", {"order": []}, "python train.py paths.data_dir=/data/x seed=0", {}, provenance)
+    assert result["command"] == "python train.py paths.data_dir=<path> seed=0"
+    assert result["provenance"]["argv"] == ["train.py", "seed=0", "paths.checkpoint_dir=<path>"]
+    assert provenance["argv"][-1] == "paths.checkpoint_dir=/work/ckpt"  # the caller's dict is left alone
+
+
+@pytest.mark.integration  # every committed result read
+def test_committed_results_name_no_absolute_path_in_their_commands():
+    for path in sorted((ROOT / "results").rglob("*.json")):
+        text = path.read_text()
+        if '"command"' not in text:
+            continue
+        result = json.loads(text)
+        arguments = [result.get("command", ""), *result.get("provenance", {}).get("argv", [])]
+        assert not [a for a in arguments if "=/" in a], path

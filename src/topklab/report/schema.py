@@ -17,6 +17,7 @@ Files in an older shape are converted once by ``python scripts/convert_results.p
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from topklab.utils.errors import TopklabError
@@ -60,6 +61,21 @@ def _check(result: dict, where: str) -> dict:
     return result
 
 
+LOCAL_PATH = re.compile(r"=/[^\s'\"]*")  # an override's absolute path: a folder of one machine
+
+
+def without_local_paths(text: str) -> str:
+    """``text`` with each absolute path an override gives (``key=/...``) written ``key=<path>``: a
+    committed command names what it set, not where one machine keeps its folders.
+
+    Examples
+    --------
+    >>> without_local_paths("python train.py seed=0 paths.checkpoint_dir=/work/ckpt 'paths.data_dir=/d x'")
+    "python train.py seed=0 paths.checkpoint_dir=<path> 'paths.data_dir=<path> x'"
+    """
+    return LOCAL_PATH.sub("=<path>", text)
+
+
 def make_result(family: str, experiment: str, payload: dict, command: str, config: dict, provenance: dict) -> dict:
     """The envelope of one result, checked.
 
@@ -68,9 +84,9 @@ def make_result(family: str, experiment: str, payload: dict, command: str, confi
     family : "tabular", "synthetic", "vision", "translation", "language_modeling" or "bench"
     experiment : id of the table row / experiment, e.g. ``"fmnistlt/la"`` or ``"table2"``
     payload : the family's data (see ``PAYLOAD`` for the keys a family must have)
-    command : the command line that produced it
+    command : the command line that produced it (absolute paths of overrides are written ``<path>``)
     config : the settings that determine the numbers (JSON-ready)
-    provenance : ``topklab.utils.provenance.collect(root)``
+    provenance : ``topklab.utils.provenance.collect(root)`` (its ``argv`` as ``command``)
 
     Examples
     --------
@@ -78,14 +94,17 @@ def make_result(family: str, experiment: str, payload: dict, command: str, confi
     >>> r["schema"], r["family"], r["result"]
     (1, 'bench', {'order': []})
     """
+    portable_provenance = dict(provenance)
+    if "argv" in portable_provenance:
+        portable_provenance["argv"] = [without_local_paths(arg) for arg in portable_provenance["argv"]]
     return _check(
         {
             "schema": SCHEMA,
             "family": family,
             "experiment": experiment,
-            "command": command,
+            "command": without_local_paths(command),
             "config": config,
-            "provenance": provenance,
+            "provenance": portable_provenance,
             "result": payload,
         },
         f"result {experiment!r}",
