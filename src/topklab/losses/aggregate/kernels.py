@@ -107,7 +107,12 @@ def native_extension():
         os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
     capability = torch.backends.cpu.get_cpu_capability()
     flags = ["-O3", "-fopenmp-simd", "-ffp-contract=off", "-fno-math-errno", *ARCH_FLAGS.get(capability, [])]
-    return load(name=f"topklab_thresholded_{capability.lower()}", sources=[str(NATIVE_SOURCE)], extra_cflags=flags)
+    extension = load(name=f"topklab_thresholded_{capability.lower()}", sources=[str(NATIVE_SOURCE)], extra_cflags=flags)
+    _LOADED.append(extension)
+    return extension
+
+
+_LOADED: list = []  # the loaded extension, once native_extension() has returned it
 
 
 _UNAVAILABLE: dict[tuple[str, str], str] = {}  # (path, device type) -> why it could not be built there
@@ -141,6 +146,11 @@ def native_ready(values: torch.Tensor, fallback: str, required: bool = False) ->
         )
         return False
     return True
+
+
+def native_built() -> bool:
+    """Whether the C++ extension is loaded in this process (a cheap check: no build)."""
+    return bool(_LOADED)
 
 
 def native_solve(losses, k, delta, start, steps: int, required: bool = False):

@@ -99,19 +99,37 @@ class LambdaMonitor:
             added = [one, share64, zero, zero, zero, zero, zero, zero, one, zero]
         keep = torch.cat([torch.ones(len(self.SUMS) + 1, dtype=torch.float64, device=state.device), kept.view(1)])
         state.mul_(keep).add_(torch.stack(added))  # × 1 and + 0 leave a slot bit for bit as it was
-        if k < n and not compiling:
-            streak = state[self._STREAK]
-            if self.calls % WARN_AFTER_CALLS == 0 and not self._warned and bool(streak >= WARN_AFTER_CALLS):
+        if not compiling:
+            self._after(lambda: share, k, n, sample)
+
+    def native_call(self, k: int, n: int) -> bool:
+        """Count a call whose sums the C++ lane adds to the state itself (``thresholded_cpu.cpp``'s
+        ``record_call``, and ``sample_call`` when this returns True: the calls :meth:`record`
+        samples); then :meth:`check_streak`."""
+        self.calls += 1
+        self.band_defined = k < n
+        return self.calls % self.sample_every == 1 % self.sample_every
+
+    def check_streak(self, share, k: int, n: int) -> None:
+        """Warn once after :data:`WARN_AFTER_CALLS` consecutive out-of-band calls; ``share()`` gives
+        the last smoothed share for the message (read only then)."""
+        if k < n and self.calls % WARN_AFTER_CALLS == 0 and not self._warned:  # the lane calls this on those calls only
+            if bool(self._state[self._STREAK] >= WARN_AFTER_CALLS):
                 self._warned = True
                 warnings.warn(
                     f"MATk/STk: λ has been out of band for {WARN_AFTER_CALLS} consecutive training calls "
-                    f"(smoothed share above λ {float(share):.3f}, k/n {k / n:.3f}); the loss is not top-k "
+                    f"(smoothed share above λ {float(share()):.3f}, k/n {k / n:.3f}); the loss is not top-k "
                     f"(use lam_update='solve', or a larger lam_lr with lam_update='gradient')",
-                    stacklevel=2,
+                    stacklevel=4,
                 )
-        if sample is not None and not compiling and self.calls % self.sample_every == 1 % self.sample_every:
+
+    def _after(self, share, k: int, n: int, sample) -> None:
+        """An eager call's warning check and sample."""
+        self.check_streak(share, k, n)
+        if sample is not None and self.calls % self.sample_every == 1 % self.sample_every:
             hard_share, gap = sample()
-            state[self._SAMPLED] += torch.stack([hard_share.double(), gap.double(), one])
+            one = torch.ones((), dtype=torch.float64, device=self._state.device)
+            self._state[self._SAMPLED] += torch.stack([hard_share.double(), gap.double(), one])
 
     EPOCH_FIELDS = (
         "lam_in_band",

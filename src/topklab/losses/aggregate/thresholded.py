@@ -5,9 +5,9 @@ import math
 import torch
 from torch import nn
 
-from topklab.losses.aggregate.base import Aggregate, AggregateInputError, check_k
-from topklab.losses.aggregate.kernels import KERNELS, thresholded
-from topklab.losses.aggregate.lambda_monitor import LambdaMonitor
+from topklab.losses.aggregate.base import Aggregate, AggregateInputError, check_k, resolve_count
+from topklab.losses.aggregate.kernels import KERNELS, native_built, native_extension, native_ready, thresholded
+from topklab.losses.aggregate.lambda_monitor import WARN_AFTER_CALLS, LambdaMonitor
 from topklab.losses.aggregate.solve import kth_largest, solve_srelu_threshold
 from topklab.losses.threshold import get_constraint
 from topklab.smoothing import get_smoothing
@@ -19,6 +19,7 @@ MAX_DELTA = 1e12  # SReLU's root √(x² + δ²) is |x| from 2^63 on in float32:
 SCALES = ("paper", "atk")
 LAM_UPDATES = ("solve", "gradient")
 SOLVABLE = ("srelu", "relu")  # smoothings whose stationarity equation lam_update="solve" can solve
+NATIVE_DTYPES = (torch.float32, torch.float64)
 
 
 class ThresholdedTopK(Aggregate):
@@ -140,6 +141,7 @@ class ThresholdedTopK(Aggregate):
             self.register_buffer("lam_last", torch.full(shape, start))  # the last training call's root: the warm start
         self._started = False  # whether λ has been started (lam_init="auto") and, under "solve", solved once
         self.monitor = LambdaMonitor()
+        self._row_settings: dict = {}  # the one-row lane's constants per row length and settings (_row_constants)
 
     def _check_update(self, lam_update, lam_lr, solve_steps, lam_momentum, lam_init) -> None:
         if lam_update not in LAM_UPDATES:
@@ -188,6 +190,9 @@ class ThresholdedTopK(Aggregate):
     def forward(self, losses: torch.Tensor) -> torch.Tensor:
         """The aggregate of ``losses`` (..., n) over ``dim``, one value per row; on a training call
         λ is solved (per row) or started first, and the monitor records the call (see the class)."""
+        one_row = self._one_row(losses)
+        if one_row is not None:
+            return one_row
         rows = self.as_rows(losses)
         if self.rows is not None and rows.shape[0] != self.rows:
             raise AggregateInputError(
@@ -213,6 +218,91 @@ class ThresholdedTopK(Aggregate):
         if training:
             self._record(detached, lam.detach(), k, count, share)
         return self.from_rows(value, losses)
+
+    def _one_row(self, losses: torch.Tensor) -> torch.Tensor | None:
+        """The call on 1-D float32/float64 CPU losses on the native path as one C++ call
+        (``thresholded_cpu.cpp``'s ``solve_call``/``row_call``: λ's solve and stored values, the
+        monitor's sums and the fused value and gradients), or None where the general path below runs:
+        other inputs, the first training call (which starts λ and the monitor), a tensor k, ``rows``,
+        MATk's selection under "solve". It equals the general path bit for bit (value, gradients, λ,
+        the monitor's sums), except the monitor's smoothed share under ``lam_update="gradient"``, which
+        is the kernel's own sum of the gradients (the same to rounding)."""
+        if (
+            type(losses) is not torch.Tensor
+            or losses.dim() != 1
+            or not losses.is_cpu
+            or losses.dtype not in NATIVE_DTYPES
+        ):
+            return None
+        n = losses.shape[0]
+        constants = self._row_constants(n, losses.dtype)
+        if constants is None or torch.compiler.is_compiling():
+            return None
+        training = self.training and torch.is_grad_enabled()
+        solving = self.lam_update == "solve"
+        monitor = self.monitor
+        if training and (not self._started or monitor._state is None or (solving and not self._solve_in_lane())):
+            return None
+        if not native_built() and not native_ready(losses, "using the eager kernel instead", self.kernel != "auto"):
+            return None
+        count, scale, delta = constants
+        sample = training and monitor.native_call(count, n)
+        if training and solving:
+            buffers = self._buffers
+            value, lam = native_extension().solve_call(
+                losses,
+                buffers["lam"],
+                buffers["lam_last"],
+                monitor._state,
+                count,
+                delta,
+                self.lam_momentum,
+                self.solve_steps,
+                monitor.burn_in,
+                losses.requires_grad,
+                sample,
+            )
+        else:
+            lam = self._buffers["lam"] if solving else self.threshold
+            grads = torch.is_grad_enabled() and (losses.requires_grad or lam.requires_grad)
+            value = native_extension().row_call(
+                losses,
+                lam,
+                delta,
+                count,
+                scale,
+                self._phi.native_id,
+                grads,
+                monitor._state if training else None,
+                monitor.burn_in,
+                sample,
+            )
+        if training and monitor.calls % WARN_AFTER_CALLS == 0:
+            monitor.check_streak(
+                lambda: self._share(losses.detach()[None], lam.detach().to(losses.dtype).view(1)), count, n
+            )
+        return value
+
+    def _solve_in_lane(self) -> bool:
+        """Whether the lane solves λ here: SReLU's root (MATk's selection takes the general path), float32 buffers."""
+        buffers = self._buffers
+        return self.smoothing == "srelu" and buffers["lam"].dtype == buffers["lam_last"].dtype == torch.float32
+
+    def _row_constants(self, n: int, dtype: torch.dtype) -> tuple[int, float, float] | None:
+        """(k's count, the output scale, δ) for one row of n losses in ``dtype`` on the native path
+        (the scale n/k in the losses' dtype, as the general path's ``n / k`` rounds it), or None
+        where the one-row lane does not apply (another path, a tensor k, ``rows``, no δ for SReLU)."""
+        key = (n, dtype, self.k, self.scale, self.kernel, self.compile_min_n, self.rows, self.delta)
+        if key not in self._row_settings:
+            native = self.kernel == "native" or (self.kernel == "auto" and n >= self.compile_min_n)
+            lane = native and n > 0 and self.rows is None and not isinstance(self.k, torch.Tensor)
+            if not lane or (self.delta is None and self._phi.uses_delta):
+                self._row_settings[key] = None
+            else:
+                count = resolve_count(self.k, n)
+                scale = float(n / torch.full((1,), count, dtype=dtype)) if self.scale == "atk" else 1.0
+                self._row_settings[key] = (count, scale, 0.0 if self.delta is None else self.delta)
+        return self._row_settings[key]
 
     def solve_rows(
         self, losses: torch.Tensor, k: torch.Tensor, delta: torch.Tensor | None, start: torch.Tensor
@@ -305,14 +395,22 @@ class ThresholdedTopK(Aggregate):
         """One training call in the monitor: the rows' losses (P, n) and their λ (P,) together, the
         smoothed share over all P·n losses against the summed count over P·n."""
         if share is None:
-            delta = losses.new_tensor(self.delta if self.delta is not None else 0.0)
-            share = self._phi.slope(losses - lam[:, None], delta, losses.new_ones(())).mean()
+            share = self._share(losses, lam)
         total = count * losses.shape[0] if count is not None else int(k.sum())
+        self.monitor.record(share, total, losses.numel(), self._sampler(losses, lam, k, count))
+
+    def _share(self, losses: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+        """The smoothed share above λ of rows ``losses`` (P, n) at their λ (P,): the mean of φ'(ℓ − λ)."""
+        delta = losses.new_tensor(self.delta if self.delta is not None else 0.0)
+        return self._phi.slope(losses - lam[:, None], delta, losses.new_ones(())).mean()
+
+    def _sampler(self, losses: torch.Tensor, lam: torch.Tensor, k: torch.Tensor | None, count: int | None):
+        """The monitor's sample of a call: (the hard share of losses > λ, λ − ℓ_[k]), computed when called."""
 
         def sample():
             return (losses > lam[:, None]).double().mean(), (lam - self._kth(losses, k, count)).double().mean()
 
-        self.monitor.record(share, total, losses.numel(), sample)
+        return sample
 
     @property
     def lam_constraint(self) -> str:
@@ -359,11 +457,14 @@ class ThresholdedTopK(Aggregate):
         kernel ("native": the C++ one on a CPU, which :func:`thresholded` turns into the compiled one
         on a GPU) for rows of at least ``compile_min_n`` losses and the eager kernel for shorter rows.
         Inside a user's ``torch.compile`` always eager."""
+        return self._path_for_length(losses.shape[1])
+
+    def _path_for_length(self, n: int) -> str:
         if torch.compiler.is_compiling():
             return "eager"
         if self.kernel != "auto":
             return self.kernel
-        return "eager" if losses.shape[1] < self.compile_min_n else "native"
+        return "eager" if n < self.compile_min_n else "native"
 
     def extra_repr(self) -> str:
         return (

@@ -9,8 +9,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -58,7 +60,7 @@ inline void term(T x, T dd, T step, T half, T& phi, T& slope) {
 
 template <typename T, int64_t S, bool kGrads>
 void rows(const T* losses, const T* lam, const T* delta, const T* k, const T* scale, int64_t P, int64_t n,
-          T* value, T* grad, T* grad_lam) {
+          T* value, T* grad, T* grad_lam, double* slope_sums = nullptr) {
   for (int64_t p = 0; p < P; ++p) {
     const T* row = losses + p * n;
     T* grad_row = kGrads ? grad + p * n : nullptr;
@@ -81,18 +83,19 @@ void rows(const T* losses, const T* lam, const T* delta, const T* k, const T* sc
     const T hinge = S == kSReLU ? T(mean_phi) - T(0.5) * d : T(mean_phi);
     value[p] = (hinge + k[p] / T(n) * lm) * s;
     if constexpr (kGrads) grad_lam[p] = -T(sum_slope) + s * (k[p] / T(n));
+    if (slope_sums != nullptr) slope_sums[p] = sum_slope;
   }
 }
 
 template <typename T, bool kGrads>
 void dispatch(int64_t smoothing, const T* l, const T* lam, const T* d, const T* k, const T* s, int64_t P, int64_t n,
-              T* value, T* grad, T* grad_lam) {
+              T* value, T* grad, T* grad_lam, double* slope_sums = nullptr) {
   switch (smoothing) {
-    case kSReLU: return rows<T, kSReLU, kGrads>(l, lam, d, k, s, P, n, value, grad, grad_lam);
-    case kReLU: return rows<T, kReLU, kGrads>(l, lam, d, k, s, P, n, value, grad, grad_lam);
-    case kELU: return rows<T, kELU, kGrads>(l, lam, d, k, s, P, n, value, grad, grad_lam);
-    case kSoftplus: return rows<T, kSoftplus, kGrads>(l, lam, d, k, s, P, n, value, grad, grad_lam);
-    case kLeakyReLU: return rows<T, kLeakyReLU, kGrads>(l, lam, d, k, s, P, n, value, grad, grad_lam);
+    case kSReLU: return rows<T, kSReLU, kGrads>(l, lam, d, k, s, P, n, value, grad, grad_lam, slope_sums);
+    case kReLU: return rows<T, kReLU, kGrads>(l, lam, d, k, s, P, n, value, grad, grad_lam, slope_sums);
+    case kELU: return rows<T, kELU, kGrads>(l, lam, d, k, s, P, n, value, grad, grad_lam, slope_sums);
+    case kSoftplus: return rows<T, kSoftplus, kGrads>(l, lam, d, k, s, P, n, value, grad, grad_lam, slope_sums);
+    case kLeakyReLU: return rows<T, kLeakyReLU, kGrads>(l, lam, d, k, s, P, n, value, grad, grad_lam, slope_sums);
     default: TORCH_CHECK(false, "unknown smoothing id ", smoothing);
   }
 }
@@ -253,6 +256,160 @@ std::vector<at::Tensor> solve_srelu(const at::Tensor& losses_in, const at::Tenso
   return {lam, count};
 }
 
+// ---- The fast lane of a module's call on one row (thresholded.py's ThresholdedTopK._one_row) ----
+// The same passes as rows() and solve_rows() with P = 1, and the module's bookkeeping (the warm start, the
+// running average, the λ monitor's sums) in the float operations the Python path does them in, so that a
+// call here equals the Python path's bit for bit (tests/losses/test_fast_lane.py); one call from Python.
+
+// The monitor's record() (lambda_monitor.py) of one call: state = [calls, share_sum, in_band_all, counted,
+// in_band, (3 sampled sums), seen, streak] in double; the band compares the share in its own dtype.
+template <typename T>
+void record_call(double* state, T share, double k, double n, double burn_in) {
+  constexpr int kSeen = 8, kStreak = 9;
+  const double share64 = double(share);
+  if (k < n) {
+    const double target = k / n, target_below = 1.0 - target;
+    const T below = T(1) - share;
+    const bool band = share <= T(2 * target) && share >= T(target / 2) && below <= T(2 * target_below) &&
+                      below >= T(target_below / 2);
+    const double good = band ? 1.0 : 0.0, counted = state[kSeen] + 1.0 > burn_in ? 1.0 : 0.0, kept = 1.0 - good;
+    const double added[10] = {1.0, share64, good, counted, good * counted, 0.0, 0.0, 0.0, 1.0, kept};
+    state[kStreak] *= kept;
+    for (int i = 0; i < 10; ++i) state[i] += added[i];
+  } else {
+    const double added[10] = {1.0, share64, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0};
+    for (int i = 0; i < 10; ++i) state[i] += added[i];
+  }
+}
+
+// The monitor's sample of a call (thresholded.py's _sampler): adds the share of losses above λ and λ − ℓ_[k]
+// (ℓ_[k] the k-th largest loss, NaN ranked largest as kthvalue ranks it, clamped to the finite losses' range
+// as kth_largest() does) to state[5], state[6] and one to state[7].
+template <typename T>
+void sample_call(double* state, const T* row, int64_t n, T lam, int64_t k) {
+  std::vector<T> kept;
+  kept.reserve(n);
+  int64_t above = 0, nans = 0;
+  T least = std::numeric_limits<T>::infinity(), most = -std::numeric_limits<T>::infinity();
+  for (int64_t i = 0; i < n; ++i) {
+    const T v = row[i];
+    above += v > lam;
+    if (std::isnan(v)) {
+      ++nans;
+      continue;
+    }
+    kept.push_back(v);
+    if (std::isfinite(v)) {
+      least = std::min(least, v);
+      most = std::max(most, v);
+    }
+  }
+  T kth = std::numeric_limits<T>::quiet_NaN();
+  if (nans < k) {
+    auto nth = kept.begin() + (k - nans - 1);
+    std::nth_element(kept.begin(), nth, kept.end(), std::greater<T>());
+    kth = *nth;
+    if (least <= most) kth = std::min(std::max(kth, least), most);
+  }
+  state[5] += double(above) / double(n);
+  state[6] += double(T(lam - kth));
+  state[7] += 1.0;
+}
+
+// value (0-d) of losses (n,) at λ (0-d, any float dtype), differentiable in both; the backward only scales.
+struct RowThresholded : public torch::autograd::Function<RowThresholded> {
+  // state (optional): the λ monitor's sums, where this call records its smoothed share Σ φ'/n (from the pass's
+  // own sum of the gradients: lambda_monitor.py's share to rounding)
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& losses_in, const at::Tensor& lam,
+                            double delta, double k, double scale, int64_t smoothing,
+                            const std::optional<at::Tensor>& state = std::nullopt, double burn_in = 0.0,
+                            bool sample = false) {
+    const bool grads = ctx != nullptr;
+    const at::Tensor losses = losses_in.contiguous();
+    at::Tensor value = at::empty({}, losses.options());
+    at::Tensor grad = grads ? at::empty_like(losses) : at::Tensor();
+    at::Tensor grad_lam;
+    AT_DISPATCH_FLOATING_TYPES(losses.scalar_type(), "row_thresholded_cpu", [&] {
+      const scalar_t lm = lam.scalar_type() == losses.scalar_type() ? lam.data_ptr<scalar_t>()[0]
+                                                                    : lam.to(losses.scalar_type()).data_ptr<scalar_t>()[0];
+      const scalar_t d = scalar_t(delta), kk = scalar_t(k), s = scalar_t(scale);
+      scalar_t gl = 0;
+      double slope_sum = 0.0;
+      if (grads) {
+        dispatch<scalar_t, true>(smoothing, losses.data_ptr<scalar_t>(), &lm, &d, &kk, &s, 1, losses.size(0),
+                                 value.data_ptr<scalar_t>(), grad.data_ptr<scalar_t>(), &gl, &slope_sum);
+        grad_lam = at::scalar_tensor(gl, losses.options());
+      } else {
+        dispatch<scalar_t, false>(smoothing, losses.data_ptr<scalar_t>(), &lm, &d, &kk, &s, 1, losses.size(0),
+                                  value.data_ptr<scalar_t>(), nullptr, nullptr, &slope_sum);
+      }
+      if (state.has_value()) {
+        record_call<scalar_t>(state->data_ptr<double>(), scalar_t(slope_sum / scale), k, double(losses.size(0)), burn_in);
+        if (sample) sample_call<scalar_t>(state->data_ptr<double>(), losses.data_ptr<scalar_t>(), losses.size(0), lm, int64_t(k));
+      }
+    });
+    if (grads) {
+      ctx->save_for_backward({grad, grad_lam});
+      ctx->saved_data["lam_dtype"] = int64_t(lam.scalar_type());
+    }
+    return value;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_value) {
+    auto saved = ctx->get_saved_variables();
+    at::Tensor grad = saved[0], grad_lam = saved[1];
+    const at::Tensor& g = grad_value[0];
+    if (!all_ones(g)) {
+      grad = grad * g;
+      grad_lam = grad_lam * g;
+    }
+    const auto lam_dtype = static_cast<at::ScalarType>(ctx->saved_data["lam_dtype"].toInt());
+    return {ctx->needs_input_grad(0) ? grad : at::Tensor(),
+            ctx->needs_input_grad(1) ? grad_lam.to(lam_dtype) : at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// One training call under lam_update="solve" (SReLU) on losses (n,): λ solved from the warm start lam_last,
+// lam_last and the running average lam (float32 buffers) updated as _solve() does, the call recorded in the
+// monitor's state (float64, 10 slots), and the value at the solved λ (differentiable in the losses when
+// grads). Returns (value, λ).
+std::vector<at::Tensor> solve_call(const at::Tensor& losses_in, at::Tensor lam_avg, at::Tensor lam_last,
+                                   at::Tensor state, double k, double delta, double momentum, int64_t steps,
+                                   double burn_in, bool grads, bool sample) {
+  TORCH_CHECK(lam_avg.scalar_type() == at::kFloat && lam_last.scalar_type() == at::kFloat, "λ buffers must be float32");
+  const at::Tensor losses = losses_in.contiguous();
+  at::Tensor solved = at::empty({}, losses.options());
+  AT_DISPATCH_FLOATING_TYPES(losses.scalar_type(), "solve_call_cpu", [&] {
+    const int64_t n = losses.size(0);
+    const scalar_t kk = scalar_t(k), d = scalar_t(delta), start = scalar_t(lam_last.data_ptr<float>()[0]);
+    scalar_t lam, count;
+    solve_rows<scalar_t>(losses.data_ptr<scalar_t>(), &kk, &d, &start, 1, n, steps, &lam, &count);
+    solved.data_ptr<scalar_t>()[0] = lam;
+    if (std::isfinite(lam)) {
+      const float root = float(lam);
+      float* avg = lam_avg.data_ptr<float>();
+      lam_last.data_ptr<float>()[0] = root;
+      avg[0] = float(1.0 - momentum) * avg[0] + float(momentum) * root;
+    }
+    record_call<scalar_t>(state.data_ptr<double>(), count / scalar_t(n), k, double(n), burn_in);
+    if (sample) sample_call<scalar_t>(state.data_ptr<double>(), losses.data_ptr<scalar_t>(), n, lam, int64_t(k));
+  });
+  at::Tensor value = grads ? RowThresholded::apply(losses_in, solved, delta, k, 1.0, int64_t(kSReLU))
+                           : RowThresholded::forward(nullptr, losses_in, solved, delta, k, 1.0, int64_t(kSReLU));
+  return {value, solved};
+}
+
+// A call at a given λ (0-d: the trained parameter, or the running average outside training) on losses (n,).
+// state (optional): record the call in the λ monitor's sums (a training call under lam_update="gradient").
+at::Tensor row_call(const at::Tensor& losses, const at::Tensor& lam, double delta, double k, double scale,
+                    int64_t smoothing, bool grads, const std::optional<at::Tensor>& state, double burn_in,
+                    bool sample) {
+  return grads ? RowThresholded::apply(losses, lam, delta, k, scale, smoothing, state, burn_in, sample)
+               : RowThresholded::forward(nullptr, losses, lam, delta, k, scale, smoothing, state, burn_in, sample);
+}
+
 // (Σ_i z_i/r_i, Σ_i r_i⁻³) over 1-D values with z = v − λ, r = √(z² + δ²), elementwise in the values'
 // dtype and summed in double: one Newton step of the STk gradient selector (sparsification/selectors.py).
 template <typename T>
@@ -286,5 +443,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("thresholded", &thresholded, "value per row, differentiable in the losses and λ");
   m.def("run", &run, "(value, ∂/∂losses, ∂/∂λ) per row, no autograd");
   m.def("srelu_ratio_sums", &srelu_ratio_sums, "(Σ z/r, Σ r⁻³) with z = v − λ, r = √(z² + δ²), in double");
+  m.def("solve_call", &solve_call, "one training call of one row under lam_update='solve': (value, λ)");
+  m.def("row_call", &row_call, "the value of one row at a 0-d λ, differentiable in the losses and λ");
   m.def("solve_srelu", &solve_srelu, "(λ, smoothed count above λ) per row: the root of Σ SReLU'(ℓ − λ) = k");
 }

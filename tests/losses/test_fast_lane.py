@@ -1,0 +1,113 @@
+"""The one-row lane of MATk/STk (``ThresholdedTopK._one_row``: one C++ call per module call on 1-D
+float32/float64 CPU losses on the native path) against the general path it stands in for: the same
+values, gradients, stored λ and monitor sums, bit for bit, call after call (the monitor's smoothed
+share under lam_update="gradient" to rounding: it is the kernel's own sum there)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from topklab.losses import MATk, STk
+from topklab.losses.aggregate.kernels import native_ready
+from topklab.losses.aggregate.thresholded import ThresholdedTopK
+
+pytestmark = pytest.mark.skipif(
+    not native_ready(torch.zeros(1), "skipping the one-row lane's tests"), reason="no native kernel here"
+)
+
+CASES = {
+    "stk_solve": lambda: STk(k=0.7, delta=0.05, kernel="native"),
+    "stk_solve_fixed_start": lambda: STk(k=5, delta=0.01, lam_init=0.5, lam_momentum=0.3, kernel="native"),
+    "stk_gradient": lambda: STk(k=0.7, delta=0.05, lam_update="gradient", kernel="native"),
+    "stk_gradient_softplus": lambda: STk(
+        k=0.3, delta=0.05, lam_update="gradient", lam_init=1.0, lam_constraint="softplus", scale="atk", kernel="native"
+    ),
+    "matk_gradient_atk": lambda: MATk(k=0.25, lam_update="gradient", scale="atk", kernel="native"),
+    "stk_auto_long_rows": lambda: STk(k=0.9, compile_min_n=16),
+}
+
+
+class Counting:
+    """Counts the calls of ``_one_row`` that took the lane (returned a value)."""
+
+    def __init__(self, monkeypatch):
+        self.taken = 0
+        original = ThresholdedTopK._one_row
+
+        def counted(module, losses):
+            value = original(module, losses)
+            self.taken += value is not None
+            return value
+
+        monkeypatch.setattr(ThresholdedTopK, "_one_row", counted)
+
+
+def run(module, batches, lane: bool):
+    """Training and evaluation calls, each with a backward; what each call gives and leaves."""
+    if not lane:
+        module._one_row = lambda losses: None
+    module.monitor.sample_every = 3  # the monitor's samples (hard share, λ − ℓ_[k]) on calls 1, 4, 7, 10
+    params = [p for p in module.parameters()]
+    records = []
+    for step, losses in enumerate(batches):
+        module.train(step % 4 != 3)
+        leaf = losses.repeat_interleave(2).requires_grad_() if step % 3 == 2 else losses.clone().requires_grad_()
+        x = leaf[::2] if step % 3 == 2 else leaf  # every third call on a strided view
+        value = module(x)
+        (value * (1.0 if step % 2 else 3.0)).backward()
+        records.append(
+            {
+                "value": value.detach().clone(),
+                "grad": leaf.grad.clone(),
+                "lam_grad": [p.grad.clone() for p in params if p.grad is not None],
+                "buffers": [b.clone() for b in module.buffers()],
+                "lam": module.lam.detach().clone(),
+                "state": module.monitor._state.clone(),
+                "calls": module.monitor.calls,
+            }
+        )
+        for p in params:
+            with torch.no_grad():
+                p -= 0.1 * p.grad
+            p.grad = None
+    return records
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_one_row_lane_equals_the_general_path(case, dtype, monkeypatch):
+    generator = torch.Generator().manual_seed(0)
+    n = 64
+    batches = [(torch.rand(n, generator=generator, dtype=dtype) * (3 - 0.2 * i)).exp() for i in range(12)]
+    batches[5][7] = batches[5][9]  # ties
+    lane_module = CASES[case]()
+    general_module = copy.deepcopy(lane_module)
+    counter = Counting(monkeypatch)
+    lane = run(lane_module, batches, lane=True)
+    assert counter.taken == len(batches) - 1, "every call but the first (which starts λ) takes the lane"
+    general = run(general_module, batches, lane=False)
+    share_to_rounding = lane_module.lam_update == "gradient"
+    for step, (a, b) in enumerate(zip(lane, general)):
+        for key in ("value", "grad", "lam", "calls"):
+            assert torch.equal(torch.as_tensor(a[key]), torch.as_tensor(b[key])), (step, key)
+        assert all(torch.equal(x, y) for x, y in zip(a["lam_grad"], b["lam_grad"])), (step, "lam_grad")
+        assert all(torch.equal(x, y) for x, y in zip(a["buffers"], b["buffers"])), (step, "buffers")
+        if share_to_rounding:
+            share = 1  # state = [calls, share_sum, ...]: the share sum to rounding, every count exact
+            assert torch.allclose(a["state"][share], b["state"][share], rtol=1e-6, atol=0), step
+            rest = [i for i in range(a["state"].numel()) if i != share]
+            assert torch.equal(a["state"][rest], b["state"][rest]), (step, "monitor counts")
+        else:
+            assert torch.equal(a["state"], b["state"]), (step, "monitor")
+
+
+def test_the_lane_leaves_other_inputs_to_the_general_path(monkeypatch):
+    counter = Counting(monkeypatch)
+    module = STk(k=0.5, kernel="native")
+    for losses in (torch.rand(8), torch.rand(8), torch.rand(2, 8), torch.rand(16)[::2], torch.rand(8).half()):
+        module(losses.requires_grad_() if losses.is_floating_point() else losses).sum().backward()
+    assert counter.taken == 2, "only the second and the strided 1-D float32/float64 calls take the lane"
+    assert STk(k=0.5)._path_for_length(8) == "eager", "below compile_min_n, kernel=auto stays on the eager path"
