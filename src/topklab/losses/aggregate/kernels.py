@@ -22,8 +22,9 @@ autograd would use). Float16 and bfloat16 rows are computed in float32 on every 
 - ``compiled``: the same functions through ``torch.compile`` (inductor: C++ on CPU, Triton on
   CUDA), fused into one loop over the losses with float64 accumulators;
 - ``native`` (CPU): ``thresholded_cpu.cpp``, the same per-element formulas in one C++ loop with
-  float64 accumulators and its autograd node in C++ (no Python in the call or the backward), built
-  on first use by :func:`torch.utils.cpp_extension.load` (needs a C++ compiler and ninja). The same
+  float64 accumulators and its autograd node in C++ (no Python in the call or the backward),
+  prebuilt with the package (else built on first use, which needs a C++ compiler and ninja:
+  :mod:`topklab.utils.native`). The same
   extension solves STk's λ (:func:`native_solve`, used by :func:`~topklab.losses.aggregate.solve.
   solve_srelu_threshold` on this path).
 
@@ -37,8 +38,6 @@ Unlike autograd of the formula, the fused node cannot be differentiated twice, n
 
 from __future__ import annotations
 
-import os
-import shutil
 import warnings
 from functools import cache
 from pathlib import Path
@@ -49,12 +48,11 @@ from torch.autograd.function import once_differentiable
 from topklab.losses.aggregate.base import accumulation_dtype
 from topklab.smoothing import Smoothing
 from topklab.utils.errors import TopklabError, first_line
+from topklab.utils.native import load_native
 
 KERNELS = ("auto", "native", "compiled", "eager")
 NEXT_PATH = {"native": "compiled", "compiled": "eager"}  # where a path that cannot be built falls back to
 NATIVE_SOURCE = Path(__file__).with_name("thresholded_cpu.cpp")
-# compiler flags for the vector units torch itself dispatches to on this CPU (in the extension's name too)
-ARCH_FLAGS = {"AVX2": ["-mavx2", "-mfma"], "AVX512": ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mfma"]}
 
 
 def thresholded_value(losses, lam, delta, k, scale, *, phi: Smoothing, accumulate: torch.dtype = None):
@@ -97,17 +95,9 @@ def compiled(phi: Smoothing, with_grads: bool, device_type: str, dtype: torch.dt
 
 @cache
 def native_extension():
-    """The C++ kernel (``thresholded_cpu.cpp``), built for this CPU's vector unit on first use and
-    cached on disk by torch (rebuilt when the source changes)."""
-    from torch.utils.cpp_extension import load
-
-    if shutil.which("ninja") is None:  # the ninja package's binary, when its bin/ is not on PATH (an unactivated venv)
-        import ninja
-
-        os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
-    capability = torch.backends.cpu.get_cpu_capability()
-    flags = ["-O3", "-fopenmp-simd", "-ffp-contract=off", "-fno-math-errno", *ARCH_FLAGS.get(capability, [])]
-    extension = load(name=f"topklab_thresholded_{capability.lower()}", sources=[str(NATIVE_SOURCE)], extra_cflags=flags)
+    """The C++ kernel (``thresholded_cpu.cpp``): prebuilt with the package, else built on first use
+    and cached on disk by torch (:func:`~topklab.utils.native.load_native`)."""
+    extension = load_native("topklab.losses.aggregate._thresholded_cpu", NATIVE_SOURCE, "topklab_thresholded")
     _LOADED.append(extension)
     return extension
 

@@ -20,6 +20,7 @@ SCALES = ("paper", "atk")
 LAM_UPDATES = ("solve", "gradient")
 SOLVABLE = ("srelu", "relu")  # smoothings whose stationarity equation lam_update="solve" can solve
 NATIVE_DTYPES = (torch.float32, torch.float64)
+GPU_COMPILE_MIN_N = 16384  # compile_min_n=None: the shortest row kernel="auto" compiles on a GPU
 
 
 class ThresholdedTopK(Aggregate):
@@ -30,9 +31,12 @@ class ThresholdedTopK(Aggregate):
     ``scale="atk"`` multiplies by n/k so that the minimum over λ equals ATk (Fan et al.'s MATk form).
 
     Value and gradients come from the fused kernels of :mod:`topklab.losses.aggregate.kernels`:
-    ``kernel="auto"`` runs the C++ one (CPU) or the ``torch.compile``-d one (GPU) on rows of at
-    least ``compile_min_n`` losses and the eager one below that; ``"native"``, ``"compiled"`` and
-    ``"eager"`` force one (see :meth:`path_for`).
+    ``kernel="auto"`` runs the C++ one on a CPU (prebuilt with the package) and the
+    ``torch.compile``-d one on a GPU for rows of at least ``compile_min_n`` losses, the eager one
+    below that; by default (``compile_min_n=None``) the C++ one at every n on a CPU and the compiled
+    one from 16,384 losses on a GPU. ``"native"``, ``"compiled"`` and ``"eager"`` force one (see
+    :meth:`path_for`). A module call on 1-D float32/float64 CPU losses on the C++ path is one C++
+    call (:meth:`_one_row`), which costs about what ``losses.mean()`` does.
 
     How λ follows the losses (``lam_update``):
 
@@ -89,7 +93,7 @@ class ThresholdedTopK(Aggregate):
         lam_constraint: str = "none",
         scale: str = "paper",
         kernel: str = "auto",
-        compile_min_n: int = 16384,
+        compile_min_n: int | None = None,
         lam_update: str = "solve",
         lam_lr: float | None = None,
         solve_steps: int = 2,
@@ -104,7 +108,10 @@ class ThresholdedTopK(Aggregate):
         if kernel not in KERNELS:
             raise ValueError(f"unknown kernel {kernel!r}; choose one of: {', '.join(KERNELS)}")
         check_int(
-            "compile_min_n", compile_min_n, why="rows at least this long use the compiled kernel under kernel=auto"
+            "compile_min_n",
+            compile_min_n,
+            allow_none=True,
+            why="rows at least this long use the native or compiled kernel under kernel=auto (null: the default)",
         )
         if delta is not None and not (isinstance(delta, (int, float)) and not isinstance(delta, bool) and delta > 0):
             raise ValueError(f"delta={delta!r} must be a positive number (the paper uses 0.01)")
@@ -223,8 +230,8 @@ class ThresholdedTopK(Aggregate):
         """The call on 1-D float32/float64 CPU losses on the native path as one C++ call
         (``thresholded_cpu.cpp``'s ``solve_call``/``row_call``: λ's solve and stored values, the
         monitor's sums and the fused value and gradients), or None where the general path below runs:
-        other inputs, the first training call (which starts λ and the monitor), a tensor k, ``rows``,
-        MATk's selection under "solve". It equals the general path bit for bit (value, gradients, λ,
+        other inputs, the first training call (which starts λ and the monitor), a tensor k, ``rows``.
+        It equals the general path bit for bit (value, gradients, λ,
         the monitor's sums), except the monitor's smoothed share under ``lam_update="gradient"``, which
         is the kernel's own sum of the gradients (the same to rounding)."""
         if (
@@ -256,6 +263,8 @@ class ThresholdedTopK(Aggregate):
                 monitor._state,
                 count,
                 delta,
+                scale,
+                self._phi.native_id,
                 self.lam_momentum,
                 self.solve_steps,
                 monitor.burn_in,
@@ -284,9 +293,9 @@ class ThresholdedTopK(Aggregate):
         return value
 
     def _solve_in_lane(self) -> bool:
-        """Whether the lane solves λ here: SReLU's root (MATk's selection takes the general path), float32 buffers."""
+        """Whether the lane solves λ here: SReLU's root or MATk's selection, in float32 buffers."""
         buffers = self._buffers
-        return self.smoothing == "srelu" and buffers["lam"].dtype == buffers["lam_last"].dtype == torch.float32
+        return self.smoothing in SOLVABLE and buffers["lam"].dtype == buffers["lam_last"].dtype == torch.float32
 
     def _row_constants(self, n: int, dtype: torch.dtype) -> tuple[int, float, float] | None:
         """(k's count, the output scale, δ) for one row of n losses in ``dtype`` on the native path
@@ -294,7 +303,7 @@ class ThresholdedTopK(Aggregate):
         where the one-row lane does not apply (another path, a tensor k, ``rows``, no δ for SReLU)."""
         key = (n, dtype, self.k, self.scale, self.kernel, self.compile_min_n, self.rows, self.delta)
         if key not in self._row_settings:
-            native = self.kernel == "native" or (self.kernel == "auto" and n >= self.compile_min_n)
+            native = self._chosen_path(n, "cpu") == "native"
             lane = native and n > 0 and self.rows is None and not isinstance(self.k, torch.Tensor)
             if not lane or (self.delta is None and self._phi.uses_delta):
                 self._row_settings[key] = None
@@ -455,16 +464,22 @@ class ThresholdedTopK(Aggregate):
     def path_for(self, losses: torch.Tensor) -> str:
         """The kernel path for a (P, n) block: ``kernel`` unless it is ``auto``, which takes the fast
         kernel ("native": the C++ one on a CPU, which :func:`thresholded` turns into the compiled one
-        on a GPU) for rows of at least ``compile_min_n`` losses and the eager kernel for shorter rows.
-        Inside a user's ``torch.compile`` always eager."""
-        return self._path_for_length(losses.shape[1])
+        on a GPU) for rows of at least ``compile_min_n`` losses and the eager kernel for shorter rows
+        (``compile_min_n=None``: every row on a CPU, rows of at least :data:`GPU_COMPILE_MIN_N` on a
+        GPU). Inside a user's ``torch.compile`` always eager."""
+        return self._path_for_length(losses.shape[1], losses.device.type)
 
-    def _path_for_length(self, n: int) -> str:
-        if torch.compiler.is_compiling():
-            return "eager"
+    def _path_for_length(self, n: int, device_type: str) -> str:
+        return "eager" if torch.compiler.is_compiling() else self._chosen_path(n, device_type)
+
+    def _chosen_path(self, n: int, device_type: str) -> str:
+        """:meth:`path_for` outside a user's torch.compile."""
         if self.kernel != "auto":
             return self.kernel
-        return "eager" if n < self.compile_min_n else "native"
+        shortest = self.compile_min_n
+        if shortest is None:
+            shortest = 1 if device_type == "cpu" else GPU_COMPILE_MIN_N
+        return "eager" if n < shortest else "native"
 
     def extra_repr(self) -> str:
         return (
@@ -483,7 +498,8 @@ class ThresholdedTopK(Aggregate):
         return "" if self.rows is None else f", rows={self.rows}"
 
     def _kernel_repr(self) -> str:
-        return f", kernel={self.kernel!r}" + (f", compile_min_n={self.compile_min_n}" if self.kernel == "auto" else "")
+        shown = self.kernel == "auto" and self.compile_min_n is not None
+        return f", kernel={self.kernel!r}" + (f", compile_min_n={self.compile_min_n}" if shown else "")
 
 
 def _every_rank(losses: torch.Tensor) -> torch.Tensor:
@@ -531,12 +547,14 @@ class MATk(ThresholdedTopK):
     scale : {"paper", "atk"}
         ``paper`` = Eq. 5 as printed; ``atk`` multiplies by n/k.
     kernel : {"auto", "native", "compiled", "eager"}
-        ``auto`` = on rows of >= ``compile_min_n`` losses the C++ kernel on a CPU and the
-        ``torch.compile``-d one on a GPU, falling back where they cannot be built; below that
-        the eager kernel, whose gradients are autograd's of the formula bit for bit. All agree to
-        float32 rounding.
-    compile_min_n : int >= 1
-        The shortest row that ``auto`` sends to the native or compiled kernel. Default 16384.
+        ``auto`` = on rows of >= ``compile_min_n`` losses the C++ kernel on a CPU (prebuilt with
+        the package) and the ``torch.compile``-d one on a GPU, falling back where they cannot be
+        built; below that the eager kernel, whose gradients are autograd's of the formula bit for
+        bit. All agree to float32 rounding.
+    compile_min_n : int >= 1 or None
+        The shortest row that ``auto`` sends to the native or compiled kernel. None (default):
+        every row on a CPU, rows of at least 16,384 losses on a GPU. The experiment configs set
+        16384, the path their committed results ran.
     dim : int
         The axis of the losses to aggregate (default -1, the last); the other axes are rows, with
         λ as :class:`ThresholdedTopK` describes (per row under "solve", shared under "gradient").
@@ -567,7 +585,7 @@ class MATk(ThresholdedTopK):
         lam_constraint: str = "none",
         scale: str = "paper",
         kernel: str = "auto",
-        compile_min_n: int = 16384,
+        compile_min_n: int | None = None,
         lam_update: str = "solve",
         lam_lr: float | None = None,
         lam_momentum: float = 0.1,
@@ -652,7 +670,7 @@ class STk(ThresholdedTopK):
         lam_constraint: str = "none",
         scale: str = "paper",
         kernel: str = "auto",
-        compile_min_n: int = 16384,
+        compile_min_n: int | None = None,
         lam_update: str = "solve",
         lam_lr: float | None = None,
         solve_steps: int = 2,

@@ -4,8 +4,12 @@
 // those of topklab/losses/aggregate/kernels.py and topklab/smoothing.py (built with
 // -ffp-contract=off, so no multiply-add is fused); the row sums accumulate in double (for double
 // losses, the mean of φ with each term divided by n first).
-// Built on first use by topklab.losses.aggregate.kernels.native_extension().
-#include <torch/extension.h>
+// Prebuilt with the package (setup.py: the wheel, `pip install -e .`), else built on first use; both through
+// topklab.utils.native.load_native (topklab.losses.aggregate.kernels.native_extension). The hot loops are
+// compiled for AVX-512, AVX2 and the baseline, chosen when the library loads (target_clones).
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +17,14 @@
 #include <limits>
 #include <type_traits>
 #include <vector>
+
+#ifndef TOPKLAB_SOURCE_SHA
+#define TOPKLAB_SOURCE_SHA ""  // a build on first use: the source it was built from is the one beside it
+#endif
+#ifndef TOPKLAB_TORCH_VERSION
+#define TOPKLAB_TORCH_VERSION ""
+#endif
+#define TOPKLAB_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
 namespace {
 
@@ -59,7 +71,7 @@ inline void term(T x, T dd, T step, T half, T& phi, T& slope) {
 }
 
 template <typename T, int64_t S, bool kGrads>
-void rows(const T* losses, const T* lam, const T* delta, const T* k, const T* scale, int64_t P, int64_t n,
+TOPKLAB_CLONES void rows(const T* losses, const T* lam, const T* delta, const T* k, const T* scale, int64_t P, int64_t n,
           T* value, T* grad, T* grad_lam, double* slope_sums = nullptr) {
   for (int64_t p = 0; p < P; ++p) {
     const T* row = losses + p * n;
@@ -178,7 +190,7 @@ T power_law_step(T count, T excess, T k, T n, T bend, T change) {
 // λ per row with Σ_i SReLU'_δ(ℓ_i − λ) ≈ k: solve.py's solve_srelu_threshold (the same bracket, safeguarded
 // power-law steps and best iterate), each step one pass over the row with double sums and no temporaries.
 template <typename T>
-void solve_rows(const T* losses, const T* k, const T* delta, const T* start, int64_t P, int64_t n, int64_t steps,
+TOPKLAB_CLONES void solve_rows(const T* losses, const T* k, const T* delta, const T* start, int64_t P, int64_t n, int64_t steps,
                 T* lam_out, T* count_out) {
   constexpr T big = beyond_square<T>();
   const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
@@ -282,18 +294,16 @@ void record_call(double* state, T share, double k, double n, double burn_in) {
   }
 }
 
-// The monitor's sample of a call (thresholded.py's _sampler): adds the share of losses above λ and λ − ℓ_[k]
-// (ℓ_[k] the k-th largest loss, NaN ranked largest as kthvalue ranks it, clamped to the finite losses' range
-// as kth_largest() does) to state[5], state[6] and one to state[7].
+// ℓ_[k], the k-th largest of row (n,), NaN ranked largest as kthvalue ranks it, clamped to the finite losses'
+// range as solve.py's kth_largest() does (a selection on a copy).
 template <typename T>
-void sample_call(double* state, const T* row, int64_t n, T lam, int64_t k) {
+T kth_largest_row(const T* row, int64_t n, int64_t k) {
   std::vector<T> kept;
   kept.reserve(n);
-  int64_t above = 0, nans = 0;
+  int64_t nans = 0;
   T least = std::numeric_limits<T>::infinity(), most = -std::numeric_limits<T>::infinity();
   for (int64_t i = 0; i < n; ++i) {
     const T v = row[i];
-    above += v > lam;
     if (std::isnan(v)) {
       ++nans;
       continue;
@@ -304,15 +314,26 @@ void sample_call(double* state, const T* row, int64_t n, T lam, int64_t k) {
       most = std::max(most, v);
     }
   }
-  T kth = std::numeric_limits<T>::quiet_NaN();
-  if (nans < k) {
-    auto nth = kept.begin() + (k - nans - 1);
-    std::nth_element(kept.begin(), nth, kept.end(), std::greater<T>());
-    kth = *nth;
-    if (least <= most) kth = std::min(std::max(kth, least), most);
-  }
-  state[5] += double(above) / double(n);
-  state[6] += double(T(lam - kth));
+  if (nans >= k) return std::numeric_limits<T>::quiet_NaN();
+  auto nth = kept.begin() + (k - nans - 1);
+  std::nth_element(kept.begin(), nth, kept.end(), std::greater<T>());
+  return least <= most ? std::min(std::max(*nth, least), most) : *nth;
+}
+
+// How many losses of row (n,) lie above λ (NaN never does).
+template <typename T>
+int64_t count_above(const T* row, int64_t n, T lam) {
+  int64_t above = 0;
+  for (int64_t i = 0; i < n; ++i) above += row[i] > lam;
+  return above;
+}
+
+// The monitor's sample of a call (thresholded.py's _sampler): adds the share of losses above λ and λ − ℓ_[k]
+// to state[5] and state[6], and one to state[7].
+template <typename T>
+void sample_call(double* state, const T* row, int64_t n, T lam, int64_t k) {
+  state[5] += double(count_above(row, n, lam)) / double(n);
+  state[6] += double(T(lam - kth_largest_row(row, n, k)));
   state[7] += 1.0;
 }
 
@@ -371,21 +392,30 @@ struct RowThresholded : public torch::autograd::Function<RowThresholded> {
   }
 };
 
-// One training call under lam_update="solve" (SReLU) on losses (n,): λ solved from the warm start lam_last,
-// lam_last and the running average lam (float32 buffers) updated as _solve() does, the call recorded in the
-// monitor's state (float64, 10 slots), and the value at the solved λ (differentiable in the losses when
-// grads). Returns (value, λ).
+// One training call under lam_update="solve" on losses (n,): λ the root (SReLU: solved from the warm start
+// lam_last; ReLU, MATk: the k-th largest loss), lam_last and the running average lam (float32 buffers)
+// updated as _solve() does, the call recorded in the monitor's state (float64, 10 slots), and the value at
+// that λ (differentiable in the losses when grads). Returns (value, λ).
 std::vector<at::Tensor> solve_call(const at::Tensor& losses_in, at::Tensor lam_avg, at::Tensor lam_last,
-                                   at::Tensor state, double k, double delta, double momentum, int64_t steps,
-                                   double burn_in, bool grads, bool sample) {
+                                   at::Tensor state, double k, double delta, double scale, int64_t smoothing,
+                                   double momentum, int64_t steps, double burn_in, bool grads, bool sample) {
   TORCH_CHECK(lam_avg.scalar_type() == at::kFloat && lam_last.scalar_type() == at::kFloat, "λ buffers must be float32");
+  TORCH_CHECK(smoothing == kSReLU || smoothing == kReLU, "solve_call solves SReLU's or ReLU's λ only");
   const at::Tensor losses = losses_in.contiguous();
   at::Tensor solved = at::empty({}, losses.options());
   AT_DISPATCH_FLOATING_TYPES(losses.scalar_type(), "solve_call_cpu", [&] {
     const int64_t n = losses.size(0);
-    const scalar_t kk = scalar_t(k), d = scalar_t(delta), start = scalar_t(lam_last.data_ptr<float>()[0]);
-    scalar_t lam, count;
-    solve_rows<scalar_t>(losses.data_ptr<scalar_t>(), &kk, &d, &start, 1, n, steps, &lam, &count);
+    const scalar_t* row = losses.data_ptr<scalar_t>();
+    scalar_t lam, share;
+    if (smoothing == kSReLU) {
+      const scalar_t kk = scalar_t(k), d = scalar_t(delta), start = scalar_t(lam_last.data_ptr<float>()[0]);
+      scalar_t count;
+      solve_rows<scalar_t>(row, &kk, &d, &start, 1, n, steps, &lam, &count);
+      share = count / scalar_t(n);
+    } else {
+      lam = kth_largest_row(row, n, int64_t(k));
+      share = scalar_t(count_above(row, n, lam)) / scalar_t(n);  // the mean of ReLU's slope, 0 or 1 per loss
+    }
     solved.data_ptr<scalar_t>()[0] = lam;
     if (std::isfinite(lam)) {
       const float root = float(lam);
@@ -393,11 +423,11 @@ std::vector<at::Tensor> solve_call(const at::Tensor& losses_in, at::Tensor lam_a
       lam_last.data_ptr<float>()[0] = root;
       avg[0] = float(1.0 - momentum) * avg[0] + float(momentum) * root;
     }
-    record_call<scalar_t>(state.data_ptr<double>(), count / scalar_t(n), k, double(n), burn_in);
-    if (sample) sample_call<scalar_t>(state.data_ptr<double>(), losses.data_ptr<scalar_t>(), n, lam, int64_t(k));
+    record_call<scalar_t>(state.data_ptr<double>(), share, k, double(n), burn_in);
+    if (sample) sample_call<scalar_t>(state.data_ptr<double>(), row, n, lam, int64_t(k));
   });
-  at::Tensor value = grads ? RowThresholded::apply(losses_in, solved, delta, k, 1.0, int64_t(kSReLU))
-                           : RowThresholded::forward(nullptr, losses_in, solved, delta, k, 1.0, int64_t(kSReLU));
+  at::Tensor value = grads ? RowThresholded::apply(losses_in, solved, delta, k, scale, smoothing)
+                           : RowThresholded::forward(nullptr, losses_in, solved, delta, k, scale, smoothing);
   return {value, solved};
 }
 
@@ -413,7 +443,7 @@ at::Tensor row_call(const at::Tensor& losses, const at::Tensor& lam, double delt
 // (Σ_i z_i/r_i, Σ_i r_i⁻³) over 1-D values with z = v − λ, r = √(z² + δ²), elementwise in the values'
 // dtype and summed in double: one Newton step of the STk gradient selector (sparsification/selectors.py).
 template <typename T>
-void ratio_sums(const T* v, int64_t n, double lam, double delta, double& ratio, double& cubes) {
+TOPKLAB_CLONES void ratio_sums(const T* v, int64_t n, double lam, double delta, double& ratio, double& cubes) {
   const T lm = T(lam), dd = T(delta * delta);
   double r = 0.0, c = 0.0;
 #pragma omp simd reduction(+ : r, c)
@@ -440,6 +470,8 @@ std::vector<double> srelu_ratio_sums(const at::Tensor& values_in, double lam, do
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("SOURCE_SHA") = TOPKLAB_SOURCE_SHA;
+  m.attr("TORCH_VERSION") = TOPKLAB_TORCH_VERSION;
   m.def("thresholded", &thresholded, "value per row, differentiable in the losses and λ");
   m.def("run", &run, "(value, ∂/∂losses, ∂/∂λ) per row, no autograd");
   m.def("srelu_ratio_sums", &srelu_ratio_sums, "(Σ z/r, Σ r⁻³) with z = v − λ, r = √(z² + δ²), in double");

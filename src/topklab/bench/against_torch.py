@@ -1,0 +1,134 @@
+"""The aggregates as a user gets them (the library's defaults) against the plain torch expression a
+user would otherwise write, forward + backward, measured side by side (issue 31's speed target).
+
+    python scripts/bench_topk.py --against-torch [--sizes 16 64 ...] [--k 0.1] [--rounds 15]
+
+Pairs (library module in training mode : plain expression), on a float32 leaf of n losses:
+``Average()`` : ``x.mean()``, ``Maximum()`` : ``x.max()``, ``ATk(k)`` : ``x.topk(k).values.mean()``,
+``STk(k)`` and ``MATk(k)`` (λ solved per call, the default) : ``x.mean()``. Each n runs in its own
+process, one torch thread by default: every call is warmed up (STk's and MATk's first call starts
+λ), then ``rounds`` rounds each time a loop of calls of every library module and every expression,
+in turn, so that load from elsewhere falls on both sides alike. A call's time is the median over
+rounds of its loop's time per call; a ratio is library / plain. The target: STk and MATk ≤ 1.2,
+Average, Maximum and ATk ≤ 1.1, at every n.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+TARGETS = {"Average": 1.1, "Maximum": 1.1, "ATk": 1.1, "STk": 1.2, "MATk": 1.2}
+PLAIN = {
+    "Average": "x.mean()",
+    "Maximum": "x.max()",
+    "ATk": "x.topk(k).values.mean()",
+    "STk": "x.mean()",
+    "MATk": "x.mean()",
+}
+SIZES = (16, 64, 256, 1024, 4096, 16384, 10**5, 10**6, 10**7)
+
+
+def calls(k: int):
+    """(label -> library module, expression name -> plain callable) for one k."""
+    from topklab.losses import ATk, MATk, STk
+    from topklab.losses.aggregate import Average, Maximum
+
+    library = {"Average": Average(), "Maximum": Maximum(), "ATk": ATk(k=k), "STk": STk(k=k), "MATk": MATk(k=k)}
+    plain = {
+        "x.mean()": lambda x: x.mean(),
+        "x.max()": lambda x: x.max(),
+        "x.topk(k).values.mean()": lambda x: x.topk(k).values.mean(),
+    }
+    return library, plain
+
+
+def worker(n: int, k_fraction: float, rounds: int, min_time: float, threads: int) -> dict:
+    """Per-call seconds (median over interleaved rounds) of every library module and plain expression at n."""
+    import torch
+
+    from topklab.utils.k import resolve_k
+
+    if threads:
+        torch.set_num_threads(threads)
+    k = resolve_k(k_fraction, n)
+    library, plain = calls(k)
+    x = torch.rand(n, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    steps = {**{label: module for label, module in library.items()}, **plain}
+
+    def step(function):
+        x.grad = None
+        function(x).backward()
+
+    for function in steps.values():  # warm-up: the first STk/MATk call starts λ; kernels load
+        for _ in range(3):
+            step(function)
+    started = time.perf_counter()
+    for function in steps.values():
+        step(function)
+    per_round = max(time.perf_counter() - started, 1e-9)
+    loops = max(1, int(min_time / rounds / per_round))  # calls per loop, so that all rounds take about min_time
+    seconds: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, function in steps.items():
+            began = time.perf_counter()
+            for _ in range(loops):
+                step(function)
+            seconds[name].append((time.perf_counter() - began) / loops)
+    return {
+        "n": n,
+        "k": k,
+        "loops": loops,
+        "seconds": {name: statistics.median(values) for name, values in seconds.items()},
+    }
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """Per n and library module: its time, its plain expression's, the ratio and its target."""
+    out = []
+    for row in rows:
+        for label, target in TARGETS.items():
+            mine, theirs = row["seconds"][label], row["seconds"][PLAIN[label]]
+            out.append({"n": row["n"], "loss": label, "plain": PLAIN[label], "ratio": mine / theirs, "target": target})
+    return out
+
+
+def worst(rows: list[dict]) -> dict:
+    """The ratio furthest above its target (ratio / target largest)."""
+    return max(ratios(rows), key=lambda r: r["ratio"] / r["target"])
+
+
+def render(rows: list[dict], hardware: str, command: str, k_fraction: float) -> str:
+    ns = [row["n"] for row in rows]
+    table = {(r["loss"], r["n"]): r for r in ratios(rows)}
+    lines = [
+        f"# The aggregates as the library gives them against the plain torch expression ({hardware})",
+        "",
+        f"Forward + backward, ratio of times (library / plain), k = {k_fraction}n; median over interleaved "
+        f"rounds, each n in its own process. Produced by `{command}`.",
+        "",
+        "| loss | plain expression | target | " + " | ".join(f"n={n:,}" for n in ns) + " |",
+        "|---|---|---|" + "---|" * len(ns),
+    ]
+    for label, target in TARGETS.items():
+        cells = [f"{table[(label, n)]['ratio']:.2f}" for n in ns]
+        lines.append(f"| {label} | `{PLAIN[label]}` | ≤ {target} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| plain expression | " + " | ".join(f"n={n:,}" for n in ns) + " |",
+        "|---|" + "---|" * len(ns),
+    ]
+    for name in dict.fromkeys(PLAIN.values()):
+        lines.append(f"| `{name}` (µs) | " + " | ".join(f"{row['seconds'][name] * 1e6:.3g}" for row in rows) + " |")
+    lines += ["", headline(rows)]
+    return "\n".join(lines) + "\n"
+
+
+def headline(rows: list[dict]) -> str:
+    """The benchmark's last line: the worst ratio over every n and loss, against its target."""
+    w = worst(rows)
+    verdict = "within" if all(r["ratio"] <= r["target"] for r in ratios(rows)) else "NOT within"
+    return (
+        f"worst ratio to the plain torch expression: {w['ratio']:.2f} ({w['loss']} / `{w['plain']}` at "
+        f"n={w['n']:,}; target {w['target']}); every ratio {verdict} its target"
+    )

@@ -1,0 +1,71 @@
+"""The C++ extensions (``thresholded_cpu.cpp``, ``pav_cpu.cpp``): prebuilt with the package, else
+built on first use.
+
+``setup.py`` compiles each source into the package (the wheel, and ``pip install -e .`` as
+``make setup`` runs it) against the torch it builds with, stamping the source's SHA-256 and that
+torch's version into the module. :func:`load_native` imports such a prebuilt module where both
+match (the source beside it, the torch imported), so nothing is compiled and no compiler is needed.
+Otherwise (no prebuilt module, a source edited since, another torch, or ``TOPKLAB_PREBUILT=0``) it
+says why once and builds the source with :func:`torch.utils.cpp_extension.load` (a C++ compiler
+and ninja; cached on disk by torch and rebuilt when the source changes); a failure there is the
+caller's to handle (the kernels fall back to their eager paths).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import shutil
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+# -O3 with no fused multiply-add (the same rounding as the eager formulas) and `omp simd` loops;
+# setup.py builds with the same flags
+CFLAGS = ("-O3", "-fopenmp-simd", "-ffp-contract=off", "-fno-math-errno")
+
+
+def source_sha(source: Path) -> str:
+    """The SHA-256 of a C++ source (what setup.py stamps into the module it builds)."""
+    return hashlib.sha256(source.read_bytes()).hexdigest()
+
+
+def prebuilt_mismatch(module: ModuleType, source: Path) -> str | None:
+    """Why a prebuilt ``module`` cannot stand for ``source`` under the torch imported, or None."""
+    if module.TORCH_VERSION != torch.__version__:
+        return f"it was built against torch {module.TORCH_VERSION}, this is torch {torch.__version__}"
+    if source.exists() and module.SOURCE_SHA != source_sha(source):
+        return f"{source.name} changed since it was built (rebuild it: pip install --no-build-isolation -e .)"
+    return None
+
+
+def load_native(prebuilt: str, source: Path, jit_name: str) -> ModuleType:
+    """The extension of ``source``: the prebuilt module ``prebuilt`` (a dotted name) where it matches,
+    else built on first use under ``jit_name`` (raises where it cannot be built)."""
+    why = "TOPKLAB_PREBUILT=0" if os.environ.get("TOPKLAB_PREBUILT", "1") == "0" else None
+    if why is None:
+        try:
+            module = importlib.import_module(prebuilt)
+        except ImportError as error:
+            why = f"it is not installed ({str(error).splitlines()[0]})"
+        else:
+            why = prebuilt_mismatch(module, source)
+            if why is None:
+                return module
+    if "not installed" not in why:  # a missing module is a source checkout without `make setup`: no news
+        warnings.warn(f"topklab: not using the prebuilt {prebuilt} ({why}); building {source.name}", stacklevel=3)
+    return build(source, jit_name)
+
+
+def build(source: Path, name: str) -> ModuleType:
+    """``source`` compiled by torch.utils.cpp_extension.load (ninja from the ninja package where not on PATH)."""
+    from torch.utils.cpp_extension import load
+
+    if shutil.which("ninja") is None:  # the ninja package's binary, when its bin/ is not on PATH (an unactivated venv)
+        import ninja
+
+        os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+    return load(name=name, sources=[str(source)], extra_cflags=list(CFLAGS))
