@@ -31,6 +31,10 @@ class Average(Aggregate):
     def forward(self, losses: torch.Tensor) -> torch.Tensor:
         # the usual case, a finite CPU mean of 1-D losses, is x.mean() itself: a third of the batched
         # path's cost at small n
+        if self.one_row(losses) and not torch.compiler.is_compiling():
+            plain = losses.mean()
+            if not math.isinf(plain.item()):
+                return plain
         work = check_losses(losses, self.dim)
         if work.dim() == 1:
             plain = work.mean()

@@ -133,6 +133,9 @@ def mean_without_overflow(plain: torch.Tensor, values: torch.Tensor, count: torc
     return torch.where(torch.isinf(plain) & torch.isfinite(wide), wide, plain)
 
 
+ONE_ROW_DTYPES = (torch.float32, torch.float64)
+
+
 class Aggregate(nn.Module):
     """An aggregate loss: n per-sample losses -> one number (STk paper §3-4), for every row of a
     batch of them.
@@ -240,6 +243,19 @@ class Aggregate(nn.Module):
         lam = self.threshold.to(rows.dtype).expand(rows.shape[0]) if self.has_threshold else None
         delta = None if self.delta is None else rows.new_full(rows.shape[:1], self.delta)
         return self.from_rows(self.batched(rows, k, lam, delta), losses)
+
+    def one_row(self, losses, cpu: bool = True) -> bool:
+        """Whether ``losses`` is the usual call a subclass may answer directly, with a few checks
+        instead of :func:`check_losses` and the batched path: a non-empty 1-D float32/float64 tensor
+        (on the CPU where ``cpu``) reduced over its only axis."""
+        return (
+            type(losses) is torch.Tensor
+            and losses.dim() == 1
+            and losses.dtype in ONE_ROW_DTYPES
+            and (losses.is_cpu or not cpu)
+            and self.dim in (-1, 0)
+            and losses.shape[0] > 0
+        )
 
     def _batch(self, losses: torch.Tensor) -> torch.Size:
         """The shape of ``losses`` without ``dim`` (checked by :meth:`rows` first)."""

@@ -24,6 +24,8 @@ class Maximum(Aggregate):
     """
 
     def forward(self, losses: torch.Tensor) -> torch.Tensor:
+        if self.one_row(losses, cpu=False):
+            return losses.max(0).values
         work = check_losses(losses, self.dim)
         if work.dim() == 1:  # the batched path's value and gradient, without its reshaping
             return work.max(0).values.to(losses.dtype)
