@@ -88,6 +88,7 @@ def test_bad_exponents_fail_in_one_line(tmp_path):
 def test_script_writes_the_table_and_ends_with_the_headline(tmp_path):
     out = run(
         *("--min-exp", "5", "--max-exp", "5", "--min-time", "0.01", "--sizes", "16", "--rounds", "1"),
+        *("--against-time", "0.05"),
         *("--out-dir", str(tmp_path)),
     )
     assert out.returncode == 0, out.stderr
@@ -132,7 +133,7 @@ def test_the_against_torch_table_ends_with_the_worst_ratio_against_its_target():
 
 
 def test_the_against_torch_run_writes_its_table(tmp_path):
-    out = run("--against-torch", "--sizes", "16", "--rounds", "1", "--min-time", "0.01", "--out-dir", str(tmp_path))
+    out = run("--against-torch", "--sizes", "16", "--rounds", "1", "--against-time", "0.05", "--out-dir", str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1].startswith("worst ratio to the plain torch expression: ")
     assert {p.name for p in tmp_path.iterdir()} == {"topk_against_torch_cpu.json", "topk_against_torch_cpu.md"}

@@ -273,6 +273,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--k", type=float, default=0.1, help="k as a fraction of n in the against-torch table")
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds of the against-torch table")
+    parser.add_argument(
+        "--against-time",
+        type=float,
+        default=4.0,
+        help="seconds of all rounds together, per n, in the against-torch table",
+    )
     parser.add_argument("--worker", nargs=2, metavar=("LOSS", "POINTS"), help=argparse.SUPPRESS)
     parser.add_argument("--no-memory", action="store_true", help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
@@ -303,8 +309,8 @@ def compare_with_torch(args, argv: list[str]) -> None:
     """The against-torch table: one process per n; its headline is the last line printed."""
     from topklab.bench.output import machine_label
 
-    if any(n < 1 for n in args.sizes) or not 0 < args.k <= 1 or args.rounds < 1:
-        print("error: need --sizes >= 1, 0 < --k <= 1 and --rounds >= 1", file=sys.stderr)
+    if any(n < 1 for n in args.sizes) or not 0 < args.k <= 1 or args.rounds < 1 or not args.against_time > 0:
+        print("error: need --sizes >= 1, 0 < --k <= 1, --rounds >= 1 and --against-time > 0", file=sys.stderr)
         raise SystemExit(2)
     rows = []
     for n in args.sizes:

@@ -187,53 +187,63 @@ T power_law_step(T count, T excess, T k, T n, T bend, T change) {
   return sign * gap / bend * log_ratio * relative;
 }
 
+// One loss's terms of a solve step's sums at λ: SReLU'(z), SReLU''(z) and the change of the count's gap's
+// curvature (solve.py's srelu_slope_and_curvature, curvature_change), z = v − λ clamped to ±big.
+template <typename T>
+[[gnu::always_inline]] inline void solve_terms(T v, T lam, T dd, double& count, double& curvature, double& change) {
+  constexpr T big = beyond_square<T>();
+  T z = v - lam;
+  z = z < -big ? -big : (z > big ? big : z);
+  const T root = std::sqrt(z * z + dd);
+  const T slope = z < T(0) ? dd / (T(2) * root * (root - z)) : T(0.5) * (T(1) + z / root);
+  const T bend = T(0.5) * dd / (root * root * root);
+  count += double(slope);
+  curvature += double(bend);
+  change += double(T(3) * bend * (z / (z * z + dd)));
+}
+
 // λ per row with Σ_i SReLU'_δ(ℓ_i − λ) ≈ k: solve.py's solve_srelu_threshold (the same bracket, safeguarded
-// power-law steps and best iterate), each step one pass over the row with double sums and no temporaries.
+// power-law steps and best iterate), each step one pass over the row with double sums and no temporaries. The
+// first pass also scans the row for its bracket, evaluating at the warm start; where the warm start lies
+// outside the bracket, the clamped start is evaluated in a pass of its own.
 template <typename T>
 TOPKLAB_CLONES void solve_rows(const T* losses, const T* k, const T* delta, const T* start, int64_t P, int64_t n, int64_t steps,
                 T* lam_out, T* count_out) {
-  constexpr T big = beyond_square<T>();
   const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
   for (int64_t p = 0; p < P; ++p) {
     const T* row = losses + p * n;
+    const T d = delta[p], dd = d * d, kp = k[p], warm = start[p];
     T least = inf, most = -inf;
-    int64_t above = 0;
-    bool undefined = false;
+    int64_t above = 0, nans = 0;
+    double count = 0.0, curvature = 0.0, change = 0.0;
+#pragma omp simd reduction(min : least) reduction(max : most) reduction(+ : above, nans, count, curvature, change)
     for (int64_t i = 0; i < n; ++i) {
       const T v = row[i];
-      if (std::isnan(v)) {
-        undefined = true;
-      } else if (std::isinf(v)) {
-        above += v > T(0);
-      } else {
-        least = v < least ? v : least;
-        most = v > most ? v : most;
-      }
+      const bool finite = std::isfinite(v);
+      nans += v != v;
+      above += v == inf;
+      least = std::min(least, finite ? v : inf);
+      most = std::max(most, finite ? v : -inf);
+      solve_terms(v, warm, dd, count, curvature, change);
     }
-    if (undefined) {
+    if (nans > 0) {
       lam_out[p] = nan;
       count_out[p] = nan;
       continue;
     }
     if (least > most) least = most = T(0);  // no finite loss
-    const T d = delta[p], dd = d * d, kp = k[p];
     const T lower_gap = T(n) - kp < T(0.5) ? T(0.5) : T(n) - kp, upper_gap = kp - T(above) < T(0.5) ? T(0.5) : kp - T(above);
     T low = least - d * std::sqrt(T(n) / lower_gap), high = most + d * std::sqrt(T(n) / upper_gap);
-    T lam = std::min(std::max(start[p], low), high);
+    T lam = std::min(std::max(warm, low), high);
+    bool evaluated = lam == warm;  // the scan's sums are those at λ
     T best = lam, best_excess = inf, best_count = T(n);
     for (int64_t step = 0; step <= steps; ++step) {
-      double count = 0.0, curvature = 0.0, change = 0.0;
+      if (!evaluated) {
+        count = curvature = change = 0.0;
 #pragma omp simd reduction(+ : count, curvature, change)
-      for (int64_t i = 0; i < n; ++i) {
-        T z = row[i] - lam;
-        z = z < -big ? -big : (z > big ? big : z);
-        const T root = std::sqrt(z * z + dd);
-        const T slope = z < T(0) ? dd / (T(2) * root * (root - z)) : T(0.5) * (T(1) + z / root);
-        const T bend = T(0.5) * dd / (root * root * root);
-        count += double(slope);
-        curvature += double(bend);
-        change += double(T(3) * bend * (z / (z * z + dd)));
+        for (int64_t i = 0; i < n; ++i) solve_terms(row[i], lam, dd, count, curvature, change);
       }
+      evaluated = false;
       const T excess = T(count) - kp;
       if (std::abs(excess) < best_excess) {
         best = lam;
