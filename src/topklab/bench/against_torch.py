@@ -8,7 +8,7 @@ Pairs (library module in training mode : plain expression), on a float32 leaf of
 ``STk(k)`` and ``MATk(k)`` (λ solved per call, the default) : ``x.mean()``. Each n runs in its own
 process, one torch thread by default: every call is warmed up (STk's and MATk's first call starts
 λ), then ``rounds`` rounds each time a loop of calls of every library module and every expression,
-in turn, so that load from elsewhere falls on both sides alike. A call's time is the median over
+in turn (after one untimed call), so that load from elsewhere falls on both sides alike. A call's time is the median over
 rounds of its loop's time per call; a ratio is library / plain. The target: STk and MATk ≤ 1.2,
 Average, Maximum and ATk ≤ 1.1, at every n.
 """
@@ -71,6 +71,7 @@ def worker(n: int, k_fraction: float, rounds: int, min_time: float, threads: int
     seconds: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(rounds):
         for name, function in steps.items():
+            step(function)  # untimed: the first call after another function's finds the caches holding its data
             began = time.perf_counter()
             for _ in range(loops):
                 step(function)
