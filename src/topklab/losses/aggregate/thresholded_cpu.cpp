@@ -146,6 +146,15 @@ bool all_ones(const at::Tensor& t) {
   return t.numel() == 1 ? t.item<double>() == 1.0 : at::all(t == 1).item<bool>();
 }
 
+// The fused node's backward: the gradients its forward saved (in the losses, in λ), times the incoming
+// gradient (per row; the losses' factor g_rows, g broadcast over each row), skipped where it is one everywhere.
+std::pair<at::Tensor, at::Tensor> saved_times(torch::autograd::AutogradContext* ctx, const at::Tensor& g,
+                                              const at::Tensor& g_rows) {
+  auto saved = ctx->get_saved_variables();
+  if (all_ones(g)) return {saved[0], saved[1]};
+  return {saved[0] * g_rows, saved[1] * g};
+}
+
 struct Thresholded : public torch::autograd::Function<Thresholded> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& losses, const at::Tensor& lam,
                             const at::Tensor& delta, const at::Tensor& k, const at::Tensor& scale, int64_t smoothing) {
@@ -156,13 +165,7 @@ struct Thresholded : public torch::autograd::Function<Thresholded> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_value) {
-    auto saved = ctx->get_saved_variables();
-    at::Tensor grad = saved[0], grad_lam = saved[1];
-    const at::Tensor& g = grad_value[0];
-    if (!all_ones(g)) {
-      grad = grad * g.unsqueeze(1);
-      grad_lam = grad_lam * g;
-    }
+    const auto [grad, grad_lam] = saved_times(ctx, grad_value[0], grad_value[0].unsqueeze(1));
     return {ctx->needs_input_grad(0) ? grad : at::Tensor(), ctx->needs_input_grad(1) ? grad_lam : at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -388,13 +391,7 @@ struct RowThresholded : public torch::autograd::Function<RowThresholded> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_value) {
-    auto saved = ctx->get_saved_variables();
-    at::Tensor grad = saved[0], grad_lam = saved[1];
-    const at::Tensor& g = grad_value[0];
-    if (!all_ones(g)) {
-      grad = grad * g;
-      grad_lam = grad_lam * g;
-    }
+    const auto [grad, grad_lam] = saved_times(ctx, grad_value[0], grad_value[0]);
     const auto lam_dtype = static_cast<at::ScalarType>(ctx->saved_data["lam_dtype"].toInt());
     return {ctx->needs_input_grad(0) ? grad : at::Tensor(),
             ctx->needs_input_grad(1) ? grad_lam.to(lam_dtype) : at::Tensor(),
