@@ -17,6 +17,7 @@ from topklab.bench.operators import OVER_MEMORY, PEERS, render_peers
 SCRIPT = ROOT / "scripts" / "bench_operators.py"
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_quick_mode_ends_with_the_speedup_line():
     done = subprocess.run(
@@ -25,6 +26,19 @@ def test_quick_mode_ends_with_the_speedup_line():
     last = done.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"speedup vs difftopk: \d+\.\d", last)
     assert "max |P_topk difference|" in done.stdout
+
+
+def test_quick_mode_on_small_logits_ends_with_the_speedup_line(monkeypatch, capsys):
+    """The fast counterpart of the slow test above: the same --quick run on (8, 12) logits, in process
+    (difftopk's dense path on the CIFAR-100 shape takes most of a minute)."""
+    pytest.importorskip("difftopk")
+    from topklab.bench import operators
+
+    monkeypatch.setattr(operators, "QUICK", {**operators.QUICK, "batch": 8, "classes": 12})
+    assert operators.main(["--quick", "--quick-rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "top-k CE (P_K = [.2]*5, batch 8, n = 12)" in out and "max |P_topk difference|" in out
+    assert re.fullmatch(r"speedup vs difftopk: \d+\.\d", out.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
