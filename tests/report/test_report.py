@@ -185,11 +185,11 @@ def test_committed_figures_are_redrawn_pixel_for_pixel(tmp_path):
 
 
 def test_a_result_records_its_command_without_one_machines_folders():
-    provenance = {"argv": ["train.py", "seed=0", "paths.checkpoint_dir=/work/ckpt"], "git": {}}
+    provenance = {"argv": ["train.py", "seed=0", "paths.checkpoint_dir=/scratch/ckpt"], "git": {}}
     result = make_result("bench", "t", {"order": []}, "python train.py paths.data_dir=/data/x seed=0", {}, provenance)
     assert result["command"] == "python train.py paths.data_dir=<path> seed=0"
     assert result["provenance"]["argv"] == ["train.py", "seed=0", "paths.checkpoint_dir=<path>"]
-    assert provenance["argv"][-1] == "paths.checkpoint_dir=/work/ckpt"  # the caller's dict is left alone
+    assert provenance["argv"][-1] == "paths.checkpoint_dir=/scratch/ckpt"  # the caller's dict is left alone
 
 
 @pytest.mark.integration  # every committed result read

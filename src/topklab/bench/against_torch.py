@@ -54,7 +54,7 @@ def worker(n: int, k_fraction: float, rounds: int, min_time: float, threads: int
     k = resolve_k(k_fraction, n)
     library, plain = calls(k)
     x = torch.rand(n, generator=torch.Generator().manual_seed(0)).requires_grad_()
-    steps = {**{label: module for label, module in library.items()}, **plain}
+    steps = {**library, **plain}
 
     def step(function):
         x.grad = None

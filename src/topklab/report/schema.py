@@ -70,7 +70,7 @@ def without_local_paths(text: str) -> str:
 
     Examples
     --------
-    >>> without_local_paths("python train.py seed=0 paths.checkpoint_dir=/work/ckpt 'paths.data_dir=/d x'")
+    >>> without_local_paths("python train.py seed=0 paths.checkpoint_dir=/scratch/ckpt 'paths.data_dir=/d x'")
     "python train.py seed=0 paths.checkpoint_dir=<path> 'paths.data_dir=<path> x'"
     """
     return LOCAL_PATH.sub("=<path>", text)

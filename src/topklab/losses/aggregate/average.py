@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from topklab.losses.aggregate.base import Aggregate, accumulation_dtype, check_losses, mean_without_overflow
+from topklab.losses.aggregate.base import Aggregate, accumulation_dtype, mean_without_overflow
 
 
 class Average(Aggregate):
@@ -30,16 +30,11 @@ class Average(Aggregate):
 
     def forward(self, losses: torch.Tensor) -> torch.Tensor:
         # the usual case, a finite CPU mean of 1-D losses, is x.mean() itself: a third of the batched
-        # path's cost at small n
+        # path's cost at small n (its value and gradient bit for bit)
         if self.one_row(losses) and not torch.compiler.is_compiling():
             plain = losses.mean()
             if not math.isinf(plain.item()):
                 return plain
-        work = check_losses(losses, self.dim)
-        if work.dim() == 1:
-            plain = work.mean()
-            if plain.device.type == "cpu" and not torch.compiler.is_compiling() and not math.isinf(plain.item()):
-                return plain.to(losses.dtype)
         return super().forward(losses)
 
     def batched(self, losses: torch.Tensor, k, lam, delta) -> torch.Tensor:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from topklab.losses.aggregate.base import Aggregate, check_losses
+from topklab.losses.aggregate.base import Aggregate
 
 
 class Maximum(Aggregate):
@@ -24,11 +24,8 @@ class Maximum(Aggregate):
     """
 
     def forward(self, losses: torch.Tensor) -> torch.Tensor:
-        if self.one_row(losses, cpu=False):
+        if self.one_row(losses, cpu=False):  # the batched path's value and gradient, without its reshaping
             return losses.max(0).values
-        work = check_losses(losses, self.dim)
-        if work.dim() == 1:  # the batched path's value and gradient, without its reshaping
-            return work.max(0).values.to(losses.dtype)
         return super().forward(losses)
 
     def batched(self, losses: torch.Tensor, k, lam, delta) -> torch.Tensor:
