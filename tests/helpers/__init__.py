@@ -25,3 +25,10 @@ TABULAR_DATASETS = [
     "cpusmall",
     "sinc",
 ]
+
+
+def filed_table(table: str, summary: dict) -> str:
+    """The table a run's result is filed in: ``<table>`` on the CPU, ``<table>_<device type>`` elsewhere
+    (``engine.device=auto`` takes a GPU where one is visible)."""
+    device = summary["device"].split(":")[0]
+    return table if device == "cpu" else f"{table}_{device}"

@@ -7,7 +7,7 @@ import torch
 
 from helpers.vision_runs import TINY_VIT, data_overrides
 from topklab.engine.run import train
-from topklab.losses import STk
+from topklab.losses import MATk, STk
 from topklab.losses.aggregate.solve import kth_largest_value
 from topklab.tasks.classification_metrics import expected_calibration_error
 
@@ -28,6 +28,29 @@ def test_stk_on_cuda_matches_the_cpu_in_float64(lam_update):
         grads.append((x.grad.cpu(), lam.detach().cpu()))
     assert torch.allclose(values[0], values[1], rtol=1e-10)
     assert torch.allclose(grads[0][0], grads[1][0], rtol=1e-9) and torch.allclose(grads[0][1], grads[1][1], rtol=1e-9)
+
+
+@pytest.mark.parametrize("cls", [STk, MATk])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_rows_compile_with_inductor_on_cuda_as_one_graph_equal_to_eager(cls, dtype):
+    """The library face on a GPU: rows reduced over dim=1 (n = 20,000 each, past the compiled kernel's
+    threshold) under torch.compile(fullgraph=True) with inductor's Triton code, against eager on CUDA;
+    λ's buffers and the input's gradient agree to the dtype's rounding."""
+    torch._dynamo.reset()
+    compiled_loss, eager_loss = cls(k=0.3, dim=1).cuda(), cls(k=0.3, dim=1).cuda()
+    compiled = torch.compile(lambda values: compiled_loss(values), fullgraph=True)
+    generator = torch.Generator().manual_seed(0)
+    tolerance = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2**-7, "atol": 1e-3}
+    for _ in range(3):  # the first call sets λ from the batch, the next ones warm-start from it
+        losses = torch.rand(4, 20_000, generator=generator).mul(3).to("cuda", dtype)
+        a, b = losses.clone().requires_grad_(True), losses.clone().requires_grad_(True)
+        value_a, value_b = compiled(a), eager_loss(b)
+        value_a.float().sum().backward()
+        value_b.float().sum().backward()
+        assert value_a.dtype == dtype and value_a.shape == (4,)
+        torch.testing.assert_close(value_a.float(), value_b.float(), **tolerance)
+        torch.testing.assert_close(a.grad.float(), b.grad.float(), **tolerance)
+        torch.testing.assert_close(compiled_loss.lam_last, eager_loss.lam_last, **tolerance)
 
 
 @pytest.mark.parametrize("k", [1, 5, 500_000, 999_996, 1_000_000])

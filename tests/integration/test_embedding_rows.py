@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, filed_table
 from helpers.embedding_files import write_embeddings
 from topklab.config import config_groups
 from topklab.engine.run import train
@@ -123,7 +123,7 @@ def test_row_smoke_runs_offline_on_tiny_embeddings(compose_cfg, tmp_path, row, e
     )
     summary = train(cfg, tmp_path / "run")
     result = json.loads(result_file.read_text())["result"]
-    assert (result["table"], result["row"], result["label"]) == (table, name, cfg.row)
+    assert (result["table"], result["row"], result["label"]) == (filed_table(table, summary), name, cfg.row)
     assert summary["steps"] == 3 and set(summary["selection"]) == {"top1", "top5"}
     assert summary["data"]["sizes"] == {"train": 200, "val": 60, "test": 120}
 

@@ -187,6 +187,7 @@ def test_a_pel_result_renders_beside_the_papers_values_and_names_the_missing_row
         "engine.max_steps=1",
         "engine.batch_size=8",
         "engine.amp=none",
+        "engine.device=cpu",  # a run on a GPU is filed in its own table, pel_places_lt_cuda
         "engine.progress=false",
         "logger=none",
         f"result_file={result_file}",

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from helpers import ROOT
+from helpers import ROOT, filed_table
 from helpers.translation_files import write_hub_copy, write_text_corpus
 from topklab.config import config_groups
 from topklab.engine.build import build
@@ -86,7 +86,7 @@ def test_translation_row_composes_and_smoke_runs_offline(compose_cfg, tmp_path, 
     summary = train(cfg, tmp_path / "run")
     assert summary["steps"] == 2
     written = json.loads(result.read_text())
-    assert written["family"] == "translation" and written["experiment"] == f"{dataset}/row"
+    assert written["family"] == "translation" and written["experiment"] == f"{filed_table(dataset, summary)}/row"
     assert not {"root", "vocab_dir", "cache_dir"} & set(written["config"]["dataset"])  # no machine paths
     test = written["result"]["summary"]["metrics"]["test"]
     assert len(test["translations"]) == summary["data"]["sizes"]["test"] and "tok:13a" in test["bleu_signature"]
@@ -249,6 +249,7 @@ def test_translation_table_renders_ours_beside_the_paper_and_names_missing_rows(
                 "engine.batch_size=128",
                 "engine.amp=none",
                 "engine.average_last=0",
+                "engine.device=cpu",  # a run on a GPU is filed in its own table, iwslt14_cuda
                 f"seed={seed}",
                 f"result_file={result}",
             ),
