@@ -89,11 +89,16 @@ gpu-wheels:
 UNIT_TESTS := $(sort $(filter-out tests/integration/ tests/repo/ tests/helpers/ tests/fixtures/,$(dir $(wildcard tests/*/test_*.py))))
 
 # On a CUDA machine the gpu-marked tests run too; elsewhere they are skipped with the reason.
+# test and test-unit run on TEST_WORKERS processes (pytest-xdist), each test file on one of them (its module
+# fixtures built once); TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
+PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" $(PARALLEL)
 
 test-unit: setup
-	$(PY) -m pytest -q -m "not slow and not integration" $(UNIT_TESTS)
+	$(PY) -m pytest -q -m "not slow and not integration" $(PARALLEL) $(UNIT_TESTS)
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow

@@ -4,6 +4,7 @@ topklab.utils.native.load_native checks before it uses one. Build against the to
 (--no-build-isolation; an isolated build would fetch another torch). Metadata: pyproject.toml."""
 
 import hashlib
+import os
 from pathlib import Path
 
 import torch
@@ -26,5 +27,7 @@ def extension(name: str, source: str) -> CppExtension:
 
 setup(
     ext_modules=[extension(name, source) for name, source in EXTENSIONS.items()],
-    cmdclass={"build_ext": BuildExtension},
+    # the extensions compile side by side; without ninja, whose per-extension build files would share one folder
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=False)},
+    options={"build_ext": {"parallel": os.cpu_count() or 1}},
 )

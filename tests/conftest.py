@@ -9,10 +9,14 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 from hydra import initialize_config_dir  # noqa: E402
 
 import topklab  # noqa: E402,F401  (torchvision shim before anything imports torchvision)
 from topklab.config import compose_run  # noqa: E402
+
+if "PYTEST_XDIST_WORKER" in os.environ:  # make test's processes share the cores rather than each taking all of them
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 # module-scoped fixtures of tiny vision data (fmnist_root, cifar_root, listed_tree) for every folder
 pytest_plugins = ["helpers.vision_runs"]
@@ -67,8 +71,6 @@ INTEGRATION = ROOT / "tests" / "integration"
 def pytest_collection_modifyitems(config, items):
     """Tests under ``tests/integration/`` are marked ``integration``. ``gpu``-marked tests run where CUDA is
     visible (``make setup DEVICE=cuda``) and skip elsewhere."""
-    import torch
-
     for item in items:
         if INTEGRATION in item.path.parents:
             item.add_marker(pytest.mark.integration)
