@@ -115,3 +115,31 @@ def test_the_lane_leaves_other_inputs_to_the_general_path(monkeypatch):
     assert counter.taken == 2, "only the second and the strided 1-D float32/float64 calls take the lane"
     assert STk(k=0.5, compile_min_n=16).path_for(torch.zeros(1, 8)) == "eager", "kernel=auto below compile_min_n"
     assert STk(k=0.5).path_for(torch.zeros(1, 8)) == "native", "by default the C++ kernel at every n on a CPU"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("k", [5, 0.3, 69_990])
+def test_matk_on_long_rows_selects_the_general_paths_kth_largest(k, dtype, monkeypatch):
+    """From 65,536 losses on, the lane selects ℓ_[k] among the losses of its histogram bucket
+    (``kth_largest_row``): the general path's λ (``torch.kthvalue``) bit for bit, value and gradient
+    too, with ties, negative losses, both zeros and (in the last batch) infinities."""
+    generator = torch.Generator().manual_seed(1)
+    n = 70_000
+    batches = []
+    for step in range(4):
+        losses = torch.randn(n, generator=generator, dtype=dtype).mul(3)
+        losses[200:20_000] = losses[20_000:39_800]  # ties: most losses twice
+        losses[:50], losses[50:100] = 0.0, -0.0
+        if step == 3:
+            losses[100:103], losses[103:105] = float("inf"), -float("inf")
+        batches.append(losses[torch.randperm(n, generator=generator)])
+    lane_module = MATk(k=k, kernel="native")
+    general_module = copy.deepcopy(lane_module)
+    counter = Counting(monkeypatch)
+    lane = run(lane_module, batches, lane=True)
+    assert counter.taken == len(batches) - 1
+    general = run(general_module, batches, lane=False)
+    for step, (a, b) in enumerate(zip(lane, general)):
+        for key in ("value", "grad", "lam"):
+            assert torch.equal(a[key], b[key]), (step, key)
+        assert all(torch.equal(x, y) for x, y in zip(a["buffers"], b["buffers"])), (step, "buffers")
