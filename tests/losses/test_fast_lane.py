@@ -143,3 +143,22 @@ def test_matk_on_long_rows_selects_the_general_paths_kth_largest(k, dtype, monke
         for key in ("value", "grad", "lam"):
             assert torch.equal(a[key], b[key]), (step, key)
         assert all(torch.equal(x, y) for x, y in zip(a["buffers"], b["buffers"])), (step, "buffers")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_matk_on_long_rows_with_nan_losses_keeps_the_general_paths_lambda(dtype):
+    """NaN ranks largest (as in kthvalue): with 10 NaN losses of 70,000 the lane's ℓ_[k] is the general
+    path's, and both values are NaN."""
+    generator = torch.Generator().manual_seed(2)
+    batches = [torch.randn(70_000, generator=generator, dtype=dtype) for _ in range(2)]
+    batches[1][torch.randperm(70_000, generator=generator)[:10]] = float("nan")
+    lane_module = MATk(k=0.3, kernel="native")
+    general_module = copy.deepcopy(lane_module)
+    general_module._one_row = lambda losses: None
+    for module in (lane_module, general_module):
+        for losses in batches:
+            value = module(losses.clone().requires_grad_())
+            value.backward()
+        assert value.isnan()
+    assert torch.equal(lane_module.lam_last, general_module.lam_last)
+    assert torch.equal(lane_module.lam, general_module.lam)

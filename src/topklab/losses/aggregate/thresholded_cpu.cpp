@@ -340,40 +340,48 @@ inline typename UnsignedOf<T>::type order_key(T v) {
 
 // ℓ_[k], the k-th largest of row (n,), NaN ranked largest as kthvalue ranks it, clamped to the finite losses'
 // range as solve.py's kth_largest() does: a selection on a copy of the losses, or from kRadixMinN losses on, of
-// those in ℓ_[k]'s histogram bucket.
+// those in ℓ_[k]'s histogram bucket (two tables, alternate losses, so that equal neighbours do not wait on
+// each other's count).
 template <typename T>
 T kth_largest_row(const T* row, int64_t n, int64_t k) {
   constexpr int kShift = 8 * sizeof(T) - 16;
-  const bool radix = n >= kRadixMinN;
-  std::vector<int64_t> counts(radix ? 1 << 16 : 0, 0);
-  std::vector<T> kept;
-  kept.reserve(radix ? 0 : n);
+  constexpr int64_t kBuckets = int64_t(1) << 16;
+  const T inf = std::numeric_limits<T>::infinity();
   int64_t nans = 0;
-  T least = std::numeric_limits<T>::infinity(), most = -std::numeric_limits<T>::infinity();
+  T least = inf, most = -inf;
+#pragma omp simd reduction(min : least) reduction(max : most) reduction(+ : nans)
   for (int64_t i = 0; i < n; ++i) {
     const T v = row[i];
-    if (std::isnan(v)) {
-      ++nans;
-      continue;
-    }
-    if (radix) {
-      ++counts[order_key(v) >> kShift];
-    } else {
-      kept.push_back(v);
-    }
-    if (std::isfinite(v)) {
-      least = std::min(least, v);
-      most = std::max(most, v);
-    }
+    const bool finite = std::isfinite(v);
+    nans += v != v;
+    least = std::min(least, finite ? v : inf);
+    most = std::max(most, finite ? v : -inf);
   }
   if (nans >= k) return std::numeric_limits<T>::quiet_NaN();
   int64_t rank = k - nans;  // ℓ_[k]'s rank from the top among the losses that are not NaN
-  if (radix) {
-    int64_t bucket = (1 << 16) - 1;
-    for (; counts[bucket] < rank; --bucket) rank -= counts[bucket];
-    kept.reserve(counts[bucket]);
-    for (int64_t i = 0; i < n; ++i) {
-      const T v = row[i];
+  std::vector<T> kept;
+  if (n < kRadixMinN || n > int64_t(std::numeric_limits<uint32_t>::max())) {
+    kept.reserve(n - nans);
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isnan(row[i])) kept.push_back(row[i]);
+  } else {
+    std::vector<uint32_t> counts(2 * kBuckets, 0);
+    uint32_t* even = counts.data();
+    uint32_t* odd = even + kBuckets;
+    int64_t i = 0;
+    if (nans == 0) {
+      for (; i + 1 < n; i += 2) {
+        ++even[order_key(row[i]) >> kShift];
+        ++odd[order_key(row[i + 1]) >> kShift];
+      }
+    }
+    for (; i < n; ++i)
+      if (!std::isnan(row[i])) ++even[order_key(row[i]) >> kShift];
+    int64_t bucket = kBuckets - 1;
+    for (; int64_t(even[bucket]) + odd[bucket] < rank; --bucket) rank -= int64_t(even[bucket]) + odd[bucket];
+    kept.reserve(int64_t(even[bucket]) + odd[bucket]);
+    for (int64_t j = 0; j < n; ++j) {
+      const T v = row[j];
       if (!std::isnan(v) && int64_t(order_key(v) >> kShift) == bucket) kept.push_back(v);
     }
   }
