@@ -1,12 +1,14 @@
 """topklab.bench's harness: the timer's median of repeats, process isolation, the peak-RSS measure and
 side-by-side ratios (no timed assertions: only bounds loose enough not to flake on a busy machine)."""
 
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 
-from topklab.bench import compare, memory, timing
+from topklab.bench import compare, timing
 from topklab.bench.isolation import WorkerFailed, failure_line, run_isolated
 from topklab.utils.errors import TopklabError
 
@@ -67,20 +69,29 @@ def test_failure_line_without_stderr_names_the_exit():
     assert failure_line("Traceback\nValueError: bad\n\n", 1) == "ValueError: bad"
 
 
+PEAK_RSS_CHECK = """
+import numpy as np
+import pytest
+from topklab.bench import memory
+
+memory.reset_peak_rss()
+baseline = memory.current_rss_bytes()
+block = np.ones(256 * 2**20 // 8)  # 256 MiB, every page touched
+peak = memory.peak_rss_bytes() - baseline
+del block
+assert peak >= 200 * 2**20, peak
+assert memory.max_rss_bytes() >= memory.peak_rss_bytes() - 2**20  # the lifetime peak is at least as high
+assert memory.max_rss_mb() == pytest.approx(memory.max_rss_bytes() / 2**20)
+print("ok")
+"""
+
+
 def test_peak_rss_sees_a_large_allocation():
-    """Once in four suite runs on two processes the high-water mark did not rise (peak 0): three tries."""
-    peaks = []
-    for _ in range(3):
-        memory.reset_peak_rss()
-        baseline = memory.current_rss_bytes()
-        block = np.ones(256 * 2**20 // 8)  # 256 MiB, every page touched
-        peaks.append(memory.peak_rss_bytes() - baseline)
-        del block
-        if peaks[-1] >= 200 * 2**20:
-            break
-    assert max(peaks) >= 200 * 2**20, peaks
-    assert memory.max_rss_bytes() >= memory.peak_rss_bytes() - 2**20  # the lifetime peak is at least as high
-    assert memory.max_rss_mb() == pytest.approx(memory.max_rss_bytes() / 2**20)
+    """In a fresh process: in a test process that freed large blocks before, the allocator may hand the
+    256 MiB back from pages that are already resident, and the high-water mark rightly does not rise
+    (it read 0 three times in a row in one worker of `make test`'s two)."""
+    done = subprocess.run([sys.executable, "-c", PEAK_RSS_CHECK], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
 def test_interleaved_identical_candidates_have_a_ratio_near_one():
