@@ -12,7 +12,7 @@ from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 # topklab.utils.native.CFLAGS, and -g0: no debug information (Python's own flags ask for -g, which doubles the build)
-CFLAGS = ["-O3", "-fopenmp-simd", "-ffp-contract=off", "-fno-math-errno", "-g0"]
+CFLAGS = ["-O3", "-fopenmp-simd", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-g0"]
 EXTENSIONS = {
     "topklab.losses.aggregate._thresholded_cpu": "src/topklab/losses/aggregate/thresholded_cpu.cpp",
     "topklab.operators._pav_cpu": "src/topklab/operators/pav_cpu.cpp",

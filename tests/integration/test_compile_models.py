@@ -51,7 +51,10 @@ class TopKClassifier(nn.Module):
 
 
 MODELS = {
-    "stk-solve": lambda: AggregatedLogistic(STk(k=0.5)),
+    # the path a compiled call takes; δ wide against the losses' spacing: a track step divides the
+    # count's rounding by its slope in λ, near 0 between losses many δ apart, and λ would drift apart
+    "stk-track": lambda: AggregatedLogistic(STk(k=0.5, delta=0.5, kernel="eager")),
+    "stk-solve": lambda: AggregatedLogistic(STk(k=0.5, lam_update="solve")),
     "stk-gradient": lambda: AggregatedLogistic(STk(k=0.5, lam_update="gradient", lam_init=0.0)),
     "matk-solve": lambda: AggregatedLogistic(MATk(k=0.5)),
     "matk-gradient": lambda: AggregatedLogistic(MATk(k=0.5, lam_update="gradient", lam_init=0.0)),

@@ -24,7 +24,7 @@ AGGREGATES = {
     "atk_sort": lambda k, **kw: ATk(k, method="sort", **kw),
     "matk_solve": lambda k, **kw: MATk(k, **kw),
     "matk_gradient_atk_scale": lambda k, **kw: MATk(k, lam_update="gradient", lam_init=0.7, scale="atk", **kw),
-    "stk_solve": lambda k, **kw: STk(k, delta=0.05, solve_steps=30, **kw),
+    "stk_solve": lambda k, **kw: STk(k, delta=0.05, lam_update="solve", solve_steps=30, **kw),
     "stk_gradient_native": lambda k, **kw: STk(k, lam_update="gradient", lam_init=0.7, kernel="native", **kw),
     "stk_elu": lambda k, **kw: STk(k, smoothing="elu", lam_update="gradient", lam_init=0.7, **kw),
     "soft_atk": lambda k, **kw: SoftATk(k, operator=LapSum(alpha=0.5), **kw),

@@ -178,6 +178,8 @@ def test_gradient_update_with_lam_lr_is_its_own_constant_group():
         ({"lam_update": "solve", "smoothing": "elu"}, "needs smoothing"),
         ({"lam_update": "solve", "lam_lr": 0.1}, "lam_lr applies to lam_update='gradient'"),
         ({"lam_update": "solve", "lam_constraint": "clamp"}, "lam_constraint='clamp' applies"),
+        ({"smoothing": "elu"}, "lam_update='track' needs smoothing in srelu"),
+        ({"lam_lr": 0.1}, "lam_lr applies to lam_update='gradient'; with lam_update='track'"),
         ({"lam_update": "gradient", "lam_lr": -1.0}, "lam_lr=-1.0 must be a positive number"),
         ({"solve_steps": 0}, "solve_steps=0"),
         ({"lam_momentum": 0.0}, "lam_momentum=0.0"),

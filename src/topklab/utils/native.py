@@ -25,7 +25,7 @@ import torch
 
 # -O3 with no fused multiply-add (the same rounding as the eager formulas) and `omp simd` loops;
 # setup.py builds with the same flags
-CFLAGS = ("-O3", "-fopenmp-simd", "-ffp-contract=off", "-fno-math-errno")
+CFLAGS = ("-O3", "-fopenmp-simd", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math")
 
 
 def source_sha(source: Path) -> str:

@@ -119,7 +119,7 @@ class LambdaMonitor:
                 warnings.warn(
                     f"MATk/STk: λ has been out of band for {WARN_AFTER_CALLS} consecutive training calls "
                     f"(smoothed share above λ {float(share()):.3f}, k/n {k / n:.3f}); the loss is not top-k "
-                    f"(use lam_update='solve', or a larger lam_lr with lam_update='gradient')",
+                    f"(use lam_update='track' or 'solve', or a larger lam_lr with lam_update='gradient')",
                     stacklevel=4,
                 )
 

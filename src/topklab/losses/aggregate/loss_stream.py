@@ -6,7 +6,7 @@ batches) or their quantiles at :data:`LEVELS` (dense in both tails, where λ sit
 near 0). :func:`replay` rebuilds each batch from them (the quantile function at the n mid-ranks),
 feeds it to the aggregate, steps the given optimizer on λ alone (the model's part of the
 gradient is not replayed: the losses are what the run saw) and counts in-band calls after the
-first 10 %. With ``lam_update="solve"`` it also measures the running-average λ (the one used
+first 10 %. With ``lam_update="solve"`` or ``"track"`` it also measures the running-average λ (the one used
 outside training) on the next, not yet seen, batch.
 """
 
@@ -130,7 +130,7 @@ def replay(stream: LossStream, aggregate, optimizer=None, scheduler=None, skip: 
 
     - ``in_band``: share of calls after the first ``skip`` whose smoothed share above the λ they
       used (Σ ∂L/∂ℓ_i, scale "paper") is in band;
-    - ``eval_in_band``: for ``lam_update="solve"``, the share of calls in the last half at which the
+    - ``eval_in_band``: for ``lam_update="solve"`` or ``"track"``, the share of calls in the last half at which the
       running-average λ is in band on the next batch (None otherwise), and ``eval_share_below``,
       the mean share of that batch's losses below it;
     - ``hard_below``: mean share of losses below λ over the counted calls;
@@ -148,6 +148,9 @@ def replay(stream: LossStream, aggregate, optimizer=None, scheduler=None, skip: 
         k = resolve_k(aggregate.k, n)
         if optimizer is not None:
             optimizer.zero_grad()
+        stored = aggregate.lam_update != "gradient"
+        stepping = stored and aggregate.lam_update == "track" and aggregate._started  # this call uses the last λ
+        used = aggregate.lam_last.detach().clone() if stepping else None
         aggregate(losses).backward()
         if optimizer is not None:
             optimizer.step()
@@ -158,10 +161,10 @@ def replay(stream: LossStream, aggregate, optimizer=None, scheduler=None, skip: 
         share = losses.grad.double().sum()
         counted += 1
         hits += bool(in_band(share, k / n))
-        lam = float((aggregate.lam_last if aggregate.lam_update == "solve" else aggregate.threshold).detach())
+        lam = float((used if stepping else aggregate.lam_last if stored else aggregate.threshold).detach())
         below += float((losses.detach() < lam).double().mean())
         gap += float((losses.grad.double() - 1 / n).abs().max()) * n
-        if aggregate.lam_update == "solve" and step >= len(stream.steps) // 2 and step + 1 < len(stream.steps):
+        if stored and step >= len(stream.steps) // 2 and step + 1 < len(stream.steps):
             eval_calls += 1
             upcoming = stream.batch(step + 1)
             eval_hits += bool(_eval_in_band(aggregate, upcoming, k / n))

@@ -1,4 +1,5 @@
-"""λ as the root of the batch's stationarity equation (``lam_update="solve"`` of MATk/STk).
+"""λ as the root of the batch's stationarity equation (``lam_update="solve"`` of MATk/STk), or
+one step towards it per call (``lam_update="track"`` of STk: :func:`srelu_threshold_step`).
 
 At its optimum over λ, STk's Eq. 6 satisfies ``Σ_i SReLU'_δ(ℓ_i − λ) = k``: the smoothed count of
 losses above λ is k. :func:`solve_srelu_threshold` finds that root per row, sort-free, with a fixed
@@ -77,20 +78,11 @@ def solve_srelu_threshold(
             return solved
     with torch.no_grad():
         n = losses.shape[1]
-        finite = torch.isfinite(losses)
-        above = torch.isposinf(losses).sum(1)  # above every λ: each adds 1 to the count
-        least = torch.where(finite, losses, torch.full_like(losses, float("inf"))).amin(1)
-        most = torch.where(finite, losses, torch.full_like(losses, float("-inf"))).amax(1)
-        least, most = torch.where(finite.any(1), least, 0.0), torch.where(finite.any(1), most, 0.0)
-        low = least - delta * torch.sqrt(n / (n - k).clamp(min=0.5))
-        high = most + delta * torch.sqrt(n / (k - above).clamp(min=0.5))
+        low, high = _bracket(losses, k, delta)
         lam = torch.minimum(torch.maximum(start.to(losses.dtype), low), high)
         best, best_excess, best_count = lam, torch.full_like(lam, float("inf")), torch.full_like(lam, float(n))
         for _ in range(steps + 1):
-            z = losses - lam[:, None]
-            slope, curvature = srelu_slope_and_curvature(z, delta[:, None])
-            count, bend = slope.sum(1), curvature.sum(1)
-            change = curvature_change(z, delta[:, None], curvature).sum(1)
+            count, bend, change = _step_sums(losses, lam, delta)
             excess = count - k
             better = excess.abs() < best_excess
             best = torch.where(better, lam, best)
@@ -104,6 +96,68 @@ def solve_srelu_threshold(
             1
         )  # a NaN row has no root: λ is NaN there, as the batch's k-th loss would be
         return torch.where(undefined, float("nan"), best), torch.where(undefined, float("nan"), best_count)
+
+
+def srelu_threshold_step(
+    losses: torch.Tensor, k: torch.Tensor, delta: torch.Tensor, lam: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of :func:`solve_srelu_threshold` from ``lam`` per row of ``losses`` (P, n), for
+    ``lam_update="track"``: the excess ``e = Σ SReLU'(ℓ − λ) − k`` at λ, the row's bracket with its
+    end on λ's side moved to λ, and :func:`power_law_step`'s point where it lies strictly inside it,
+    the bracket's midpoint otherwise; λ itself where e = 0. ``thresholded_cpu.cpp``'s
+    ``track_call`` takes the same step from the sums of the pass that gives the value.
+
+    Returns
+    -------
+    (next λ (P,), count (P,)): the stepped λ and the smoothed count ``Σ_i SReLU'(ℓ_i − λ)`` at the
+    given λ; both NaN on a row with a NaN loss (whose stored λ the caller keeps).
+
+    Examples
+    --------
+    >>> losses = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0]], dtype=torch.float64)
+    >>> one = torch.ones(1, dtype=torch.float64)
+    >>> lam = torch.zeros(1, dtype=torch.float64)
+    >>> for _ in range(12):  # each call steps from the last call's λ: to the root of this (unchanging) batch
+    ...     lam, count = srelu_threshold_step(losses, 2 * one, 0.01 * one, lam)
+    >>> 2.0 < float(lam) < 3.0, round(float(count), 6)
+    (True, 2.0)
+    """
+    with torch.no_grad():
+        low, high = _bracket(losses, k, delta)
+        count, bend, change = _step_sums(losses, lam, delta)
+        excess = count - k
+        low = torch.where(excess > 0, torch.maximum(low, lam), low)
+        high = torch.where(excess > 0, high, torch.minimum(high, lam))
+        proposal = lam + power_law_step(count, excess, k, losses.shape[1], bend, change)
+        stepped = torch.where((proposal > low) & (proposal < high), proposal, 0.5 * (low + high))
+        undefined = torch.isnan(losses).any(1)
+        nxt = torch.where(excess == 0, lam, stepped)
+        return torch.where(undefined, float("nan"), nxt), torch.where(undefined, float("nan"), count)
+
+
+def _bracket(losses: torch.Tensor, k: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, λ's bracket ``[min ℓ − δ√(n/(n−k)), max ℓ + δ√(n/(k − m))]`` over the finite losses,
+    m the losses at +inf (see :func:`solve_srelu_threshold`)."""
+    n = losses.shape[1]
+    finite = torch.isfinite(losses)
+    above = torch.isposinf(losses).sum(1)  # above every λ: each adds 1 to the count
+    least = torch.where(finite, losses, torch.full_like(losses, float("inf"))).amin(1)
+    most = torch.where(finite, losses, torch.full_like(losses, float("-inf"))).amax(1)
+    least, most = torch.where(finite.any(1), least, 0.0), torch.where(finite.any(1), most, 0.0)
+    low = least - delta * torch.sqrt(n / (n - k).clamp(min=0.5))
+    high = most + delta * torch.sqrt(n / (k - above).clamp(min=0.5))
+    return low, high
+
+
+def _step_sums(
+    losses: torch.Tensor, lam: torch.Tensor, delta: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row at λ: the smoothed count ``Σ SReLU'(ℓ − λ)``, its curvature ``Σ SReLU''`` and that
+    curvature's change in λ (:func:`curvature_change`), the sums a solve step reads."""
+    z = losses - lam[:, None]
+    slope, curvature = srelu_slope_and_curvature(z, delta[:, None])
+    change = curvature_change(z, delta[:, None], curvature).sum(1)
+    return slope.sum(1), curvature.sum(1), change
 
 
 def curvature_change(z: torch.Tensor, delta: torch.Tensor, curvature: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ from torch import nn
 from topklab.losses.aggregate.base import Aggregate, AggregateInputError, check_k, resolve_count
 from topklab.losses.aggregate.kernels import KERNELS, native_built, native_extension, native_ready, thresholded
 from topklab.losses.aggregate.lambda_monitor import WARN_AFTER_CALLS, LambdaMonitor
-from topklab.losses.aggregate.solve import kth_largest, solve_srelu_threshold
+from topklab.losses.aggregate.solve import kth_largest, solve_srelu_threshold, srelu_threshold_step
 from topklab.losses.threshold import get_constraint
 from topklab.smoothing import get_smoothing
 from topklab.utils.checks import check_int
@@ -17,8 +17,9 @@ from topklab.utils.k import resolve_k
 MAX_DELTA = 1e12  # SReLU's root √(x² + δ²) is |x| from 2^63 on in float32: δ²/x² must be below rounding there
 
 SCALES = ("paper", "atk")
-LAM_UPDATES = ("solve", "gradient")
+LAM_UPDATES = ("track", "solve", "gradient")
 SOLVABLE = ("srelu", "relu")  # smoothings whose stationarity equation lam_update="solve" can solve
+TRACKABLE = ("srelu",)  # smoothings whose solve step lam_update="track" takes (MATk's count has no slope to step on)
 NATIVE_DTYPES = (torch.float32, torch.float64)
 GPU_COMPILE_MIN_N = 16384  # compile_min_n=None: the shortest row kernel="auto" compiles on a GPU
 
@@ -40,7 +41,19 @@ class ThresholdedTopK(Aggregate):
 
     How λ follows the losses (``lam_update``):
 
-    - ``"solve"`` (default): on each training call (``self.training`` with gradients enabled) λ is
+    - ``"track"`` (STk's default; SReLU only): a training call uses the λ the previous call stepped
+      to, and the one pass over the losses that gives the value and the gradient also gives the sums
+      of one safeguarded solve step from there (:func:`~topklab.losses.aggregate.solve.
+      srelu_threshold_step`, the steps of ``"solve"`` taken one per call): λ is one call behind the
+      batch's root and the loss costs one pass, about what ``losses.mean()`` with its backward does.
+      The first training call solves as ``"solve"`` does (``solve_steps`` steps from ``lam_init``).
+      λ is a buffer, and a running average of the stepped values is the λ used outside training.
+      Being one call behind, it leaves the band where the losses move by a large share of their
+      spread from one call to the next (uniform losses that fall by a quarter of their width per
+      call: in band on 1 call of 5, ``tests/losses/test_solve_native.py``), where ``"solve"``
+      follows them; training moves its losses far less per step (the falling distribution of
+      ``tests/losses/test_lambda_tracking.py``: in band as "solve" is).
+    - ``"solve"`` (MATk's default): on each training call (``self.training`` with gradients enabled) λ is
       the root of the batch's stationarity equation in λ, found by ``solve_steps`` safeguarded
       steps warm-started from the last root (:func:`~topklab.losses.aggregate.solve.
       solve_srelu_threshold`; for MATk the exact k-th largest loss, a selection). λ is then a
@@ -57,7 +70,8 @@ class ThresholdedTopK(Aggregate):
 
     - ``"solve"``: every row gets its own root on a training call, at no extra cost (the solve is
       batched over rows), all warm-started from the one stored λ; the stored warm start and running
-      average follow the mean of the rows' finite roots, and a call outside training uses that one
+      average follow the mean of the rows' finite roots (``"track"``: every row uses the stored λ and
+      steps from it, and the next stored λ is the mean of the rows' finite steps), and a call outside training uses that one
       running average for every row (as BatchNorm's statistics). Rows whose roots lie far apart may
       need more ``solve_steps`` to reach them from the shared start (MATk's selection needs none).
     - ``"gradient"``: one λ, shared by every row (its gradient collects every row's), for any
@@ -173,20 +187,22 @@ class ThresholdedTopK(Aggregate):
                 f"lam_momentum={lam_momentum!r} must lie in (0, 1] (the running average's weight of "
                 f"the newest root, as BatchNorm's momentum)"
             )
-        if lam_update == "solve":
-            if self.smoothing not in SOLVABLE:
+        if lam_update != "gradient":
+            able = SOLVABLE if lam_update == "solve" else TRACKABLE
+            if self.smoothing not in able:
                 raise ValueError(
-                    f"lam_update='solve' needs smoothing in {', '.join(SOLVABLE)}, got {self.smoothing!r}; "
+                    f"lam_update={lam_update!r} needs smoothing in {', '.join(able)}, got {self.smoothing!r}; "
                     f"use lam_update='gradient' for the Table 2 ablation's smoothings"
+                    + ("" if lam_update == "solve" else " and lam_update='solve' for MATk")
                 )
             if self._constraint.name != "none":
                 raise ValueError(
                     f"lam_constraint={self._constraint.name!r} applies to lam_update='gradient'; "
-                    f"with lam_update='solve' λ is the root itself (set lam_constraint=none)"
+                    f"with lam_update={lam_update!r} λ is the root itself (set lam_constraint=none)"
                 )
             if lam_lr is not None:
                 raise ValueError(
-                    "lam_lr applies to lam_update='gradient'; with lam_update='solve' λ is not trained "
+                    f"lam_lr applies to lam_update='gradient'; with lam_update={lam_update!r} λ is not trained "
                     "(set lam_lr=null)"
                 )
 
@@ -212,8 +228,10 @@ class ThresholdedTopK(Aggregate):
         training = self.training and torch.is_grad_enabled()
         detached = rows.detach()
         share = None
-        if self.lam_update == "solve":
-            if training:
+        if self.lam_update != "gradient":
+            if training and self.lam_update == "track" and self._started:
+                lam, share = self._track(detached, k, delta)
+            elif training:
                 lam, share = self._solve(detached, k, count, delta)
             else:
                 lam = self.lam.to(rows.dtype).expand(rows.shape[0])
@@ -246,16 +264,33 @@ class ThresholdedTopK(Aggregate):
         if constants is None or torch.compiler.is_compiling():
             return None
         training = self.training and torch.is_grad_enabled()
-        solving = self.lam_update == "solve"
+        update = self.lam_update
         monitor = self.monitor
-        if training and (not self._started or monitor._state is None or (solving and not self._solve_in_lane())):
+        if training and (
+            not self._started or monitor._state is None or (update != "gradient" and not self._solve_in_lane())
+        ):
             return None
         if not native_built() and not native_ready(losses, "using the eager kernel instead", self.kernel != "auto"):
             return None
         count, scale, delta = constants
         sample = training and monitor.native_call(count, n)
-        if training and solving:
-            buffers = self._buffers
+        buffers = self._buffers
+        if training and update == "track":
+            value = native_extension().track_call(
+                losses,
+                buffers["lam"],
+                buffers["lam_last"],
+                monitor._state,
+                count,
+                delta,
+                scale,
+                self.lam_momentum,
+                monitor.burn_in,
+                losses.requires_grad,
+                sample,
+            )
+            lam = buffers["lam_last"]  # the next call's λ: the warning's share is read there
+        elif training and update == "solve":
             value, lam = native_extension().solve_call(
                 losses,
                 buffers["lam"],
@@ -272,7 +307,7 @@ class ThresholdedTopK(Aggregate):
                 sample,
             )
         else:
-            lam = self._buffers["lam"] if solving else self.threshold
+            lam = buffers["lam"] if update != "gradient" else self.threshold
             grads = torch.is_grad_enabled() and (losses.requires_grad or lam.requires_grad)
             value = native_extension().row_call(
                 losses,
@@ -353,6 +388,21 @@ class ThresholdedTopK(Aggregate):
                 losses, k, delta, start, self.solve_steps, self.path_for(losses), self.kernel != "auto"
             )
             share = smoothed.sum() / losses.numel()
+        self._store(lam)
+        return lam, share
+
+    def _track(self, losses: torch.Tensor, k: torch.Tensor, delta: torch.Tensor):
+        """``lam_update="track"``: the λ (P,) this call uses, the stored warm start (each row's under
+        ``rows``), and the smoothed share above it; stores each row's one solve step from there
+        (:func:`~topklab.losses.aggregate.solve.srelu_threshold_step`) as :meth:`_solve` stores roots."""
+        lam = self.lam_last.to(losses.dtype, copy=True).expand(losses.shape[0])  # a copy: _store overwrites the buffer
+        stepped, count = srelu_threshold_step(losses, k, delta, lam)
+        self._store(stepped)
+        return lam, count.sum() / losses.numel()
+
+    def _store(self, lam: torch.Tensor) -> None:
+        """The warm start and the running average from the rows' new λ (P,): each row's own under
+        ``rows``, else the mean of the rows' finite values."""
         with torch.no_grad():  # a non-finite root leaves its stored λ as it was (the engine stops on its loss)
             finite = torch.isfinite(lam)
             if self.rows is not None:
@@ -365,7 +415,6 @@ class ThresholdedTopK(Aggregate):
             average = (1.0 - self.lam_momentum) * self.lam + self.lam_momentum * root if self._started else root
             self.lam.copy_(torch.where(valid, average, self.lam))
         self._started = True
-        return lam, share
 
     def _start_gradient(self, losses: torch.Tensor, k: torch.Tensor, count: int | None) -> None:
         """``lam_init="auto"`` under the gradient update: λ starts at this first batch's k-th largest
@@ -440,7 +489,7 @@ class ThresholdedTopK(Aggregate):
 
     def parameter_groups(self) -> list[dict]:
         """λ's optimizer group: no weight decay, and under ``lam_lr`` its own rate with ``constant_lr``
-        (the engine leaves such a group out of the schedule); empty under ``lam_update="solve"``."""
+        (the engine leaves such a group out of the schedule); empty unless ``lam_update="gradient"``."""
         if self.lam_update != "gradient":
             return []
         group = {"params": [self.lam], "weight_decay": 0.0}
@@ -489,9 +538,9 @@ class ThresholdedTopK(Aggregate):
         )
 
     def _update_repr(self) -> str:
-        if self.lam_update == "solve":
+        if self.lam_update != "gradient":
             steps = "" if self.smoothing == "relu" else f", solve_steps={self.solve_steps}"
-            return f", lam_update='solve'{steps}, lam_momentum={self.lam_momentum}"
+            return f", lam_update={self.lam_update!r}{steps}, lam_momentum={self.lam_momentum}"
         return f", lam_update='gradient', lam_lr={self.lam_lr}, lam_init={self.lam_init!r}"
 
     def _rows_repr(self) -> str:
@@ -622,10 +671,12 @@ class STk(ThresholdedTopK):
 
     Sort-free and O(n). ``L_mat-k − δ/2 <= L_st-k <= L_mat-k`` for every λ, and L_st-k → L_mat-k
     as δ → 0. The default scale is the paper's k/n, **not** ATk's 1/k. By default
-    (``lam_update="solve"``) each training call puts λ at the root of ``Σ SReLU'(ℓ_i − λ) = k`` by
-    ``solve_steps`` safeguarded steps warm-started from the last root, so λ follows the losses however
-    fast training moves them; ``lam_update="gradient"`` is the paper's SGD-STk, λ a parameter
-    trained with the model.
+    (``lam_update="track"``) each training call uses the λ that the previous call stepped to and,
+    in the same pass over the losses, takes one safeguarded step towards this batch's root of
+    ``Σ SReLU'(ℓ_i − λ) = k``, so that the loss costs one pass and λ follows the losses one call
+    behind; ``lam_update="solve"`` puts λ at each batch's own root by ``solve_steps`` steps
+    (a few passes more); ``lam_update="gradient"`` is the paper's SGD-STk, λ a parameter trained
+    with the model.
 
     Parameters
     ----------
@@ -637,12 +688,15 @@ class STk(ThresholdedTopK):
         other smoothings.
     smoothing : {"srelu", "elu", "softplus", "leaky_relu"}
         φ in place of ReLU; the others are the Table 2 ablation at PyTorch defaults.
+    lam_update : {"track", "solve", "gradient"}
+        How λ follows the losses (see :class:`ThresholdedTopK`); "track" and "solve" need smoothing
+        "srelu". Default "track".
     solve_steps : int >= 1
-        "solve" only: safeguarded steps per training call (Newton's, or a power-law step outside
+        "solve" (and "track"'s first training call): safeguarded steps per training call (Newton's, or a power-law step outside
         a pile of losses; :func:`~topklab.losses.aggregate.solve.power_law_step`) (no early exit, so no
         synchronisation); more steps come closer to the batch's own root. Default 2.
-    lam_update, lam_lr, lam_init, lam_momentum, lam_constraint, scale, kernel, compile_min_n, dim, rows
-        As in :class:`MATk` ("solve" needs smoothing "srelu").
+    lam_lr, lam_init, lam_momentum, lam_constraint, scale, kernel, compile_min_n, dim, rows
+        As in :class:`MATk` (under "track", ``lam_lr`` and ``lam_constraint`` as under "solve").
 
     Examples
     --------
@@ -671,7 +725,7 @@ class STk(ThresholdedTopK):
         scale: str = "paper",
         kernel: str = "auto",
         compile_min_n: int | None = None,
-        lam_update: str = "solve",
+        lam_update: str = "track",
         lam_lr: float | None = None,
         solve_steps: int = 2,
         lam_momentum: float = 0.1,

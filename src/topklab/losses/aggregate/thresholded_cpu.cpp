@@ -495,6 +495,144 @@ std::vector<at::Tensor> solve_call(const at::Tensor& losses_in, at::Tensor lam_a
   return {value, solved};
 }
 
+// ---- lam_update="track" (thresholded.py's ThresholdedTopK._track, solve.py's srelu_threshold_step) ----
+// A training call uses the λ that the previous call stepped to, and its one pass over the row gives the value,
+// the gradient in the losses and the sums of the next safeguarded step: no pass before the value's.
+
+// The sums of one tracking pass at λ. Per block of kTrackBlock losses the terms are summed in the losses' dtype,
+// then the blocks in double: a loop whose every sum is in one dtype is vectorized for AVX2 as for AVX-512 (a
+// double sum of float terms was not, and ran 5× slower), and six sums fit the registers (eight spilled to the
+// stack and cost 1.5×). The count and curvature terms are bounded by 1 and ½/δ; φ's terms are scaled by a power
+// of two (1/kTrackBlock, exact) so that no finite block sum overflows. The range is over every loss but NaN; a
+// row with an infinite loss is scanned again for its finite range and its count of +inf (a NaN loss makes φ's
+// sum NaN).
+template <typename T>
+struct TrackSums {
+  double phi = 0.0, count = 0.0, curvature = 0.0, change = 0.0, infs = 0.0;
+  T least = std::numeric_limits<T>::infinity(), most = -std::numeric_limits<T>::infinity();
+};
+
+constexpr int64_t kTrackBlock = 256;
+
+// SReLU's φ (as term(): ½x + ½√(x²+δ²), the mean finished outside), φ' times step into grad, and the solve's
+// three sums (φ', φ'', d/dλ φ'') from one square root and one division per loss.
+template <typename T, bool kGrads>
+TOPKLAB_CLONES void track_pass(const T* row, int64_t n, T lam, T dd, T step, T* grad, TrackSums<T>& sums) {
+  constexpr T big = beyond_square<T>();
+  constexpr T shrink = T(1) / T(kTrackBlock);
+  const T inf = std::numeric_limits<T>::infinity();
+  T least = inf, most = -inf;
+  for (int64_t start = 0; start < n; start += kTrackBlock) {
+    const int64_t end = std::min(n, start + kTrackBlock);
+    T phi_sum = 0, count = 0, curvature = 0, change = 0;
+#pragma omp simd reduction(+ : phi_sum, count, curvature, change) reduction(min : least) reduction(max : most)
+    for (int64_t i = start; i < end; ++i) {
+      const T v = row[i];
+      least = std::min(least, v);
+      most = std::max(most, v);
+      const T x = v - lam;
+      const T low = x < -big ? -big : x;
+      const T z = low > big ? big : low;
+      const T root = std::sqrt(z * z + dd);
+      const T size = std::abs(low);
+      const T inverse = T(1) / root;
+      const T slope = T(0.5) + T(0.5) * (z * inverse);
+      const T bend = T(0.5) * dd * (inverse * inverse * inverse);
+      phi_sum += (T(0.5) * low + T(0.5) * (root < size ? size : root)) * shrink;
+      count += slope;
+      curvature += bend;
+      change += T(3) * bend * (z * (inverse * inverse));
+      if constexpr (kGrads) grad[i] = slope * step;
+    }
+    sums.phi += double(phi_sum) * (double(kTrackBlock) / double(n));  // the mean of φ: no double sum overflows
+    sums.count += double(count);
+    sums.curvature += double(curvature);
+    sums.change += double(change);
+  }
+  if (least == -inf || most == inf) {
+    least = inf;
+    most = -inf;
+    for (int64_t i = 0; i < n; ++i) {
+      const T v = row[i];
+      sums.infs += v == inf;
+      if (std::isfinite(v)) {
+        least = std::min(least, v);
+        most = std::max(most, v);
+      }
+    }
+  }
+  sums.least = least;
+  sums.most = most;
+}
+
+// The next λ from the sums at λ: one step of solve_rows() (its bracket of this row, moved to λ on λ's side,
+// and its power-law step, bisecting where the step leaves the bracket); λ itself where the count is k.
+template <typename T>
+T track_step(const TrackSums<T>& sums, T lam, T k, T d, int64_t n) {
+  T least = sums.least, most = sums.most;
+  if (least > most) least = most = T(0);  // no finite loss
+  const T nn = T(n), above = T(sums.infs);
+  const T lower_gap = nn - k < T(0.5) ? T(0.5) : nn - k, upper_gap = k - above < T(0.5) ? T(0.5) : k - above;
+  T low = least - d * std::sqrt(nn / lower_gap), high = most + d * std::sqrt(nn / upper_gap);
+  const T count = T(sums.count), excess = count - k;
+  if (excess == T(0)) return lam;
+  if (excess > T(0)) low = std::max(low, lam); else high = std::min(high, lam);
+  const T proposal = lam + power_law_step(count, excess, k, nn, T(sums.curvature), T(sums.change));
+  return proposal > low && proposal < high ? proposal : T(0.5) * (low + high);
+}
+
+// One training call under lam_update="track" on losses (n,): the value at λ = lam_last (float32 buffer: the
+// step of the previous call), differentiable in the losses; lam_last set to the next step and the running
+// average lam_avg moved towards it (both left as they are on a row with a NaN loss or a non-finite step); the
+// call recorded in the monitor's state with its smoothed share Σφ'/n at the λ it used.
+struct RowTracked : public torch::autograd::Function<RowTracked> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& losses_in, at::Tensor lam_avg,
+                            at::Tensor lam_last, at::Tensor state, double k, double delta, double scale, double momentum,
+                            double burn_in, bool sample) {
+    TORCH_CHECK(lam_avg.scalar_type() == at::kFloat && lam_last.scalar_type() == at::kFloat, "λ buffers must be float32");
+    const bool grads = ctx != nullptr;
+    const at::Tensor losses = losses_in.contiguous();
+    const int64_t n = losses.size(0);
+    at::Tensor value = at::empty({}, losses.options());
+    at::Tensor grad = grads ? at::empty_like(losses) : at::Tensor();
+    AT_DISPATCH_FLOATING_TYPES(losses.scalar_type(), "track_call_cpu", [&] {
+      const scalar_t* row = losses.data_ptr<scalar_t>();
+      const scalar_t lam = scalar_t(lam_last.data_ptr<float>()[0]), d = scalar_t(delta), kk = scalar_t(k),
+                     s = scalar_t(scale), step = s / scalar_t(n);
+      TrackSums<scalar_t> sums;
+      if (grads) track_pass<scalar_t, true>(row, n, lam, d * d, step, grad.data_ptr<scalar_t>(), sums);
+      else track_pass<scalar_t, false>(row, n, lam, d * d, step, nullptr, sums);
+      value.data_ptr<scalar_t>()[0] = (scalar_t(sums.phi) - scalar_t(0.5) * d + kk / scalar_t(n) * lam) * s;
+      const bool undefined = std::isnan(sums.phi);  // a NaN loss: no step, λ stays
+      const scalar_t next = undefined ? lam : track_step(sums, lam, kk, d, n);
+      if (!undefined && std::isfinite(next)) {
+        float* avg = lam_avg.data_ptr<float>();
+        lam_last.data_ptr<float>()[0] = float(next);
+        avg[0] = float(1.0 - momentum) * avg[0] + float(momentum) * float(next);
+      }
+      const scalar_t share = undefined ? std::numeric_limits<scalar_t>::quiet_NaN() : scalar_t(sums.count / double(n));
+      record_call<scalar_t>(state.data_ptr<double>(), share, k, double(n), burn_in);
+      if (sample) sample_call<scalar_t>(state.data_ptr<double>(), row, n, lam, int64_t(k));
+    });
+    if (grads) ctx->save_for_backward({grad});
+    return value;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_value) {
+    const at::Tensor grad = ctx->get_saved_variables()[0];
+    torch::autograd::variable_list out(10);
+    out[0] = all_ones(grad_value[0]) ? grad : grad * grad_value[0];
+    return out;
+  }
+};
+
+at::Tensor track_call(const at::Tensor& losses, at::Tensor lam_avg, at::Tensor lam_last, at::Tensor state, double k,
+                      double delta, double scale, double momentum, double burn_in, bool grads, bool sample) {
+  return grads ? RowTracked::apply(losses, lam_avg, lam_last, state, k, delta, scale, momentum, burn_in, sample)
+               : RowTracked::forward(nullptr, losses, lam_avg, lam_last, state, k, delta, scale, momentum, burn_in, sample);
+}
+
 // A call at a given λ (0-d: the trained parameter, or the running average outside training) on losses (n,).
 // state (optional): record the call in the λ monitor's sums (a training call under lam_update="gradient").
 at::Tensor row_call(const at::Tensor& losses, const at::Tensor& lam, double delta, double k, double scale,
@@ -540,6 +678,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("run", &run, "(value, ∂/∂losses, ∂/∂λ) per row, no autograd");
   m.def("srelu_ratio_sums", &srelu_ratio_sums, "(Σ z/r, Σ r⁻³) with z = v − λ, r = √(z² + δ²), in double");
   m.def("solve_call", &solve_call, "one training call of one row under lam_update='solve': (value, λ)");
+  m.def("track_call", &track_call, "one training call of one row under lam_update='track': the value");
   m.def("row_call", &row_call, "the value of one row at a 0-d λ, differentiable in the losses and λ");
   m.def("solve_srelu", &solve_srelu, "(λ, smoothed count above λ) per row: the root of Σ SReLU'(ℓ − λ) = k");
 }

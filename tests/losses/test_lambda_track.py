@@ -1,0 +1,94 @@
+"""STk's default ``lam_update="track"``: a training call uses the λ the previous call stepped to, and
+the one pass that gives the value gives the next step. Checked against float64 references: the value
+and gradient are Eq. 6's at the stored λ (autograd of the formula), the stored λ moves by exactly one
+step of the solver, repeated calls on one batch reach the solver's root, and both paths (the C++ lane
+and the batched torch path) keep to this; MATk cannot track (its count has no slope)."""
+
+import pytest
+import torch
+
+from topklab.losses import MATk, STk
+from topklab.losses.aggregate.kernels import native_ready
+from topklab.losses.aggregate.solve import solve_srelu_threshold, srelu_threshold_step
+
+PATHS = ["native", "eager"] if native_ready(torch.zeros(1), "testing the eager path only") else ["eager"]
+
+
+def eq6(losses: torch.Tensor, lam: float, k: int, delta: float) -> torch.Tensor:
+    """STk's Eq. 6 written out: (1/n)·Σ SReLU_δ(ℓ − λ) + (k/n)·λ, SReLU(x) = ½(x + √(x²+δ²) − δ)."""
+    x = losses - lam
+    return (0.5 * (x + torch.sqrt(x * x + delta * delta) - delta)).mean() + k / losses.numel() * lam
+
+
+@pytest.mark.parametrize("kernel", PATHS)
+def test_a_track_call_is_eq6_at_the_stored_lambda_and_stores_one_solver_step(kernel):
+    generator = torch.Generator().manual_seed(3)
+    loss = STk(k=0.25, delta=0.05, kernel=kernel).double()
+    loss(torch.rand(200, generator=generator, dtype=torch.float64).requires_grad_())  # the first call solves
+    for step in range(6):
+        losses = (torch.rand(200, generator=generator, dtype=torch.float64) * 3 - 0.2 * step).requires_grad_()
+        used = float(loss.lam_last)
+        value = loss(losses)
+        value.backward()
+        reference = losses.detach().clone().requires_grad_()
+        want = eq6(reference, used, 50, 0.05)
+        want.backward()
+        torch.testing.assert_close(value, want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(losses.grad, reference.grad, rtol=1e-12, atol=1e-14)
+        one = torch.ones(1, dtype=torch.float64)
+        stepped, _ = srelu_threshold_step(losses.detach()[None], 50 * one, 0.05 * one, used * one)
+        assert float(loss.lam_last) == pytest.approx(float(stepped), rel=1e-6)  # the buffer is float32
+
+
+@pytest.mark.parametrize("kernel", PATHS)
+def test_calls_on_one_batch_reach_the_solvers_float64_root(kernel):
+    generator = torch.Generator().manual_seed(4)
+    losses = torch.randn(5000, generator=generator, dtype=torch.float64).exp()
+    loss = STk(k=0.1, delta=0.01, lam_init=0.0, solve_steps=1, kernel=kernel)
+    for _ in range(12):
+        loss(losses.clone().requires_grad_())
+    one = torch.ones(1, dtype=torch.float64)
+    root, count = solve_srelu_threshold(losses[None], 500 * one, 0.01 * one, one, steps=60)
+    assert float(count) == pytest.approx(500, abs=1e-6)
+    assert float(loss.lam_last) == pytest.approx(float(root), rel=1e-6)
+
+
+def test_a_batch_with_a_nan_loss_leaves_lambda_and_counts_out_of_band():
+    loss = STk(k=0.5)
+    loss(torch.rand(32, requires_grad=True))
+    before = (float(loss.lam), float(loss.lam_last))
+    losses = torch.rand(32)
+    losses[7] = float("nan")
+    value = loss(losses.requires_grad_())
+    assert value.isnan() and (float(loss.lam), float(loss.lam_last)) == before
+    assert loss.monitor.pop_epoch()["lam_in_band_all"] == 0.5  # the NaN call is out of band
+
+
+@pytest.mark.parametrize("kernel", PATHS)
+def test_infinite_losses_keep_lambda_finite_and_inside_the_finite_range(kernel):
+    loss = STk(k=0.5, kernel=kernel)
+    generator = torch.Generator().manual_seed(6)
+    for _ in range(4):
+        losses = torch.rand(64, generator=generator)
+        losses[:3] = float("inf")
+        losses[3:5] = float("-inf")
+        assert loss(losses.requires_grad_()).isinf()
+        lam = float(loss.lam_last)
+        assert 0.0 <= lam <= 1.0, lam
+
+
+def test_rows_each_track_their_own_lambda_as_the_one_row_module_does():
+    generator = torch.Generator().manual_seed(7)
+    batches = [torch.rand(3, 40, generator=generator, dtype=torch.float64) * (3 + i) for i in range(4)]
+    rows = STk(k=0.3, kernel="eager", rows=3)
+    singles = [STk(k=0.3, kernel="eager") for _ in range(3)]
+    for batch in batches:
+        values = rows(batch)
+        for p, single in enumerate(singles):
+            torch.testing.assert_close(values[p], single(batch[p]), rtol=1e-6, atol=1e-6)
+            assert float(rows.lam_last[p]) == float(single.lam_last)
+
+
+def test_matk_cannot_track():
+    with pytest.raises(ValueError, match="lam_update='track' needs smoothing in srelu, got 'relu'"):
+        MATk(k=0.5, lam_update="track")
