@@ -32,8 +32,10 @@ CASES = {
     "stk_track": lambda: STk(k=0.7, delta=0.05, kernel="native"),
     "stk_track_fixed_start": lambda: STk(k=5, delta=0.01, lam_init=0.5, lam_momentum=0.3, kernel="native"),
     "stk_track_atk_scale": lambda: STk(k=0.3, delta=0.05, scale="atk", kernel="native"),
-    "matk_solve": lambda: MATk(k=0.25, kernel="native"),
-    "matk_solve_atk": lambda: MATk(k=7, scale="atk"),
+    "matk_solve": lambda: MATk(k=0.25, lam_update="solve", kernel="native"),
+    "matk_solve_atk": lambda: MATk(k=7, lam_update="solve", scale="atk"),
+    "matk_track": lambda: MATk(k=0.25, kernel="native"),
+    "matk_track_atk": lambda: MATk(k=7, scale="atk"),
     "stk_gradient": lambda: STk(k=0.7, delta=0.05, lam_update="gradient", kernel="native"),
     "stk_gradient_softplus": lambda: STk(
         k=0.3, delta=0.05, lam_update="gradient", lam_init=1.0, lam_constraint="softplus", scale="atk", kernel="native"
@@ -129,7 +131,9 @@ def test_the_one_row_lane_equals_the_general_path(case, dtype, monkeypatch):
             assert torch.equal(a["state"], b["state"]), (step, "monitor")
 
 
-@pytest.mark.parametrize("case", ["stk_track", "stk_track_fixed_start", "stk_track_atk_scale", "stk_auto_long_rows"])
+@pytest.mark.parametrize(
+    "case", ["stk_track", "stk_track_fixed_start", "stk_track_atk_scale", "stk_auto_long_rows", "matk_track"]
+)
 def test_a_float32_track_call_in_the_lane_equals_the_general_paths_from_the_same_state(case):
     """Call by call from the lane module's state: the same value, gradient and smoothed share (1e-4),
     and a next λ at which the batch's smoothed count is the same (to 1e-3 of k)."""
@@ -197,7 +201,7 @@ def test_matk_on_long_rows_selects_the_general_paths_kth_largest(k, dtype, monke
         if step == 3:
             losses[100:103], losses[103:105] = float("inf"), -float("inf")
         batches.append(losses[torch.randperm(n, generator=generator)])
-    lane_module = MATk(k=k, kernel="native")
+    lane_module = MATk(k=k, lam_update="solve", kernel="native")
     general_module = copy.deepcopy(lane_module)
     counter = Counting(monkeypatch)
     lane = run(lane_module, batches, lane=True)
@@ -216,7 +220,7 @@ def test_matk_on_long_rows_with_nan_losses_keeps_the_general_paths_lambda(dtype)
     generator = torch.Generator().manual_seed(2)
     batches = [torch.randn(70_000, generator=generator, dtype=dtype) for _ in range(2)]
     batches[1][torch.randperm(70_000, generator=generator)[:10]] = float("nan")
-    lane_module = MATk(k=0.3, kernel="native")
+    lane_module = MATk(k=0.3, lam_update="solve", kernel="native")
     general_module = copy.deepcopy(lane_module)
     general_module._one_row = lambda losses: None
     for module in (lane_module, general_module):

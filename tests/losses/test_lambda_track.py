@@ -2,7 +2,8 @@
 the one pass that gives the value gives the next step. Checked against float64 references: the value
 and gradient are Eq. 6's at the stored λ (autograd of the formula), the stored λ moves by exactly one
 step of the solver, repeated calls on one batch reach the solver's root, and both paths (the C++ lane
-and the batched torch path) keep to this; MATk cannot track (its count has no slope)."""
+and the batched torch path) keep to this. MATk's count has no slope to step on: it steps by the counts
+in a window around λ, and tracks drifting batches to a few losses."""
 
 import pytest
 import torch
@@ -89,6 +90,39 @@ def test_rows_each_track_their_own_lambda_as_the_one_row_module_does():
             assert float(rows.lam_last[p]) == float(single.lam_last)
 
 
-def test_matk_cannot_track():
-    with pytest.raises(ValueError, match="lam_update='track' needs smoothing in srelu, got 'relu'"):
-        MATk(k=0.5, lam_update="track")
+@pytest.mark.parametrize("kernel", PATHS)
+def test_matk_tracks_the_kth_largest_loss_of_drifting_batches_within_a_few_losses(kernel):
+    """MATk's window step: on batches that drift by 0.5 % of their spread per call, the λ each call
+    uses has k of the batch's losses above it, less the one call's lag, to sampling noise (4 std per
+    call, 3 std of the mean),
+    the loss is Eq. 5 at that λ, and on a batch that stops moving λ reaches MATk's root interval
+    [ℓ_[k+1], ℓ_[k]) exactly."""
+    generator = torch.Generator().manual_seed(8)
+    loss = MATk(k=0.1, kernel=kernel).double()
+    above = []
+    for step in range(60):
+        losses = (torch.rand(4000, generator=generator, dtype=torch.float64) * 4 - 0.02 * step).requires_grad_()
+        used = float(loss.lam_last)
+        value = loss(losses)
+        if step > 0:
+            above.append(int((losses > used).sum()))
+            want = torch.relu(losses.detach() - used).mean() + 0.1 * used
+            torch.testing.assert_close(value, want, rtol=1e-12, atol=1e-12)
+    # a stale λ on a fresh batch: the count above it is binomial, std √(4000·0.1·0.9) ≈ 19, around
+    # k less the lag: the losses fall 0.02 a call at 1,000 losses a unit, so 20 fewer lie above
+    counted = above[5:]
+    assert all(300 <= a <= 460 for a in counted) and abs(sum(counted) / len(counted) - 380) < 8, above
+    for _ in range(15):
+        loss(losses.detach().clone().requires_grad_())
+    descending = losses.detach().sort(descending=True).values
+    assert descending[400] <= float(loss.lam_last) < descending[399]
+
+
+def test_matk_track_keeps_a_window_and_the_bad_settings_stay_errors():
+    loss = MATk(k=0.5)
+    assert [name for name, _ in loss.named_buffers()] == ["lam", "lam_last", "lam_width"]
+    assert "lam_width" not in dict(STk(k=0.5).named_buffers()) and "lam_width" not in dict(
+        MATk(k=0.5, lam_update="solve").named_buffers()
+    )
+    with pytest.raises(ValueError, match="lam_lr applies to lam_update='gradient'; with lam_update='track'"):
+        MATk(k=0.5, lam_lr=0.1)

@@ -1,5 +1,6 @@
 """λ as the root of the batch's stationarity equation (``lam_update="solve"`` of MATk/STk), or
-one step towards it per call (``lam_update="track"`` of STk: :func:`srelu_threshold_step`).
+one step towards it per call (``lam_update="track"``: :func:`srelu_threshold_step` for STk,
+:func:`relu_threshold_step` for MATk).
 
 At its optimum over λ, STk's Eq. 6 satisfies ``Σ_i SReLU'_δ(ℓ_i − λ) = k``: the smoothed count of
 losses above λ is k. :func:`solve_srelu_threshold` finds that root per row, sort-free, with a fixed
@@ -135,15 +136,79 @@ def srelu_threshold_step(
         return torch.where(undefined, float("nan"), nxt), torch.where(undefined, float("nan"), count)
 
 
+WINDOW_LOSSES, WINDOW_SHARE = 4, 32  # MATk's tracking window aims at max(4, n/32) losses (thresholded_cpu.cpp)
+
+
+def relu_threshold_step(
+    losses: torch.Tensor, k: torch.Tensor, lam: torch.Tensor, width: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One tracking step of MATk's λ per row of ``losses`` (P, n) from ``lam`` with the window
+    ``width`` (``lam_update="track"``). MATk's count ``#{ℓ > λ}`` is a staircase with no slope to
+    step on, so the step reads how many losses lie within the window on either side of λ: where
+    ``e = #{ℓ > λ} − k`` losses too many (too few) lie above λ and the window above (below) holds
+    m >= |e| of them, λ moves |e|/m of the way across it (to the |e|-th of them, were they evenly
+    spaced) and the window is scaled towards holding ``max(4, n/32)`` losses (by ½ to 2); otherwise
+    λ moves the whole window and the window doubles. λ stays within the finite losses' range and the
+    window at least their mean spacing. ``thresholded_cpu.cpp``'s ``track_call`` takes the same step.
+
+    Returns
+    -------
+    (next λ (P,), next window (P,), count (P,)): NaN on a row with a NaN loss (the caller keeps its
+    stored values there); ``count`` is ``#{ℓ > λ}`` at the given λ.
+
+    Examples
+    --------
+    >>> losses = torch.arange(100.0)[None]  # ℓ_[10] = 90: ten losses above any λ in [89, 90)
+    >>> lam, width = torch.tensor([50.0]), torch.tensor([8.0])
+    >>> for _ in range(8):
+    ...     lam, width, count = relu_threshold_step(losses, torch.tensor([10.0]), lam, width)
+    >>> float(count), 89.0 <= float(lam) < 90.0
+    (10.0, True)
+    """
+    with torch.no_grad():
+        n = losses.shape[1]
+        least, most = _finite_range(losses)
+        z = losses - lam[:, None]
+        count = (z > 0).sum(1).to(losses.dtype)
+        near_above = ((z > 0) & (z <= width[:, None])).sum(1).to(losses.dtype)
+        near_below = ((z <= 0) & (z > -width[:, None])).sum(1).to(losses.dtype)
+        excess = count - k
+        near = torch.where(excess > 0, near_above, near_below)
+        need, sign = excess.abs(), torch.where(excess > 0, 1.0, -1.0).to(losses.dtype)
+        inside = near >= need
+        moved = lam + sign * width * torch.where(inside, need / near.clamp(min=1), 1.0)
+        target = max(WINDOW_LOSSES, n / WINDOW_SHARE)
+        window = torch.where(inside, width * (target / near.clamp(min=1)).clamp(0.5, 2.0), 2.0 * width)
+        moved, window = torch.where(excess == 0, lam, moved), torch.where(excess == 0, width, window)
+        nxt = torch.minimum(torch.maximum(moved, least), most)
+        window = torch.maximum(window, (most - least) / n)
+        undefined = torch.isnan(losses).any(1)
+        nan = float("nan")
+        return torch.where(undefined, nan, nxt), torch.where(undefined, nan, window), torch.where(undefined, nan, count)
+
+
+def relu_window(losses: torch.Tensor) -> torch.Tensor:
+    """MATk's first tracking window per row of ``losses`` (P, n): the width that ``max(4, n/32)``
+    evenly spaced losses of the row's finite range take, at most that range."""
+    least, most = _finite_range(losses)
+    n = losses.shape[1]
+    return (most - least) * min(1.0, max(WINDOW_LOSSES, n / WINDOW_SHARE) / n)
+
+
+def _finite_range(losses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the least and the largest finite loss (0 and 0 on a row without one)."""
+    finite = torch.isfinite(losses)
+    least = torch.where(finite, losses, torch.full_like(losses, float("inf"))).amin(1)
+    most = torch.where(finite, losses, torch.full_like(losses, float("-inf"))).amax(1)
+    return torch.where(finite.any(1), least, 0.0), torch.where(finite.any(1), most, 0.0)
+
+
 def _bracket(losses: torch.Tensor, k: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row, λ's bracket ``[min ℓ − δ√(n/(n−k)), max ℓ + δ√(n/(k − m))]`` over the finite losses,
     m the losses at +inf (see :func:`solve_srelu_threshold`)."""
     n = losses.shape[1]
-    finite = torch.isfinite(losses)
     above = torch.isposinf(losses).sum(1)  # above every λ: each adds 1 to the count
-    least = torch.where(finite, losses, torch.full_like(losses, float("inf"))).amin(1)
-    most = torch.where(finite, losses, torch.full_like(losses, float("-inf"))).amax(1)
-    least, most = torch.where(finite.any(1), least, 0.0), torch.where(finite.any(1), most, 0.0)
+    least, most = _finite_range(losses)
     low = least - delta * torch.sqrt(n / (n - k).clamp(min=0.5))
     high = most + delta * torch.sqrt(n / (k - above).clamp(min=0.5))
     return low, high

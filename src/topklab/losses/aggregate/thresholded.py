@@ -8,7 +8,13 @@ from torch import nn
 from topklab.losses.aggregate.base import Aggregate, AggregateInputError, check_k, resolve_count
 from topklab.losses.aggregate.kernels import KERNELS, native_built, native_extension, native_ready, thresholded
 from topklab.losses.aggregate.lambda_monitor import WARN_AFTER_CALLS, LambdaMonitor
-from topklab.losses.aggregate.solve import kth_largest, solve_srelu_threshold, srelu_threshold_step
+from topklab.losses.aggregate.solve import (
+    kth_largest,
+    relu_threshold_step,
+    relu_window,
+    solve_srelu_threshold,
+    srelu_threshold_step,
+)
 from topklab.losses.threshold import get_constraint
 from topklab.smoothing import get_smoothing
 from topklab.utils.checks import check_int
@@ -19,7 +25,7 @@ MAX_DELTA = 1e12  # SReLU's root √(x² + δ²) is |x| from 2^63 on in float32:
 SCALES = ("paper", "atk")
 LAM_UPDATES = ("track", "solve", "gradient")
 SOLVABLE = ("srelu", "relu")  # smoothings whose stationarity equation lam_update="solve" can solve
-TRACKABLE = ("srelu",)  # smoothings whose solve step lam_update="track" takes (MATk's count has no slope to step on)
+TRACKABLE = ("srelu", "relu")  # smoothings whose λ lam_update="track" steps (SReLU: a solve step; ReLU: a window's)
 NATIVE_DTYPES = (torch.float32, torch.float64)
 GPU_COMPILE_MIN_N = 16384  # compile_min_n=None: the shortest row kernel="auto" compiles on a GPU
 
@@ -41,11 +47,13 @@ class ThresholdedTopK(Aggregate):
 
     How λ follows the losses (``lam_update``):
 
-    - ``"track"`` (STk's default; SReLU only): a training call uses the λ the previous call stepped
-      to, and the one pass over the losses that gives the value and the gradient also gives the sums
-      of one safeguarded solve step from there (:func:`~topklab.losses.aggregate.solve.
-      srelu_threshold_step`, the steps of ``"solve"`` taken one per call): λ is one call behind the
-      batch's root and the loss costs one pass, about what ``losses.mean()`` with its backward does.
+    - ``"track"`` (the default of :class:`STk` and :class:`MATk`): a training call uses the λ the
+      previous call stepped to, and the one pass over the losses that gives the value and the
+      gradient also gives what the next step needs: for SReLU the sums of one safeguarded solve step
+      (:func:`~topklab.losses.aggregate.solve.srelu_threshold_step`, the steps of ``"solve"`` taken
+      one per call), for MATk the counts within a window around λ (:func:`~topklab.losses.
+      aggregate.solve.relu_threshold_step`). λ is one call behind the batch's root and the loss
+      costs one pass, about what ``losses.mean()`` with its backward does.
       The first training call solves as ``"solve"`` does (``solve_steps`` steps from ``lam_init``).
       λ is a buffer, and a running average of the stepped values is the λ used outside training.
       Being one call behind, it leaves the band where the losses move by a large share of their
@@ -53,7 +61,7 @@ class ThresholdedTopK(Aggregate):
       call: in band on 1 call of 5, ``tests/losses/test_solve_native.py``), where ``"solve"``
       follows them; training moves its losses far less per step (the falling distribution of
       ``tests/losses/test_lambda_tracking.py``: in band as "solve" is).
-    - ``"solve"`` (MATk's default): on each training call (``self.training`` with gradients enabled) λ is
+    - ``"solve"``: on each training call (``self.training`` with gradients enabled) λ is
       the root of the batch's stationarity equation in λ, found by ``solve_steps`` safeguarded
       steps warm-started from the last root (:func:`~topklab.losses.aggregate.solve.
       solve_srelu_threshold`; for MATk the exact k-th largest loss, a selection). λ is then a
@@ -160,6 +168,8 @@ class ThresholdedTopK(Aggregate):
         else:
             self.register_buffer("lam", torch.full(shape, start))  # the running average: λ outside training
             self.register_buffer("lam_last", torch.full(shape, start))  # the last training call's root: the warm start
+            if lam_update == "track" and smoothing == "relu":
+                self.register_buffer("lam_width", torch.zeros(shape))  # MATk's tracking window (relu_threshold_step)
         self._started = False  # whether λ has been started (lam_init="auto") and, under "solve", solved once
         self.monitor = LambdaMonitor()
         self._row_settings: dict = {}  # the one-row lane's constants per row length and settings (_row_constants)
@@ -193,7 +203,6 @@ class ThresholdedTopK(Aggregate):
                 raise ValueError(
                     f"lam_update={lam_update!r} needs smoothing in {', '.join(able)}, got {self.smoothing!r}; "
                     f"use lam_update='gradient' for the Table 2 ablation's smoothings"
-                    + ("" if lam_update == "solve" else " and lam_update='solve' for MATk")
                 )
             if self._constraint.name != "none":
                 raise ValueError(
@@ -280,7 +289,9 @@ class ThresholdedTopK(Aggregate):
                 losses,
                 buffers["lam"],
                 buffers["lam_last"],
+                buffers.get("lam_width"),
                 monitor._state,
+                self._phi.native_id,
                 count,
                 delta,
                 scale,
@@ -328,9 +339,8 @@ class ThresholdedTopK(Aggregate):
         return value
 
     def _solve_in_lane(self) -> bool:
-        """Whether the lane solves λ here: SReLU's root or MATk's selection, in float32 buffers."""
-        buffers = self._buffers
-        return self.smoothing in SOLVABLE and buffers["lam"].dtype == buffers["lam_last"].dtype == torch.float32
+        """Whether the lane solves or steps λ here: SReLU's or MATk's, in float32 buffers."""
+        return self.smoothing in SOLVABLE and all(buffer.dtype == torch.float32 for buffer in self._buffers.values())
 
     def _row_constants(self, n: int, dtype: torch.dtype) -> tuple[int, float, float] | None:
         """(k's count, the output scale, δ) for one row of n losses in ``dtype`` on the native path
@@ -379,6 +389,8 @@ class ThresholdedTopK(Aggregate):
         mean of the rows' finite roots."""
         if self.smoothing == "relu":
             lam, share = self._kth(losses, k, count), None
+            if self.lam_update == "track":
+                self._store_width(relu_window(losses))
         else:
             if not self._started and self.lam_init == "auto":
                 kth = self._kth(losses, k, count)
@@ -396,9 +408,25 @@ class ThresholdedTopK(Aggregate):
         ``rows``), and the smoothed share above it; stores each row's one solve step from there
         (:func:`~topklab.losses.aggregate.solve.srelu_threshold_step`) as :meth:`_solve` stores roots."""
         lam = self.lam_last.to(losses.dtype, copy=True).expand(losses.shape[0])  # a copy: _store overwrites the buffer
-        stepped, count = srelu_threshold_step(losses, k, delta, lam)
+        if self.smoothing == "relu":
+            width = self.lam_width.to(losses.dtype).expand(losses.shape[0])
+            stepped, width, count = relu_threshold_step(losses, k, lam, width)
+            self._store_width(width)
+        else:
+            stepped, count = srelu_threshold_step(losses, k, delta, lam)
         self._store(stepped)
         return lam, count.sum() / losses.numel()
+
+    def _store_width(self, width: torch.Tensor) -> None:
+        """MATk's tracking window from the rows' new windows (P,): each row's under ``rows``, else
+        the mean of the finite ones (a row with a NaN loss keeps the stored one)."""
+        with torch.no_grad():
+            finite = torch.isfinite(width)
+            if self.rows is None:
+                found = finite.sum()
+                width = torch.where(finite, width, torch.zeros_like(width)).sum() / found.clamp(min=1)
+                finite = found > 0
+            self.lam_width.copy_(torch.where(finite, width.to(self.lam_width.dtype), self.lam_width))
 
     def _store(self, lam: torch.Tensor) -> None:
         """The warm start and the running average from the rows' new λ (P,): each row's own under
@@ -569,9 +597,13 @@ class MATk(ThresholdedTopK):
     ``L_mat-k(λ) = (1/n)·Σ [ℓ_i − λ]_+ + (k/n)·λ``
 
     minimised over the model and λ. ``min_λ L_mat-k = (k/n)·ATk``: the default scale is the
-    paper's k/n, **not** ATk's 1/k. By default (``lam_update="solve"``) λ is the batch's k-th
-    largest loss on each training call, where MATk is exactly (k/n)·ATk; ``lam_update="gradient"``
-    trains λ with the model instead (put ``loss.parameters()`` in the optimizer).
+    paper's k/n, **not** ATk's 1/k. By default (``lam_update="track"``) each training call uses the
+    λ that the previous call stepped to, and its one pass over the losses counts those within a
+    window around λ, from which λ steps towards this batch's k-th largest loss
+    (:func:`~topklab.losses.aggregate.solve.relu_threshold_step`): one pass per call, λ one call
+    behind. ``lam_update="solve"`` takes each batch's exact k-th largest loss (a selection), where
+    MATk is exactly (k/n)·ATk; ``lam_update="gradient"`` trains λ with the model instead (put
+    ``loss.parameters()`` in the optimizer).
 
     Parameters
     ----------
@@ -579,10 +611,11 @@ class MATk(ThresholdedTopK):
         A count, or a fraction of the batch (rounded half-up, at least 1). A tensor gives each row
         its own k: integer counts in [1, n] or floating fractions in (0, 1], of a shape that
         broadcasts to the losses' shape without ``dim`` (each row's λ is then solved at its own k).
-    lam_update : {"solve", "gradient"}
-        How λ follows the losses (see :class:`ThresholdedTopK`): "solve", the exact k-th largest
-        loss of each training batch and a running average of it outside training; "gradient", a
-        parameter trained by the optimizer (the paper's SGD-STk).
+    lam_update : {"track", "solve", "gradient"}
+        How λ follows the losses (see :class:`ThresholdedTopK`): "track" (default), a step per
+        call towards the batch's k-th largest loss from the last call's λ; "solve", the exact k-th
+        largest loss of each training batch; both with a running average outside training;
+        "gradient", a parameter trained by the optimizer (the paper's SGD-STk).
     lam_lr : float > 0 or None
         "gradient" only: λ's own learning rate in the engine (its own parameter group, no schedule);
         None = the model's rate and schedule (the paper's setting).
@@ -635,7 +668,7 @@ class MATk(ThresholdedTopK):
         scale: str = "paper",
         kernel: str = "auto",
         compile_min_n: int | None = None,
-        lam_update: str = "solve",
+        lam_update: str = "track",
         lam_lr: float | None = None,
         lam_momentum: float = 0.1,
         dim: int = -1,

@@ -509,10 +509,32 @@ std::vector<at::Tensor> solve_call(const at::Tensor& losses_in, at::Tensor lam_a
 template <typename T>
 struct TrackSums {
   double phi = 0.0, count = 0.0, curvature = 0.0, change = 0.0, infs = 0.0;
+  double near_above = 0.0, near_below = 0.0;  // ReLU's: the losses in (λ, λ + w] and in (λ − w, λ]
   T least = std::numeric_limits<T>::infinity(), most = -std::numeric_limits<T>::infinity();
 };
 
 constexpr int64_t kTrackBlock = 256;
+
+// The pass's range (over every loss but NaN) as the finite losses' range, and the count of +inf: a second scan
+// only where the range holds an infinite loss.
+template <typename T>
+void finite_range(const T* row, int64_t n, T least, T most, TrackSums<T>& sums) {
+  const T inf = std::numeric_limits<T>::infinity();
+  if (least == -inf || most == inf) {
+    least = inf;
+    most = -inf;
+    for (int64_t i = 0; i < n; ++i) {
+      const T v = row[i];
+      sums.infs += v == inf;
+      if (std::isfinite(v)) {
+        least = std::min(least, v);
+        most = std::max(most, v);
+      }
+    }
+  }
+  sums.least = least;
+  sums.most = most;
+}
 
 // SReLU's φ (as term(): ½x + ½√(x²+δ²), the mean finished outside), φ' times step into grad, and the solve's
 // three sums (φ', φ'', d/dλ φ'') from one square root and one division per loss.
@@ -549,20 +571,72 @@ TOPKLAB_CLONES void track_pass(const T* row, int64_t n, T lam, T dd, T step, T* 
     sums.curvature += double(curvature);
     sums.change += double(change);
   }
-  if (least == -inf || most == inf) {
-    least = inf;
-    most = -inf;
-    for (int64_t i = 0; i < n; ++i) {
+  finite_range(row, n, least, most, sums);
+}
+
+// MATk's pass at λ with the window w: ReLU's φ and φ' (as term()), the count above λ and the counts within w
+// of λ on either side, from which relu_track_step() takes the next λ.
+template <typename T, bool kGrads>
+TOPKLAB_CLONES void relu_track_pass(const T* row, int64_t n, T lam, T width, T step, T* grad, TrackSums<T>& sums) {
+  constexpr T shrink = T(1) / T(kTrackBlock);
+  const T inf = std::numeric_limits<T>::infinity();
+  T zero = T(0);
+  __asm__("" : "+m"(zero));  // as in rows(): with the literal, GCC turned ReLU's select into a branch
+  T least = inf, most = -inf;
+  for (int64_t start = 0; start < n; start += kTrackBlock) {
+    const int64_t end = std::min(n, start + kTrackBlock);
+    T phi_sum = 0, count = 0, near_above = 0, near_below = 0;
+#pragma omp simd reduction(+ : phi_sum, count, near_above, near_below) reduction(min : least) reduction(max : most)
+    for (int64_t i = start; i < end; ++i) {
       const T v = row[i];
-      sums.infs += v == inf;
-      if (std::isfinite(v)) {
-        least = std::min(least, v);
-        most = std::max(most, v);
-      }
+      least = std::min(least, v);
+      most = std::max(most, v);
+      const T x = v - lam;
+      const T phi = x <= T(0) ? zero : x;  // NaN stays NaN, as in torch's relu
+      const T up = x > T(0) ? T(1) : zero;
+      phi_sum += phi * shrink;
+      count += up;
+      near_above += x > T(0) && x <= width ? T(1) : zero;
+      near_below += x <= T(0) && x > -width ? T(1) : zero;
+      if constexpr (kGrads) grad[i] = up * step;
+    }
+    sums.phi += double(phi_sum) * (double(kTrackBlock) / double(n));
+    sums.count += double(count);
+    sums.near_above += double(near_above);
+    sums.near_below += double(near_below);
+  }
+  finite_range(row, n, least, most, sums);
+}
+
+// The window holds about this many losses on the side λ moves to (at least kWindowLosses, else 1/kWindowShare
+// of the row): solve.py's WINDOW_LOSSES and WINDOW_SHARE (change one, change both).
+constexpr double kWindowLosses = 4.0, kWindowShare = 32.0;
+
+// MATk's next λ and window from the counts at λ (solve.py's relu_threshold_step): where e = #{ℓ > λ} − k losses
+// too many (too few) lie above λ and the window above (below) holds at least |e|, λ moves |e|/m of the way
+// across it (m its count: the |e|-th loss there, were they evenly spaced) and the window is scaled towards
+// holding the target count (×½ to ×2); otherwise λ moves the whole window and the window doubles. λ stays within
+// the finite losses' range, and the window at least their mean spacing.
+template <typename T>
+void relu_track_step(const TrackSums<T>& sums, T lam, T width, T k, int64_t n, T& next, T& next_width) {
+  T least = sums.least, most = sums.most;
+  if (least > most) least = most = T(0);  // no finite loss
+  const T excess = T(sums.count) - k;
+  const T target = T(std::max(kWindowLosses, double(n) / kWindowShare));
+  T moved = lam, window = width;
+  if (excess != T(0)) {
+    const T near = T(excess > T(0) ? sums.near_above : sums.near_below), need = std::abs(excess);
+    const T sign = excess > T(0) ? T(1) : T(-1);
+    if (near >= need) {
+      moved = lam + sign * width * (need / near);
+      window = width * std::min(T(2), std::max(T(0.5), target / near));
+    } else {
+      moved = lam + sign * width;
+      window = T(2) * width;
     }
   }
-  sums.least = least;
-  sums.most = most;
+  next = std::min(std::max(moved, least), most);
+  next_width = std::max(window, (most - least) / T(n));
 }
 
 // The next λ from the sums at λ: one step of solve_rows() (its bracket of this row, moved to λ on λ's side,
@@ -582,14 +656,18 @@ T track_step(const TrackSums<T>& sums, T lam, T k, T d, int64_t n) {
 }
 
 // One training call under lam_update="track" on losses (n,): the value at λ = lam_last (float32 buffer: the
-// step of the previous call), differentiable in the losses; lam_last set to the next step and the running
-// average lam_avg moved towards it (both left as they are on a row with a NaN loss or a non-finite step); the
+// step of the previous call), differentiable in the losses; lam_last set to the next step (MATk's: from the
+// counts in its window lam_width, which it updates) and the running average lam_avg moved towards it (both left as they are on a row with a NaN loss or a non-finite step); the
 // call recorded in the monitor's state with its smoothed share Σφ'/n at the λ it used.
 struct RowTracked : public torch::autograd::Function<RowTracked> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& losses_in, at::Tensor lam_avg,
-                            at::Tensor lam_last, at::Tensor state, double k, double delta, double scale, double momentum,
-                            double burn_in, bool sample) {
+                            at::Tensor lam_last, const std::optional<at::Tensor>& lam_width, at::Tensor state,
+                            int64_t smoothing, double k, double delta, double scale, double momentum, double burn_in,
+                            bool sample) {
     TORCH_CHECK(lam_avg.scalar_type() == at::kFloat && lam_last.scalar_type() == at::kFloat, "λ buffers must be float32");
+    TORCH_CHECK(smoothing == kSReLU || (smoothing == kReLU && lam_width.has_value() &&
+                                        lam_width->scalar_type() == at::kFloat),
+                "track_call tracks SReLU's λ, or ReLU's with a float32 window");
     const bool grads = ctx != nullptr;
     const at::Tensor losses = losses_in.contiguous();
     const int64_t n = losses.size(0);
@@ -600,12 +678,21 @@ struct RowTracked : public torch::autograd::Function<RowTracked> {
       const scalar_t lam = scalar_t(lam_last.data_ptr<float>()[0]), d = scalar_t(delta), kk = scalar_t(k),
                      s = scalar_t(scale), step = s / scalar_t(n);
       TrackSums<scalar_t> sums;
-      if (grads) track_pass<scalar_t, true>(row, n, lam, d * d, step, grad.data_ptr<scalar_t>(), sums);
+      scalar_t* grad_out = grads ? grad.data_ptr<scalar_t>() : nullptr;
+      const bool relu = smoothing == kReLU;
+      const scalar_t width = relu ? scalar_t(lam_width->data_ptr<float>()[0]) : scalar_t(0);
+      if (relu && grads) relu_track_pass<scalar_t, true>(row, n, lam, width, step, grad_out, sums);
+      else if (relu) relu_track_pass<scalar_t, false>(row, n, lam, width, step, nullptr, sums);
+      else if (grads) track_pass<scalar_t, true>(row, n, lam, d * d, step, grad_out, sums);
       else track_pass<scalar_t, false>(row, n, lam, d * d, step, nullptr, sums);
-      value.data_ptr<scalar_t>()[0] = (scalar_t(sums.phi) - scalar_t(0.5) * d + kk / scalar_t(n) * lam) * s;
+      const scalar_t hinge = relu ? scalar_t(sums.phi) : scalar_t(sums.phi) - scalar_t(0.5) * d;
+      value.data_ptr<scalar_t>()[0] = (hinge + kk / scalar_t(n) * lam) * s;
       const bool undefined = std::isnan(sums.phi);  // a NaN loss: no step, λ stays
-      const scalar_t next = undefined ? lam : track_step(sums, lam, kk, d, n);
+      scalar_t next = lam, next_width = width;
+      if (!undefined && relu) relu_track_step(sums, lam, width, kk, n, next, next_width);
+      else if (!undefined) next = track_step(sums, lam, kk, d, n);
       if (!undefined && std::isfinite(next)) {
+        if (relu) lam_width->data_ptr<float>()[0] = float(next_width);
         float* avg = lam_avg.data_ptr<float>();
         lam_last.data_ptr<float>()[0] = float(next);
         avg[0] = float(1.0 - momentum) * avg[0] + float(momentum) * float(next);
@@ -621,16 +708,19 @@ struct RowTracked : public torch::autograd::Function<RowTracked> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_value) {
     const at::Tensor grad = ctx->get_saved_variables()[0];
-    torch::autograd::variable_list out(10);
+    torch::autograd::variable_list out(12);
     out[0] = all_ones(grad_value[0]) ? grad : grad * grad_value[0];
     return out;
   }
 };
 
-at::Tensor track_call(const at::Tensor& losses, at::Tensor lam_avg, at::Tensor lam_last, at::Tensor state, double k,
+at::Tensor track_call(const at::Tensor& losses, at::Tensor lam_avg, at::Tensor lam_last,
+                      const std::optional<at::Tensor>& lam_width, at::Tensor state, int64_t smoothing, double k,
                       double delta, double scale, double momentum, double burn_in, bool grads, bool sample) {
-  return grads ? RowTracked::apply(losses, lam_avg, lam_last, state, k, delta, scale, momentum, burn_in, sample)
-               : RowTracked::forward(nullptr, losses, lam_avg, lam_last, state, k, delta, scale, momentum, burn_in, sample);
+  return grads ? RowTracked::apply(losses, lam_avg, lam_last, lam_width, state, smoothing, k, delta, scale, momentum,
+                                   burn_in, sample)
+               : RowTracked::forward(nullptr, losses, lam_avg, lam_last, lam_width, state, smoothing, k, delta, scale,
+                                     momentum, burn_in, sample);
 }
 
 // A call at a given λ (0-d: the trained parameter, or the running average outside training) on losses (n,).
