@@ -536,42 +536,55 @@ void finite_range(const T* row, int64_t n, T least, T most, TrackSums<T>& sums) 
   sums.most = most;
 }
 
+// The loop both tracking passes share: over blocks of kTrackBlock losses, term(v, i, a, b, c, d) adds loss i's
+// four terms (φ's scaled by 1/kTrackBlock) and writes its gradient; each block's sums go to φ's mean and to
+// the three sums named by second, third and fourth, in double, and the range to finite_range().
+template <typename T, typename Term>
+[[gnu::always_inline]] inline void blocked_pass(const T* row, int64_t n, TrackSums<T>& sums, double TrackSums<T>::*second,
+                                                double TrackSums<T>::*third, double TrackSums<T>::*fourth, Term term) {
+  const T inf = std::numeric_limits<T>::infinity();
+  T least = inf, most = -inf;
+  for (int64_t start = 0; start < n; start += kTrackBlock) {
+    const int64_t end = std::min(n, start + kTrackBlock);
+    T a = 0, b = 0, c = 0, d = 0;
+#pragma omp simd reduction(+ : a, b, c, d) reduction(min : least) reduction(max : most)
+    for (int64_t i = start; i < end; ++i) {
+      const T v = row[i];
+      least = std::min(least, v);
+      most = std::max(most, v);
+      term(v, i, a, b, c, d);
+    }
+    sums.phi += double(a) * (double(kTrackBlock) / double(n));  // the mean of φ: no double sum overflows
+    sums.*second += double(b);
+    sums.*third += double(c);
+    sums.*fourth += double(d);
+  }
+  finite_range(row, n, least, most, sums);
+}
+
 // SReLU's φ (as term(): ½x + ½√(x²+δ²), the mean finished outside), φ' times step into grad, and the solve's
 // three sums (φ', φ'', d/dλ φ'') from one square root and one division per loss.
 template <typename T, bool kGrads>
 TOPKLAB_CLONES void track_pass(const T* row, int64_t n, T lam, T dd, T step, T* grad, TrackSums<T>& sums) {
   constexpr T big = beyond_square<T>();
   constexpr T shrink = T(1) / T(kTrackBlock);
-  const T inf = std::numeric_limits<T>::infinity();
-  T least = inf, most = -inf;
-  for (int64_t start = 0; start < n; start += kTrackBlock) {
-    const int64_t end = std::min(n, start + kTrackBlock);
-    T phi_sum = 0, count = 0, curvature = 0, change = 0;
-#pragma omp simd reduction(+ : phi_sum, count, curvature, change) reduction(min : least) reduction(max : most)
-    for (int64_t i = start; i < end; ++i) {
-      const T v = row[i];
-      least = std::min(least, v);
-      most = std::max(most, v);
-      const T x = v - lam;
-      const T low = x < -big ? -big : x;
-      const T z = low > big ? big : low;
-      const T root = std::sqrt(z * z + dd);
-      const T size = std::abs(low);
-      const T inverse = T(1) / root;
-      const T slope = T(0.5) + T(0.5) * (z * inverse);
-      const T bend = T(0.5) * dd * (inverse * inverse * inverse);
-      phi_sum += (T(0.5) * low + T(0.5) * (root < size ? size : root)) * shrink;
-      count += slope;
-      curvature += bend;
-      change += T(3) * bend * (z * (inverse * inverse));
-      if constexpr (kGrads) grad[i] = slope * step;
-    }
-    sums.phi += double(phi_sum) * (double(kTrackBlock) / double(n));  // the mean of φ: no double sum overflows
-    sums.count += double(count);
-    sums.curvature += double(curvature);
-    sums.change += double(change);
-  }
-  finite_range(row, n, least, most, sums);
+  using S = TrackSums<T>;
+  blocked_pass(row, n, sums, &S::count, &S::curvature, &S::change, [&](T v, int64_t i, T& phi_sum, T& count,
+                                                                        T& curvature, T& change) {
+    const T x = v - lam;
+    const T low = x < -big ? -big : x;
+    const T z = low > big ? big : low;
+    const T root = std::sqrt(z * z + dd);
+    const T size = std::abs(low);
+    const T inverse = T(1) / root;
+    const T slope = T(0.5) + T(0.5) * (z * inverse);
+    const T bend = T(0.5) * dd * (inverse * inverse * inverse);
+    phi_sum += (T(0.5) * low + T(0.5) * (root < size ? size : root)) * shrink;
+    count += slope;
+    curvature += bend;
+    change += T(3) * bend * (z * (inverse * inverse));
+    if constexpr (kGrads) grad[i] = slope * step;
+  });
 }
 
 // MATk's pass at λ with the window w: ReLU's φ and φ' (as term()), the count above λ and the counts within w
@@ -579,33 +592,20 @@ TOPKLAB_CLONES void track_pass(const T* row, int64_t n, T lam, T dd, T step, T* 
 template <typename T, bool kGrads>
 TOPKLAB_CLONES void relu_track_pass(const T* row, int64_t n, T lam, T width, T step, T* grad, TrackSums<T>& sums) {
   constexpr T shrink = T(1) / T(kTrackBlock);
-  const T inf = std::numeric_limits<T>::infinity();
   T zero = T(0);
   __asm__("" : "+m"(zero));  // as in rows(): with the literal, GCC turned ReLU's select into a branch
-  T least = inf, most = -inf;
-  for (int64_t start = 0; start < n; start += kTrackBlock) {
-    const int64_t end = std::min(n, start + kTrackBlock);
-    T phi_sum = 0, count = 0, near_above = 0, near_below = 0;
-#pragma omp simd reduction(+ : phi_sum, count, near_above, near_below) reduction(min : least) reduction(max : most)
-    for (int64_t i = start; i < end; ++i) {
-      const T v = row[i];
-      least = std::min(least, v);
-      most = std::max(most, v);
-      const T x = v - lam;
-      const T phi = x <= T(0) ? zero : x;  // NaN stays NaN, as in torch's relu
-      const T up = x > T(0) ? T(1) : zero;
-      phi_sum += phi * shrink;
-      count += up;
-      near_above += x > T(0) && x <= width ? T(1) : zero;
-      near_below += x <= T(0) && x > -width ? T(1) : zero;
-      if constexpr (kGrads) grad[i] = up * step;
-    }
-    sums.phi += double(phi_sum) * (double(kTrackBlock) / double(n));
-    sums.count += double(count);
-    sums.near_above += double(near_above);
-    sums.near_below += double(near_below);
-  }
-  finite_range(row, n, least, most, sums);
+  using S = TrackSums<T>;
+  blocked_pass(row, n, sums, &S::count, &S::near_above, &S::near_below, [&](T v, int64_t i, T& phi_sum, T& count,
+                                                                             T& near_above, T& near_below) {
+    const T x = v - lam;
+    const T phi = x <= T(0) ? zero : x;  // NaN stays NaN, as in torch's relu
+    const T up = x > T(0) ? T(1) : zero;
+    phi_sum += phi * shrink;
+    count += up;
+    near_above += x > T(0) && x <= width ? T(1) : zero;
+    near_below += x <= T(0) && x > -width ? T(1) : zero;
+    if constexpr (kGrads) grad[i] = up * step;
+  });
 }
 
 // The window holds about this many losses on the side λ moves to (at least kWindowLosses, else 1/kWindowShare
