@@ -5,7 +5,7 @@ user would otherwise write, forward + backward, measured side by side (issue 31'
 
 Pairs (library module in training mode : plain expression), on a float32 leaf of n losses:
 ``Average()`` : ``x.mean()``, ``Maximum()`` : ``x.max()``, ``ATk(k)`` : ``x.topk(k).values.mean()``,
-``STk(k)`` and ``MATk(k)`` (λ solved per call, the default) : ``x.mean()``. Each n runs in its own
+``STk(k)`` and ``MATk(k)`` (λ tracked, a step per call: the default) : ``x.mean()``. Each n runs in its own
 process, one torch thread by default: every call is warmed up (STk's and MATk's first call starts
 λ), then ``rounds`` rounds each time a loop of calls of every library module and every expression,
 in turn (after one untimed call), so that load from elsewhere falls on both sides alike. A call's time is the median over
