@@ -24,7 +24,7 @@ def eq6(losses: torch.Tensor, lam: float, k: int, delta: float) -> torch.Tensor:
 @pytest.mark.parametrize("kernel", PATHS)
 def test_a_track_call_is_eq6_at_the_stored_lambda_and_stores_one_solver_step(kernel):
     generator = torch.Generator().manual_seed(3)
-    loss = STk(k=0.25, delta=0.05, kernel=kernel).double()
+    loss = STk(k=0.25, delta=0.05, kernel=kernel)  # float32 buffers: float64 losses take the C++ lane
     loss(torch.rand(200, generator=generator, dtype=torch.float64).requires_grad_())  # the first call solves
     for step in range(6):
         losses = (torch.rand(200, generator=generator, dtype=torch.float64) * 3 - 0.2 * step).requires_grad_()
@@ -98,7 +98,7 @@ def test_matk_tracks_the_kth_largest_loss_of_drifting_batches_within_a_few_losse
     the loss is Eq. 5 at that λ, and on a batch that stops moving λ reaches MATk's root interval
     [ℓ_[k+1], ℓ_[k]) exactly."""
     generator = torch.Generator().manual_seed(8)
-    loss = MATk(k=0.1, kernel=kernel).double()
+    loss = MATk(k=0.1, kernel=kernel)  # float32 buffers: float64 losses take the C++ lane
     above = []
     for step in range(60):
         losses = (torch.rand(4000, generator=generator, dtype=torch.float64) * 4 - 0.02 * step).requires_grad_()
@@ -126,3 +126,14 @@ def test_matk_track_keeps_a_window_and_the_bad_settings_stay_errors():
     )
     with pytest.raises(ValueError, match="lam_lr applies to lam_update='gradient'; with lam_update='track'"):
         MATk(k=0.5, lam_lr=0.1)
+    old = {name: value for name, value in loss.state_dict().items() if name != "lam_width"}  # saved before MATk tracked
+    loss.load_state_dict(old)
+    assert float(loss.lam_width) == 0.0
+
+
+def test_matk_never_stores_an_infinite_window():
+    for kernel in PATHS:
+        loss = MATk(k=3, kernel=kernel)
+        loss(torch.linspace(0, 1, 30).requires_grad_())
+        loss(torch.cat([torch.full((15,), -3e38), torch.full((15,), 3e38)]).requires_grad_())
+        assert torch.isfinite(loss.lam_width), kernel

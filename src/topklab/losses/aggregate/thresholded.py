@@ -216,6 +216,9 @@ class ThresholdedTopK(Aggregate):
                 )
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        if hasattr(self, "lam_width") and prefix + "lam_width" not in state_dict and prefix + "lam_last" in state_dict:
+            # saved before MATk tracked: a zero window, which the next call widens to the losses' mean spacing
+            state_dict[prefix + "lam_width"] = torch.zeros_like(self.lam_width)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._started = True  # a loaded λ is a started one: no re-initialisation from the next batch
 
@@ -421,12 +424,13 @@ class ThresholdedTopK(Aggregate):
         """MATk's tracking window from the rows' new windows (P,): each row's under ``rows``, else
         the mean of the finite ones (a row with a NaN loss keeps the stored one)."""
         with torch.no_grad():
+            width = width.to(self.lam_width.dtype)  # a window beyond float32's range is not stored
             finite = torch.isfinite(width)
             if self.rows is None:
                 found = finite.sum()
                 width = torch.where(finite, width, torch.zeros_like(width)).sum() / found.clamp(min=1)
                 finite = found > 0
-            self.lam_width.copy_(torch.where(finite, width.to(self.lam_width.dtype), self.lam_width))
+            self.lam_width.copy_(torch.where(finite, width, self.lam_width))
 
     def _store(self, lam: torch.Tensor) -> None:
         """The warm start and the running average from the rows' new λ (P,): each row's own under

@@ -692,7 +692,7 @@ struct RowTracked : public torch::autograd::Function<RowTracked> {
       if (!undefined && relu) relu_track_step(sums, lam, width, kk, n, next, next_width);
       else if (!undefined) next = track_step(sums, lam, kk, d, n);
       if (!undefined && std::isfinite(next)) {
-        if (relu) lam_width->data_ptr<float>()[0] = float(next_width);
+        if (relu && std::isfinite(float(next_width))) lam_width->data_ptr<float>()[0] = float(next_width);
         float* avg = lam_avg.data_ptr<float>();
         lam_last.data_ptr<float>()[0] = float(next);
         avg[0] = float(1.0 - momentum) * avg[0] + float(momentum) * float(next);
