@@ -4,13 +4,16 @@
 # `scripts/offline_wheels.sh .whl` was run where a registry is reachable and .whl/ was copied along.
 #   scripts/gpu_check.sh STAGE [STAGE ...]   with OUT=<folder> (default results/bench)
 #   tests     the gpu-marked tests, then the default suite (16 workers, one thread each)
+#   gpu       the gpu-marked tests, then the default suite's losses and engine tests (a few minutes less)
 #   topk      bench_topk, n = 1e5 … 1e8
+#   against   the library's defaults against the plain torch expressions (bench_topk --against-torch), n = 1e3 … 1e8
 #   cifar     the ResNet-32 CIFAR-100-LT epoch, the device loader against a DataLoader
 #   peft      bench_peft, batch 128, fp16 and bf16 (channels-last)
 #   multi30k  the Multi30k Average / ATk / STk rows, seed 0, side by side on the GPU
 # Logs and written results go to a scratch folder, packed into OUT/<stages>.tar.gz.
 set -uo pipefail
-[ $# -ge 1 ] || { echo "error: name a stage: tests | topk | cifar | peft | multi30k" >&2; exit 2; }
+stages="tests | gpu | topk | against | cifar | peft | multi30k"
+[ $# -ge 1 ] || { echo "error: name a stage: $stages" >&2; exit 2; }
 pack=$(realpath -m "${OUT:-results/bench}")
 out=$(mktemp -d)
 mkdir -p "$pack"
@@ -30,9 +33,18 @@ tests)
         >"$out/tests-default.log" 2>&1
     grep -E "(FAILED|ERROR) tests/" "$out/tests-default.log" | sed 's/^\[gw[0-9]*\] *\[ *[0-9]*%\] *//' | sort | head -60
     grep -cE "PASSED tests/" "$out/tests-default.log"; tail -3 "$out/tests-default.log" ;;
+gpu)
+    timeout 150 python3 -m pytest -q -m gpu -rA -p no:cacheprovider 2>&1 | tee "$out/tests-gpu.log" | tail -15
+    OMP_NUM_THREADS=1 timeout 200 python3 -m pytest -q -m "not slow" -n 16 -p no:cacheprovider -W ignore::pytest.PytestWarning \
+        tests/losses tests/integration/test_vision_engine.py tests/integration/test_translation_engine.py \
+        tests/integration/test_sweeps.py >"$out/tests-losses-engine.log" 2>&1
+    grep -E "^(FAILED|ERROR) " "$out/tests-losses-engine.log" | head -40; tail -2 "$out/tests-losses-engine.log" ;;
 topk)
     timeout 170 python3 scripts/bench_topk.py --device cuda --min-exp 5 --max-exp 8 --min-time 0.2 --out-dir "$out" \
         --losses Average "ATk (topk)" "MATk (eager)" "MATk (compiled)" "STk (eager)" "STk (compiled)" 2>&1 | tail -30 ;;
+against)
+    timeout 200 python3 scripts/bench_topk.py --device cuda --against-torch --sizes 1000 100000 1000000 10000000 100000000 \
+        --out-dir "$out" 2>&1 | tail -12 ;;
 cifar)
     timeout 130 python3 scripts/bench_cifar_epoch.py --device cuda --epochs 3 --workers 8 --out-dir "$out" 2>&1 | tail -12 ;;
 peft)
@@ -50,7 +62,7 @@ multi30k)
     wait
     tail -3 "$out"/multi30k-*.log
     cp -r results/translation "$out/" 2>/dev/null ;;
-*) echo "error: unknown stage $stage (tests | topk | cifar | peft | multi30k)" >&2; exit 2 ;;
+*) echo "error: unknown stage $stage ($stages)" >&2; exit 2 ;;
 esac
 done
 name=$(IFS=-; echo "$*")

@@ -14,20 +14,27 @@ from topklab.tasks.classification_metrics import expected_calibration_error
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("lam_update", ["solve", "gradient"])
-def test_stk_on_cuda_matches_the_cpu_in_float64(lam_update):
-    losses = torch.rand(4097, dtype=torch.float64)
-    values, grads = [], []
+@pytest.mark.parametrize("cls", [STk, MATk])
+@pytest.mark.parametrize("lam_update", ["track", "solve", "gradient"])
+def test_the_thresholded_losses_on_cuda_match_the_cpu_in_float64(cls, lam_update):
+    """Four training calls on drifting batches: the values, the gradients and the stored (or learned) λ."""
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.rand(4097, generator=generator, dtype=torch.float64) * 3 - 0.3 * step for step in range(4)]
+    results = {}
     for device in ("cpu", "cuda"):
-        aggregate = STk(k=0.9, delta=0.01, lam_update=lam_update).double().to(device)
-        x = losses.to(device).clone().requires_grad_(True)  # a fresh leaf per device (.to("cpu") is the tensor itself)
-        value = aggregate(x)
-        value.backward()
-        values.append(value.detach().cpu())
-        lam = aggregate.threshold.grad if lam_update == "gradient" else aggregate.lam_last
-        grads.append((x.grad.cpu(), lam.detach().cpu()))
-    assert torch.allclose(values[0], values[1], rtol=1e-10)
-    assert torch.allclose(grads[0][0], grads[1][0], rtol=1e-9) and torch.allclose(grads[0][1], grads[1][1], rtol=1e-9)
+        aggregate = cls(k=0.9, lam_update=lam_update).double().to(device)  # float64 buffers: the torch path on both
+        results[device] = []
+        for losses in batches:
+            x = (
+                losses.to(device).clone().requires_grad_(True)
+            )  # a fresh leaf per device (.to("cpu") is the tensor itself)
+            value = aggregate(x)
+            value.backward()
+            lam = aggregate.threshold.grad if lam_update == "gradient" else aggregate.lam_last
+            results[device].append((value.detach().cpu(), x.grad.cpu(), lam.detach().cpu().clone()))
+    for on_cpu, on_cuda in zip(results["cpu"], results["cuda"]):
+        for a, b in zip(on_cpu, on_cuda):
+            torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("cls", [STk, MATk])

@@ -5,11 +5,13 @@ user would otherwise write, forward + backward, measured side by side (issue 31'
 
 Pairs (library module in training mode : plain expression), on a float32 leaf of n losses:
 ``Average()`` : ``x.mean()``, ``Maximum()`` : ``x.max()``, ``ATk(k)`` : ``x.topk(k).values.mean()``,
-``STk(k)`` and ``MATk(k)`` (λ tracked, a step per call: the default) : ``x.mean()``. Each n runs in its own
-process, one torch thread by default: every call is warmed up (STk's and MATk's first call starts
-λ), then ``rounds`` rounds each time a loop of calls of every library module and every expression,
-in turn (after one untimed call), so that load from elsewhere falls on both sides alike. A call's time is the median over
-rounds of its loop's time per call; a ratio is library / plain. The target: STk and MATk ≤ 1.2,
+``STk(k)`` and ``MATk(k)`` (λ tracked, a step per call: the default) : ``x.mean()``. On a CPU (one torch
+thread by default) each n runs in its own process; on a GPU (``--device cuda``) all run in one, and each
+loop is timed from a synchronize to a synchronize. Every call is warmed up (STk's and MATk's first call
+starts λ), then ``rounds`` rounds each time a loop of calls of every library module and every
+expression, in turn (after one untimed call), so that load from elsewhere falls on both sides alike;
+all rounds of one n take about ``--against-time`` seconds. A call's time is the median over rounds of
+its loop's time per call; a ratio is library / plain. The target: STk and MATk ≤ 1.2,
 Average, Maximum and ATk ≤ 1.1, at every n.
 """
 
@@ -43,8 +45,9 @@ def calls(k: int):
     return library, plain
 
 
-def worker(n: int, k_fraction: float, rounds: int, min_time: float, threads: int) -> dict:
-    """Per-call seconds (median over interleaved rounds) of every library module and plain expression at n."""
+def worker(n: int, k_fraction: float, rounds: int, min_time: float, threads: int, device: str = "cpu") -> dict:
+    """Per-call seconds (median over interleaved rounds) of every library module and plain expression at n,
+    on ``device`` (on a GPU each loop's time runs from a synchronize to a synchronize)."""
     import torch
 
     from topklab.utils.k import resolve_k
@@ -53,7 +56,9 @@ def worker(n: int, k_fraction: float, rounds: int, min_time: float, threads: int
         torch.set_num_threads(threads)
     k = resolve_k(k_fraction, n)
     library, plain = calls(k)
-    x = torch.rand(n, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    library = {label: module.to(device) for label, module in library.items()}
+    x = torch.rand(n, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_()
+    synchronize = torch.cuda.synchronize if x.is_cuda else (lambda: None)
     steps = {**library, **plain}
 
     def step(function):
@@ -63,18 +68,22 @@ def worker(n: int, k_fraction: float, rounds: int, min_time: float, threads: int
     for function in steps.values():  # warm-up: the first STk/MATk call starts λ; kernels load
         for _ in range(3):
             step(function)
+    synchronize()
     started = time.perf_counter()
     for function in steps.values():
         step(function)
+    synchronize()
     per_round = max(time.perf_counter() - started, 1e-9)
     loops = max(1, int(min_time / rounds / per_round))  # calls per loop, so that all rounds take about min_time
     seconds: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(rounds):
         for name, function in steps.items():
             step(function)  # untimed: the first call after another function's finds the caches holding its data
+            synchronize()
             began = time.perf_counter()
             for _ in range(loops):
                 step(function)
+            synchronize()
             seconds[name].append((time.perf_counter() - began) / loops)
     return {
         "n": n,
@@ -82,6 +91,11 @@ def worker(n: int, k_fraction: float, rounds: int, min_time: float, threads: int
         "loops": loops,
         "seconds": {name: statistics.median(values) for name, values in seconds.items()},
     }
+
+
+def workers(sizes: list[int], k_fraction: float, rounds: int, min_time: float, threads: int, device: str) -> list[dict]:
+    """:func:`worker` at each n, one after another in this process."""
+    return [worker(n, k_fraction, rounds, min_time, threads, device) for n in sizes]
 
 
 def ratios(rows: list[dict]) -> list[dict]:

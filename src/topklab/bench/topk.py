@@ -13,9 +13,9 @@ compilation is not timed. ``--quick`` runs n ∈ {1e5, 1e6} for Average, ATk (to
 process per loss and no memory column, in about a minute. Writes ``topk_<device>[_quick].json``,
 ``.md`` and (full runs) a log-log ``.png``.
 
-Then (on a CPU; ``--against-torch`` alone skips the sweep above) every aggregate as the library
+Then (after a CPU sweep, or alone with ``--against-torch`` on any device) every aggregate as the library
 gives it by default against the plain torch expression, side by side
-(:mod:`topklab.bench.against_torch`; n = 16 … 1e7), written to ``topk_against_torch_cpu.{json,md}``;
+(:mod:`topklab.bench.against_torch`; n = 16 … 1e7), written to ``topk_against_torch_<cpu|cuda>.{json,md}``;
 the last line printed is its worst ratio against its target.
 """
 
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's default)")
     parser.add_argument("--losses", nargs="+", choices=list(LOSSES), help="a subset of the rows (default: all)")
     parser.add_argument("--out-dir", default=str(ROOT / "results" / "bench"))
-    parser.add_argument("--against-torch", action="store_true", help="only the library-against-plain-torch table (CPU)")
+    parser.add_argument("--against-torch", action="store_true", help="only the library-against-plain-torch table")
     parser.add_argument(
         "--sizes", type=int, nargs="+", default=list(against_torch.SIZES), help="n of the against-torch table"
     )
@@ -301,41 +301,54 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     if not args.against_torch:
         sweep(args, argv)
-    if not args.device.startswith("cuda"):
+    if args.against_torch or not args.device.startswith("cuda"):
         compare_with_torch(args, argv)
 
 
 def compare_with_torch(args, argv: list[str]) -> None:
-    """The against-torch table: one process per n; its headline is the last line printed."""
+    """The against-torch table (one process per n on a CPU, one in all on a GPU); its headline is the last line printed."""
     from topklab.bench.output import machine_label
 
     if any(n < 1 for n in args.sizes) or not 0 < args.k <= 1 or args.rounds < 1 or not args.against_time > 0:
         print("error: need --sizes >= 1, 0 < --k <= 1, --rounds >= 1 and --against-time > 0", file=sys.stderr)
         raise SystemExit(2)
+    on_gpu = args.device.startswith("cuda")
+    # on a CPU each n in its own process (its own heap); on a GPU all in one, so that inductor compiles once
+    groups = [args.sizes] if on_gpu else [[n] for n in args.sizes]
     rows = []
-    for n in args.sizes:
+    for sizes in groups:
         try:
-            row = run_isolated(
-                "topklab.bench.against_torch:worker", n, args.k, args.rounds, args.min_time, args.threads
+            found = run_isolated(
+                "topklab.bench.against_torch:workers",
+                sizes,
+                args.k,
+                args.rounds,
+                args.against_time,
+                args.threads,
+                args.device,
             )
         except WorkerFailed as err:
-            print(f"error: the against-torch point n={n} failed: {err}", file=sys.stderr)
+            print(f"error: the against-torch points n={sizes} failed: {err}", file=sys.stderr)
             raise SystemExit(1) from None
-        rows.append(row)
-        mine = ", ".join(f"{r['loss']} {r['ratio']:.2f}" for r in against_torch.ratios([row]))
-        print(f"against torch n={n:,}: {mine}", flush=True)
+        for row in found:
+            mine = ", ".join(f"{r['loss']} {r['ratio']:.2f}" for r in against_torch.ratios([row]))
+            print(f"against torch n={row['n']:,}: {mine}", flush=True)
+        rows += found
     command = command_line("bench_topk.py", argv)
     settings = {
         "sizes": args.sizes,
         "k": args.k,
         "rounds": args.rounds,
-        "min_time": args.min_time,
+        "against_time": args.against_time,
         "threads": args.threads,
+        "device": args.device,
     }
-    text = against_torch.render(rows, machine_label("cpu", args.threads or None), command, args.k)
-    out_dir = Path(args.out_dir)
-    write_outputs(out_dir, "topk_against_torch_cpu", {"rows": rows}, command, settings, markdown=text)
-    print(f"wrote {out_dir}/topk_against_torch_cpu.{{json,md}}")
+    text = against_torch.render(
+        rows, machine_label(args.device, None if on_gpu else args.threads or None), command, args.k
+    )
+    out_dir, name = Path(args.out_dir), f"topk_against_torch_{'cuda' if on_gpu else 'cpu'}"
+    write_outputs(out_dir, name, {"rows": rows}, command, settings, markdown=text)
+    print(f"wrote {out_dir}/{name}.{{json,md}}")
     print(against_torch.headline(rows))
 
 
