@@ -137,3 +137,19 @@ def test_matk_never_stores_an_infinite_window():
         loss(torch.linspace(0, 1, 30).requires_grad_())
         loss(torch.cat([torch.full((15,), -3e38), torch.full((15,), 3e38)]).requires_grad_())
         assert torch.isfinite(loss.lam_width), kernel
+
+
+@pytest.mark.skipif(PATHS == ["eager"], reason="the C++ lane is not built here")
+def test_a_step_from_far_above_the_losses_is_the_same_on_both_paths():
+    """λ far above float32 losses (z ≪ −δ): the count's terms δ²/(4z²) lie below the rounding of
+    ½(1 + z/r), so the lane sums them in the accurate form, as the torch path does; before, the two
+    stepped to 3.16 and 4.17."""
+    losses = torch.tensor([3.866, 1.298, 4.570, 4.667, 1.377])
+    stepped = []
+    for kernel in PATHS:
+        loss = STk(k=1, delta=1e-3, kernel=kernel)
+        loss(losses.clone().requires_grad_())
+        loss.lam_last.fill_(8.0)
+        loss(losses.clone().requires_grad_())
+        stepped.append(float(loss.lam_last))
+    assert stepped[0] == pytest.approx(stepped[1], rel=1e-5) and 4.0 < stepped[0] < 8.0

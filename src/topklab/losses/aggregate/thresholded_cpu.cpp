@@ -563,7 +563,8 @@ template <typename T, typename Term>
 }
 
 // SReLU's φ (as term(): ½x + ½√(x²+δ²), the mean finished outside), φ' times step into grad, and the solve's
-// three sums (φ', φ'', d/dλ φ'') from one square root and one division per loss.
+// three sums (φ', φ'', d/dλ φ'') from one square root and one division per loss (the count's φ' in its
+// accurate form δ²/(2r(r − z)) below λ, the gradient's ½(1 + z/r) as the torch path's eager kernel has it).
 template <typename T, bool kGrads>
 TOPKLAB_CLONES void track_pass(const T* row, int64_t n, T lam, T dd, T step, T* grad, TrackSums<T>& sums) {
   constexpr T big = beyond_square<T>();
@@ -576,11 +577,14 @@ TOPKLAB_CLONES void track_pass(const T* row, int64_t n, T lam, T dd, T step, T* 
     const T z = low > big ? big : low;
     const T root = std::sqrt(z * z + dd);
     const T size = std::abs(low);
-    const T inverse = T(1) / root;
+    const T span = root - (z < T(0) ? z : T(0));
+    const T reciprocal = T(1) / (root * span);  // at most 2^127 in float (|z| <= 2^63): finite
+    const T inverse = span * reciprocal;
     const T slope = T(0.5) + T(0.5) * (z * inverse);
+    const T tail = T(0.5) * dd * reciprocal;  // δ²/(2r(r − z)) below λ, where 1 + z/r cancels (smoothing.py's form)
     const T bend = T(0.5) * dd * (inverse * inverse * inverse);
     phi_sum += (T(0.5) * low + T(0.5) * (root < size ? size : root)) * shrink;
-    count += slope;
+    count += z < T(0) ? tail : slope;
     curvature += bend;
     change += T(3) * bend * (z * (inverse * inverse));
     if constexpr (kGrads) grad[i] = slope * step;
