@@ -7,12 +7,13 @@
 #   gpu       the gpu-marked tests, then the default suite's losses and engine tests (a few minutes less)
 #   topk      bench_topk, n = 1e5 … 1e8
 #   against   the library's defaults against the plain torch expressions (bench_topk --against-torch), n = 1e3 … 1e8
+#   compiled  the same with Average, STk and MATk also under torch.compile, n = 1e3, 1e6, 1e8
 #   cifar     the ResNet-32 CIFAR-100-LT epoch, the device loader against a DataLoader
 #   peft      bench_peft, batch 128, fp16 and bf16 (channels-last)
 #   multi30k  the Multi30k Average / ATk / STk rows, seed 0, side by side on the GPU
 # Logs and written results go to a scratch folder, packed into OUT/<stages>.tar.gz.
 set -uo pipefail
-stages="tests | gpu | topk | against | cifar | peft | multi30k"
+stages="tests | gpu | topk | against | compiled | cifar | peft | multi30k"
 [ $# -ge 1 ] || { echo "error: name a stage: $stages" >&2; exit 2; }
 pack=$(realpath -m "${OUT:-results/bench}")
 out=$(mktemp -d)
@@ -44,6 +45,9 @@ topk)
         --losses Average "ATk (topk)" "MATk (eager)" "MATk (compiled)" "STk (eager)" "STk (compiled)" 2>&1 | tail -30 ;;
 against)
     timeout 200 python3 scripts/bench_topk.py --device cuda --against-torch --sizes 1000 100000 1000000 10000000 100000000 \
+        --out-dir "$out" 2>&1 | tail -12 ;;
+compiled)
+    timeout 240 python3 scripts/bench_topk.py --device cuda --against-torch --compiled --sizes 1000 1000000 100000000 \
         --out-dir "$out" 2>&1 | tail -12 ;;
 cifar)
     timeout 130 python3 scripts/bench_cifar_epoch.py --device cuda --epochs 3 --workers 8 --out-dir "$out" 2>&1 | tail -12 ;;

@@ -130,6 +130,10 @@ def test_the_against_torch_table_ends_with_the_worst_ratio_against_its_target():
     )
     inside = [{**row, "seconds": {**row["seconds"], "MATk": 1.0, "ATk": 4.0}} for row in rows]
     assert against_torch.headline(inside).endswith("every ratio within its target")
+    compiled = [{**row, "seconds": {**row["seconds"], "STk compiled": 9.0}} for row in inside]  # --compiled
+    text = against_torch.render(compiled, "GPU", "…", 0.1, one_process=True)
+    assert "| STk compiled | `x.mean()` | ≤ 1.2 | 9.00 | 9.00 |" in text and "all n in one process" in text
+    assert against_torch.headline(compiled).endswith("every ratio within its target")  # the defaults' headline
 
 
 def test_the_against_torch_run_writes_its_table(tmp_path):

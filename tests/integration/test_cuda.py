@@ -132,3 +132,25 @@ def test_diffsortnet_on_cuda_matches_the_cpu_in_float64(network):
         results.append((P.detach().cpu(), x.grad.cpu()))
     assert torch.allclose(results[0][0], results[1][0], atol=1e-12)
     assert torch.allclose(results[0][1], results[1][1], atol=1e-10)
+
+
+def test_the_default_aggregates_never_synchronise_with_the_host_after_their_first_call():
+    """A host synchronisation per call stalls a GPU step (the library issue's rule for its default path):
+    under CUDA's sync debug mode "error", Average, ATk, STk and MATk (their first call, which starts λ, aside)."""
+    from topklab.losses import ATk
+    from topklab.losses.aggregate import Average
+
+    synchronising = []
+    for name, module in [("Average", Average()), ("ATk", ATk(k=0.1)), ("STk", STk(k=0.1)), ("MATk", MATk(k=0.1))]:
+        module = module.cuda()
+        for n in (1000, 100_000):
+            x = torch.rand(n, device="cuda", requires_grad=True)
+            module(x).backward()  # the first call may read λ's start on the host
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                module(x).backward()
+            except RuntimeError as err:
+                synchronising.append(f"{name} n={n}: {str(err).splitlines()[0]}")
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    assert not synchronising, synchronising

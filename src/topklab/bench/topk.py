@@ -272,6 +272,11 @@ def main(argv: list[str] | None = None) -> None:
         "--sizes", type=int, nargs="+", default=list(against_torch.SIZES), help="n of the against-torch table"
     )
     parser.add_argument("--k", type=float, default=0.1, help="k as a fraction of n in the against-torch table")
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="the against-torch table also times Average, STk and MATk under torch.compile",
+    )
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds of the against-torch table")
     parser.add_argument(
         "--against-time",
@@ -326,6 +331,7 @@ def compare_with_torch(args, argv: list[str]) -> None:
                 args.against_time,
                 args.threads,
                 args.device,
+                args.compiled,
             )
         except WorkerFailed as err:
             print(f"error: the against-torch points n={sizes} failed: {err}", file=sys.stderr)
@@ -342,10 +348,10 @@ def compare_with_torch(args, argv: list[str]) -> None:
         "against_time": args.against_time,
         "threads": args.threads,
         "device": args.device,
+        "compiled": args.compiled,
     }
-    text = against_torch.render(
-        rows, machine_label(args.device, None if on_gpu else args.threads or None), command, args.k
-    )
+    hardware = machine_label(args.device, None if on_gpu else args.threads or None)
+    text = against_torch.render(rows, hardware, command, args.k, one_process=on_gpu)
     out_dir, name = Path(args.out_dir), f"topk_against_torch_{'cuda' if on_gpu else 'cpu'}"
     write_outputs(out_dir, name, {"rows": rows}, command, settings, markdown=text)
     print(f"wrote {out_dir}/{name}.{{json,md}}")

@@ -35,7 +35,8 @@ class ATk(Aggregate):
         :class:`~topklab.losses.aggregate.base.Aggregate`).
 
     Extreme losses: a −inf beyond the k-th does not count; ±inf among the k largest propagate; a
-    float32 sum that overflows where the mean is finite is redone in float64; NaN propagates.
+    float32 sum that overflows where the mean is finite is redone in float64 (not for 1-D losses on a
+    GPU, whose ``topk().values.mean()`` is returned unchecked: +inf there); NaN propagates.
 
     Examples
     --------
@@ -59,12 +60,12 @@ class ATk(Aggregate):
         self.method = method
 
     def forward(self, losses: torch.Tensor) -> torch.Tensor:
-        # the usual case, 1-D losses with a finite CPU value, without the batched path's masks: its
-        # value and gradient bit for bit
-        if self.one_row(losses) and self.method == "topk" and not isinstance(self.k, torch.Tensor):
+        # the usual case, 1-D losses (with a finite value on a CPU; on a GPU unchecked, as a check would
+        # synchronise every call), without the batched path's masks: its value and gradient bit for bit
+        if self.one_row(losses, cpu=False) and self.method == "topk" and not isinstance(self.k, torch.Tensor):
             k = resolve_count(self.k, losses.shape[0])
             value = torch.topk(losses, k).values.mean()  # on a CPU, mean() is sum() / k: the same bits
-            if not torch.compiler.is_compiling() and not math.isinf(value.item()):
+            if not losses.is_cpu or (not torch.compiler.is_compiling() and not math.isinf(value.item())):
                 return value
         work = check_losses(losses, self.dim)
         if work.dim() == 1 and not isinstance(self.k, torch.Tensor):

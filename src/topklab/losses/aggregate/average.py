@@ -9,8 +9,9 @@ from topklab.losses.aggregate.base import Aggregate, accumulation_dtype, mean_wi
 
 class Average(Aggregate):
     """Average aggregate loss ``L_avg = (1/n)·Σ ℓ_i`` (STk paper §4, "Average"). A sum that overflows
-    where the mean is finite (float32 losses near 3e38) is redone in float64; ±inf propagate (+inf
-    and −inf together give NaN), as does NaN.
+    where the mean is finite (float32 losses near 3e38) is redone in float64, except for 1-D losses
+    on a GPU, which get ``losses.mean()`` as it is (+inf there; the check would synchronise every
+    call); ±inf propagate (+inf and −inf together give NaN), as does NaN.
 
     Parameters
     ----------
@@ -29,11 +30,12 @@ class Average(Aggregate):
     """
 
     def forward(self, losses: torch.Tensor) -> torch.Tensor:
-        # the usual case, a finite CPU mean of 1-D losses, is x.mean() itself: a third of the batched
-        # path's cost at small n (its value and gradient bit for bit)
-        if self.one_row(losses) and not torch.compiler.is_compiling():
+        # the usual case, 1-D losses, is x.mean() itself: a third of the batched path's cost at small n
+        # (its value and gradient bit for bit); on a CPU checked for overflow, on a GPU as it is (a check
+        # would synchronise every call)
+        if self.one_row(losses, cpu=False) and not torch.compiler.is_compiling():
             plain = losses.mean()
-            if not math.isinf(plain.item()):
+            if not losses.is_cpu or not math.isinf(plain.item()):
                 return plain
         return super().forward(losses)
 
