@@ -22,3 +22,22 @@ def test_a_thresholded_loss_compiles_as_one_graph_and_matches_eager(cls):
         torch.testing.assert_close(value_a, value_b)
         torch.testing.assert_close(a.grad, b.grad)
         torch.testing.assert_close(compiled_loss.lam_last, eager_loss.lam_last)
+
+
+@pytest.mark.parametrize("cls", [STk, MATk])
+def test_batches_of_changing_length_do_not_recompile_per_length(cls):
+    """Token losses come in batches of a new length each step: after the first call (which starts λ)
+    and one length change (from which dynamo treats n as symbolic) no length compiles again; before,
+    the one-row lane's settings cache guarded on n and compiled every new length until the limit."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    loss = cls(k=0.1)
+    compiled = torch.compile(loss, fullgraph=True, backend=backend)
+    for n in (1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000, 5500):
+        compiled(torch.rand(n, requires_grad=True)).backward()
+    assert len(graphs) <= 3, len(graphs)

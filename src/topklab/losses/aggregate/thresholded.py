@@ -265,7 +265,8 @@ class ThresholdedTopK(Aggregate):
         the monitor's sums), except the monitor's smoothed share under ``lam_update="gradient"``, which
         is the kernel's own sum of the gradients (the same to rounding)."""
         if (
-            type(losses) is not torch.Tensor
+            torch.compiler.is_compiling()  # the lane is eager-only; its settings cache would guard on n
+            or type(losses) is not torch.Tensor
             or losses.dim() != 1
             or not losses.is_cpu
             or losses.dtype not in NATIVE_DTYPES
