@@ -143,3 +143,23 @@ def test_the_against_torch_run_writes_its_table(tmp_path):
     assert {p.name for p in tmp_path.iterdir()} == {"topk_against_torch_cpu.json", "topk_against_torch_cpu.md"}
     bad = run("--against-torch", "--k", "1.5", "--out-dir", str(tmp_path / "bad"))
     assert bad.returncode == 2 and "0 < --k <= 1" in bad.stderr and not (tmp_path / "bad").exists()
+
+
+def test_the_against_torch_options_reach_its_workers(bench_topk, monkeypatch, tmp_path):
+    """--against-time, --rounds, --k and --compiled are what each worker gets (--against-time was once
+    parsed and then ignored for --min-time); on a CPU one process per n."""
+    calls = []
+
+    def fake_run_isolated(target, sizes, k, rounds, seconds, threads, device, compiled):
+        calls.append((target, sizes, k, rounds, seconds, device, compiled))
+        plain = {"x.mean()": 1.0, "x.max()": 1.0, "x.topk(k).values.mean()": 1.0}
+        mine = {"Average": 1.0, "Maximum": 1.0, "ATk": 1.0, "STk": 1.0, "MATk": 1.0}
+        return [{"n": n, "k": 1, "loops": 1, "seconds": {**plain, **mine}} for n in sizes]
+
+    monkeypatch.setattr(bench_topk, "run_isolated", fake_run_isolated)
+    argv = ["--against-torch", "--sizes", "16", "64", "--against-time", "0.7", "--rounds", "3", "--k", "0.25"]
+    bench_topk.main([*argv, "--compiled", "--out-dir", str(tmp_path)])
+    assert calls == [
+        ("topklab.bench.against_torch:workers", [16], 0.25, 3, 0.7, "cpu", True),
+        ("topklab.bench.against_torch:workers", [64], 0.25, 3, 0.7, "cpu", True),
+    ]

@@ -22,7 +22,7 @@ def test_the_thresholded_losses_on_cuda_match_the_cpu_in_float64(cls, lam_update
     batches = [torch.rand(4097, generator=generator, dtype=torch.float64) * 3 - 0.3 * step for step in range(4)]
     results = {}
     for device in ("cpu", "cuda"):
-        aggregate = cls(k=0.9, lam_update=lam_update).double().to(device)  # float64 buffers: the torch path on both
+        aggregate = cls(k=0.9, lam_update=lam_update).double().to(device)  # float64: the CPU's lane, if any, as float64
         results[device] = []
         for losses in batches:
             x = (
@@ -134,23 +134,30 @@ def test_diffsortnet_on_cuda_matches_the_cpu_in_float64(network):
     assert torch.allclose(results[0][1], results[1][1], atol=1e-10)
 
 
-def test_the_default_aggregates_never_synchronise_with_the_host_after_their_first_call():
-    """A host synchronisation per call stalls a GPU step (the library issue's rule for its default path):
-    under CUDA's sync debug mode "error", Average, ATk, STk and MATk (their first call, which starts λ, aside)."""
+def test_the_default_aggregates_synchronise_with_the_host_only_for_the_out_of_band_check():
+    """A host synchronisation per call stalls a GPU step (the library issue's rule for its default path).
+    Under CUDA's sync debug mode "warn", 120 training calls of Average, ATk, STk and MATk after their first
+    (which starts λ) synchronise at most once: STk's and MATk's check of the out-of-band streak, every
+    100th call (the λ monitor's samples, every 50th, stay on the device)."""
+    import warnings
+
     from topklab.losses import ATk
     from topklab.losses.aggregate import Average
 
-    synchronising = []
+    found = {}
     for name, module in [("Average", Average()), ("ATk", ATk(k=0.1)), ("STk", STk(k=0.1)), ("MATk", MATk(k=0.1))]:
         module = module.cuda()
-        for n in (1000, 100_000):
-            x = torch.rand(n, device="cuda", requires_grad=True)
-            module(x).backward()  # the first call may read λ's start on the host
-            torch.cuda.set_sync_debug_mode("error")
+        x = torch.rand(100_000, device="cuda", requires_grad=True)
+        module(x).backward()
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
             try:
-                module(x).backward()
-            except RuntimeError as err:
-                synchronising.append(f"{name} n={n}: {str(err).splitlines()[0]}")
+                for _ in range(120):
+                    module(x).backward()
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-    assert not synchronising, synchronising
+        found[name] = sum("synchroniz" in str(w.message) for w in caught)
+    assert found["Average"] == 0 and found["ATk"] == 0, found
+    assert found["STk"] <= 1 and found["MATk"] <= 1, found

@@ -128,6 +128,10 @@ def test_bad_input_leaves_no_run_record(compose_cfg, tmp_path, overrides, match)
             ["loss.delta=1e300"],
             "error: loss: delta=1e+300 is too large: SReLU is computed without overflow for δ up to 1e+12",
         ),
+        (
+            ["loss.delta=1e-20"],
+            "error: loss: delta=1e-20 is too small: SReLU's slope is computed without underflow for δ from 1e-15",
+        ),
         (["-m", "loss.k=0.5,abc"], "error: loss: k must be an int (a count) or a float in (0, 1]"),
         (["loss=atk", "loss.k=[1,2]"], "error: loss: k must be an int"),
         (["loss.nonexistent=1"], "error: "),

@@ -131,12 +131,17 @@ def test_matk_track_keeps_a_window_and_the_bad_settings_stay_errors():
     assert float(loss.lam_width) == 0.0
 
 
-def test_matk_never_stores_an_infinite_window():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_matk_never_stores_an_infinite_window(dtype):
+    """float32 buffers: a window of float64 losses beyond float32's range is not stored (as inf)."""
     for kernel in PATHS:
         loss = MATk(k=3, kernel=kernel)
-        loss(torch.linspace(0, 1, 30).requires_grad_())
-        loss(torch.cat([torch.full((15,), -3e38), torch.full((15,), 3e38)]).requires_grad_())
-        assert torch.isfinite(loss.lam_width), kernel
+        loss(torch.linspace(0, 1, 30, dtype=dtype).requires_grad_())
+        loss(torch.cat([torch.full((15,), -3e38), torch.full((15,), 3e38)]).to(dtype).requires_grad_())
+        if dtype == torch.float64:
+            wide = torch.full((30,), 1e300, dtype=dtype) * torch.arange(30, dtype=dtype).sub(14.5).sign()
+            loss(wide.requires_grad_())
+        assert torch.isfinite(loss.lam_width), (kernel, dtype)
 
 
 @pytest.mark.skipif(PATHS == ["eager"], reason="the C++ lane is not built here")

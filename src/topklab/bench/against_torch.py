@@ -71,10 +71,12 @@ def worker(
     if threads:
         torch.set_num_threads(threads)
     k = resolve_k(k_fraction, n)
+    if compiled:
+        torch._dynamo.reset()  # k is a constant of the compiled graphs: each n compiles afresh, not into the limit
     library, plain = calls(k, compiled)
     library = {label: module.to(device) for label, module in library.items()}
     x = torch.rand(n, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_()
-    synchronize = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    synchronize = (lambda: torch.cuda.synchronize(x.device)) if x.is_cuda else (lambda: None)
     steps = {**library, **plain}
 
     def step(function):

@@ -304,6 +304,12 @@ def main(argv: list[str] | None = None) -> None:
     if not 1 <= args.min_exp <= args.max_exp <= 9:
         print(f"error: need 1 <= --min-exp <= --max-exp <= 9, got {args.min_exp}, {args.max_exp}", file=sys.stderr)
         raise SystemExit(2)
+    if args.compiled and args.device.startswith("cuda") and not args.against_torch:
+        print(
+            "error: --compiled times the against-torch table, which runs on a GPU only with --against-torch",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     if not args.against_torch:
         sweep(args, argv)
     if args.against_torch or not args.device.startswith("cuda"):
@@ -334,7 +340,10 @@ def compare_with_torch(args, argv: list[str]) -> None:
                 args.compiled,
             )
         except WorkerFailed as err:
-            print(f"error: the against-torch points n={sizes} failed: {err}", file=sys.stderr)
+            print(
+                f"error: the against-torch point(s) n={', '.join(f'{n:,}' for n in sizes)} failed: {err}",
+                file=sys.stderr,
+            )
             raise SystemExit(1) from None
         for row in found:
             mine = ", ".join(f"{r['loss']} {r['ratio']:.2f}" for r in against_torch.ratios([row]))

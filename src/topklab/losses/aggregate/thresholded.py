@@ -21,6 +21,7 @@ from topklab.utils.checks import check_int
 from topklab.utils.k import resolve_k
 
 MAX_DELTA = 1e12  # SReLU's root √(x² + δ²) is |x| from 2^63 on in float32: δ²/x² must be below rounding there
+MIN_DELTA = 1e-15  # r(r − z) >= δ² stays a normal float32 (the C++ pass divides by it); below, SReLU is ReLU anyway
 
 SCALES = ("paper", "atk")
 LAM_UPDATES = ("track", "solve", "gradient")
@@ -141,6 +142,11 @@ class ThresholdedTopK(Aggregate):
             raise ValueError(
                 f"delta={delta!r} is too large: SReLU is computed without overflow for δ up to "
                 f"{MAX_DELTA:.0e} (the paper uses 0.01)"
+            )
+        if delta is not None and delta < MIN_DELTA:
+            raise ValueError(
+                f"delta={delta!r} is too small: SReLU's slope is computed without underflow for δ from "
+                f"{MIN_DELTA:.0e} (below it SReLU is ReLU at float32's resolution; use MATk for ReLU; the paper uses 0.01)"
             )
         if scale not in SCALES:
             raise ValueError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
@@ -274,7 +280,7 @@ class ThresholdedTopK(Aggregate):
             return None
         n = losses.shape[0]
         constants = self._row_constants(n, losses.dtype)
-        if constants is None or torch.compiler.is_compiling():
+        if constants is None:
             return None
         training = self.training and torch.is_grad_enabled()
         update = self.lam_update
@@ -721,7 +727,7 @@ class STk(ThresholdedTopK):
     k : int >= 1, float in (0, 1] or Tensor
         A count, or a fraction of the batch (rounded half-up, at least 1); a tensor, one k per row
         (as in :class:`MATk`).
-    delta : float in (0, 1e12]
+    delta : float in [1e-15, 1e12]
         SReLU smoothing width; smaller is closer to MATk. Paper default 0.01. Ignored by the
         other smoothings.
     smoothing : {"srelu", "elu", "softplus", "leaky_relu"}

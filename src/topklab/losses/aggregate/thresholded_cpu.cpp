@@ -578,7 +578,7 @@ TOPKLAB_CLONES void track_pass(const T* row, int64_t n, T lam, T dd, T step, T* 
     const T root = std::sqrt(z * z + dd);
     const T size = std::abs(low);
     const T span = root - (z < T(0) ? z : T(0));
-    const T reciprocal = T(1) / (root * span);  // at most 2^127 in float (|z| <= 2^63): finite
+    const T reciprocal = T(1) / (root * span);  // root·span in [δ², 2^127] in float (|z| <= 2^63, δ >= 1e-15)
     const T inverse = span * reciprocal;
     const T slope = T(0.5) + T(0.5) * (z * inverse);
     const T tail = T(0.5) * dd * reciprocal;  // δ²/(2r(r − z)) below λ, where 1 + z/r cancels (smoothing.py's form)
