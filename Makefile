@@ -95,7 +95,7 @@ TEST_WORKERS ?= 2
 PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 test: setup
-	$(PY) -m pytest -q -m "not slow" $(PARALLEL)
+	$(PY) -m pytest -q -m "not slow" $(PARALLEL) --durations=15
 
 test-unit: setup
 	$(PY) -m pytest -q -m "not slow and not integration" $(PARALLEL) $(UNIT_TESTS)
