@@ -43,10 +43,14 @@ def calls(k: int, compiled: bool = False):
     from topklab.losses import ATk, MATk, STk
     from topklab.losses.aggregate import Average, Maximum
 
-    library = {"Average": Average(), "Maximum": Maximum(), "ATk": ATk(k=k), "STk": STk(k=k), "MATk": MATk(k=k)}
+    without_k, with_k = {"Average": Average, "Maximum": Maximum}, {"ATk": ATk, "STk": STk, "MATk": MATk}
+
+    def build(label: str):  # a fresh module each time: a compiled one keeps its own λ
+        return without_k[label]() if label in without_k else with_k[label](k=k)
+
+    library = {label: build(label) for label in TARGETS}
     if compiled:
-        made = {"Average": Average, "STk": lambda: STk(k=k), "MATk": lambda: MATk(k=k)}
-        library |= {f"{label} compiled": torch.compile(made[label](), fullgraph=True) for label in COMPILED}
+        library |= {f"{label} compiled": torch.compile(build(label), fullgraph=True) for label in COMPILED}
     plain = {
         "x.mean()": lambda x: x.mean(),
         "x.max()": lambda x: x.max(),
@@ -124,8 +128,8 @@ def ratios(rows: list[dict]) -> list[dict]:
     out = []
     for row in rows:
         for label in row["seconds"]:
-            if base_label(label) in TARGETS:
-                base = base_label(label)
+            base = base_label(label)
+            if base in TARGETS:
                 mine, theirs = row["seconds"][label], row["seconds"][PLAIN[base]]
                 out.append(
                     {

@@ -33,9 +33,9 @@ class Average(Aggregate):
         # the usual case, 1-D losses, is x.mean() itself: a third of the batched path's cost at small n
         # (its value and gradient bit for bit); on a CPU checked for overflow, on a GPU as it is (a check
         # would synchronise every call)
-        if self.one_row(losses, cpu=False) and (not losses.is_cpu or not torch.compiler.is_compiling()):
+        if self.one_row(losses, cpu=False):
             plain = losses.mean()
-            if not losses.is_cpu or not math.isinf(plain.item()):
+            if not losses.is_cpu or (not torch.compiler.is_compiling() and not math.isinf(plain.item())):
                 return plain
         return super().forward(losses)
 
