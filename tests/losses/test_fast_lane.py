@@ -230,3 +230,52 @@ def test_matk_on_long_rows_with_nan_losses_keeps_the_general_paths_lambda(dtype)
         assert value.isnan()
     assert torch.equal(lane_module.lam_last, general_module.lam_last)
     assert torch.equal(lane_module.lam, general_module.lam)
+
+
+def near_lam_cases(dtype):
+    """(losses, k, λ) where the lane's sample selects ℓ_[k] near λ (20,000 losses, λ a few losses from
+    ℓ_[k] on either side, ties at ℓ_[k]), widens its window (a heavy tail), or selects among all (λ far
+    away or above the largest loss, ℓ_[k] among many ties)."""
+    generator = torch.Generator().manual_seed(3)
+    n, k = 20_000, 2_000
+    uniform = torch.rand(n, generator=generator, dtype=dtype)
+    ordered = uniform.sort(descending=True).values
+    ties = (uniform * 2000).round() / 2000  # about ten losses a value
+    heavy = (torch.rand(n, generator=generator, dtype=dtype) * 12).exp()  # sparse near its ℓ_[k]: a wider window
+    odd = uniform.clone()
+    odd[:7] = float("nan")
+    odd[7:10], odd[10:12] = float("inf"), -float("inf")
+    return {
+        "just_above": (uniform, k, float(ordered[k - 3])),
+        "just_below": (uniform, k, float(ordered[k + 4])),
+        "at_the_kth": (uniform, k, float(ordered[k - 1])),
+        "ties": (ties, k, float(ties.sort(descending=True).values[k - 1])),
+        "nan_and_infinite": (odd, k, float(odd[~odd.isnan()].sort(descending=True).values[k - 8])),
+        "heavy_tail": (heavy, k, float(heavy.sort(descending=True).values[k - 4])),
+        "first": (uniform, 1, float(ordered[1])),
+        "last_but_one": (uniform, n - 1, float(ordered[n - 3])),
+        "far": (uniform, k, 0.1),
+        "above_all": (uniform, k, 2.0),
+        "all_equal": (torch.full((n,), 0.5, dtype=dtype), k, 0.5),
+        "many_ties": (torch.full((n,), 0.5, dtype=dtype).index_fill(0, torch.arange(0, n, 3), 0.25), k, 0.5),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("case", sorted(near_lam_cases(torch.float64)))
+def test_the_lanes_sample_of_the_kth_loss_equals_the_general_paths(case, dtype):
+    """The lane's sample (the hard share above λ, λ − ℓ_[k]) selects ℓ_[k] near the stored λ where it can:
+    bit for bit what the general path's torch selection gives, from the same state."""
+    losses, k, lam = near_lam_cases(dtype)[case]
+    lane_module = STk(k=k, delta=0.01, kernel="native")
+    lane_module.monitor.sample_every = 1  # every call samples
+    lane_module(losses[~losses.isnan()].clone().requires_grad_())  # starts λ (on the general path)
+    lane_module.lam_last.fill_(lam)
+    general_module = copy.deepcopy(lane_module)
+    general_module._one_row = lambda losses: None
+    for module in (lane_module, general_module):
+        module(losses.clone().requires_grad_())
+    sampled = slice(5, 8)  # the hard share's sum, λ − ℓ_[k]'s sum, the count of samples
+    lane, general = lane_module.monitor._state[sampled], general_module.monitor._state[sampled]
+    assert general[2] == 2, "the general path sampled the call"
+    assert torch.equal(lane, general), (lane, general)
