@@ -106,7 +106,9 @@ def test_the_against_torch_worker_times_every_pair_side_by_side():
 
     row = against_torch.worker(64, 0.1, rounds=2, min_time=0.02, threads=1)
     assert row["n"] == 64 and row["k"] == 6 and row["loops"] >= 1
-    assert set(row["seconds"]) == set(against_torch.TARGETS) | set(against_torch.PLAIN.values())
+    assert set(row["seconds"]) == set(against_torch.TARGETS) | set(against_torch.PLAIN.values()) | {
+        against_torch.CONTROL
+    }
     assert all(seconds > 0 for seconds in row["seconds"].values())
 
 
@@ -133,6 +135,11 @@ def test_the_against_torch_table_ends_with_the_worst_ratio_against_its_target():
     compiled = [{**row, "seconds": {**row["seconds"], "STk compiled": 9.0}} for row in inside]  # --compiled
     text = against_torch.render(compiled, "GPU", "…", 0.1, one_process=True)
     assert "| STk compiled | `x.mean()` | ≤ 1.2 | 9.00 | 9.00 |" in text and "all n in one process" in text
+    assert "control" not in text  # rows measured before the control had none
+    controlled = [{**row, "seconds": {**row["seconds"], against_torch.CONTROL: 1.06}} for row in inside]
+    text = against_torch.render(controlled, "test machine", "…", 0.1)
+    assert f"| control: {against_torch.CONTROL} | `x.mean()` | none | 1.06 | 1.06 |" in text
+    assert against_torch.headline(controlled) == against_torch.headline(inside)  # no target, not in the headline
     assert against_torch.headline(compiled).endswith("every ratio within its target")  # the defaults' headline
 
 

@@ -10,9 +10,12 @@ thread by default) each n runs in its own process; on a GPU (``--device cuda``) 
 loop is timed from a synchronize to a synchronize. Every call is warmed up (STk's and MATk's first call
 starts λ), then ``rounds`` rounds each time a loop of calls of every library module and every
 expression, in turn (after one untimed call), so that load from elsewhere falls on both sides alike;
-all rounds of one n take about ``--against-time`` seconds. A call's time is the median over rounds of
+all rounds of one n take about ``--against-time`` seconds; every other round runs them in the reverse
+order, so that a drift over a round does not favour a side. A call's time is the median over rounds of
 its loop's time per call; a ratio is library / plain. The target: STk and MATk ≤ 1.2,
-Average, Maximum and ATk ≤ 1.1, at every n.
+Average, Maximum and ATk ≤ 1.1, at every n. A control row times a bare ``nn.Module`` whose forward is
+``x.mean()``: what being a module costs over the bare expression on the machine (and the harness's
+spread), no target.
 """
 
 from __future__ import annotations
@@ -29,15 +32,16 @@ PLAIN = {
     "MATk": "x.mean()",
 }
 SIZES = (16, 64, 256, 1024, 4096, 16384, 10**5, 10**6, 10**7)
+CONTROL = "a bare module returning x.mean()"
 
 
 COMPILED = ("Average", "STk", "MATk")  # --compiled: these also under torch.compile(fullgraph=True)
 
 
 def calls(k: int, compiled: bool = False):
-    """(label -> library module, expression name -> plain callable) for one k; with ``compiled`` also
-    ``"<label> compiled"``, the module under ``torch.compile(fullgraph=True)`` (what a user who compiles
-    the step gets)."""
+    """(label -> library module, expression name -> plain callable, the control among them) for one k;
+    with ``compiled`` also ``"<label> compiled"``, the module under ``torch.compile(fullgraph=True)``
+    (what a user who compiles the step gets)."""
     import torch
 
     from topklab.losses import ATk, MATk, STk
@@ -51,10 +55,16 @@ def calls(k: int, compiled: bool = False):
     library = {label: build(label) for label in TARGETS}
     if compiled:
         library |= {f"{label} compiled": torch.compile(build(label), fullgraph=True) for label in COMPILED}
+
+    class MeanModule(torch.nn.Module):
+        def forward(self, x):
+            return x.mean()
+
     plain = {
         "x.mean()": lambda x: x.mean(),
         "x.max()": lambda x: x.max(),
         "x.topk(k).values.mean()": lambda x: x.topk(k).values.mean(),
+        CONTROL: MeanModule(),
     }
     return library, plain
 
@@ -98,8 +108,9 @@ def worker(
     per_round = max(time.perf_counter() - started, 1e-9)
     loops = max(1, int(min_time / rounds / per_round))  # calls per loop, so that all rounds take about min_time
     seconds: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, function in steps.items():
+    order = list(steps.items())
+    for round_ in range(rounds):
+        for name, function in order if round_ % 2 == 0 else order[::-1]:
             step(function)  # untimed: the first call after another function's finds the caches holding its data
             synchronize()
             began = time.perf_counter()
@@ -169,6 +180,9 @@ def render(rows: list[dict], hardware: str, command: str, k_fraction: float, one
         cells = [f"{table[(label, n)]['ratio']:.2f}" for n in ns]
         base = base_label(label)
         lines.append(f"| {label} | `{PLAIN[base]}` | ≤ {TARGETS[base]} | " + " | ".join(cells) + " |")
+    if all(CONTROL in row["seconds"] for row in rows):
+        cells = [f"{row['seconds'][CONTROL] / row['seconds']['x.mean()']:.2f}" for row in rows]
+        lines.append(f"| control: {CONTROL} | `x.mean()` | none | " + " | ".join(cells) + " |")
     lines += [
         "",
         "| plain expression | " + " | ".join(f"n={n:,}" for n in ns) + " |",
