@@ -110,6 +110,8 @@ def test_the_against_torch_worker_times_every_pair_side_by_side():
         against_torch.CONTROL
     }
     assert all(seconds > 0 for seconds in row["seconds"].values())
+    assert set(row["ratios"]) == set(against_torch.TARGETS) | {against_torch.CONTROL}
+    assert all(ratio > 0 for ratio in row["ratios"].values())
 
 
 def test_the_against_torch_table_ends_with_the_worst_ratio_against_its_target():
@@ -136,10 +138,12 @@ def test_the_against_torch_table_ends_with_the_worst_ratio_against_its_target():
     text = against_torch.render(compiled, "GPU", "…", 0.1, one_process=True)
     assert "| STk compiled | `x.mean()` | ≤ 1.2 | 9.00 | 9.00 |" in text and "all n in one process" in text
     assert "control" not in text  # rows measured before the control had none
-    controlled = [{**row, "seconds": {**row["seconds"], against_torch.CONTROL: 1.06}} for row in inside]
+    paired = {"Average": 1.3, "Maximum": 1.0, "ATk": 1.0, "STk": 1.0, "MATk": 1.0, against_torch.CONTROL: 1.06}
+    controlled = [{**row, "ratios": paired} for row in inside]  # a worker's rows: the paired ratios rule
     text = against_torch.render(controlled, "test machine", "…", 0.1)
     assert f"| control: {against_torch.CONTROL} | `x.mean()` | none | 1.06 | 1.06 |" in text
-    assert against_torch.headline(controlled) == against_torch.headline(inside)  # no target, not in the headline
+    assert "| Average | `x.mean()` | ≤ 1.1 | 1.30 | 1.30 |" in text
+    assert against_torch.headline(controlled).startswith("worst ratio to the plain torch expression: 1.30 (Average")
     assert against_torch.headline(compiled).endswith("every ratio within its target")  # the defaults' headline
 
 

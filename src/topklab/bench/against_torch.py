@@ -10,9 +10,11 @@ thread by default) each n runs in its own process; on a GPU (``--device cuda``) 
 loop is timed from a synchronize to a synchronize. Every call is warmed up (STk's and MATk's first call
 starts λ), then ``rounds`` rounds each time a loop of calls of every library module and every
 expression, in turn (after one untimed call), so that load from elsewhere falls on both sides alike;
-all rounds of one n take about ``--against-time`` seconds; every other round runs them in the reverse
-order, so that a drift over a round does not favour a side. A call's time is the median over rounds of
-its loop's time per call; a ratio is library / plain. The target: STk and MATk ≤ 1.2,
+all rounds of one n take about ``--against-time`` seconds. Within a round each library module's loop
+runs next to its plain expression's (every other round the expression first), and a ratio is the median
+over rounds of library / plain from the same round: the machine's load changes over seconds, and a
+ratio of two loops a few milliseconds apart sees the same load. A call's time (the table of plain times)
+is the median over rounds of its loop's time per call. The target: STk and MATk ≤ 1.2,
 Average, Maximum and ATk ≤ 1.1, at every n. A control row times a bare ``nn.Module`` whose forward is
 ``x.mean()``: what being a module costs over the bare expression on the machine (and the harness's
 spread), no target.
@@ -76,8 +78,10 @@ def base_label(label: str) -> str:
 def worker(
     n: int, k_fraction: float, rounds: int, min_time: float, threads: int, device: str = "cpu", compiled: bool = False
 ) -> dict:
-    """Per-call seconds (median over interleaved rounds) of every library module and plain expression at n,
-    on ``device`` (on a GPU each loop's time runs from a synchronize to a synchronize)."""
+    """Per-call seconds (median over rounds) of every library module and plain expression at n, on
+    ``device`` (on a GPU each loop's time runs from a synchronize to a synchronize), and per library module
+    (and the control) the median over rounds of its time over its plain expression's, timed one after
+    the other in the same round."""
     import torch
 
     from topklab.utils.k import resolve_k
@@ -92,37 +96,41 @@ def worker(
     x = torch.rand(n, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_()
     synchronize = (lambda: torch.cuda.synchronize(x.device)) if x.is_cuda else (lambda: None)
     steps = {**library, **plain}
+    pairs = [(label, PLAIN[base_label(label)]) for label in library] + [(CONTROL, "x.mean()")]
 
     def step(function):
         x.grad = None
         function(x).backward()
 
+    def timed(name: str, loops: int) -> float:
+        step(steps[name])  # untimed: the first call after another function's finds the caches holding its data
+        synchronize()
+        began = time.perf_counter()
+        for _ in range(loops):
+            step(steps[name])
+        synchronize()
+        return (time.perf_counter() - began) / loops
+
     for function in steps.values():  # warm-up: the first STk/MATk call starts λ; kernels load
         for _ in range(3):
             step(function)
-    synchronize()
-    started = time.perf_counter()
-    for function in steps.values():
-        step(function)
-    synchronize()
-    per_round = max(time.perf_counter() - started, 1e-9)
+    per_round = max(sum(timed(a, 1) + timed(b, 1) for a, b in pairs), 1e-9)
     loops = max(1, int(min_time / rounds / per_round))  # calls per loop, so that all rounds take about min_time
     seconds: dict[str, list[float]] = {name: [] for name in steps}
-    order = list(steps.items())
+    paired: dict[str, list[float]] = {label: [] for label, _ in pairs}
     for round_ in range(rounds):
-        for name, function in order if round_ % 2 == 0 else order[::-1]:
-            step(function)  # untimed: the first call after another function's finds the caches holding its data
-            synchronize()
-            began = time.perf_counter()
-            for _ in range(loops):
-                step(function)
-            synchronize()
-            seconds[name].append((time.perf_counter() - began) / loops)
+        for label, expression in pairs:
+            times = {}
+            for name in (label, expression) if round_ % 2 == 0 else (expression, label):
+                times[name] = timed(name, loops)
+                seconds[name].append(times[name])
+            paired[label].append(times[label] / times[expression])
     return {
         "n": n,
         "k": k,
         "loops": loops,
         "seconds": {name: statistics.median(values) for name, values in seconds.items()},
+        "ratios": {label: statistics.median(values) for label, values in paired.items()},
     }
 
 
@@ -147,7 +155,7 @@ def ratios(rows: list[dict]) -> list[dict]:
                         "n": row["n"],
                         "loss": label,
                         "plain": PLAIN[base],
-                        "ratio": mine / theirs,
+                        "ratio": row["ratios"][label] if "ratios" in row else mine / theirs,
                         "target": TARGETS[base],
                     }
                 )
@@ -170,8 +178,9 @@ def render(rows: list[dict], hardware: str, command: str, k_fraction: float, one
     lines = [
         f"# The aggregates as the library gives them against the plain torch expression ({hardware})",
         "",
-        f"Forward + backward, ratio of times (library / plain), k = {k_fraction}n; median over interleaved "
-        f"rounds, {'all n in one process' if one_process else 'each n in its own process'}. Produced by `{command}`.",
+        f"Forward + backward, ratio of times (library / plain), k = {k_fraction}n; the median over rounds of "
+        "the ratio of two adjacent loops (every other round the plain one first), "
+        f"{'all n in one process' if one_process else 'each n in its own process'}. Produced by `{command}`.",
         "",
         "| loss | plain expression | target | " + " | ".join(f"n={n:,}" for n in ns) + " |",
         "|---|---|---|" + "---|" * len(ns),
@@ -180,8 +189,8 @@ def render(rows: list[dict], hardware: str, command: str, k_fraction: float, one
         cells = [f"{table[(label, n)]['ratio']:.2f}" for n in ns]
         base = base_label(label)
         lines.append(f"| {label} | `{PLAIN[base]}` | ≤ {TARGETS[base]} | " + " | ".join(cells) + " |")
-    if all(CONTROL in row["seconds"] for row in rows):
-        cells = [f"{row['seconds'][CONTROL] / row['seconds']['x.mean()']:.2f}" for row in rows]
+    if all(CONTROL in row.get("ratios", {}) for row in rows):
+        cells = [f"{row['ratios'][CONTROL]:.2f}" for row in rows]
         lines.append(f"| control: {CONTROL} | `x.mean()` | none | " + " | ".join(cells) + " |")
     lines += [
         "",
