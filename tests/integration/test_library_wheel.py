@@ -75,7 +75,9 @@ def bare(tmp_path_factory):
     """(python of a fresh venv with torch, numpy and the topklab wheel, its environment, the wheel)."""
     pytest.importorskip("build", reason="the wheel is built with `build` (requirements-cpu.txt; `make setup`)")
     tmp = tmp_path_factory.mktemp("library_wheel")
-    # Build from a copy of the sources: --no-isolation writes build/ and *.egg-info next to them.
+    # Build from a copy of the sources: --no-isolation writes build/ and *.egg-info next to them. The
+    # copy keeps `make setup`'s in-place kernels, which setup.py reuses where their stamps match
+    # (tests/utils/test_native.py's setup.py test compiles a changed source).
     source = tmp / "source"
     source.mkdir()
     for name in ("pyproject.toml", "setup.py", "README.md"):
@@ -83,7 +85,7 @@ def bare(tmp_path_factory):
     shutil.copytree(
         ROOT / "src" / "topklab",
         source / "src" / "topklab",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "*.so"),
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"),
     )
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INDEX": "1"}
     done = subprocess.run(

@@ -89,3 +89,47 @@ def test_the_installed_kernels_are_built_from_these_sources(name):
 
     module = importlib.import_module(name)
     assert native.prebuilt_mismatch(module, ROOT / SOURCES[name]) is None
+
+
+@pytest.fixture
+def setup_script(monkeypatch):
+    """setup.py's namespace, run without its setup() call."""
+    import runpy
+
+    import setuptools
+
+    from helpers import ROOT
+
+    monkeypatch.setattr(setuptools, "setup", lambda **kwargs: None)
+    monkeypatch.chdir(ROOT)
+    return runpy.run_path(str(ROOT / "setup.py"))
+
+
+def test_setup_reuses_an_in_place_kernel_only_where_its_stamps_match(setup_script, tmp_path, monkeypatch):
+    """A wheel built after `make setup` copies its kernels where they were built from the same source
+    against the same torch; an edited source, another torch, or a file that does not load is compiled."""
+    import shutil
+
+    from helpers import ROOT
+
+    name, source = "topklab.operators._pav_cpu", ROOT / SOURCES["topklab.operators._pav_cpu"]
+    installed = importlib.import_module(name).__file__
+    folder = tmp_path / "operators"
+    folder.mkdir()
+    shutil.copy2(source, folder / source.name)
+    built_in_place = setup_script["built_in_place"]
+    copy = folder / source.name
+    assert built_in_place(name, str(copy)) is None  # nothing built here
+    copied = folder / ("_pav_cpu" + installed.split("_pav_cpu", 1)[1])  # the same name and suffix
+    shutil.copy2(installed, copied)
+    assert built_in_place(name, str(copy)) == copied
+    monkeypatch.setattr(torch, "__version__", "0.0.0")
+    assert built_in_place(name, str(copy)) is None  # another torch
+    monkeypatch.undo()
+    copy.write_text(source.read_text() + "// edited\n")
+    assert built_in_place(name, str(copy)) is None  # another source
+    broken = tmp_path / "broken"  # another path: this process has the loaded one's mapped
+    broken.mkdir()
+    shutil.copy2(source, broken / source.name)
+    (broken / copied.name).write_bytes(b"not a shared object")
+    assert built_in_place(name, str(broken / source.name)) is None
