@@ -530,7 +530,7 @@ struct RowThresholded : public torch::autograd::Function<RowThresholded> {
 };
 
 // One training call under lam_update="solve" on losses (n,): λ the root (SReLU: solved from the warm start
-// lam_last; ReLU, MATk: the k-th largest loss), lam_last and the running average lam (float32 buffers)
+// lam_last; ReLU, MATk: the k-th largest loss, selected near lam_last by kth_near()), lam_last and the running average lam (float32 buffers)
 // updated as _solve() does, the call recorded in the monitor's state (float64, 10 slots), and the value at
 // that λ (differentiable in the losses when grads). Returns (value, λ).
 std::vector<at::Tensor> solve_call(const at::Tensor& losses_in, at::Tensor lam_avg, at::Tensor lam_last,
@@ -550,7 +550,8 @@ std::vector<at::Tensor> solve_call(const at::Tensor& losses_in, at::Tensor lam_a
       solve_rows<scalar_t>(row, &kk, &d, &start, 1, n, steps, &lam, &count);
       share = count / scalar_t(n);
     } else {
-      lam = kth_largest_row(row, n, int64_t(k));
+      int64_t above_start = 0;  // the count at the warm start; the share is at λ
+      lam = kth_near(row, n, int64_t(k), scalar_t(lam_last.data_ptr<float>()[0]), above_start);
       share = scalar_t(count_above(row, n, lam)) / scalar_t(n);  // the mean of ReLU's slope, 0 or 1 per loss
     }
     solved.data_ptr<scalar_t>()[0] = lam;
