@@ -87,14 +87,11 @@ INTEGRATION = ROOT / "tests" / "integration"
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests under ``tests/integration/`` are marked ``integration`` and run first: ``make test``'s
-    workers take a file at a time in this order, so the long files start early and the short ones
-    fill in at the end. ``gpu``-marked tests run where CUDA is visible (``make setup DEVICE=cuda``)
-    and skip elsewhere."""
+    """Tests under ``tests/integration/`` are marked ``integration``. ``gpu``-marked tests run where CUDA is
+    visible (``make setup DEVICE=cuda``) and skip elsewhere."""
     for item in items:
         if INTEGRATION in item.path.parents:
             item.add_marker(pytest.mark.integration)
-    items.sort(key=lambda item: INTEGRATION not in item.path.parents)  # stable: the order within each part
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (make setup DEVICE=cuda on a GPU machine)")

@@ -279,3 +279,20 @@ def test_the_lanes_sample_of_the_kth_loss_equals_the_general_paths(case, dtype):
     lane, general = lane_module.monitor._state[sampled], general_module.monitor._state[sampled]
     assert general[2] == 2, "the general path sampled the call"
     assert torch.equal(lane, general), (lane, general)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_matks_solve_lane_selects_the_kth_loss_near_its_last_root_as_the_general_path(dtype):
+    """MATk's lam_update="solve" lane selects ℓ_[k] near the stored root (a batch of 20,000 losses scaled
+    by 1 + 1e-4·i, so the root moves past a few losses a call): the same λ, value and gradient as the
+    general path."""
+    base = torch.rand(20_000, generator=torch.Generator().manual_seed(4), dtype=dtype)
+    batches = [base * (1 + 1e-4 * i) for i in range(5)]
+    lane_module = MATk(k=2_000, lam_update="solve", kernel="native")
+    general_module = copy.deepcopy(lane_module)
+    general_module._one_row = lambda losses: None
+    for losses in batches:
+        (value, grad), (want, want_grad) = (value_and_grad(m, losses) for m in (lane_module, general_module))
+        assert torch.equal(value, want) and torch.equal(grad, want_grad)
+        assert torch.equal(lane_module.lam_last, general_module.lam_last)
+        assert torch.equal(lane_module.lam, general_module.lam)
