@@ -410,7 +410,7 @@ constexpr double kNearGrowth = 8.0;
 // width from the side's range, as if evenly spread), and ℓ_[k] is selected among them. The window holds the
 // side's losses nearest λ (v − λ is monotone in v), so any window with at least m of them holds ℓ_[k]; one with
 // fewer is widened, and after kNearTries kth_largest_row() selects among all. Where λ tracks ℓ_[k], m is
-// small, and the two passes take about a tenth of kth_largest_row()'s time at 1e6 losses.
+// small, and the two passes take about a fifth of kth_largest_row()'s time at 1e6 losses.
 template <typename T>
 T kth_near(const T* row, int64_t n, int64_t k, T lam, int64_t& above) {
   constexpr int64_t kBlock = 4096, kChunk = 64;  // int32 counts per block; the gather's test per chunk
@@ -530,9 +530,9 @@ struct RowThresholded : public torch::autograd::Function<RowThresholded> {
 };
 
 // One training call under lam_update="solve" on losses (n,): λ the root (SReLU: solved from the warm start
-// lam_last; ReLU, MATk: the k-th largest loss, selected near lam_last by kth_near()), lam_last and the running average lam (float32 buffers)
-// updated as _solve() does, the call recorded in the monitor's state (float64, 10 slots), and the value at
-// that λ (differentiable in the losses when grads). Returns (value, λ).
+// lam_last; ReLU, MATk: the k-th largest loss, selected near lam_last by kth_near()), lam_last and the running
+// average lam (float32 buffers) updated as _solve() does, the call recorded in the monitor's state (float64, 10
+// slots), and the value at that λ (differentiable in the losses when grads). Returns (value, λ).
 std::vector<at::Tensor> solve_call(const at::Tensor& losses_in, at::Tensor lam_avg, at::Tensor lam_last,
                                    at::Tensor state, double k, double delta, double scale, int64_t smoothing,
                                    double momentum, int64_t steps, double burn_in, bool grads, bool sample) {
