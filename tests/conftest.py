@@ -39,8 +39,8 @@ def results_tree_untouched():
 def composed_rows(tmp_path_factory) -> dict:
     """``{row: config}`` of every row of configs/experiment/, composed once per run as train.py
     composes it (seed 0, logs under a session folder), read-only: tests share them. Under
-    ``make test``'s workers the first to need them composes them (≈ 50 s here) and writes them as
-    YAML for the others, which load them (≈ 5 s): the same containers, struct as composed."""
+    ``make test``'s workers the first to need them composes them (≈ 50 s here) and writes their YAML
+    into a JSON file for the others, which load them (≈ 5 s): the same containers, struct as composed."""
     import json
 
     from filelock import FileLock

@@ -77,7 +77,7 @@ def bare(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("library_wheel")
     # Build from a copy of the sources: --no-isolation writes build/ and *.egg-info next to them. The
     # copy keeps `make setup`'s in-place kernels, which setup.py reuses where their stamps match
-    # (tests/utils/test_native.py's setup.py test compiles a changed source).
+    # (tests/utils/test_native.py checks which it reuses and which it would compile).
     source = tmp / "source"
     source.mkdir()
     for name in ("pyproject.toml", "setup.py", "README.md"):

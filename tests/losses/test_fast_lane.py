@@ -189,7 +189,7 @@ def test_the_lane_leaves_other_inputs_to_the_general_path(monkeypatch):
 @pytest.mark.parametrize("k", [5, 0.3, 69_990])
 def test_matk_on_long_rows_selects_the_general_paths_kth_largest(k, dtype, monkeypatch):
     """From 65,536 losses on, the lane selects ℓ_[k] among the losses of its histogram bucket
-    (``kth_largest_row``): the general path's λ (``torch.kthvalue``) bit for bit, value and gradient
+    (``kth_in_range``): the general path's λ (``torch.kthvalue``) bit for bit, value and gradient
     too, with ties, negative losses, both zeros and (in the last batch) infinities."""
     generator = torch.Generator().manual_seed(1)
     n = 70_000

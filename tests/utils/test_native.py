@@ -118,14 +118,14 @@ def test_setup_reuses_an_in_place_kernel_only_where_its_stamps_match(setup_scrip
     folder.mkdir()
     shutil.copy2(source, folder / source.name)
     built_in_place = setup_script["built_in_place"]
-    copy = folder / source.name
+    copy = folder / source.name  # the source beside the module
     assert built_in_place(name, str(copy)) is None  # nothing built here
     copied = folder / ("_pav_cpu" + installed.split("_pav_cpu", 1)[1])  # the same name and suffix
     shutil.copy2(installed, copied)
     assert built_in_place(name, str(copy)) == copied
-    monkeypatch.setattr(torch, "__version__", "0.0.0")
-    assert built_in_place(name, str(copy)) is None  # another torch
-    monkeypatch.undo()
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "__version__", "0.0.0")
+        assert built_in_place(name, str(copy)) is None  # another torch
     copy.write_text(source.read_text() + "// edited\n")
     assert built_in_place(name, str(copy)) is None  # another source
     broken = tmp_path / "broken"  # another path: this process has the loaded one's mapped

@@ -339,24 +339,13 @@ inline typename UnsignedOf<T>::type order_key(T v) {
 }
 
 // ℓ_[k], the k-th largest of row (n,), NaN ranked largest as kthvalue ranks it, clamped to the finite losses'
-// range as solve.py's kth_largest() does: a selection on a copy of the losses, or from kRadixMinN losses on, of
-// those in ℓ_[k]'s histogram bucket (two tables, alternate losses, so that equal neighbours do not wait on
-// each other's count).
+// range [least, most] as solve.py's kth_largest() does (nans: the row's NaN count; least > most: no finite
+// loss): a selection on a copy of the losses, or from kRadixMinN losses on, of those in ℓ_[k]'s histogram
+// bucket (two tables, alternate losses, so that equal neighbours do not wait on each other's count).
 template <typename T>
-T kth_largest_row(const T* row, int64_t n, int64_t k) {
+T kth_in_range(const T* row, int64_t n, int64_t k, int64_t nans, T least, T most) {
   constexpr int kShift = 8 * sizeof(T) - 16;
   constexpr int64_t kBuckets = int64_t(1) << 16;
-  const T inf = std::numeric_limits<T>::infinity();
-  int64_t nans = 0;
-  T least = inf, most = -inf;
-#pragma omp simd reduction(min : least) reduction(max : most) reduction(+ : nans)
-  for (int64_t i = 0; i < n; ++i) {
-    const T v = row[i];
-    const bool finite = std::isfinite(v);
-    nans += v != v;
-    least = std::min(least, finite ? v : inf);
-    most = std::max(most, finite ? v : -inf);
-  }
   if (nans >= k) return std::numeric_limits<T>::quiet_NaN();
   int64_t rank = k - nans;  // ℓ_[k]'s rank from the top among the losses that are not NaN
   std::vector<T> kept;
@@ -404,13 +393,13 @@ constexpr int64_t kNearShare = 256;
 constexpr int kNearTries = 3;
 constexpr double kNearGrowth = 8.0;
 
-// ℓ_[k] as kth_largest_row() gives it, found near λ, with the count of losses above λ: one pass counts the
+// ℓ_[k] as kth_in_range() gives it, found near λ, with the count of losses above λ: one pass counts the
 // losses above λ (and the NaN, and the finite range), which says on which side of λ ℓ_[k] lies and its rank m
 // from λ there; a second gathers that side's losses within a window of λ expected to hold about 4m of them (its
 // width from the side's range, as if evenly spread), and ℓ_[k] is selected among them. The window holds the
 // side's losses nearest λ (v − λ is monotone in v), so any window with at least m of them holds ℓ_[k]; one with
-// fewer is widened, and after kNearTries kth_largest_row() selects among all. Where λ tracks ℓ_[k], m is
-// small, and the two passes take about a fifth of kth_largest_row()'s time at 1e6 losses.
+// fewer is widened, and after kNearTries kth_in_range() selects among all (with this pass's range). Where λ
+// tracks ℓ_[k], m is small, and the two passes take about a fifth of a selection among all at 1e6 losses.
 template <typename T>
 T kth_near(const T* row, int64_t n, int64_t k, T lam, int64_t& above) {
   constexpr int64_t kBlock = 4096, kChunk = 64;  // int32 counts per block; the gather's test per chunk
@@ -434,11 +423,11 @@ T kth_near(const T* row, int64_t n, int64_t k, T lam, int64_t& above) {
   }
   above = count;
   const int64_t rank = k - nans;  // ℓ_[k]'s rank from the top among the losses that are not NaN
-  if (rank <= 0 || !std::isfinite(lam) || least > most) return kth_largest_row(row, n, k);
+  if (rank <= 0 || !std::isfinite(lam) || least > most) return kth_in_range(row, n, k, nans, least, most);
   const bool upper = count >= rank;  // ℓ_[k] is the m-th smallest above λ, else the m-th largest at or below it
   const int64_t side = upper ? count : n - nans - count, m = upper ? count - rank + 1 : rank - count;
   const T span = upper ? most - lam : lam - least;
-  if (!(span > T(0)) || kNearShare * m > side) return kth_largest_row(row, n, k);
+  if (!(span > T(0)) || kNearShare * m > side) return kth_in_range(row, n, k, nans, least, most);
   // the side's losses within width of λ into kept: a test per chunk (vectorized), the gather only where it holds
   const auto gather = [&](auto side_above, T width, std::vector<T>& kept) {
     constexpr bool kAbove = decltype(side_above)::value;
@@ -466,7 +455,7 @@ T kth_near(const T* row, int64_t n, int64_t k, T lam, int64_t& above) {
       return std::min(std::max(*nth, least), most);
     }
   }
-  return kth_largest_row(row, n, k);
+  return kth_in_range(row, n, k, nans, least, most);
 }
 
 // The monitor's sample of a call (thresholded.py's _sampler): adds the share of losses above λ and λ − ℓ_[k]
