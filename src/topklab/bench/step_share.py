@@ -1,34 +1,36 @@
 """``scripts/bench_step_share.py``: the aggregate loss's share of a real training step: Average, ATk and STk (as the
-library and the rows run it by default, λ solved per batch; with ``loss.kernel=native``; and with the paper's
-gradient update of λ, ``loss.lam_update=gradient``, as the tabular presets train it) inside the engine.
+configs run it, λ solved per batch; with ``loss.kernel=native``; and with the paper's gradient update of λ,
+``loss.lam_update=gradient``, as the tabular presets train it) inside the engine.
 
-    python scripts/bench_step_share.py [--tabular-steps 2000] [--vision-steps 18] [--translation-steps 20]
-                                       [--repeats 3] [--threads 1] [--workloads tabular vision translation]
+    python scripts/bench_step_share.py [--tabular-steps 250] [--vision-steps 2] [--translation-steps 2]
+                                       [--rounds 15] [--threads 1] [--workloads tabular vision translation]
                                        [--quick] [--data-dir .data] [--translation-override KEY=VALUE ...]
                                        [--out-dir results/bench]
 
 Workloads: ``tabular``, the STk paper's 2-layer MLP on australian (its recipe: logistic loss,
-AdaGrad, batch 16); ``vision``, ResNet-32 on Fashion-MNIST-LT as the fmnistlt experiment rows
-train it (``experiment=fmnistlt/la``, ``la_atk``, ``la_stk``: logit-adjusted CE, SGD, batch 128);
+AdaGrad, batch 16; ``loss=stk`` as the loss group gives it: the C++ kernel at every n);
+``vision``, ResNet-32 on Fashion-MNIST-LT as the fmnistlt experiment rows train it
+(``experiment=fmnistlt/la``, ``la_atk``, ``la_stk``: logit-adjusted CE, SGD, batch 128);
 ``translation``, the small Transformer on Multi30k as the multi30k rows train it
 (``experiment=stk/multi30k/average``, ``atk``, ``stk``: one loss per target token, 2,048-token
-batches; ``--translation-override dataset.root=DIR`` reads another corpus in Multi30k's layout).
+batches; ``--translation-override dataset.root=DIR`` reads another corpus in Multi30k's layout). The
+vision and translation rows keep ``compile_min_n: 16384``, the eager kernel their committed results ran.
 
-Every (workload, loss) trains in its own process through :class:`topklab.engine.Engine`: a warm-up
-fit of a few steps, then a fresh fit of the fixed number of steps, on the CPU with ``--threads``
-torch threads. The numbers are the engine's own per-epoch cost columns of that second fit
-(``step_time_s``; ``loss_share``, the objective's forward over the step's compute), combined over
-its epochs. Validation runs only at epoch ends, outside the engine's timed region; full batches only
-(``drop_last``). The runs go round-robin over the losses, ``--repeats`` times, each round starting
-with the next loss; medians over the repeats. "Added vs Average" is step_time(loss) /
-step_time(Average) − 1. Writes ``step_share_cpu.{json,md}``; the last line printed is the worst STk
-overhead over the workloads against the 5 % target.
+Each workload runs in its own process, every loss built through :class:`topklab.engine.Engine` on
+the CPU with ``--threads`` torch threads: one untimed fit per loss, then ``--rounds`` rounds in which
+each loss's fit of the workload's steps runs next to one of Average's (every other round Average's
+first; the losses' order rotates). A fit continues its model's training (its own data order, seed
+and optimizer); its cost is the engine's per-epoch columns (``step_time_s``; ``loss_share``, the
+objective's forward over the step's compute), combined over its epochs. Validation runs only at
+epoch ends, outside the engine's timed region; full batches only (``drop_last``). "Added vs Average"
+is the median over the rounds of step_time(loss) / step_time(Average's fit beside it) − 1: the pair
+ran seconds apart, so the machine's load drifts out of it. Writes ``step_share_cpu.{json,md}``; the
+last line printed is the worst STk overhead over the workloads against the 5 % target.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -45,16 +47,16 @@ LOSSES = {
     "stk_native": "STk (kernel=native)",
     "stk_gradient": "STk (lam_update=gradient)",
 }
-# STk as the library and the rows run it by default (λ solved per batch, eager kernel at these batch sizes), with
-# the C++ kernel, and with the paper's update (λ a parameter of the optimizer, as the tabular presets train it)
+# STk as the configs run it (λ solved per batch; the tabular workload's loss group: C++ kernel; the vision and
+# translation rows: eager at their batch sizes, the committed results' path), with the C++ kernel, and with the
+# paper's update (λ a parameter of the optimizer, as the tabular presets train it)
 STK_ROWS = ("stk", "stk_native", "stk_gradient")
 TARGET = 0.05  # STk may add at most 5 % to a step
-# name: label, batch size, warm-up steps, the loss-independent overrides, the overrides choosing each loss
+# name: label, batch size, the loss-independent overrides, the overrides choosing each loss
 WORKLOADS = {
     "tabular": {
         "label": "tabular MLP (australian; logistic, AdaGrad)",
         "batch_size": 16,
-        "warmup_steps": 100,
         "overrides": [
             "dataset=australian",
             "engine.eval_every_steps=null",
@@ -73,7 +75,6 @@ WORKLOADS = {
     "vision": {
         "label": "ResNet-32 on fmnistlt (LA individual loss, SGD)",
         "batch_size": 128,
-        "warmup_steps": 2,
         # validation (outside the timed region) on 10 images per class instead of 50 only saves wall time
         "overrides": ["dataset.val_per_class=10", "engine.final_splits=[val]"],
         "loss_overrides": {
@@ -87,7 +88,6 @@ WORKLOADS = {
     "translation": {
         "label": "small Transformer on Multi30k (token losses, AdamW)",
         "batch_size": 2048,
-        "warmup_steps": 3,
         # validation (outside the timed region) decodes one token per sentence, only to save wall time
         "overrides": [
             "engine.final_splits=[val]",
@@ -105,14 +105,8 @@ WORKLOADS = {
         },
     },
 }
-DEFAULTS = {"tabular_steps": 2000, "vision_steps": 18, "translation_steps": 20, "repeats": 3}
-QUICK = {
-    "tabular_steps": 50,
-    "vision_steps": 2,
-    "translation_steps": 2,
-    "repeats": 1,
-}  # --quick, with QUICK_WARMUP_STEPS
-QUICK_WARMUP_STEPS = {"tabular": 10, "vision": 1, "translation": 1}
+DEFAULTS = {"tabular_steps": 250, "vision_steps": 2, "translation_steps": 2, "rounds": 15}
+QUICK = {"tabular_steps": 20, "vision_steps": 1, "translation_steps": 1, "rounds": 1}  # --quick
 
 
 def run_overrides(workload: str, loss: str, steps: int, data_dir: str | None, translation_overrides=()) -> list[str]:
@@ -153,16 +147,29 @@ def combine_epochs(rows: list[dict]) -> dict:
     }
 
 
+def pair_order(rounds: int) -> list[tuple[int, str, str]]:
+    """``(round, paired loss, loss fitted)`` in the order the timed fits run: in each round every loss
+    but Average next to one of Average's fits, Average first in even rounds; the losses' order rotates.
+
+    Examples
+    --------
+    >>> [(r, fitted) for r, _, fitted in pair_order(2)][:4], pair_order(2)[8]
+    ([(0, 'average'), (0, 'atk'), (0, 'average'), (0, 'stk')], (1, 'stk', 'stk'))
+    """
+    others = [loss for loss in LOSSES if loss != "average"]
+    order = []
+    for r in range(rounds):
+        for loss in others[r % len(others) :] + others[: r % len(others)]:
+            pair = ("average", loss) if r % 2 == 0 else (loss, "average")
+            order += [(r, loss, fitted) for fitted in pair]
+    return order
+
+
 def worker(
-    workload: str,
-    loss: str,
-    steps: int,
-    warmup_steps: int,
-    threads: int,
-    data_dir: str | None,
-    translation_overrides=(),
-) -> dict:
-    """Warm up, then train ``steps`` steps of (workload, loss) in this process; the timed fit's cost."""
+    workload: str, steps: int, rounds: int, threads: int, data_dir: str | None, translation_overrides=()
+) -> list[dict]:
+    """Every loss of ``workload`` in this process: one untimed fit each, then the timed fits of
+    :func:`pair_order`, each ``steps`` steps continuing its model's training; one cost row per timed fit."""
     import torch
     from hydra import initialize_config_dir
 
@@ -174,33 +181,40 @@ def worker(
 
     torch.set_num_threads(threads)
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        configs = [
-            compose_run(run_overrides(workload, loss, n, data_dir, translation_overrides))
-            for n in (warmup_steps, steps)
-        ]
-    rows: list[dict] = []
-    for cfg in configs:
-        rows.clear()
+        configs = {
+            loss: compose_run(run_overrides(workload, loss, steps, data_dir, translation_overrides)) for loss in LOSSES
+        }
+    runs = {}
+    for loss, cfg in configs.items():
         data, model, objective, task, engine = build_run(cfg)
         module = TrainingModule(model, objective)
-        optimizer = build(cfg.optim, "optim")(module.parameter_groups())
-        engine.fit(module, optimizer, data, task, cfg.seed, on_epoch_end=rows.append)
-    return {"workload": workload, "loss": loss, **combine_epochs(rows)}
+        runs[loss] = (engine, module, build(cfg.optim, "optim")(module.parameter_groups()), data, task, cfg.seed)
+
+    def fit(loss: str) -> dict:
+        engine, module, optimizer, data, task, seed = runs[loss]
+        rows: list[dict] = []
+        engine.fit(module, optimizer, data, task, seed, on_epoch_end=rows.append)
+        return combine_epochs(rows)
+
+    for loss in LOSSES:
+        fit(loss)
+    return [
+        {"workload": workload, "loss": fitted, "round": r, "paired_with": paired, **fit(fitted)}
+        for r, paired, fitted in pair_order(rounds)
+    ]
 
 
-def summarise(runs: list[dict]) -> dict:
-    """Medians over the repeats per (workload, loss), and each loss's step time against Average's:
-    the ratio of the medians, the range of the per-repeat ratios (a repeat's own Average run), and
-    what the loss shares imply, (1 − share(Average)) / (1 − share(loss)) − 1: the step time the
-    loss's forward adds if the rest of the step stays the same. The shares are ratios within one
-    run, so that estimate stands when other processes slow the runs unevenly; it leaves out the
-    loss's backward (MATk/STk compute their loss gradients in the forward, so for them it holds
-    part of the backward too)."""
+def summarise(fits: list[dict]) -> dict:
+    """Per (workload, loss): the median step time, loss and data-wait shares over its timed fits, its
+    step time against Average's fit beside it (the median over the rounds of the ratio − 1, and the
+    range of those ratios), and what the loss shares imply, (1 − share(Average)) / (1 − share(loss)) − 1:
+    the step time the loss's forward adds if the rest of the step stays the same (it leaves out the
+    loss's backward; MATk/STk compute their loss gradients in the forward, so for them it holds part
+    of the backward too)."""
     table = {}
-    for workload in dict.fromkeys(run["workload"] for run in runs):
-        of = {loss: [run for run in runs if run["workload"] == workload and run["loss"] == loss] for loss in LOSSES}
-        medians = {loss: statistics.median(run["step_time_s"] for run in of[loss]) for loss in LOSSES}
-        shares = {loss: statistics.median(run["loss_share"] for run in of[loss]) for loss in LOSSES}
+    for workload in dict.fromkeys(fit["workload"] for fit in fits):
+        of = {loss: [fit for fit in fits if fit["workload"] == workload and fit["loss"] == loss] for loss in LOSSES}
+        shares = {loss: statistics.median(fit["loss_share"] for fit in of[loss]) for loss in LOSSES}
         table[workload] = {
             "label": WORKLOADS[workload]["label"],
             "batch_size": WORKLOADS[workload]["batch_size"],
@@ -208,15 +222,19 @@ def summarise(runs: list[dict]) -> dict:
             "losses": {},
         }
         for loss in LOSSES:
-            paired = [run["step_time_s"] / base["step_time_s"] - 1 for run, base in zip(of[loss], of["average"])]
+            if loss == "average":
+                paired = [0.0]
+            else:
+                beside = {fit["round"]: fit for fit in of["average"] if fit["paired_with"] == loss}
+                paired = [fit["step_time_s"] / beside[fit["round"]]["step_time_s"] - 1 for fit in of[loss]]
             table[workload]["losses"][loss] = {
-                "step_time_s": medians[loss],
+                "step_time_s": statistics.median(fit["step_time_s"] for fit in of[loss]),
                 "loss_share": shares[loss],
-                "data_wait_share": statistics.median(run["data_wait_share"] for run in of[loss]),
-                "added_vs_average": medians[loss] / medians["average"] - 1,
+                "data_wait_share": statistics.median(fit["data_wait_share"] for fit in of[loss]),
+                "added_vs_average": statistics.median(paired),
                 "added_vs_average_range": [min(paired), max(paired)],
                 "forward_added_from_shares": (1 - shares["average"]) / (1 - shares[loss]) - 1,
-                "runs": of[loss],
+                "fits": of[loss],
             }
     return table
 
@@ -232,14 +250,15 @@ def percent(value: float) -> str:
     return f"{value * 100:+.1f} %"
 
 
-def render(table: dict, command: str, repeats: int, machine: str) -> str:
+def render(table: dict, command: str, rounds: int, machine: str) -> str:
     lines = [
         f"# Aggregate loss inside a training step ({machine})",
         "",
-        f"Produced by `{command}`: median of {repeats} round-robin repeat(s), "
-        f"each (workload, loss) in its own process after a warm-up fit; the engine's cost columns.",
+        f"Produced by `{command}`: each workload in one process after an untimed fit per loss; {rounds} "
+        "round(s), in each every loss's fit next to one of Average's (Average first every other round); "
+        "the engine's cost columns.",
         "",
-        "| workload | batch | steps | loss | step time (ms) | loss share | added vs Average | range over repeats "
+        "| workload | batch | steps per fit | loss | step time (ms) | loss share | added vs Average | range over rounds "
         "| forward added, from the shares |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -263,8 +282,9 @@ def render(table: dict, command: str, repeats: int, machine: str) -> str:
         "",
         "Loss share: time in the objective's forward (individual loss, aggregate, penalty) over the "
         "step's compute time; the loss's backward is inside the step time but not in the share. "
-        "Added vs Average: median step time over Average's − 1 (forward and backward; other processes' "
-        "load shows in its range over repeats). Forward added, from the shares: "
+        "Added vs Average: the median over the rounds of the fit's step time over that of Average's fit "
+        "beside it − 1 (forward and backward; the machine's load shows in its range over rounds). Step "
+        "time: the median over the loss's fits. Forward added, from the shares: "
         "(1 − share(Average)) / (1 − share(loss)) − 1, what the loss's forward alone adds if the rest "
         "of the step is the same; measured within each run, so it holds up under load, but it leaves "
         "out the loss's backward (STk's fused kernel computes its loss gradients in the forward, so "
@@ -276,7 +296,7 @@ def render(table: dict, command: str, repeats: int, machine: str) -> str:
 
 def verdict(table: dict) -> str:
     parts = []
-    for loss, how in zip(STK_ROWS, ("default kernel", "kernel=native", "paper's gradient update")):
+    for loss, how in zip(STK_ROWS, ("configs' kernel", "kernel=native", "paper's gradient update")):
         worst = worst_stk(table, loss)
         met = "meets" if worst["meets_target"] else "misses"
         parts.append(
@@ -289,19 +309,17 @@ def verdict(table: dict) -> str:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), help=f"of {', '.join(WORKLOADS)}")
-    parser.add_argument("--tabular-steps", type=int, help=f"timed steps (default {DEFAULTS['tabular_steps']})")
-    parser.add_argument("--vision-steps", type=int, help=f"timed steps (default {DEFAULTS['vision_steps']})")
-    parser.add_argument("--translation-steps", type=int, help=f"timed steps (default {DEFAULTS['translation_steps']})")
-    parser.add_argument(
-        "--repeats", type=int, help=f"round-robin rounds over the losses (default {DEFAULTS['repeats']})"
-    )
+    for workload in WORKLOADS:
+        default = DEFAULTS[f"{workload}_steps"]
+        parser.add_argument(f"--{workload}-steps", type=int, help=f"timed steps per fit (default {default})")
+    parser.add_argument("--rounds", type=int, help=f"rounds of paired fits (default {DEFAULTS['rounds']})")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument(
         "--quick",
         action="store_true",
         help="a short smoke run (tests, CI): "
         f"{QUICK['tabular_steps']} tabular, {QUICK['vision_steps']} vision and "
-        f"{QUICK['translation_steps']} translation steps, 1 repeat",
+        f"{QUICK['translation_steps']} translation steps per fit, {QUICK['rounds']} round",
     )
     parser.add_argument("--data-dir", help="paths.data_dir for the runs (default: the config's .data)")
     parser.add_argument(
@@ -312,19 +330,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="a Hydra override for the translation runs (repeatable), e.g. dataset.root=DIR",
     )
     parser.add_argument("--out-dir", default=str(ROOT / "results" / "bench"))
-    parser.add_argument(
-        "--worker", nargs=5, metavar=("WORKLOAD", "LOSS", "STEPS", "WARMUP", "THREADS"), help=argparse.SUPPRESS
-    )
     args = parser.parse_args(argv)
-    if args.worker:
-        return args
     for name, default in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, QUICK[name] if args.quick else default)
     unknown = [w for w in args.workloads if w not in WORKLOADS]
     if unknown:
         fail(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
-    for name in ("tabular_steps", "vision_steps", "translation_steps", "repeats", "threads"):
+    for name in (*DEFAULTS, "threads"):
         if getattr(args, name) < 1:
             fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     return args
@@ -335,64 +348,37 @@ def fail(message: str, code: int = 2) -> None:
     raise SystemExit(code)
 
 
-def run_worker(args: argparse.Namespace, workload: str, loss: str) -> dict:
-    """One (workload, loss) fit in a fresh process; its cost, or this script's exit with its error."""
-    steps = getattr(args, f"{workload}_steps")
-    warmup = QUICK_WARMUP_STEPS[workload] if args.quick else WORKLOADS[workload]["warmup_steps"]
+def run_worker(args: argparse.Namespace, workload: str) -> list[dict]:
+    """One workload's fits in a fresh process; their costs, or this script's exit with its error."""
     try:
         return run_isolated(
             "topklab.bench.step_share:worker",
             workload,
-            loss,
-            steps,
-            warmup,
+            getattr(args, f"{workload}_steps"),
+            args.rounds,
             args.threads,
             args.data_dir,
             list(args.translation_override),
         )
     except WorkerFailed as err:
-        fail(f"{workload} with {loss} failed: {err}", code=err.returncode)
+        fail(f"{workload} failed: {err}", code=err.returncode)
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    if args.worker:
-        workload, loss, steps, warmup, threads = args.worker
-        from topklab.utils.errors import TopklabError
+    fits = []
+    for workload in args.workloads:
+        fits += run_worker(args, workload)
+        print(f"{workload}: {len(fits)} timed fits so far", flush=True)
 
-        try:
-            print(
-                json.dumps(
-                    worker(
-                        workload, loss, int(steps), int(warmup), int(threads), args.data_dir, args.translation_override
-                    )
-                )
-            )
-        except TopklabError as err:
-            fail(str(err))
-        return
-
-    runs = []
-    for repeat in range(args.repeats):
-        order = list(LOSSES)[repeat % len(LOSSES) :] + list(LOSSES)[: repeat % len(LOSSES)]
-        for workload in args.workloads:
-            for loss in order:
-                run = run_worker(args, workload, loss)
-                runs.append(run)
-                print(
-                    f"repeat {repeat + 1}/{args.repeats} {workload:>8} {LOSSES[loss]:>7}: "
-                    f"{run['step_time_s'] * 1e3:9.3f} ms/step, loss share {run['loss_share'] * 100:5.1f} %",
-                    flush=True,
-                )
-
-    table = summarise(runs)
+    table = summarise(fits)
     settings = {
         "workloads": args.workloads,
         "tabular_steps": args.tabular_steps,
         "vision_steps": args.vision_steps,
         "translation_steps": args.translation_steps,
-        "repeats": args.repeats,
+        "rounds": args.rounds,
         "threads": args.threads,
         "quick": args.quick,
         "device": "cpu",
@@ -407,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
         "worst_stk_gradient": worst_stk(table, "stk_gradient"),
     }
     out_dir = Path(args.out_dir)
-    text = render(table, command, args.repeats, description)
+    text = render(table, command, args.rounds, description)
     write_outputs(out_dir, "step_share_cpu", payload, command, settings, markdown=text)
     print(text)
     print(f"wrote {out_dir}/step_share_cpu.{{json,md}}")

@@ -60,7 +60,7 @@ def build_aggregate(name: str, **overrides) -> Aggregate:
     --------
     >>> build_aggregate("stk", smoothing="elu", lam_update="gradient", lam_init=0.0)
     STk(k=0.9, smoothing='elu', delta=0.01, lam_constraint='none', scale='paper', kernel='auto',
-        compile_min_n=16384, lam_update='gradient', lam_lr=None, lam_init=0.0)
+        lam_update='gradient', lam_lr=None, lam_init=0.0)
     """
     return instantiate(aggregate_node(name, **overrides))
 

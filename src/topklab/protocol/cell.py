@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 from hydra.utils import instantiate
+from omegaconf import DictConfig
 from torch import nn
 
 from topklab.engine.aggregates import aggregate_node, with_lam_update
@@ -39,6 +40,9 @@ class Cell:
         return f"{self.table}/{self.dataset}/{self.individual}/{self.aggregate}"
 
 
+COMMITTED_COMPILE_MIN_N = 16384  # the committed cells' kernel path: MATk/STk eager below 16,384 losses
+
+
 @dataclass(frozen=True)
 class Protocol:
     """How every member is trained and how many splits a combination is averaged over.
@@ -61,6 +65,10 @@ class Protocol:
         of each member's batch, :meth:`~topklab.losses.aggregate.thresholded.ThresholdedTopK.solve_rows`);
         "gradient" leaves the fingerprint as it was before this field
     max_members : int, largest population trained at once (bounds memory)
+    compile_min_n : int >= 1 or None, MATk/STk's ``compile_min_n`` for the members (their kernel path):
+        16384 (default) keeps the batch-16 rows on the eager kernel, the path the committed cells ran;
+        None is the loss configs' default, the C++ kernel (the same values to float32 rounding); a
+        value other than 16384 enters the fingerprint
     """
 
     grid: Grid
@@ -75,6 +83,7 @@ class Protocol:
     lam_init: float = 0.0
     max_members: int = 70_000
     lam_update: str = "gradient"
+    compile_min_n: int | None = COMMITTED_COMPILE_MIN_N
 
     def __post_init__(self):
         for name in ("n_splits", "max_epochs", "batch_size", "patience", "eval_every", "hidden", "max_members"):
@@ -83,8 +92,17 @@ class Protocol:
         check_int("preset.seed", self.seed, 0, error=TopklabError)
         if not self.min_delta >= 0:
             raise TopklabError(f"preset.min_delta={self.min_delta!r} must be >= 0")
+        check_int("preset.compile_min_n", self.compile_min_n, 1, allow_none=True, error=TopklabError)
         if self.lam_update not in ("gradient", "solve"):
             raise TopklabError(f"preset.lam_update={self.lam_update!r}; choose gradient (the paper's) or solve")
+
+    def members_aggregate(self, config: DictConfig) -> DictConfig:
+        """Loss config ``config`` as the members train with it: λ by ``lam_update``
+        (:func:`~topklab.engine.aggregates.with_lam_update`), the kernel path by ``compile_min_n``."""
+        config = with_lam_update(config, self.lam_update)
+        if "compile_min_n" in config:
+            config.compile_min_n = self.compile_min_n
+        return config
 
     def fingerprint(self, aggregate: str) -> dict:
         """Everything that determines a cell's numbers (stored with it, compared on resume)."""
@@ -92,6 +110,8 @@ class Protocol:
         fields.pop("max_members")
         if fields["lam_update"] == "gradient":  # the paper's update, the protocol's as stored before the field existed
             fields.pop("lam_update")
+        if fields["compile_min_n"] == COMMITTED_COMPILE_MIN_N:  # the kernel path as stored before the field existed
+            fields.pop("compile_min_n")
         fields["grid"] = self.grid.combos(aggregate)
         return fields
 
@@ -172,7 +192,7 @@ def run_cell(
     rows = [(c, s) for c in range(len(combos)) for s in range(protocol.n_splits)]
     per_population = max(protocol.n_splits, protocol.max_members // protocol.n_splits * protocol.n_splits)
     if aggregate is None:
-        aggregate = instantiate(with_lam_update(aggregate_node(cell.aggregate), protocol.lam_update))
+        aggregate = instantiate(protocol.members_aggregate(aggregate_node(cell.aggregate)))
     executor = PopulationExecutor(
         aggregate,
         individual,

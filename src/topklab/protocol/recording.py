@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hydra.utils import instantiate
+
 from topklab.config import compose_run
-from topklab.engine.aggregates import build_paper_update_aggregate
+from topklab.engine.aggregates import aggregate_node
 from topklab.engine.build import build
 from topklab.losses.aggregate.loss_stream import LossStream, record_calls
 from topklab.protocol.cell import Cell, Protocol, run_cell
@@ -42,6 +44,6 @@ def record_cell(cell_file: Path, root: Path) -> LossStream:
             "aggregate": cell.aggregate,
         }
     )
-    aggregate = record_calls(build_paper_update_aggregate(cell.aggregate), stream)
+    aggregate = record_calls(instantiate(protocol.members_aggregate(aggregate_node(cell.aggregate))), stream)
     run_cell(cell, dataset, individual, protocol, aggregate=aggregate)
     return stream

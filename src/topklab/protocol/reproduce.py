@@ -17,7 +17,6 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from topklab.config import check_one_process_command, compose_run, config_groups
-from topklab.engine.aggregates import with_lam_update
 from topklab.engine.build import build
 from topklab.protocol.cell import Cell, Protocol, run_cell
 from topklab.protocol.grid import Grid
@@ -127,7 +126,7 @@ def reproduce(cfg: DictConfig) -> list[dict]:
                 protocol,
                 settings=settings,
                 on_retire=bar.update,
-                aggregate=build(with_lam_update(cell_cfg.loss, protocol.lam_update), "loss"),
+                aggregate=build(protocol.members_aggregate(cell_cfg.loss), "loss"),
             )
             record["preset"] = cfg.preset.name
             record["command"] = command
