@@ -269,8 +269,9 @@ BENCH_MAX_EXP ?= 7
 bench-topk: setup
 	$(PY) scripts/bench_topk.py --device $(BENCH_DEVICE) --max-exp $(BENCH_MAX_EXP)
 
-# The aggregate loss's share of real training steps (tabular MLP, ResNet-32 on fmnistlt; Average, ATk, STk),
-# from the engine's cost columns: results/bench/step_share_cpu.{json,md} (a few minutes at 1 thread).
+# The aggregate loss's share of real training steps (tabular MLP, ResNet-32 on fmnistlt, Transformer on Multi30k;
+# Average, ATk, STk), the engine's step timed in pairs beside Average's: results/bench/step_share_cpu.{json,md}
+# (about 5 minutes at 1 thread).
 bench-step-share: setup data
 	$(PY) scripts/bench_step_share.py
 

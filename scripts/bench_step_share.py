@@ -1,8 +1,8 @@
 """The aggregate loss's share of a real training step: Average, ATk and STk (as the configs run it,
 with ``loss.kernel=native``, and with the paper's update of λ) inside the engine.
 
-    python scripts/bench_step_share.py [--tabular-steps 250] [--vision-steps 2] [--translation-steps 2]
-                                       [--rounds 15] [--threads 1] [--workloads tabular vision translation]
+    python scripts/bench_step_share.py [--tabular-steps 2000] [--vision-steps 8] [--translation-steps 8]
+                                       [--threads 1] [--workloads tabular vision translation]
                                        [--quick] [--data-dir .data] [--translation-override KEY=VALUE ...]
                                        [--out-dir results/bench]
 

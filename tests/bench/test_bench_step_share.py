@@ -29,7 +29,7 @@ def check_result(out_dir) -> dict:
         cells = workloads[workload]["losses"]
         assert set(cells) == {"average", "atk", "stk", "stk_native", "stk_gradient"}
         for cell in cells.values():
-            assert math.isfinite(cell["step_time_s"]) and cell["step_time_s"] > 0
+            assert math.isfinite(cell["step_time_s"]) and cell["step_time_s"] > 0 and cell["steps"] >= 1
             assert 0 <= cell["loss_share"] <= 1
         assert cells["average"]["added_vs_average"] == 0
     return result
@@ -43,7 +43,6 @@ def check_result(out_dir) -> dict:
         (["--tabular-steps", "0"], "error: --tabular-steps must be >= 1"),
         (["--vision-steps", "-3"], "error: --vision-steps must be >= 1"),
         (["--translation-steps", "0"], "error: --translation-steps must be >= 1"),
-        (["--rounds", "0"], "error: --rounds must be >= 1"),
     ],
 )
 def test_bad_input_is_one_error_line_and_exit_2(tmp_path, args, message):
@@ -52,37 +51,24 @@ def test_bad_input_is_one_error_line_and_exit_2(tmp_path, args, message):
     assert len(out.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
 
 
-def test_epoch_rows_combine_by_steps_and_time():
-    rows = [
-        {"step": 2, "step_time_s": 1.0, "loss_share": 0.1, "data_wait_share": 0.0, "peak_memory_mb": 5.0},
-        {"step": 3, "step_time_s": 4.0, "loss_share": 0.4, "data_wait_share": 0.5, "peak_memory_mb": 7.0},
-    ]
-    cost = bench_step_share.combine_epochs(rows)
-    assert cost["steps"] == 3 and cost["epochs"] == 2 and cost["step_time_s"] == pytest.approx(2.0)
-    assert cost["loss_share"] == pytest.approx((0.1 * 2 + 0.4 * 2) / 4)  # compute seconds 2 and 2
-    assert cost["data_wait_share"] == pytest.approx(0.5 * 4 / 6) and cost["peak_memory_mb"] == 7.0
-
-
-def test_tabular_worker_pairs_every_losss_fit_with_one_of_averages():
+def test_tabular_worker_times_the_engines_step_in_pairs():
     threads = torch.get_num_threads()
     try:
-        fits = bench_step_share.worker("tabular", steps=30, rounds=2, threads=1, data_dir=None)
+        result = bench_step_share.worker("tabular", steps=3, warmup_steps=2, threads=1, data_dir=None)
     finally:
         torch.set_num_threads(threads)
-    order = [(fit["round"], fit["paired_with"], fit["loss"]) for fit in fits]
-    assert order == bench_step_share.pair_order(2) and len(order) == 16
-    assert order[:2] == [(0, "atk", "average"), (0, "atk", "atk")] and order[8:10] == [
-        (1, "stk", "stk"),
-        (1, "stk", "average"),
-    ]
-    for fit in fits:
-        assert fit["steps"] == 30 and fit["epochs"] == 2  # australian: 21 batches of 16 per epoch
-        assert fit["step_time_s"] > 0 and 0 < fit["loss_share"] < 1
+    order = [(s["pair"], s["paired_with"], s["loss"]) for s in result["steps"]]
+    assert order == bench_step_share.pair_order(3) and len(order) == 24
+    assert order[:2] == [(0, "atk", "average"), (0, "atk", "atk")]
+    assert order[8:10] == [(1, "stk", "stk"), (1, "stk", "average")]
+    assert all(s["seconds"] > 0 for s in result["steps"])
+    assert set(result["loss_share"]) == set(bench_step_share.LOSSES)
+    assert all(0 < share < 1 for share in result["loss_share"].values())
 
 
 def test_script_reports_each_losss_median_paired_ratio_and_ends_with_the_verdict(tmp_path, monkeypatch, capsys):
-    """The machine slows by round (×1, ×2, ×3, which the pairs cancel); STk's tabular fits take
-    1.2, 1.1 and 1.3 times the Average fit beside them: +20 % (the median), range +10 … +30 %."""
+    """The machine slows by pair (×1, ×2, ×3, which the pairs cancel); STk's tabular steps take
+    1.2, 1.1 and 1.3 times the Average step beside them: +20 % (the median), +15 … +25 % its middle half."""
     base = {"tabular": 1e-3, "vision": 0.5, "translation": 0.3}
     added = {
         ("tabular", "stk"): [0.2, 0.1, 0.3],
@@ -96,26 +82,21 @@ def test_script_reports_each_losss_median_paired_ratio_and_ends_with_the_verdict
     calls = []
 
     def fake_run(args, workload):
-        calls.append(workload)
-        return [
+        calls.append((workload, args.tabular_steps))
+        steps = [
             {
-                "workload": workload,
                 "loss": loss,
-                "round": r,
+                "pair": r,
                 "paired_with": paired,
-                "steps": 7,
-                "epochs": 1,
-                "step_time_s": base[workload] * (1 + r) * (1 + added.get((workload, loss), [0.0] * 3)[r]),
-                "loss_share": shares[loss],
-                "data_wait_share": 0.0,
-                "peak_memory_mb": 1.0,
+                "seconds": base[workload] * (1 + r) * (1 + added.get((workload, loss), [0.0] * 3)[r]),
             }
-            for r, paired, loss in bench_step_share.pair_order(args.rounds)
+            for r, paired, loss in bench_step_share.pair_order(3)
         ]
+        return {"workload": workload, "steps": steps, "loss_share": shares}
 
     monkeypatch.setattr(bench_step_share, "run_worker", fake_run)
-    bench_step_share.main(["--rounds", "3", "--out-dir", str(tmp_path)])
-    assert calls == list(bench_step_share.WORKLOADS)
+    bench_step_share.main(["--tabular-steps", "3", "--out-dir", str(tmp_path)])
+    assert calls == [(workload, 3) for workload in bench_step_share.WORKLOADS]
     result = check_result(tmp_path)
     assert result["result"]["worst_stk"] == {
         "workload": "tabular",
@@ -123,9 +104,10 @@ def test_script_reports_each_losss_median_paired_ratio_and_ends_with_the_verdict
         "meets_target": False,
     }
     stk = result["result"]["workloads"]["tabular"]["losses"]["stk"]
-    assert stk["added_vs_average_range"] == pytest.approx([0.1, 0.3]) and len(stk["fits"]) == 3
+    assert stk["added_vs_average_quantiles"]["0.25"] == pytest.approx(0.15) and stk["steps"] == 3
+    assert stk["added_vs_average_quantiles"]["0.75"] == pytest.approx(0.25)
     vision_stk = (
-        "| ResNet-32 on fmnistlt (LA individual loss, SGD) | 128 | 7 | STk | 1020.000 | 36.00 % | +2.0 % "
+        "| ResNet-32 on fmnistlt (LA individual loss, SGD) | 128 | 3 | STk | 1020.000 | 36.00 % | +2.0 % "
         "| +2.0 % … +2.0 % | +25.0 % |"
     )
     assert vision_stk in (tmp_path / "step_share_cpu.md").read_text()  # shares: 0.8 / 0.64 − 1
@@ -153,5 +135,5 @@ def test_quick_mode_trains_every_workload_and_loss(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     result = check_result(tmp_path / "out")
-    assert result["config"]["quick"] and result["result"]["workloads"]["vision"]["steps"] == 1
+    assert result["config"]["quick"] and result["result"]["workloads"]["vision"]["pairs"] == 1
     assert out.stdout.strip().splitlines()[-1].startswith("worst STk step overhead vs Average: ")

@@ -2,8 +2,8 @@
 configs run it, λ solved per batch; with ``loss.kernel=native``; and with the paper's gradient update of λ,
 ``loss.lam_update=gradient``, as the tabular presets train it) inside the engine.
 
-    python scripts/bench_step_share.py [--tabular-steps 250] [--vision-steps 2] [--translation-steps 2]
-                                       [--rounds 15] [--threads 1] [--workloads tabular vision translation]
+    python scripts/bench_step_share.py [--tabular-steps 2000] [--vision-steps 8] [--translation-steps 8]
+                                       [--threads 1] [--workloads tabular vision translation]
                                        [--quick] [--data-dir .data] [--translation-override KEY=VALUE ...]
                                        [--out-dir results/bench]
 
@@ -16,15 +16,16 @@ AdaGrad, batch 16; ``loss=stk`` as the loss group gives it: the C++ kernel at ev
 batches; ``--translation-override dataset.root=DIR`` reads another corpus in Multi30k's layout). The
 vision and translation rows keep ``compile_min_n: 16384``, the eager kernel their committed results ran.
 
-Each workload runs in its own process, every loss built through :class:`topklab.engine.Engine` on
-the CPU with ``--threads`` torch threads: one untimed fit per loss, then ``--rounds`` rounds in which
-each loss's fit of the workload's steps runs next to one of Average's (every other round Average's
-first; the losses' order rotates). A fit continues its model's training (its own data order, seed
-and optimizer); its cost is the engine's per-epoch columns (``step_time_s``; ``loss_share``, the
-objective's forward over the step's compute), combined over its epochs. Validation runs only at
-epoch ends, outside the engine's timed region; full batches only (``drop_last``). "Added vs Average"
-is the median over the rounds of step_time(loss) / step_time(Average's fit beside it) − 1: the pair
-ran seconds apart, so the machine's load drifts out of it. Writes ``step_share_cpu.{json,md}``; the
+Each workload runs in its own process on the CPU with ``--threads`` torch threads: every loss's model,
+optimizer and data built as ``train.py`` builds them, and a :class:`~topklab.engine.loop.TrainingRun`
+opened and started as :meth:`~topklab.engine.Engine.fit` starts it (full batches only). After the
+workload's warm-up steps per loss, the engine's own training step (forward, backward, optimizer and
+schedule steps; :meth:`~topklab.engine.loop.TrainingRun.train_step`) is timed alone, in pairs: each
+loss's step right next to one of Average's (Average first every other pair, the losses' order
+rotating), ``--<workload>-steps`` pairs per loss. "Added vs Average" is the median over the pairs of
+step_time(loss) / step_time(Average's step beside it) − 1: a pair runs within milliseconds, so the
+machine's load drifts out of it. The loss share is the engine's step profile over the loss's timed
+steps (the objective's forward over the step's compute). Writes ``step_share_cpu.{json,md}``; the
 last line printed is the worst STk overhead over the workloads against the 5 % target.
 """
 
@@ -52,11 +53,12 @@ LOSSES = {
 # paper's update (λ a parameter of the optimizer, as the tabular presets train it)
 STK_ROWS = ("stk", "stk_native", "stk_gradient")
 TARGET = 0.05  # STk may add at most 5 % to a step
-# name: label, batch size, the loss-independent overrides, the overrides choosing each loss
+# name: label, batch size, warm-up steps per loss, the loss-independent overrides, the overrides choosing each loss
 WORKLOADS = {
     "tabular": {
         "label": "tabular MLP (australian; logistic, AdaGrad)",
         "batch_size": 16,
+        "warmup_steps": 100,
         "overrides": [
             "dataset=australian",
             "engine.eval_every_steps=null",
@@ -75,6 +77,7 @@ WORKLOADS = {
     "vision": {
         "label": "ResNet-32 on fmnistlt (LA individual loss, SGD)",
         "batch_size": 128,
+        "warmup_steps": 2,
         # validation (outside the timed region) on 10 images per class instead of 50 only saves wall time
         "overrides": ["dataset.val_per_class=10", "engine.final_splits=[val]"],
         "loss_overrides": {
@@ -88,6 +91,7 @@ WORKLOADS = {
     "translation": {
         "label": "small Transformer on Multi30k (token losses, AdamW)",
         "batch_size": 2048,
+        "warmup_steps": 2,
         # validation (outside the timed region) decodes one token per sentence, only to save wall time
         "overrides": [
             "engine.final_splits=[val]",
@@ -105,8 +109,9 @@ WORKLOADS = {
         },
     },
 }
-DEFAULTS = {"tabular_steps": 250, "vision_steps": 2, "translation_steps": 2, "rounds": 15}
-QUICK = {"tabular_steps": 20, "vision_steps": 1, "translation_steps": 1, "rounds": 1}  # --quick
+DEFAULTS = {"tabular_steps": 2000, "vision_steps": 8, "translation_steps": 8}
+QUICK = {"tabular_steps": 20, "vision_steps": 1, "translation_steps": 1}  # --quick, with one warm-up step per loss
+QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)  # of the paired ratios, stored in the JSON
 
 
 def run_overrides(workload: str, loss: str, steps: int, data_dir: str | None, translation_overrides=()) -> list[str]:
@@ -131,51 +136,49 @@ def run_overrides(workload: str, loss: str, steps: int, data_dir: str | None, tr
     return overrides + ([f"paths.data_dir={data_dir}"] if data_dir else [])
 
 
-def combine_epochs(rows: list[dict]) -> dict:
-    """One fit's cost from the engine's per-epoch rows: the mean step time over all its steps, and
-    the loss and data-wait shares weighted by each epoch's time (its compute time for the loss share)."""
-    steps = [row["step"] - previous for row, previous in zip(rows, [0] + [row["step"] for row in rows[:-1]])]
-    seconds = [row["step_time_s"] * n for row, n in zip(rows, steps)]
-    compute = [s * (1.0 - row["data_wait_share"]) for row, s in zip(rows, seconds)]
-    return {
-        "steps": sum(steps),
-        "epochs": len(rows),
-        "step_time_s": sum(seconds) / sum(steps),
-        "loss_share": sum(row["loss_share"] * c for row, c in zip(rows, compute)) / sum(compute),
-        "data_wait_share": sum(row["data_wait_share"] * s for row, s in zip(rows, seconds)) / sum(seconds),
-        "peak_memory_mb": max(row["peak_memory_mb"] for row in rows),
-    }
-
-
-def pair_order(rounds: int) -> list[tuple[int, str, str]]:
-    """``(round, paired loss, loss fitted)`` in the order the timed fits run: in each round every loss
-    but Average next to one of Average's fits, Average first in even rounds; the losses' order rotates.
+def pair_order(pairs: int) -> list[tuple[int, str, str]]:
+    """``(pair, paired loss, loss stepped)`` in the order the timed steps run: in each round every loss
+    but Average next to one of Average's steps, Average first in even pairs; the losses' order rotates.
 
     Examples
     --------
-    >>> [(r, fitted) for r, _, fitted in pair_order(2)][:4], pair_order(2)[8]
+    >>> [(r, stepped) for r, _, stepped in pair_order(2)][:4], pair_order(2)[8]
     ([(0, 'average'), (0, 'atk'), (0, 'average'), (0, 'stk')], (1, 'stk', 'stk'))
     """
     others = [loss for loss in LOSSES if loss != "average"]
     order = []
-    for r in range(rounds):
+    for r in range(pairs):
         for loss in others[r % len(others) :] + others[: r % len(others)]:
             pair = ("average", loss) if r % 2 == 0 else (loss, "average")
-            order += [(r, loss, fitted) for fitted in pair]
+            order += [(r, loss, stepped) for stepped in pair]
     return order
 
 
+def batch_stream(run):
+    """``(x, y, epoch)`` of ``run``'s training batches, epoch after epoch."""
+    epoch = 0
+    while True:
+        for x, y in run.train_loader.batches(epoch, start=0):
+            yield x, y, epoch
+        epoch += 1
+
+
 def worker(
-    workload: str, steps: int, rounds: int, threads: int, data_dir: str | None, translation_overrides=()
-) -> list[dict]:
-    """Every loss of ``workload`` in this process: one untimed fit each, then the timed fits of
-    :func:`pair_order`, each ``steps`` steps continuing its model's training; one cost row per timed fit."""
+    workload: str, steps: int, warmup_steps: int, threads: int, data_dir: str | None, translation_overrides=()
+) -> dict:
+    """Every loss of ``workload`` in this process: ``warmup_steps`` untimed steps each, then the timed
+    steps of :func:`pair_order` (``steps`` pairs per loss). Returns each timed step's seconds
+    (``{"loss", "pair", "paired_with", "seconds"}``) and each loss's share of its steps' compute."""
+    import time
+
     import torch
     from hydra import initialize_config_dir
 
     import topklab  # noqa: F401  (torchvision shim before the vision data imports torchvision)
     from topklab.config import compose_run
     from topklab.engine.build import build
+    from topklab.engine.distributed import Distributed
+    from topklab.engine.loop import TrainingRun
     from topklab.engine.objective import TrainingModule
     from topklab.engine.run import build_run
 
@@ -184,57 +187,82 @@ def worker(
         configs = {
             loss: compose_run(run_overrides(workload, loss, steps, data_dir, translation_overrides)) for loss in LOSSES
         }
-    runs = {}
+    runs, batches = {}, {}
     for loss, cfg in configs.items():
         data, model, objective, task, engine = build_run(cfg)
         module = TrainingModule(model, objective)
-        runs[loss] = (engine, module, build(cfg.optim, "optim")(module.parameter_groups()), data, task, cfg.seed)
+        optimizer = build(cfg.optim, "optim")(module.parameter_groups())
+        run = TrainingRun(engine, module, optimizer, data, task, cfg.seed, Distributed(), (None, None, None))
+        run.open(None, None)
+        run.start(None)
+        runs[loss], batches[loss] = run, batch_stream(run)
 
-    def fit(loss: str) -> dict:
-        engine, module, optimizer, data, task, seed = runs[loss]
-        rows: list[dict] = []
-        engine.fit(module, optimizer, data, task, seed, on_epoch_end=rows.append)
-        return combine_epochs(rows)
+    def step(loss: str) -> float:
+        x, y, epoch = next(batches[loss])
+        start = time.perf_counter()
+        runs[loss].train_step(x, y, epoch, 0.0)
+        return time.perf_counter() - start
 
     for loss in LOSSES:
-        fit(loss)
-    return [
-        {"workload": workload, "loss": fitted, "round": r, "paired_with": paired, **fit(fitted)}
-        for r, paired, fitted in pair_order(rounds)
+        for _ in range(warmup_steps):
+            step(loss)
+        runs[loss].profile.reset()
+    timed = [
+        {"loss": stepped, "pair": r, "paired_with": paired, "seconds": step(stepped)}
+        for r, paired, stepped in pair_order(steps)
     ]
+    return {
+        "workload": workload,
+        "steps": timed,
+        "loss_share": {loss: run.profile.summary()["loss_share"] for loss, run in runs.items()},
+    }
 
 
-def summarise(fits: list[dict]) -> dict:
-    """Per (workload, loss): the median step time, loss and data-wait shares over its timed fits, its
-    step time against Average's fit beside it (the median over the rounds of the ratio − 1, and the
-    range of those ratios), and what the loss shares imply, (1 − share(Average)) / (1 − share(loss)) − 1:
-    the step time the loss's forward adds if the rest of the step stays the same (it leaves out the
-    loss's backward; MATk/STk compute their loss gradients in the forward, so for them it holds part
-    of the backward too)."""
+def quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values``, linear between order statistics.
+
+    Examples
+    --------
+    >>> quantile([4.0, 1.0, 3.0, 2.0], 0.5), quantile([4.0, 1.0, 3.0, 2.0], 0.25)
+    (2.5, 1.75)
+    """
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarise(results: list[dict]) -> dict:
+    """Per (workload, loss): the median step time over its timed steps, its step time against the
+    Average step beside it (the median over the pairs of the ratio − 1, and the quantiles
+    :data:`QUANTILES` of those ratios), the loss share, and what the loss shares imply,
+    (1 − share(Average)) / (1 − share(loss)) − 1: the step time the loss's forward adds if the rest
+    of the step stays the same (it leaves out the loss's backward; MATk/STk compute their loss
+    gradients in the forward, so for them it holds part of the backward too)."""
     table = {}
-    for workload in dict.fromkeys(fit["workload"] for fit in fits):
-        of = {loss: [fit for fit in fits if fit["workload"] == workload and fit["loss"] == loss] for loss in LOSSES}
-        shares = {loss: statistics.median(fit["loss_share"] for fit in of[loss]) for loss in LOSSES}
+    for result in results:
+        workload, shares = result["workload"], result["loss_share"]
+        of = {loss: [s for s in result["steps"] if s["loss"] == loss] for loss in LOSSES}
         table[workload] = {
             "label": WORKLOADS[workload]["label"],
             "batch_size": WORKLOADS[workload]["batch_size"],
-            "steps": of["average"][0]["steps"],
+            "pairs": len(of["atk"]),
             "losses": {},
         }
         for loss in LOSSES:
             if loss == "average":
                 paired = [0.0]
             else:
-                beside = {fit["round"]: fit for fit in of["average"] if fit["paired_with"] == loss}
-                paired = [fit["step_time_s"] / beside[fit["round"]]["step_time_s"] - 1 for fit in of[loss]]
+                beside = {s["pair"]: s["seconds"] for s in of["average"] if s["paired_with"] == loss}
+                paired = [s["seconds"] / beside[s["pair"]] - 1 for s in of[loss]]
             table[workload]["losses"][loss] = {
-                "step_time_s": statistics.median(fit["step_time_s"] for fit in of[loss]),
+                "step_time_s": statistics.median(s["seconds"] for s in of[loss]),
+                "steps": len(of[loss]),
                 "loss_share": shares[loss],
-                "data_wait_share": statistics.median(fit["data_wait_share"] for fit in of[loss]),
                 "added_vs_average": statistics.median(paired),
-                "added_vs_average_range": [min(paired), max(paired)],
+                "added_vs_average_quantiles": {str(q): quantile(paired, q) for q in QUANTILES},
                 "forward_added_from_shares": (1 - shares["average"]) / (1 - shares[loss]) - 1,
-                "fits": of[loss],
             }
     return table
 
@@ -250,45 +278,44 @@ def percent(value: float) -> str:
     return f"{value * 100:+.1f} %"
 
 
-def render(table: dict, command: str, rounds: int, machine: str) -> str:
+def render(table: dict, command: str, machine: str) -> str:
     lines = [
         f"# Aggregate loss inside a training step ({machine})",
         "",
-        f"Produced by `{command}`: each workload in one process after an untimed fit per loss; {rounds} "
-        "round(s), in each every loss's fit next to one of Average's (Average first every other round); "
-        "the engine's cost columns.",
+        f"Produced by `{command}`: each workload in one process, the engine's training step timed alone "
+        "after warm-up steps, each loss's step next to one of Average's (Average first every other pair).",
         "",
-        "| workload | batch | steps per fit | loss | step time (ms) | loss share | added vs Average | range over rounds "
-        "| forward added, from the shares |",
+        "| workload | batch | pairs per loss | loss | step time (ms) | loss share | added vs Average "
+        "| middle half of the pairs | forward added, from the shares |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for spec in table.values():
         for loss, cell in spec["losses"].items():
-            low, high = cell["added_vs_average_range"]
+            quantiles = cell["added_vs_average_quantiles"]
             added = (
                 ["baseline", "–", "–"]
                 if loss == "average"
                 else [
                     percent(cell["added_vs_average"]),
-                    f"{percent(low)} … {percent(high)}",
+                    f"{percent(quantiles['0.25'])} … {percent(quantiles['0.75'])}",
                     percent(cell["forward_added_from_shares"]),
                 ]
             )
             lines.append(
-                f"| {spec['label']} | {spec['batch_size']} | {spec['steps']} | {LOSSES[loss]} | "
+                f"| {spec['label']} | {spec['batch_size']} | {spec['pairs']} | {LOSSES[loss]} | "
                 f"{cell['step_time_s'] * 1e3:.3f} | {cell['loss_share'] * 100:.2f} % | {' | '.join(added)} |"
             )
     lines += [
         "",
-        "Loss share: time in the objective's forward (individual loss, aggregate, penalty) over the "
-        "step's compute time; the loss's backward is inside the step time but not in the share. "
-        "Added vs Average: the median over the rounds of the fit's step time over that of Average's fit "
-        "beside it − 1 (forward and backward; the machine's load shows in its range over rounds). Step "
-        "time: the median over the loss's fits. Forward added, from the shares: "
-        "(1 − share(Average)) / (1 − share(loss)) − 1, what the loss's forward alone adds if the rest "
-        "of the step is the same; measured within each run, so it holds up under load, but it leaves "
-        "out the loss's backward (STk's fused kernel computes its loss gradients in the forward, so "
-        "this column charges STk part of a backward that Average's column leaves out).",
+        "Step time: the median over the loss's timed steps (Average: over all its steps). Added vs Average: "
+        "the median over the pairs of the loss's step time over that of Average's step beside it − 1 "
+        "(forward, backward and optimizer step); the middle half of the pairs: their 25th and 75th "
+        "percentiles. Loss share: time in the objective's forward (individual loss, aggregate, penalty) "
+        "over the step's compute time; the loss's backward is inside the step time but not in the share. "
+        "Forward added, from the shares: (1 − share(Average)) / (1 − share(loss)) − 1, what the loss's "
+        "forward alone adds if the rest of the step is the same; it leaves out the loss's backward "
+        "(STk's fused kernel computes its loss gradients in the forward, so this column charges STk part "
+        "of a backward that Average's column leaves out).",
         "",
     ]
     return "\n".join(lines)
@@ -311,15 +338,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), help=f"of {', '.join(WORKLOADS)}")
     for workload in WORKLOADS:
         default = DEFAULTS[f"{workload}_steps"]
-        parser.add_argument(f"--{workload}-steps", type=int, help=f"timed steps per fit (default {default})")
-    parser.add_argument("--rounds", type=int, help=f"rounds of paired fits (default {DEFAULTS['rounds']})")
+        parser.add_argument(f"--{workload}-steps", type=int, help=f"timed pairs per loss (default {default})")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument(
         "--quick",
         action="store_true",
         help="a short smoke run (tests, CI): "
         f"{QUICK['tabular_steps']} tabular, {QUICK['vision_steps']} vision and "
-        f"{QUICK['translation_steps']} translation steps per fit, {QUICK['rounds']} round",
+        f"{QUICK['translation_steps']} translation pairs per loss, one warm-up step",
     )
     parser.add_argument("--data-dir", help="paths.data_dir for the runs (default: the config's .data)")
     parser.add_argument(
@@ -348,14 +374,14 @@ def fail(message: str, code: int = 2) -> None:
     raise SystemExit(code)
 
 
-def run_worker(args: argparse.Namespace, workload: str) -> list[dict]:
-    """One workload's fits in a fresh process; their costs, or this script's exit with its error."""
+def run_worker(args: argparse.Namespace, workload: str) -> dict:
+    """One workload's timed steps in a fresh process, or this script's exit with its error."""
     try:
         return run_isolated(
             "topklab.bench.step_share:worker",
             workload,
             getattr(args, f"{workload}_steps"),
-            args.rounds,
+            1 if args.quick else WORKLOADS[workload]["warmup_steps"],
             args.threads,
             args.data_dir,
             list(args.translation_override),
@@ -367,18 +393,17 @@ def run_worker(args: argparse.Namespace, workload: str) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    fits = []
+    results = []
     for workload in args.workloads:
-        fits += run_worker(args, workload)
-        print(f"{workload}: {len(fits)} timed fits so far", flush=True)
+        results.append(run_worker(args, workload))
+        print(f"{workload}: {len(results[-1]['steps'])} timed steps", flush=True)
 
-    table = summarise(fits)
+    table = summarise(results)
     settings = {
         "workloads": args.workloads,
         "tabular_steps": args.tabular_steps,
         "vision_steps": args.vision_steps,
         "translation_steps": args.translation_steps,
-        "rounds": args.rounds,
         "threads": args.threads,
         "quick": args.quick,
         "device": "cpu",
@@ -393,7 +418,7 @@ def main(argv: list[str] | None = None) -> None:
         "worst_stk_gradient": worst_stk(table, "stk_gradient"),
     }
     out_dir = Path(args.out_dir)
-    text = render(table, command, args.rounds, description)
+    text = render(table, command, description)
     write_outputs(out_dir, "step_share_cpu", payload, command, settings, markdown=text)
     print(text)
     print(f"wrote {out_dir}/step_share_cpu.{{json,md}}")
