@@ -271,7 +271,7 @@ bench-topk: setup
 
 # The aggregate loss's share of real training steps (tabular MLP, ResNet-32 on fmnistlt, Transformer on Multi30k;
 # Average, ATk, STk), the engine's step timed in pairs beside Average's: results/bench/step_share_cpu.{json,md}
-# (about 5 minutes at 1 thread).
+# (about 8 minutes at 1 thread).
 bench-step-share: setup data
 	$(PY) scripts/bench_step_share.py
 

@@ -1,7 +1,7 @@
 """The aggregate loss's share of a real training step: Average, ATk and STk (as the configs run it,
 with ``loss.kernel=native``, and with the paper's update of λ) inside the engine.
 
-    python scripts/bench_step_share.py [--tabular-steps 2000] [--vision-steps 8] [--translation-steps 8]
+    python scripts/bench_step_share.py [--tabular-steps 2000] [--vision-steps 24] [--translation-steps 16]
                                        [--threads 1] [--workloads tabular vision translation]
                                        [--quick] [--data-dir .data] [--translation-override KEY=VALUE ...]
                                        [--out-dir results/bench]

@@ -2,7 +2,7 @@
 configs run it, λ solved per batch; with ``loss.kernel=native``; and with the paper's gradient update of λ,
 ``loss.lam_update=gradient``, as the tabular presets train it) inside the engine.
 
-    python scripts/bench_step_share.py [--tabular-steps 2000] [--vision-steps 8] [--translation-steps 8]
+    python scripts/bench_step_share.py [--tabular-steps 2000] [--vision-steps 24] [--translation-steps 16]
                                        [--threads 1] [--workloads tabular vision translation]
                                        [--quick] [--data-dir .data] [--translation-override KEY=VALUE ...]
                                        [--out-dir results/bench]
@@ -109,7 +109,7 @@ WORKLOADS = {
         },
     },
 }
-DEFAULTS = {"tabular_steps": 2000, "vision_steps": 8, "translation_steps": 8}
+DEFAULTS = {"tabular_steps": 2000, "vision_steps": 24, "translation_steps": 16}
 QUICK = {"tabular_steps": 20, "vision_steps": 1, "translation_steps": 1}  # --quick, with one warm-up step per loss
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)  # of the paired ratios, stored in the JSON
 
