@@ -51,12 +51,25 @@ def test_bad_input_is_one_error_line_and_exit_2(tmp_path, args, message):
     assert len(out.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
 
 
-def test_tabular_worker_times_the_engines_step_in_pairs():
+def test_tabular_worker_times_the_engines_step_in_pairs_on_one_batch(monkeypatch):
+    from topklab.engine.loop import TrainingRun
+
+    inputs = []
+    train_step = TrainingRun.train_step
+
+    def recorded(run, x, y, epoch, waited):
+        inputs.append(x)
+        return train_step(run, x, y, epoch, waited)
+
+    monkeypatch.setattr(TrainingRun, "train_step", recorded)
     threads = torch.get_num_threads()
     try:
         result = bench_step_share.worker("tabular", steps=3, warmup_steps=2, threads=1, data_dir=None)
     finally:
         torch.set_num_threads(threads)
+    timed = inputs[2 * len(bench_step_share.LOSSES) :]
+    assert len(timed) == 24 and all(first is second for first, second in zip(timed[::2], timed[1::2]))
+    assert not torch.equal(timed[0], timed[14])  # ATk's pairs 0 and 1 (the 4th of round 1): its next batch
     order = [(s["pair"], s["paired_with"], s["loss"]) for s in result["steps"]]
     assert order == bench_step_share.pair_order(3) and len(order) == 24
     assert order[:2] == [(0, "atk", "average"), (0, "atk", "atk")]

@@ -22,9 +22,9 @@ opened and started as :meth:`~topklab.engine.Engine.fit` starts it (full batches
 workload's warm-up steps per loss, the engine's own training step (forward, backward, optimizer and
 schedule steps; :meth:`~topklab.engine.loop.TrainingRun.train_step`) is timed alone, in pairs: each
 loss's step right next to one of Average's (Average first every other pair, the losses' order
-rotating), ``--<workload>-steps`` pairs per loss. "Added vs Average" is the median over the pairs of
-step_time(loss) / step_time(Average's step beside it) − 1: a pair runs within milliseconds, so the
-machine's load drifts out of it. The loss share is the engine's step profile over the loss's timed
+rotating, both on the same batch), ``--<workload>-steps`` pairs per loss. "Added vs Average" is
+the median over the pairs of step_time(loss) / step_time(Average's step beside it) − 1: a pair runs
+within milliseconds, so the machine's load drifts out of it. The loss share is the engine's step profile over the loss's timed
 steps (the objective's forward over the step's compute). Writes ``step_share_cpu.{json,md}``; the
 last line printed is the worst STk overhead over the workloads against the 5 % target.
 """
@@ -167,7 +167,8 @@ def worker(
     workload: str, steps: int, warmup_steps: int, threads: int, data_dir: str | None, translation_overrides=()
 ) -> dict:
     """Every loss of ``workload`` in this process: ``warmup_steps`` untimed steps each, then the timed
-    steps of :func:`pair_order` (``steps`` pairs per loss). Returns each timed step's seconds
+    steps of :func:`pair_order` (``steps`` pairs per loss), both steps of a pair on the same batch
+    (translation batches differ in their sentences' lengths). Returns each timed step's seconds
     (``{"loss", "pair", "paired_with", "seconds"}``) and each loss's share of its steps' compute."""
     import time
 
@@ -197,20 +198,22 @@ def worker(
         run.start(None)
         runs[loss], batches[loss] = run, batch_stream(run)
 
-    def step(loss: str) -> float:
-        x, y, epoch = next(batches[loss])
+    def step(loss: str, batch: tuple) -> float:
         start = time.perf_counter()
-        runs[loss].train_step(x, y, epoch, 0.0)
+        runs[loss].train_step(*batch, 0.0)
         return time.perf_counter() - start
 
     for loss in LOSSES:
         for _ in range(warmup_steps):
-            step(loss)
+            step(loss, next(batches[loss]))
         runs[loss].profile.reset()
-    timed = [
-        {"loss": stepped, "pair": r, "paired_with": paired, "seconds": step(stepped)}
-        for r, paired, stepped in pair_order(steps)
-    ]
+    timed, order = [], pair_order(steps)
+    for pair in zip(order[::2], order[1::2]):
+        batch = next(batches[pair[0][1]])  # both steps of a pair on the paired loss's next batch
+        timed += [
+            {"loss": stepped, "pair": r, "paired_with": paired, "seconds": step(stepped, batch)}
+            for r, paired, stepped in pair
+        ]
     return {
         "workload": workload,
         "steps": timed,
