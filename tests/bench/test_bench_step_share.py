@@ -73,10 +73,20 @@ def test_tabular_worker_times_the_engines_step_in_pairs_on_one_batch(monkeypatch
     order = [(s["pair"], s["paired_with"], s["loss"]) for s in result["steps"]]
     assert order == bench_step_share.pair_order(3) and len(order) == 24
     assert order[:2] == [(0, "atk", "average"), (0, "atk", "atk")]
-    assert order[8:10] == [(1, "stk", "stk"), (1, "stk", "average")]
+    assert order[8:10] == [(1, "stk", "average"), (1, "stk", "stk")]
     assert all(s["seconds"] > 0 for s in result["steps"])
     assert set(result["loss_share"]) == set(bench_step_share.LOSSES)
     assert all(0 < share < 1 for share in result["loss_share"].values())
+
+
+def test_pair_order_balances_each_losss_place_and_who_goes_first():
+    others = [loss for loss in bench_step_share.LOSSES if loss != "average"]
+    order = bench_step_share.pair_order(2 * len(others))
+    seen = {loss: set() for loss in others}
+    for i in range(0, len(order), 2):
+        _, loss, first = order[i]
+        seen[loss].add(((i // 2) % len(others), first == "average"))
+    assert all(places == {(p, a) for p in range(len(others)) for a in (True, False)} for places in seen.values())
 
 
 def test_script_reports_each_losss_median_paired_ratio_and_ends_with_the_verdict(tmp_path, monkeypatch, capsys):

@@ -15,6 +15,7 @@ from topklab.engine.aggregates import build_aggregate, build_paper_update_aggreg
 from topklab.engine.schedules import LRFactor
 from topklab.losses import STk
 from topklab.losses.aggregate.loss_stream import LEVELS, LossStream, replay
+from topklab.protocol.cell import COMMITTED_COMPILE_MIN_N
 
 FIXTURES = helpers.FIXTURES / "loss_streams"
 
@@ -77,7 +78,9 @@ def test_tabular_recipe_paper_update_tracks_its_losses():
     the recorded run itself and in the replay."""
     stream, setting, lam_init = _population_setting("tabular")
     assert stream.recorded_in_band(setting["k"], "srelu", setting["delta"]) >= 0.9
-    aggregate = build_paper_update_aggregate("stk", k=setting["k"], delta=setting["delta"], lam_init=lam_init)
+    aggregate = build_paper_update_aggregate(
+        "stk", k=setting["k"], delta=setting["delta"], lam_init=lam_init, compile_min_n=COMMITTED_COMPILE_MIN_N
+    )  # the kernel path the stream was recorded on
     assert replay(stream, aggregate, torch.optim.Adagrad(aggregate.parameters(), lr=setting["lr"]))["in_band"] >= 0.9
 
 
@@ -90,7 +93,9 @@ def test_synthetic_recipe_paper_update_lags_early_and_solve_tracks():
 
     stream, setting, lam_init = _population_setting("synthetic")
     recorded = stream.recorded_in_band(setting["k"], "srelu", setting["delta"])
-    aggregate = build_paper_update_aggregate("stk", k=setting["k"], delta=setting["delta"], lam_init=lam_init)
+    aggregate = build_paper_update_aggregate(
+        "stk", k=setting["k"], delta=setting["delta"], lam_init=lam_init, compile_min_n=COMMITTED_COMPILE_MIN_N
+    )  # the kernel path the stream was recorded on
     replayed = replay(stream, aggregate, torch.optim.Adam(aggregate.parameters(), lr=setting["lr"]))["in_band"]
     assert replayed == pytest.approx(recorded, abs=1 / len(stream.steps))
     solved = replay(stream, STk(k=setting["k"], delta=setting["delta"]))

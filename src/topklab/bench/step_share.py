@@ -1,6 +1,6 @@
 """``scripts/bench_step_share.py``: the aggregate loss's share of a real training step: Average, ATk and STk (as the
 configs run it, λ solved per batch; with ``loss.kernel=native``; and with the paper's gradient update of λ,
-``loss.lam_update=gradient``, as the tabular presets train it) inside the engine.
+``loss.lam_update=gradient``, λ a parameter of the optimizer) inside the engine.
 
     python scripts/bench_step_share.py [--tabular-steps 2000] [--vision-steps 24] [--translation-steps 16]
                                        [--threads 1] [--workloads tabular vision translation]
@@ -21,10 +21,10 @@ optimizer and data built as ``train.py`` builds them, and a :class:`~topklab.eng
 opened and started as :meth:`~topklab.engine.Engine.fit` starts it (full batches only). After the
 workload's warm-up steps per loss, the engine's own training step (forward, backward, optimizer and
 schedule steps; :meth:`~topklab.engine.loop.TrainingRun.train_step`) is timed alone, in pairs: each
-loss's step right next to one of Average's (Average first every other pair, the losses' order
-rotating, both on the same batch), ``--<workload>-steps`` pairs per loss. "Added vs Average" is
-the median over the pairs of step_time(loss) / step_time(Average's step beside it) − 1: a pair runs
-within milliseconds, so the machine's load drifts out of it. The loss share is the engine's step profile over the loss's timed
+loss's step right next to one of Average's (both on the same batch; :func:`pair_order` balances
+who goes first and each loss's place in the round), ``--<workload>-steps`` pairs per loss. "Added vs Average" is
+the median over the pairs of step_time(loss) / step_time(Average's step beside it) − 1: a pair's two
+steps run back to back, so the machine's load, which drifts over seconds, mostly cancels. The loss share is the engine's step profile over the loss's timed
 steps (the objective's forward over the step's compute). Writes ``step_share_cpu.{json,md}``; the
 last line printed is the worst STk overhead over the workloads against the 5 % target.
 """
@@ -50,7 +50,7 @@ LOSSES = {
 }
 # STk as the configs run it (λ solved per batch; the tabular workload's loss group: C++ kernel; the vision and
 # translation rows: eager at their batch sizes, the committed results' path), with the C++ kernel, and with the
-# paper's update (λ a parameter of the optimizer, as the tabular presets train it)
+# paper's update (λ a parameter of the optimizer; the tabular presets train it so, on the eager kernel)
 STK_ROWS = ("stk", "stk_native", "stk_gradient")
 TARGET = 0.05  # STk may add at most 5 % to a step
 # name: label, batch size, warm-up steps per loss, the loss-independent overrides, the overrides choosing each loss
@@ -138,19 +138,22 @@ def run_overrides(workload: str, loss: str, steps: int, data_dir: str | None, tr
 
 def pair_order(pairs: int) -> list[tuple[int, str, str]]:
     """``(pair, paired loss, loss stepped)`` in the order the timed steps run: in each round every loss
-    but Average next to one of Average's steps, Average first in even pairs; the losses' order rotates.
+    but Average next to one of Average's steps, the losses' order rotating by one a round; Average goes
+    first at the round's even positions, odd ones after a full rotation, so over every 2 × (losses − 1)
+    rounds each loss takes each position once with Average first and once with Average second.
 
     Examples
     --------
     >>> [(r, stepped) for r, _, stepped in pair_order(2)][:4], pair_order(2)[8]
-    ([(0, 'average'), (0, 'atk'), (0, 'average'), (0, 'stk')], (1, 'stk', 'stk'))
+    ([(0, 'average'), (0, 'atk'), (0, 'stk'), (0, 'average')], (1, 'stk', 'average'))
     """
     others = [loss for loss in LOSSES if loss != "average"]
     order = []
     for r in range(pairs):
-        for loss in others[r % len(others) :] + others[: r % len(others)]:
-            pair = ("average", loss) if r % 2 == 0 else (loss, "average")
-            order += [(r, loss, stepped) for stepped in pair]
+        shift = r % len(others)
+        for position, loss in enumerate(others[shift:] + others[:shift]):
+            first = (position + r // len(others)) % 2 == 0
+            order += [(r, loss, stepped) for stepped in (("average", loss) if first else (loss, "average"))]
     return order
 
 
@@ -286,7 +289,7 @@ def render(table: dict, command: str, machine: str) -> str:
         f"# Aggregate loss inside a training step ({machine})",
         "",
         f"Produced by `{command}`: each workload in one process, the engine's training step timed alone "
-        "after warm-up steps, each loss's step next to one of Average's (Average first every other pair).",
+        "after warm-up steps, each loss's step next to one of Average's on the same batch (who goes first balanced).",
         "",
         "| workload | batch | pairs per loss | loss | step time (ms) | loss share | added vs Average "
         "| middle half of the pairs | forward added, from the shares |",
