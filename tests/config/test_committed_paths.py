@@ -65,3 +65,21 @@ def test_the_loss_configs_default_to_the_librarys_fast_path(compose_cfg):
         aggregate = instantiate(compose_cfg(f"loss={loss}").loss)
         assert aggregate.compile_min_n is None
         assert aggregate.path_for(torch.zeros(1, 16)) == "native", loss
+
+
+def test_the_tabular_members_train_on_the_presets_kernel_path():
+    from hydra.utils import instantiate
+
+    from topklab.engine.aggregates import aggregate_node
+    from topklab.protocol import Grid
+    from topklab.protocol.cell import Protocol
+
+    grid = Grid(k=[1], C=[1.0], lr=[0.1], delta=[0.1])
+    batch = torch.zeros(1, 16)
+    for name in ("stk", "matk"):
+        committed = instantiate(Protocol(grid=grid).members_aggregate(aggregate_node(name)))
+        assert committed.compile_min_n == COMMITTED_COMPILE_MIN_N and committed.lam_update == "gradient"
+        assert committed.path_for(batch) == "eager", name
+        fast = instantiate(Protocol(grid=grid, compile_min_n=None).members_aggregate(aggregate_node(name)))
+        assert fast.path_for(batch) == "native", name
+    assert Protocol(grid=grid).members_aggregate(aggregate_node("average")) == aggregate_node("average")
