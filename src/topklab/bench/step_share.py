@@ -36,6 +36,8 @@ import statistics
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from topklab.bench.isolation import WorkerFailed, project_root, run_isolated
 from topklab.bench.output import command_line, machine_label, write_outputs
 
@@ -115,8 +117,9 @@ QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)  # of the paired ratios, stored in the J
 
 
 def run_overrides(workload: str, loss: str, steps: int, data_dir: str | None, translation_overrides=()) -> list[str]:
-    """Hydra overrides of one timed fit: the workload's settings, the loss, ``steps`` full batches
-    on the CPU, no checkpoints, no logger."""
+    """Hydra overrides of one loss's run in :func:`worker`: the workload's settings, the loss, full
+    batches on the CPU (the schedule and the λ monitor planned over ``steps`` epochs), no checkpoints,
+    no logger."""
     spec = WORKLOADS[workload]
     overrides = [
         *spec["loss_overrides"][loss],
@@ -224,21 +227,6 @@ def worker(
     }
 
 
-def quantile(values: list[float], q: float) -> float:
-    """The ``q`` quantile of ``values``, linear between order statistics.
-
-    Examples
-    --------
-    >>> quantile([4.0, 1.0, 3.0, 2.0], 0.5), quantile([4.0, 1.0, 3.0, 2.0], 0.25)
-    (2.5, 1.75)
-    """
-    ordered = sorted(values)
-    position = q * (len(ordered) - 1)
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 def summarise(results: list[dict]) -> dict:
     """Per (workload, loss): the median step time over its timed steps, its step time against the
     Average step beside it (the median over the pairs of the ratio − 1, and the quantiles
@@ -267,7 +255,9 @@ def summarise(results: list[dict]) -> dict:
                 "steps": len(of[loss]),
                 "loss_share": shares[loss],
                 "added_vs_average": statistics.median(paired),
-                "added_vs_average_quantiles": {str(q): quantile(paired, q) for q in QUANTILES},
+                "added_vs_average_quantiles": {
+                    str(q): float(v) for q, v in zip(QUANTILES, np.quantile(paired, QUANTILES))
+                },
                 "forward_added_from_shares": (1 - shares["average"]) / (1 - shares[loss]) - 1,
             }
     return table
