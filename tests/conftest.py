@@ -39,9 +39,10 @@ def results_tree_untouched():
 def composed_rows(tmp_path_factory) -> dict:
     """``{row: config}`` of every row of configs/experiment/, composed once per run as train.py
     composes it (seed 0, logs under a session folder), read-only: tests share them. Under
-    ``make test``'s workers the first to need them composes them (≈ 50 s here) and writes their YAML
-    into a JSON file for the others, which load them (≈ 5 s): the same containers, struct as composed."""
-    import json
+    ``make test``'s workers the first to need them composes them (≈ 60 s here) and pickles them into
+    a file for the others, which load them (a fraction of a second; as YAML it took ≈ 5 s): the same containers, struct as
+    composed."""
+    import pickle
 
     from filelock import FileLock
     from omegaconf import OmegaConf
@@ -51,12 +52,10 @@ def composed_rows(tmp_path_factory) -> dict:
     shared = tmp_path_factory.getbasetemp()
     if "PYTEST_XDIST_WORKER" in os.environ:
         shared = shared.parent  # this run's folder, which every worker's folder is in
-    cache, log_dir = shared / "composed_rows.json", shared / "rows"
+    cache, log_dir = shared / "composed_rows.pickle", shared / "rows"
     with FileLock(f"{cache}.lock"):
         if cache.exists():
-            rows = {row: OmegaConf.create(text) for row, text in json.loads(cache.read_text()).items()}
-            for cfg in rows.values():
-                OmegaConf.set_struct(cfg, True)
+            rows = pickle.loads(cache.read_bytes())
         else:
             log_dir.mkdir()
             with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
@@ -65,7 +64,7 @@ def composed_rows(tmp_path_factory) -> dict:
                     for row in config_groups(CONFIG_DIR)["experiment"]
                 }
             part = cache.with_suffix(".part")
-            part.write_text(json.dumps({row: OmegaConf.to_yaml(cfg) for row, cfg in rows.items()}))
+            part.write_bytes(pickle.dumps(rows))
             part.replace(cache)
     for cfg in rows.values():
         OmegaConf.set_readonly(cfg, True)

@@ -120,6 +120,22 @@ def train_command(tmp_path, fmnist_root, *extra):
 
 
 SPARSE_EXCHANGE = ["gradient_exchange@engine.gradient_exchange=sampled_threshold", "engine.gradient_exchange.workers=2"]
+ENV_ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, fmnist_root):
+    """The run the resume tests' interrupted runs must end equal to, trained once for both: one process,
+    4 epochs, checkpoints at epoch ends only and a CSV log (neither changes what is trained)."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    result = root / "reference.json"
+    subprocess.run(
+        train_command(root, fmnist_root, f"result_file={result}", "engine.checkpoint_every=0", "logger=csv"),
+        env=ENV_ONE_THREAD,
+        check=True,
+        capture_output=True,
+    )
+    return json.loads(result.read_text())["result"]["summary"], root
 
 
 @pytest.mark.parametrize(
@@ -127,11 +143,11 @@ SPARSE_EXCHANGE = ["gradient_exchange@engine.gradient_exchange=sampled_threshold
     [(1, []), pytest.param(2, [], marks=pytest.mark.slow), pytest.param(1, SPARSE_EXCHANGE, marks=pytest.mark.slow)],
     ids=["one process", "ddp 2 ranks", "sparse gradient exchange"],
 )
-def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnist_root, ranks, extra):
+def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnist_root, uninterrupted, ranks, extra):
     """SIGKILL mid-epoch, rerun the same command: the metrics of an uninterrupted run, also under
     torchrun (gloo), where rank 0 writes the checkpoint and every rank resumes from it, and with a
     sparse gradient exchange, whose residuals and samplers' streams are in the checkpoint."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = ENV_ONE_THREAD
     launcher = (
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] if ranks > 1 else []
     )
@@ -140,8 +156,12 @@ def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnis
         line = train_command(tmp_path / name, fmnist_root, f"result_file={result}", *extra)
         return [*launcher, *line[1:]] if launcher else line
 
-    reference = tmp_path / "reference.json"
-    subprocess.run(command("a", reference), env=env, check=True, capture_output=True)
+    if ranks == 1 and not extra:
+        a = uninterrupted[0]
+    else:
+        reference = tmp_path / "reference.json"
+        subprocess.run(command("a", reference), env=env, check=True, capture_output=True)
+        a = json.loads(reference.read_text())["result"]["summary"]
     interrupted = tmp_path / "interrupted.json"
     process = subprocess.Popen(
         command("b", interrupted), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
@@ -158,7 +178,6 @@ def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnis
     assert not interrupted.exists()
     resumed = subprocess.run(command("b", interrupted), env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
-    a = json.loads(reference.read_text())["result"]["summary"]
     b = json.loads(interrupted.read_text())["result"]["summary"]
     assert b["metrics"] == a["metrics"]
     assert (b["best_epoch"], b["steps"], b["lambda"]) == (a["best_epoch"], a["steps"], a["lambda"])
@@ -167,20 +186,12 @@ def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnis
 @pytest.mark.parametrize(
     "number", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)], ids=["SIGTERM", "Ctrl-C"]
 )
-def test_a_signal_saves_a_checkpoint_and_the_rerun_resumes_exactly(tmp_path, fmnist_root, number):
+def test_a_signal_saves_a_checkpoint_and_the_rerun_resumes_exactly(tmp_path, fmnist_root, uninterrupted, number):
     """SIGTERM (a scheduler's notice) or Ctrl-C mid-epoch: the step ends, the checkpoint is written, the
     process stops with one line and 128 + the signal's number; the same command then finishes with
     the metrics of an uninterrupted run."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    reference, interrupted = tmp_path / "reference.json", tmp_path / "interrupted.json"
-    subprocess.run(
-        train_command(
-            tmp_path / "a", fmnist_root, f"result_file={reference}", "engine.checkpoint_every=0", "logger=csv"
-        ),
-        env=env,
-        check=True,
-        capture_output=True,
-    )
+    env = ENV_ONE_THREAD
+    interrupted = tmp_path / "interrupted.json"
     command = train_command(
         tmp_path / "b", fmnist_root, f"result_file={interrupted}", "engine.checkpoint_every=0", "logger=csv"
     )
@@ -206,20 +217,20 @@ def test_a_signal_saves_a_checkpoint_and_the_rerun_resumes_exactly(tmp_path, fmn
     assert 5 <= stopped_at < 20  # after epoch 1's checkpoint, before the run's end (5 steps per epoch)
     resumed = subprocess.run(command, env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
-    a = json.loads(reference.read_text())["result"]["summary"]
+    a, reference_root = uninterrupted
     b = json.loads(interrupted.read_text())["result"]["summary"]
     assert b["metrics"] == a["metrics"] and (b["best_epoch"], b["steps"]) == (a["best_epoch"], a["steps"])
     assert [segment["from_step"] for segment in b["segments"]] == [0, stopped_at]
 
-    def logged(name):  # the resumed run's log.csv is rebuilt from the checkpoint: the uninterrupted run's rows
-        (path,) = (tmp_path / name / "logs").rglob("log.csv")
+    def logged(root):  # the resumed run's log.csv is rebuilt from the checkpoint: the uninterrupted run's rows
+        (path,) = (root / "logs").rglob("log.csv")
         rows = list(csv.DictReader(path.open()))
         return [
             {k: v for k, v in row.items() if k in ("epoch", "step", "train_loss", "lambda") or k.startswith("val_")}
             for row in rows
         ]
 
-    assert logged("b") == logged("a") and len(logged("a")) == 4
+    assert logged(tmp_path / "b") == logged(reference_root) and len(logged(reference_root)) == 4
 
 
 def experiment_rows():
