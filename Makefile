@@ -7,7 +7,7 @@ KERNLAB_RDA := .data/kernlab/usr/lib/R/site-library/kernlab/data/spam.rda
 .PHONY: setup data sparse demo gpu-wheels test test-unit test-slow test-all reproduce-tabular tables bench-population \
         reproduce-synthetic reproduce-fmnistlt reproduce-multi30k reproduce-translation-table5 \
         reproduce-translation-table8 reproduce-vision-table5 reproduce-vision-table7 reproduce-vision-table8 \
-        bench-peft bench-operators reproduce-sinkhorn-beta table1 bench-topk bench-step-share figures clean \
+        bench-peft bench-operators peers reproduce-sinkhorn-beta table1 bench-topk bench-step-share figures clean \
         reproduce-sparsification reproduce-routing bench-sparsification bench-routing \
         extract-embeddings-imagenet1k extract-embeddings-imagenet21kp extract-embeddings-imagenet1k-l2 \
         reproduce-petersen-imagenet1k reproduce-petersen-imagenet21kp reproduce-petersen-table5 bench-embeddings
@@ -211,8 +211,19 @@ bench-peft: setup
 	$(PY) scripts/bench_peft.py --device $(BENCH_DEVICE) --batch $(PEFT_BATCH) $(if $(filter cuda,$(BENCH_DEVICE)),--amp fp16 --channels-last)
 
 # Every differentiable top-k operator side by side (time and memory against n, exactness, a short fmnistlt
-# run each): results/bench/operators_<device>.{json,md,png}, about 11 min on 2 cores (BENCH_DEVICE=cuda on a GPU).
-bench-operators: setup data
+# run each), and against every installed peer: results/bench/operators_<device>.{json,md,png}, about 11 min on
+# 2 cores (BENCH_DEVICE=cuda on a GPU). peers: torchsort, whose C++ PAV sparse top-k is timed against; not a
+# dependency of the project. Its setup.py adds a CUDA build wherever nvcc is on PATH, which a CPU torch cannot
+# compile, so under DEVICE=cpu the folders holding nvcc are left off PATH (about 3 min to compile); where it does
+# not build, the benchmark leaves its row out.
+TORCHSORT := torchsort==0.1.10
+WITHOUT_NVCC = PATH="$$(for d in $$(echo "$$PATH" | tr ':' ' '); do [ -x "$$d/nvcc" ] || printf '%s:' "$$d"; done)"
+peers: setup
+	@$(PY) -c "import torchsort" 2>/dev/null || $(if $(filter cpu,$(DEVICE)),$(WITHOUT_NVCC)) \
+		$(PY) -m pip install -q --no-build-isolation $(TORCHSORT) || \
+		echo "note: $(TORCHSORT) did not build here; the operator benchmark leaves its row out"
+
+bench-operators: setup data peers
 	$(PY) scripts/bench_operators.py --device $(BENCH_DEVICE)
 
 # STk as a layer: selection time of each gradient sparsifier against the parameter count (1e5 ... 1e8), and the
