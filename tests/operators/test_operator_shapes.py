@@ -88,3 +88,19 @@ def test_bad_shapes_dims_and_ks_are_one_line(scores, k, dim, message):
     with pytest.raises(ValueError, match=message) as raised:
         LapSum().soft_topk(scores, k, dim=dim)
     assert "\n" not in str(raised.value)
+
+
+VIEWS = ("ViewBackward0", "UnsafeViewBackward0", "PermuteBackward0", "ReshapeAliasBackward0", "AliasBackward0")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_batch_by_n_scores_along_the_last_axis_get_no_view_around_the_core(name):
+    """(batch, n) scores reduced over their last axis reach the core and come back as they are: a view
+    (movedim, reshape) would add an autograd node to every call, what the small-n peer table pays."""
+    operator = configured(name)
+    scores = torch.randn(3, 8, requires_grad=True)
+    calls = [operator.soft_topk(scores, 3)] + ([operator.permutation(scores, 3)] if operator.gives_permutation else [])
+    for out in calls:
+        assert out.grad_fn is not None and out.grad_fn.name() not in VIEWS, out.grad_fn.name()
+    moved = operator.soft_topk(scores.detach().T.requires_grad_(), 3, dim=0)  # another axis still works
+    assert moved.shape == (8, 3)

@@ -263,3 +263,21 @@ def test_only_the_unbounded_operators_give_entries_above_one():
         SinkhornSort(100.0, 1000),
     ):  # Sinkhorn: up to its tol
         assert operator.bounded and float(operator.soft_topk(close, 4).max()) <= 1.0 + 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("operator", [NeuralSort(0.3), NeuralSort(5.0), SoftSort(0.3), SoftSort(2.0, power=2.0)])
+def test_the_all_finite_core_is_the_masked_core_bit_for_bit(operator, dtype):
+    """NeuralSort's and SoftSort's cores on all-finite rows (rest None) leave out masks that are
+    identities there: the values and the gradients equal the masked path's (rest = plain(...)) exactly."""
+    from topklab.operators.base import plain
+
+    torch.manual_seed(9)
+    scores = (torch.randn(4, 12, dtype=dtype) * 3).requires_grad_()
+    weights = torch.randn(4, 12, 5, dtype=dtype)
+    fast = operator._permutation(scores, 5, None)
+    masked = operator._permutation(scores, 5, plain(scores, 5))
+    assert torch.equal(fast, masked)
+    (fast_grad,) = torch.autograd.grad((fast * weights).sum(), scores)
+    (masked_grad,) = torch.autograd.grad((masked * weights).sum(), scores)
+    assert torch.equal(fast_grad, masked_grad)

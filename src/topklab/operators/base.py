@@ -99,14 +99,15 @@ def as_rows(scores: torch.Tensor, k, dim: int, name: str) -> tuple[torch.Tensor,
         raise ValueError(f"{name}: dim={dim} is not an axis of scores of shape {tuple(scores.shape)}")
     if isinstance(k, torch.Tensor):
         raise ValueError(f"{name} takes one k per call (an int or a fraction), got a tensor; call it once per k")
-    moved = scores.movedim(dim, -1)
+    # (batch, n) scores as they are: a view would add an autograd node to every call
+    moved = scores if dim in (-1, scores.dim() - 1) else scores.movedim(dim, -1)
     n = moved.shape[-1]
     if isinstance(k, float):
         try:
             k = resolve_k(validate_k(k), max(n, 1))
         except (TypeError, ValueError) as err:
             raise ValueError(f"{name}: {err}") from None
-    return moved.reshape(-1, n), k, tuple(moved.shape)
+    return (moved if moved.dim() == 2 else moved.reshape(-1, n)), k, tuple(moved.shape)
 
 
 def positive(value: float, name: str, direction: str) -> float:
@@ -254,6 +255,8 @@ class TopKOperator(nn.Module):
             p = self._guarded(rows, k, self._permutation, columns=True).sum(-1)
         else:
             p = self._guarded(rows, k, self._soft_topk)
+        if p.shape == shape and dim in (-1, len(shape) - 1):
+            return p  # (batch, n) scores: no view, whose autograd node would cost every call
         return p.reshape(shape).movedim(-1, dim)
 
     def permutation(self, scores: torch.Tensor, k: int | float, dim: int = -1) -> torch.Tensor:
@@ -265,13 +268,15 @@ class TopKOperator(nn.Module):
                 "the top-k cross-entropy needs one of the sorting operators (see configs/operator/)"
             )
         rows, k, shape = as_rows(scores, k, dim, type(self).__name__)
-        return self._guarded(rows, k, self._permutation, columns=True).reshape(*shape, k)
+        permutation = self._guarded(rows, k, self._permutation, columns=True)
+        return permutation if len(shape) == 2 else permutation.reshape(*shape, k)
 
     def forward(self, scores: torch.Tensor, k: int | float, dim: int = -1) -> torch.Tensor:
         return self.soft_topk(scores, k, dim)
 
-    # The cores. With masks_extremes, ``rest`` describes each row (:class:`Extremes`); without, the
-    # scores are all finite, k holds for every row and ``rest`` is None.
+    # The cores. ``rest`` is None where every score is finite (k then holds for every row: always so
+    # without masks_extremes); otherwise it describes each row (:class:`Extremes`; :func:`plain` gives
+    # a core that reads it the all-finite rows' values).
     def _soft_topk(self, scores: torch.Tensor, k: int, rest: Extremes | None) -> torch.Tensor:
         raise NotImplementedError
 
@@ -291,7 +296,7 @@ class TopKOperator(nn.Module):
         # free on the CPU; on a GPU it would synchronise, so there only the grouped operators make it.
         checked = scores.device.type == "cpu" or not self.masks_extremes
         if checked and not compiling and bool(torch.isfinite(scores).all()):
-            return core(scores, k, plain(scores, k) if self.masks_extremes else None)
+            return core(scores, k, None)
         inputs, rest, split = extremes(scores, k)
         if not self.masks_extremes:
             return assemble(_by_groups(core, inputs, split, k, columns), split, k)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from topklab.operators.base import TopKOperator, positive
+from topklab.operators.base import TopKOperator, plain, positive
 
 
 class DFTopK(TopKOperator):
@@ -90,6 +90,7 @@ class DFTopK(TopKOperator):
         return (scores - self.threshold(scores, k)) / self.temperature
 
     def _soft_topk(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
+        rest = plain(scores, k) if rest is None else rest
         # the row's k-th and (k+1)-th largest are the finite rest's (k − m₊)-th and (k − m₊ + 1)-th,
         # or −inf where fewer entries lie above −inf; t is never +inf on the rows the core weighs
         t = self.threshold(scores, k)

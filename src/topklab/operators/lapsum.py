@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from topklab.operators.base import TopKOperator, positive
+from topklab.operators.base import TopKOperator, plain, positive
 
 
 def laplace_cdf(t: torch.Tensor) -> torch.Tensor:
@@ -168,11 +168,13 @@ class LapSum(TopKOperator):
         return torch.where(rest.finite, y, -torch.inf)
 
     def _soft_topk(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
+        rest = plain(scores, k) if rest is None else rest
         y = self._scaled(scores, k, rest)
         c = _LaplaceThreshold.apply(y, rest.rest_k.to(y.dtype), rest.count)
         return laplace_cdf(torch.where(rest.finite, y - c, torch.zeros((), dtype=y.dtype, device=y.device)))
 
     def _permutation(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
+        rest = plain(scores, k) if rest is None else rest
         y = self._scaled(scores, k, rest)
         # column j is rank j − m₊ of the finite entries: the nested top-(j + 1 − m₊) thresholds
         targets = torch.arange(1, k + 1, device=y.device, dtype=y.dtype) - rest.top.to(y.dtype)  # (batch, k)

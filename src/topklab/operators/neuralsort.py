@@ -65,6 +65,8 @@ class NeuralSort(TopKOperator):
         return f"tau={self.tau}"
 
     def _permutation(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
+        if rest is None:
+            return self._finite_permutation(scores, k)
         finite = rest.finite
         values = torch.where(finite, scores, torch.zeros((), dtype=scores.dtype, device=scores.device))
         scale = power_of_two_scale(values)  # (batch, 1)
@@ -77,5 +79,17 @@ class NeuralSort(TopKOperator):
         weights = rest.count.to(scores.dtype) + 1 - 2 * ranks  # (batch, k)
         logits = weights[:, :, None] * s[:, None, :] - spread[:, None, :]
         logits = torch.where(finite[:, None, :], logits, -torch.inf)
+        shifted = (logits - logits.amax(-1, keepdim=True).detach()) * (scale[:, :, None] / self.tau)
+        return torch.softmax(shifted, dim=-1).transpose(1, 2)
+
+    def _finite_permutation(self, scores: torch.Tensor, k: int) -> torch.Tensor:
+        """The core on all-finite rows: the masked path's operations without the masks, which are
+        identities here (the same values and gradients, bit for bit), in a third fewer calls."""
+        scale = power_of_two_scale(scores)
+        s = scores / scale
+        spread = (s[:, :, None] - s[:, None, :]).abs().sum(-1)
+        ranks = torch.arange(1, k + 1, device=scores.device, dtype=scores.dtype)
+        weights = scores.shape[1] + 1 - 2 * ranks  # (k,)
+        logits = weights[None, :, None] * s[:, None, :] - spread[:, None, :]
         shifted = (logits - logits.amax(-1, keepdim=True).detach()) * (scale[:, :, None] / self.tau)
         return torch.softmax(shifted, dim=-1).transpose(1, 2)

@@ -8,7 +8,7 @@ import warnings
 
 import torch
 
-from topklab.operators.base import TopKOperator, power_of_two_scale
+from topklab.operators.base import TopKOperator, plain, power_of_two_scale
 from topklab.utils.checks import check_int
 from topklab.utils.errors import TopklabError
 
@@ -94,6 +94,7 @@ class SinkhornSort(TopKOperator):
         return self.permutation(scores, scores.shape[1] if scores.dim() == 2 else 1).flip(-1)
 
     def _permutation(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
+        rest = plain(scores, k) if rest is None else rest
         if scores.dtype in (torch.float16, torch.bfloat16):  # ε of the spread and 1/n_f marginals need float32
             return self._sort(scores.float(), rest)[:, :, -k:].flip(-1).to(scores.dtype)
         return self._sort(scores, rest)[:, :, -k:].flip(-1)

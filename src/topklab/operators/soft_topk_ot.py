@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from topklab.operators.base import TopKOperator, positive
+from topklab.operators.base import TopKOperator, plain, positive
 from topklab.utils.checks import check_int
 
 NORMALISE = ("batch", "row")  # what the cost is divided by: the batch's largest entry (the authors') or each row's
@@ -147,6 +147,7 @@ class SoftTopKOT(TopKOperator):
         return log_sinkhorn(cost, log_mu, masses.log()[:, None, :], self.epsilon, self.max_iter, self.tol)
 
     def _soft_topk(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
+        rest = plain(scores, k) if rest is None else rest
         count, chosen = rest.count.to(scores.dtype), rest.rest_k.to(scores.dtype)
         points = -torch.where(rest.finite, scores, torch.zeros((), dtype=scores.dtype, device=scores.device))
         masses = torch.cat([chosen, count - chosen], dim=1) / count  # anchor 1 has no mass where k' = n_f
@@ -154,6 +155,7 @@ class SoftTopKOT(TopKOperator):
         return count * plan[:, :, 0]
 
     def _permutation(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
+        rest = plain(scores, k) if rest is None else rest
         count, chosen = rest.count.to(scores.dtype), rest.rest_k.to(scores.dtype)
         # anchor j < k is rank j − m₊ of the finite entries, at k' − (j − m₊) as the authors' k, k−1, …, 1;
         # anchor k, at 0, takes the n_f − k' others (no mass where k' = n_f)

@@ -64,11 +64,17 @@ class SoftSort(TopKOperator):
     def _permutation(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
         # column j is centred on the row's (j+1)-th largest: the finite entries' (j+1−m₊)-th where finite
         largest = scores.topk(k, dim=1).values  # (batch, k)
+        # beyond reach exp(−|d|^p/τ) is 0 in every dtype (float16: its maximum, 65504, is enough)
+        reach = min((1e4 * self.tau) ** (1.0 / self.power), torch.finfo(scores.dtype).max)
+        if rest is None:  # all finite: the masks below are identities, left out (the same bits)
+            return torch.softmax(-self._distance(largest, scores, reach) / self.tau, dim=-1).transpose(1, 2)
         zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
         centres = torch.where(torch.isfinite(largest), largest, zero)
         values = torch.where(rest.finite, scores, zero)
-        # beyond reach exp(−|d|^p/τ) is 0 in every dtype (float16: its maximum, 65504, is enough)
-        reach = min((1e4 * self.tau) ** (1.0 / self.power), torch.finfo(scores.dtype).max)
-        distance = (centres[:, :, None] - values[:, None, :]).abs().clamp(max=reach).pow(self.power)
-        logits = torch.where(rest.finite[:, None, :], -distance / self.tau, -torch.inf)
+        logits = torch.where(rest.finite[:, None, :], -self._distance(centres, values, reach) / self.tau, -torch.inf)
         return torch.softmax(logits, dim=-1).transpose(1, 2)
+
+    def _distance(self, centres: torch.Tensor, values: torch.Tensor, reach: float) -> torch.Tensor:
+        """|centre − value|^power (batch, k, n), cut at ``reach``; power 1 without the pow (x¹ = x, bit for bit)."""
+        distance = (centres[:, :, None] - values[:, None, :]).abs().clamp(max=reach)
+        return distance if self.power == 1.0 else distance.pow(self.power)

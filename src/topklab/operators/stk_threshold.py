@@ -19,7 +19,7 @@ import math
 import torch
 from torch import nn
 
-from topklab.operators.base import TopKOperator, as_rows, positive
+from topklab.operators.base import TopKOperator, as_rows, plain, positive
 from topklab.smoothing import srelu, srelu_slope_and_curvature
 from topklab.utils.checks import check_int
 
@@ -249,6 +249,7 @@ class STkThreshold(TopKOperator):
         return super().soft_topk(scores, k, dim)
 
     def _soft_topk(self, scores: torch.Tensor, k: int, rest) -> torch.Tensor:
+        rest = plain(scores, k) if rest is None else rest
         x = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
         lam, residual = self._solved(x, k, rest.finite)  # λ = −inf where at most k entries lie above −inf: p = 1
         safe = torch.where(rest.finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
