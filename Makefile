@@ -211,7 +211,7 @@ bench-peft: setup
 	$(PY) scripts/bench_peft.py --device $(BENCH_DEVICE) --batch $(PEFT_BATCH) $(if $(filter cuda,$(BENCH_DEVICE)),--amp fp16 --channels-last)
 
 # Every differentiable top-k operator side by side (time and memory against n, exactness, a short fmnistlt
-# run each), and against every installed peer: results/bench/operators_<device>.{json,md,png}, about 11 min on
+# run each), and against every installed peer: results/bench/operators_<device>.{json,md,png}, 11-21 min on
 # 2 cores (BENCH_DEVICE=cuda on a GPU). peers: torchsort, whose C++ PAV sparse top-k is timed against; not a
 # dependency of the project. Its setup.py adds a CUDA build wherever nvcc is on PATH, which a CPU torch cannot
 # compile, so under DEVICE=cpu the folders holding nvcc are left off PATH (about 3 min to compile); where it does
