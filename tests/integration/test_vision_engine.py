@@ -120,7 +120,10 @@ def train_command(tmp_path, fmnist_root, *extra):
 
 
 SPARSE_EXCHANGE = ["gradient_exchange@engine.gradient_exchange=sampled_threshold", "engine.gradient_exchange.workers=2"]
-ENV_ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def one_thread_env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +134,7 @@ def uninterrupted(tmp_path_factory, fmnist_root):
     result = root / "reference.json"
     subprocess.run(
         train_command(root, fmnist_root, f"result_file={result}", "engine.checkpoint_every=0", "logger=csv"),
-        env=ENV_ONE_THREAD,
+        env=one_thread_env(),
         check=True,
         capture_output=True,
     )
@@ -147,7 +150,7 @@ def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, fmnis
     """SIGKILL mid-epoch, rerun the same command: the metrics of an uninterrupted run, also under
     torchrun (gloo), where rank 0 writes the checkpoint and every rank resumes from it, and with a
     sparse gradient exchange, whose residuals and samplers' streams are in the checkpoint."""
-    env = ENV_ONE_THREAD
+    env = one_thread_env()
     launcher = (
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] if ranks > 1 else []
     )
@@ -190,7 +193,7 @@ def test_a_signal_saves_a_checkpoint_and_the_rerun_resumes_exactly(tmp_path, fmn
     """SIGTERM (a scheduler's notice) or Ctrl-C mid-epoch: the step ends, the checkpoint is written, the
     process stops with one line and 128 + the signal's number; the same command then finishes with
     the metrics of an uninterrupted run."""
-    env = ENV_ONE_THREAD
+    env = one_thread_env()
     interrupted = tmp_path / "interrupted.json"
     command = train_command(
         tmp_path / "b", fmnist_root, f"result_file={interrupted}", "engine.checkpoint_every=0", "logger=csv"
