@@ -35,6 +35,28 @@ def results_tree_untouched():
     assert not changed, f"tests wrote into results/: {changed}; pass result_file=null or a tmp path"
 
 
+def _torch_global_state() -> dict:
+    return {
+        "default dtype": torch.get_default_dtype(),
+        "grad mode": torch.is_grad_enabled(),
+        "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+    }
+
+
+@pytest.fixture(autouse=True)
+def torch_global_state_restored():
+    """A test leaves torch's process-wide settings as it found them: a default dtype left at half
+    precision (say) would change the numbers of whatever test the same worker runs next."""
+    before = _torch_global_state()
+    yield
+    after = _torch_global_state()
+    torch.set_default_dtype(before["default dtype"])
+    torch.set_grad_enabled(before["grad mode"])
+    torch.use_deterministic_algorithms(before["deterministic algorithms"])
+    changed = {name: (before[name], after[name]) for name in before if before[name] != after[name]}
+    assert not changed, f"this test left torch's global state changed (before, after): {changed}"
+
+
 @pytest.fixture(scope="session")
 def composed_rows(tmp_path_factory) -> dict:
     """``{row: config}`` of every row of configs/experiment/, composed once per run as train.py

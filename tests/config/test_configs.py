@@ -122,12 +122,14 @@ def test_every_gradient_exchange_composes_into_the_engine_and_exchanges(compose_
     exchange = build(cfg.engine, "engine").gradient_exchange
     weight = torch.nn.Parameter(torch.zeros(1000))
     exchange.attach([weight])
+    draws = torch.Generator().manual_seed(0)
     for worker in range(exchange.workers):
-        weight.grad = torch.randn(1000)
+        weight.grad = torch.randn(1000, generator=draws)
         exchange.collect(worker)
     exchange.apply()
     sent = int((weight.grad != 0).sum())
-    assert sent == 1000 if exchange.keep_ratio == 1 else 0 < sent <= exchange.workers * 1.3 * exchange.k
+    seen = f"sent {sent} of 1000, k {exchange.k}, workers {exchange.workers}, gradient dtype {weight.grad.dtype}"
+    assert sent == 1000 if exchange.keep_ratio == 1 else 0 < sent <= exchange.workers * 1.3 * exchange.k, seen
 
 
 @pytest.mark.parametrize("option", ROUTERS)

@@ -5,6 +5,7 @@ skipped where no CUDA device is visible."""
 import pytest
 import torch
 
+from helpers import CONFIG_DIR
 from helpers.vision_runs import TINY_VIT, data_overrides
 from topklab.engine.run import train
 from topklab.losses import MATk, STk
@@ -161,3 +162,35 @@ def test_the_default_aggregates_synchronise_with_the_host_only_for_the_out_of_ba
         found[name] = sum("synchroniz" in str(w.message) for w in caught)
     assert found["Average"] == 0 and found["ATk"] == 0, found
     assert found["STk"] <= 1 and found["MATk"] <= 1, found
+
+
+OPERATORS = sorted(path.stem for path in (CONFIG_DIR / "operator").glob("*.yaml"))
+
+
+@pytest.mark.filterwarnings("ignore:SinkhornSort did not converge")
+@pytest.mark.parametrize("name", [name for name in OPERATORS if name != "perturbed"])  # CUDA draws other noise
+@pytest.mark.parametrize("extremes", [False, True], ids=["finite", "with-infinities"])
+def test_every_operator_on_cuda_matches_the_cpu_in_float64(name, extremes):
+    """Each configured operator's soft top-k (and permutation), values and gradients, on CUDA against
+    the CPU: all-finite rows (on the CPU they take the core alone; on a GPU the masking operators skip
+    that check) and rows holding ±inf (the masked core, or the grouped cores)."""
+    from omegaconf import OmegaConf
+
+    from topklab.engine.build import build
+
+    scores = torch.randn(5, 12, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    if extremes:
+        scores[1, 3], scores[3, 7], scores[3, 8] = torch.inf, -torch.inf, torch.inf
+    weights = torch.randn(5, 12, 3, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    results = []
+    for device in ("cpu", "cuda"):
+        operator = build(OmegaConf.load(CONFIG_DIR / "operator" / f"{name}.yaml"), "operator").to(device)
+        x = scores.to(device).clone().requires_grad_(True)
+        outputs = [operator.soft_topk(x, 3)]
+        if operator.gives_permutation:
+            outputs.append(operator.permutation(x, 3))
+        loss = sum((out * (weights[..., 0] if out.dim() == 2 else weights).to(device)).nansum() for out in outputs)
+        loss.backward()
+        results.append([out.detach().cpu() for out in outputs] + [x.grad.cpu()])
+    for on_cpu, on_cuda in zip(*results):
+        torch.testing.assert_close(on_cuda, on_cpu, rtol=1e-9, atol=1e-9, equal_nan=True)
