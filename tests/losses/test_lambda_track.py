@@ -54,6 +54,28 @@ def test_calls_on_one_batch_reach_the_solvers_float64_root(kernel):
     assert float(loss.lam_last) == pytest.approx(float(root), rel=1e-6)
 
 
+@pytest.mark.parametrize("offset", [0.0, 1000.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("n", [1_000, 100_000])
+@pytest.mark.parametrize("layout", ["1-D, the C++ lane", "(1, n), the torch path"])
+def test_a_tracked_lambda_stays_at_the_root_of_an_unchanging_batch(dtype, n, layout, offset):
+    """The same batch call after call (full-batch training): the tracked λ settles at the batch's root
+    and stays there, every call in band. A step below half λ's resolution rounds ``λ + step`` back to
+    λ, which the bracket test took for a step out of the bracket and bisected: in float32 the C++ lane
+    went to the bracket's midpoint (0.44 for a root at 0.90) on every fifth call, and the torch path
+    (a GPU's) every third call where the losses lie near 1000 (λ's resolution is coarser there)."""
+    losses = offset + torch.rand(n, generator=torch.Generator().manual_seed(0), dtype=dtype)
+    leaf = (losses if layout.startswith("1-D") else losses[None]).clone().requires_grad_()
+    loss = STk(k=0.1)
+    seen = []
+    for _ in range(30):
+        loss(leaf).sum().backward()
+        seen.append(float(loss.lam_last.reshape(-1)[0]))
+    diagnostics = loss.monitor.pop_epoch()
+    assert max(seen[5:]) - min(seen[5:]) <= 4 * torch.finfo(torch.float32).eps, seen
+    assert diagnostics["lam_in_band_all"] == 1.0, diagnostics
+
+
 def test_a_batch_with_a_nan_loss_leaves_lambda_and_counts_out_of_band():
     loss = STk(k=0.5)
     loss(torch.rand(32, requires_grad=True))
