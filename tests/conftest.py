@@ -18,6 +18,38 @@ from topklab.config import compose_run  # noqa: E402
 if "PYTEST_XDIST_WORKER" in os.environ:  # make test's processes share the cores rather than each taking all of them
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
+
+def _parse_each_config_file_once() -> None:
+    """Hydra parses every YAML file of a composition afresh on every composition (about a quarter of
+    its time), and the tests compose thousands of times: here each file is parsed once per path,
+    modification time and size, and every load gets a deep copy of it, what a fresh parse gives.
+    Installed after Hydra's plugin scan, which executes its core plugin modules anew."""
+    import copy
+
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()
+    from hydra._internal.core_plugins.file_config_source import FileConfigSource
+
+    parse, parsed = FileConfigSource.load_config, {}
+
+    def load_config(source, config_path: str):
+        path = os.path.realpath(os.path.join(source.path, source._normalize_file_name(config_path)))
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return parse(source, config_path)  # Hydra's own "Config not found" error
+        key = (path, stat.st_mtime_ns, stat.st_size)
+        if key not in parsed:
+            parsed[key] = parse(source, config_path)
+        return copy.deepcopy(parsed[key])
+
+    FileConfigSource.load_config = load_config
+
+
+_parse_each_config_file_once()
+
+
 # module-scoped fixtures of tiny vision data (fmnist_root, cifar_root, listed_tree) for every folder
 pytest_plugins = ["helpers.vision_runs"]
 
