@@ -76,6 +76,27 @@ def test_a_tracked_lambda_stays_at_the_root_of_an_unchanging_batch(dtype, n, lay
     assert diagnostics["lam_in_band_all"] == 1.0, diagnostics
 
 
+@pytest.mark.parametrize("scale", [1.0, 1000.0])
+def test_a_delta_below_lambdas_resolution_does_not_hold_lambda_on_tied_losses(scale):
+    """The rule above keeps λ where the step rounds back to it only where δ is at least λ's resolution:
+    with a smaller δ, losses tied at λ make the count jump within one step of λ, and a short step there
+    says nothing of the root. 100 losses tied at λ, the root at twice λ: both paths leave the tie for
+    the root (they held λ there, 140 losses above it for k = 50, before the guard; a second read found it)."""
+
+    def batch(top: int) -> torch.Tensor:  # top losses at 2c, 100 at c, the rest at 0
+        return torch.cat([torch.full((top,), 2 * scale), torch.full((100,), scale), torch.zeros(900 - top)])
+
+    paths = []
+    for layout in ("1-D", "(1, n)"):
+        loss = STk(k=0.05, delta=1e-8 * scale)
+        for call in range(25):
+            losses = batch(20 if call < 5 else 90)  # the first batch's root is at c, the second's at 2c
+            loss((losses if layout == "1-D" else losses[None]).requires_grad_()).sum().backward()
+        paths.append(float(loss.lam_last.reshape(-1)[0]))
+    assert paths[0] == paths[1], paths
+    assert paths[0] == pytest.approx(2 * scale, rel=1e-5), paths
+
+
 def test_a_batch_with_a_nan_loss_leaves_lambda_and_counts_out_of_band():
     loss = STk(k=0.5)
     loss(torch.rand(32, requires_grad=True))

@@ -106,7 +106,9 @@ def srelu_threshold_step(
     ``lam_update="track"``: the excess ``e = Σ SReLU'(ℓ − λ) − k`` at λ, the row's bracket with its
     end on λ's side moved to λ, and :func:`power_law_step`'s point where it lies strictly inside it,
     the bracket's midpoint otherwise; λ itself where e = 0 or where the step is below half λ's
-    resolution (``λ + step`` rounds back to λ: the root to λ's precision). ``thresholded_cpu.cpp``'s
+    resolution (``λ + step`` rounds back to λ: the root to λ's precision) and δ is not (where δ is below
+    it, losses tied at λ make the count jump within one step of λ, and the step bisects as one outside
+    the bracket). ``thresholded_cpu.cpp``'s
     ``track_call`` takes the same step from the sums of the pass that gives the value.
 
     Returns
@@ -131,9 +133,12 @@ def srelu_threshold_step(
         low = torch.where(excess > 0, torch.maximum(low, lam), low)
         high = torch.where(excess > 0, high, torch.minimum(high, lam))
         proposal = lam + power_law_step(count, excess, k, losses.shape[1], bend, change)
-        # a step below half λ's resolution rounds back to λ: the root to λ's precision, not a step out
-        # of the bracket (bisecting there threw the root away on every few calls of an unchanging batch)
-        kept = (proposal == lam) | ((proposal > low) & (proposal < high))
+        # a step below half λ's resolution rounds back to λ: the root to λ's precision, not a step out of
+        # the bracket (bisecting there threw the root away on every few calls of an unchanging batch),
+        # where δ is at least that resolution; below it SReLU' jumps within one step of λ (losses tied
+        # at λ) and the step says nothing of the root: bisect
+        resolution = torch.nextafter(lam.abs(), torch.full_like(lam, float("inf"))) - lam.abs()
+        kept = ((proposal == lam) & (delta >= resolution)) | ((proposal > low) & (proposal < high))
         stepped = torch.where(kept, proposal, 0.5 * (low + high))
         undefined = torch.isnan(losses).any(1)
         nxt = torch.where(excess == 0, lam, stepped)

@@ -744,8 +744,10 @@ T track_step(const TrackSums<T>& sums, T lam, T k, T d, int64_t n) {
   if (excess > T(0)) low = std::max(low, lam); else high = std::min(high, lam);
   const T proposal = lam + power_law_step(count, excess, k, nn, T(sums.curvature), T(sums.change));
   // a step below half λ's resolution rounds back to λ: the root to λ's precision (solve.py's rule), where
-  // bisecting threw the root away on every fifth call of an unchanging batch in float32
-  if (proposal == lam) return lam;
+  // bisecting threw the root away on every fifth call of an unchanging batch in float32; not where δ is
+  // below that resolution (losses tied at λ make the count jump within one step of λ: bisect)
+  const T size = std::abs(lam);
+  if (proposal == lam && d >= std::nextafter(size, std::numeric_limits<T>::infinity()) - size) return lam;
   return proposal > low && proposal < high ? proposal : T(0.5) * (low + high);
 }
 
