@@ -32,6 +32,19 @@ def test_stk_threshold_sends_k_up_to_its_tolerance_and_only_entries_above_lambda
     assert abs(len(chosen) - k) <= 0.1 * k + 2  # 5 % on the smoothed count, a little more on the hard one
 
 
+@pytest.mark.parametrize("kernel", ["eager", "native"])
+@pytest.mark.parametrize("k", [100, 300])
+def test_stk_threshold_sends_k_of_a_tie_at_the_largest_magnitude(kernel, k):
+    """Clipped gradients: 1,276 of 100,000 magnitudes tie at the clip value 2.5, more than 2k. The smoothed
+    count's root lies at 2.5 to float32's precision and no magnitude exceeds it: the selector sent
+    nothing (a second read found it); it sends k of the tie, the lowest indices first."""
+    magnitudes = torch.randn(100_000, generator=torch.Generator().manual_seed(0)).clamp(-2.5, 2.5).abs()
+    tied = (magnitudes == 2.5).nonzero().view(-1)
+    assert len(tied) > 2 * k
+    sent = STkThresholdSelector(kernel=kernel)(magnitudes, k)
+    assert torch.equal(sent, tied[:k])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_stk_threshold_native_sums_take_the_eager_steps(dtype):
     values = heavy_tailed(20_000).to(dtype)

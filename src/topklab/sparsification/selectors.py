@@ -166,6 +166,8 @@ class STkThresholdSelector(nn.Module):
     [0, max|g|], bisecting whenever Newton's point leaves it, starting from the previous call's λ
     (a warm start: between steps the magnitudes change little). It stops once
     ``|G| <= count_tolerance · k``; the count sent is then k up to that tolerance and the smoothing.
+    Where more than 2k magnitudes tie at the largest (clipped gradients), none exceeds the root there:
+    k of the tie are sent, the lowest indices first.
 
     Parameters
     ----------
@@ -244,7 +246,14 @@ class STkThresholdSelector(nn.Module):
         return tuple(native_extension().srelu_ratio_sums(magnitudes, lam, delta))
 
     def forward(self, magnitudes: torch.Tensor, k: int) -> torch.Tensor:
-        return (magnitudes > self.threshold(magnitudes, k)).nonzero().view(-1)
+        chosen = (magnitudes > self.threshold(magnitudes, k)).nonzero().view(-1)
+        largest = magnitudes.max()
+        if chosen.numel() == 0 and largest > 0:
+            # more than 2k magnitudes tie at the largest (clipped gradients): the smoothed count's root
+            # lies there to the magnitudes' precision and none exceeds it; send k of the tie, the lowest
+            # indices first (torch.topk's rule for ties), rather than nothing
+            chosen = (magnitudes == largest).nonzero().view(-1)[:k]
+        return chosen
 
 
 def _ratio_sums(magnitudes: torch.Tensor, lam: float, delta: float) -> tuple[float, float]:
