@@ -247,13 +247,13 @@ class STkThresholdSelector(nn.Module):
 
     def forward(self, magnitudes: torch.Tensor, k: int) -> torch.Tensor:
         chosen = (magnitudes > self.threshold(magnitudes, k)).nonzero().view(-1)
+        if chosen.numel() > 0:
+            return chosen
+        # none above λ: more than 2k magnitudes tie at the largest (clipped gradients) and the smoothed
+        # count's root lies there to the magnitudes' precision; send k of the tie, the lowest indices
+        # first (torch.topk's rule for ties), rather than nothing (all zero: nothing to send)
         largest = magnitudes.max()
-        if chosen.numel() == 0 and largest > 0:
-            # more than 2k magnitudes tie at the largest (clipped gradients): the smoothed count's root
-            # lies there to the magnitudes' precision and none exceeds it; send k of the tie, the lowest
-            # indices first (torch.topk's rule for ties), rather than nothing
-            chosen = (magnitudes == largest).nonzero().view(-1)[:k]
-        return chosen
+        return (magnitudes == largest).nonzero().view(-1)[:k] if largest > 0 else chosen
 
 
 def _ratio_sums(magnitudes: torch.Tensor, lam: float, delta: float) -> tuple[float, float]:
