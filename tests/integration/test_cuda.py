@@ -139,12 +139,15 @@ def test_the_default_aggregates_synchronise_with_the_host_only_for_the_out_of_ba
     """A host synchronisation per call stalls a GPU step (the library issue's rule for its default path).
     Under CUDA's sync debug mode "warn", 120 training calls of Average, ATk, STk and MATk after their first
     (which starts λ) synchronise at most once: STk's and MATk's check of the out-of-band streak, every
-    100th call (the λ monitor's samples, every 50th, stay on the device)."""
+    100th call (the λ monitor's samples, every 50th, stay on the device). Reads that torch's compiler makes
+    while it compiles a kernel are one-off and not counted."""
+    import re
     import warnings
 
     from topklab.losses import ATk
     from topklab.losses.aggregate import Average
 
+    compiler = re.compile(r"torch[/\\]_(inductor|dynamo)[/\\]")
     found = {}
     for name, module in [("Average", Average()), ("ATk", ATk(k=0.1)), ("STk", STk(k=0.1)), ("MATk", MATk(k=0.1))]:
         module = module.cuda()
@@ -159,8 +162,13 @@ def test_the_default_aggregates_synchronise_with_the_host_only_for_the_out_of_ba
                     module(x).backward()
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-        # torch's own once-per-process note that the mode is a prototype also says "synchronization"
-        found[name] = [str(w.message) for w in caught if "called a synchronizing CUDA operation" in str(w.message)]
+        # torch's own once-per-process note that the mode is a prototype also says "synchronization"; inductor's
+        # constant folding reads a value while it compiles a kernel (MATk's on its second call), once per graph
+        found[name] = [
+            f"{w.filename}:{w.lineno}"
+            for w in caught
+            if "called a synchronizing CUDA operation" in str(w.message) and not compiler.search(w.filename)
+        ]
     counts = {name: len(messages) for name, messages in found.items()}
     assert counts["Average"] == 0 and counts["ATk"] == 0, found
     assert counts["STk"] <= 1 and counts["MATk"] <= 1, found
