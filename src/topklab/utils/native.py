@@ -42,19 +42,25 @@ def prebuilt_mismatch(module: ModuleType, source: Path) -> str | None:
     return None
 
 
+def find_prebuilt(prebuilt: str, source: Path) -> tuple[ModuleType | None, str | None]:
+    """(the prebuilt module ``prebuilt``, a dotted name, where it matches ``source`` and the torch
+    imported, None), or (None, why not): an import, never a build."""
+    if os.environ.get("TOPKLAB_PREBUILT", "1") == "0":
+        return None, "TOPKLAB_PREBUILT=0"
+    try:
+        module = importlib.import_module(prebuilt)
+    except ImportError as error:
+        return None, f"it is not installed ({str(error).splitlines()[0]})"
+    why = prebuilt_mismatch(module, source)
+    return (module, None) if why is None else (None, why)
+
+
 def load_native(prebuilt: str, source: Path, jit_name: str) -> ModuleType:
     """The extension of ``source``: the prebuilt module ``prebuilt`` (a dotted name) where it matches,
     else built on first use under ``jit_name`` (raises where it cannot be built)."""
-    why = "TOPKLAB_PREBUILT=0" if os.environ.get("TOPKLAB_PREBUILT", "1") == "0" else None
-    if why is None:
-        try:
-            module = importlib.import_module(prebuilt)
-        except ImportError as error:
-            why = f"it is not installed ({str(error).splitlines()[0]})"
-        else:
-            why = prebuilt_mismatch(module, source)
-            if why is None:
-                return module
+    module, why = find_prebuilt(prebuilt, source)
+    if module is not None:
+        return module
     if "not installed" not in why:  # a missing module is a source checkout without `make setup`: no news
         warnings.warn(f"topklab: not using the prebuilt {prebuilt} ({why}); building {source.name}", stacklevel=3)
     return build(source, jit_name)

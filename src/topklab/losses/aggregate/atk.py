@@ -12,6 +12,7 @@ from topklab.losses.aggregate.base import (
     mean_without_overflow,
     resolve_count,
 )
+from topklab.losses.aggregate.kernels import native_if_loaded
 
 ATK_METHODS = ("topk", "sort")
 
@@ -36,7 +37,10 @@ class ATk(Aggregate):
 
     Extreme losses: a −inf beyond the k-th does not count; ±inf among the k largest propagate; a
     float32 sum that overflows where the mean is finite is redone in float64 (not for 1-D losses on a
-    GPU, whose ``topk().values.mean()`` is returned unchecked: +inf there); NaN propagates.
+    GPU, whose ``topk().values.mean()`` is returned unchecked: +inf there); NaN propagates. On a CPU, 1-D
+    float32/float64 losses with ``method="topk"`` and a number k take one C++ node of the prebuilt extension
+    (``thresholded_cpu.cpp``'s ``top_mean_row``), with ``x.topk(k).values.mean()``'s value and gradient bit for
+    bit; without it (never built for this), that expression itself.
 
     Examples
     --------
@@ -58,10 +62,25 @@ class ATk(Aggregate):
         if method not in ATK_METHODS:
             raise ValueError(f"unknown ATk method {method!r}; choose one of: {', '.join(ATK_METHODS)}")
         self.method = method
+        self._counts: dict[tuple[int, int | float], int] = {}
 
     def forward(self, losses: torch.Tensor) -> torch.Tensor:
-        # the usual case, 1-D losses (with a finite value on a CPU; on a GPU unchecked, as a check would
-        # synchronise every call), without the batched path's masks: its value and gradient bit for bit
+        # the usual case, 1-D losses, is x.topk(k).values.mean() itself, its value and gradient bit for bit: on a
+        # CPU as one C++ node where the extension is prebuilt or loaded (with the overflow check), else that
+        # expression checked for overflow; on a GPU as it is (a check would synchronise every call)
+        if (
+            type(losses) is torch.Tensor
+            and losses.dim() == 1
+            and losses.shape[0] > 0
+            and self.dim in (-1, 0)
+            and self.method == "topk"
+            and not isinstance(self.k, torch.Tensor)
+            and not torch.compiler.is_compiling()
+        ):
+            native = native_if_loaded()
+            value = None if native is None else native.top_mean_row(losses, self._count(losses.shape[0]))
+            if value is not None:
+                return value
         if self.one_row(losses, cpu=False) and self.method == "topk" and not isinstance(self.k, torch.Tensor):
             k = resolve_count(self.k, losses.shape[0])
             value = torch.topk(losses, k).values.mean()  # on a CPU, mean() is sum() / k: the same bits
@@ -77,6 +96,14 @@ class ATk(Aggregate):
             if value.device.type == "cpu" and not torch.compiler.is_compiling() and not math.isinf(value.item()):
                 return value.to(losses.dtype)
         return super().forward(losses)
+
+    def _count(self, n: int) -> int:
+        """k as a count of n losses (:func:`resolve_count`), kept per (n, k): batches repeat their n."""
+        key = (n, self.k)
+        count = self._counts.get(key)
+        if count is None:
+            count = self._counts[key] = resolve_count(self.k, n)
+        return count
 
     def batched(self, losses, k, lam, delta):
         """Each row's largest ``k[p]`` losses, ranked (``topk`` up to the largest k, or a full

@@ -5,13 +5,16 @@ import math
 import torch
 
 from topklab.losses.aggregate.base import Aggregate, accumulation_dtype, mean_without_overflow
+from topklab.losses.aggregate.kernels import native_if_loaded
 
 
 class Average(Aggregate):
     """Average aggregate loss ``L_avg = (1/n)·Σ ℓ_i`` (STk paper §4, "Average"). A sum that overflows
     where the mean is finite (float32 losses near 3e38) is redone in float64, except for 1-D losses
     on a GPU, which get ``losses.mean()`` as it is (+inf there; the check would synchronise every
-    call); ±inf propagate (+inf and −inf together give NaN), as does NaN.
+    call); ±inf propagate (+inf and −inf together give NaN), as does NaN. On a CPU, 1-D float32/float64
+    losses take one C++ node of the prebuilt extension (``thresholded_cpu.cpp``'s ``top_mean_row``), with
+    ``x.mean()``'s value and gradient bit for bit; without it (never built for this), ``x.mean()`` itself.
 
     Parameters
     ----------
@@ -30,9 +33,14 @@ class Average(Aggregate):
     """
 
     def forward(self, losses: torch.Tensor) -> torch.Tensor:
-        # the usual case, 1-D losses, is x.mean() itself: a third of the batched path's cost at small n
-        # (its value and gradient bit for bit); on a CPU checked for overflow, on a GPU as it is (a check
-        # would synchronise every call)
+        # the usual case, 1-D losses, is x.mean() itself, its value and gradient bit for bit: on a CPU as one
+        # C++ node where the extension is prebuilt or loaded (with the overflow check), else x.mean() checked for
+        # overflow; on a GPU as it is (a check would synchronise every call)
+        if type(losses) is torch.Tensor and self.dim in (-1, 0) and not torch.compiler.is_compiling():
+            native = native_if_loaded()
+            value = None if native is None else native.top_mean_row(losses, 0)
+            if value is not None:
+                return value
         if self.one_row(losses, cpu=False):
             plain = losses.mean()
             if not losses.is_cpu or (not torch.compiler.is_compiling() and not math.isinf(plain.item())):

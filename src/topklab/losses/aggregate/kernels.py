@@ -26,7 +26,8 @@ autograd would use). Float16 and bfloat16 rows are computed in float32 on every 
   prebuilt with the package (else built on first use, which needs a C++ compiler and ninja:
   :mod:`topklab.utils.native`). The same
   extension solves STk's λ (:func:`native_solve`, used by :func:`~topklab.losses.aggregate.solve.
-  solve_srelu_threshold` on this path).
+  solve_srelu_threshold` on this path) and gives Average and ATk one node for a row of losses
+  (:func:`native_if_loaded`).
 
 All three agree to float32 rounding (``tests/losses/test_kernels.py``). :class:`ThresholdedTopK` picks the
 path per call with its ``kernel`` field; where a path cannot be built, ``auto`` warns once and falls
@@ -48,7 +49,7 @@ from torch.autograd.function import once_differentiable
 from topklab.losses.aggregate.base import accumulation_dtype
 from topklab.smoothing import Smoothing
 from topklab.utils.errors import TopklabError, first_line
-from topklab.utils.native import load_native
+from topklab.utils.native import find_prebuilt, load_native
 
 KERNELS = ("auto", "native", "compiled", "eager")
 NEXT_PATH = {"native": "compiled", "compiled": "eager"}  # where a path that cannot be built falls back to
@@ -93,16 +94,32 @@ def compiled(phi: Smoothing, with_grads: bool, device_type: str, dtype: torch.dt
     return torch.compile(fused, dynamic=True)
 
 
+NATIVE_MODULE = "topklab.losses.aggregate._thresholded_cpu"
+
+
 @cache
 def native_extension():
     """The C++ kernel (``thresholded_cpu.cpp``): prebuilt with the package, else built on first use
     and cached on disk by torch (:func:`~topklab.utils.native.load_native`)."""
-    extension = load_native("topklab.losses.aggregate._thresholded_cpu", NATIVE_SOURCE, "topklab_thresholded")
+    extension = load_native(NATIVE_MODULE, NATIVE_SOURCE, "topklab_thresholded")
     _LOADED.append(extension)
     return extension
 
 
 _LOADED: list = []  # the loaded extension, once native_extension() has returned it
+_NOT_PREBUILT: list = []  # True once native_if_loaded() found no prebuilt extension to import
+
+
+def native_if_loaded():
+    """The C++ extension where it is loaded in this process or prebuilt for this source and torch (then
+    imported), else None: never a build. For Average and ATk, whose fallback is their torch expression
+    and for which a first-use build (tens of seconds) would cost more than it saves."""
+    if not _LOADED and not _NOT_PREBUILT and not torch.compiler.is_compiling():
+        if find_prebuilt(NATIVE_MODULE, NATIVE_SOURCE)[0] is None:
+            _NOT_PREBUILT.append(True)
+        else:
+            native_extension()
+    return _LOADED[0] if _LOADED else None
 
 
 _UNAVAILABLE: dict[tuple[str, str], str] = {}  # (path, device type) -> why it could not be built there

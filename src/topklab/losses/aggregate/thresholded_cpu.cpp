@@ -3,7 +3,8 @@
 // gradient in λ; the backward only scales them. The formulas and their per-element rounding are
 // those of topklab/losses/aggregate/kernels.py and topklab/smoothing.py (built with
 // -ffp-contract=off, so no multiply-add is fused); the row sums accumulate in double (for double
-// losses, the mean of φ with each term divided by n first).
+// losses, the mean of φ with each term divided by n first). Also Average's and ATk's node for one row
+// of losses (top_mean_row: aten's sums, the torch expressions' bits).
 // Prebuilt with the package (setup.py: the wheel, `pip install -e .`), else built on first use; both through
 // topklab.utils.native.load_native (topklab.losses.aggregate.kernels.native_extension). The hot loops are
 // compiled for AVX-512, AVX2 and the baseline, chosen when the library loads (target_clones).
@@ -148,8 +149,21 @@ std::vector<at::Tensor> run(const at::Tensor& losses_in, const at::Tensor& lam_i
   return {value, grad, grad_lam};
 }
 
+// Whether a CPU tensor's one element is ±inf (read in place: no dispatch).
+bool one_is_inf(const at::Tensor& t) {
+  bool inf = false;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.scalar_type(), "one_is_inf",
+                                  [&] { inf = std::isinf(double(t.data_ptr<scalar_t>()[0])); });
+  return inf;
+}
+
 bool all_ones(const at::Tensor& t) {
-  return t.numel() == 1 ? t.item<double>() == 1.0 : at::all(t == 1).item<bool>();
+  if (t.numel() != 1) return at::all(t == 1).item<bool>();
+  if (!t.is_cpu()) return t.item<double>() == 1.0;
+  bool one = false;  // read in place: a 0-d CPU gradient needs no dispatch
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.scalar_type(), "all_ones",
+                                  [&] { one = double(t.data_ptr<scalar_t>()[0]) == 1.0; });
+  return one;
 }
 
 // The fused node's backward: the gradients its forward saved (in the losses, in λ), times the incoming
@@ -855,6 +869,77 @@ std::vector<double> srelu_ratio_sums(const at::Tensor& values_in, double lam, do
   return {ratio, cubes};
 }
 
+// Average and ATk on one row of CPU losses (n,): the plain torch expression's value (`x.mean()` for k = 0, else
+// `x.topk(k).values.mean()`: aten's kernels, the same bits) with its gradient made in the forward,
+// which the backward hands over where the incoming gradient is one (else it computes autograd's chain: the mean's
+// g / k over the selected losses, scattered); one node instead of aten's two or three.
+struct RowTopMean : public torch::autograd::Function<RowTopMean> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& losses, int64_t k,
+                            bool& overflowed) {
+    const int64_t n = losses.size(0);
+    const bool all = k == 0;
+    k = all ? n : k;
+    at::Tensor value, indices;
+    if (all) {
+      value = at::sum(losses);
+    } else {
+      auto top = at::topk(losses, k);
+      value = at::sum(std::get<0>(top));
+      indices = std::get<1>(top);
+    }
+    AT_DISPATCH_FLOATING_TYPES(losses.scalar_type(), "top_mean", [&] {
+      scalar_t& mean = value.data_ptr<scalar_t>()[0];
+      mean /= scalar_t(k);  // aten's mean on a CPU: the sum's kernel, then a division by the count
+      overflowed = std::isinf(mean);
+      if (ctx == nullptr || overflowed) return;
+      const scalar_t share = scalar_t(1) / scalar_t(k);  // autograd's g / k at g = 1
+      at::Tensor grad = at::empty_like(losses, at::MemoryFormat::Contiguous);
+      scalar_t* out = grad.data_ptr<scalar_t>();
+      if (all) {
+        std::fill(out, out + n, share);
+      } else {
+        std::fill(out, out + n, scalar_t(0));
+        const int64_t* selected = indices.data_ptr<int64_t>();
+        for (int64_t i = 0; i < k; ++i) out[selected[i]] = share;
+      }
+      ctx->save_for_backward({grad, indices});
+    });
+    return value;
+  }
+
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& losses, int64_t k) {
+    bool overflowed = false;
+    return forward(ctx, losses, k, overflowed);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_value) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& g = grad_value[0];
+    if (all_ones(g)) return {saved[0], at::Tensor()};
+    if (!saved[1].defined()) return {g.expand({saved[0].numel()}) / saved[0].numel(), at::Tensor()};
+    return {at::zeros_like(saved[0]).scatter_(0, saved[1], g.expand({saved[1].numel()}) / saved[1].numel()),
+            at::Tensor()};
+  }
+};
+
+// The value of Average (k = 0: the mean of all n) or ATk on losses that are one non-empty row (n,) of float32/float64 CPU
+// losses, differentiable in them where they require grad under grad mode; None for other losses, a k above n, or a
+// value of ±inf (a sum that overflowed: the caller redoes it without overflow).
+std::optional<at::Tensor> top_mean_row(const at::Tensor& losses, int64_t k) {
+  if (losses.dim() != 1 || !losses.is_cpu() || losses.layout() != at::kStrided || losses.size(0) == 0 ||
+      (losses.scalar_type() != at::kFloat && losses.scalar_type() != at::kDouble) || k < 0 || k > losses.size(0))
+    return std::nullopt;
+  at::Tensor value;
+  if (at::GradMode::is_enabled() && losses.requires_grad()) {
+    value = RowTopMean::apply(losses, k);
+  } else {
+    bool overflowed = false;
+    value = RowTopMean::forward(nullptr, losses, k, overflowed);
+  }
+  return one_is_inf(value) ? std::nullopt : std::optional<at::Tensor>(value);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -866,5 +951,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("solve_call", &solve_call, "one training call of one row under lam_update='solve': (value, λ)");
   m.def("track_call", &track_call, "one training call of one row under lam_update='track': the value");
   m.def("row_call", &row_call, "the value of one row at a 0-d λ, differentiable in the losses and λ");
+  m.def("top_mean_row", &top_mean_row, "Average (k = 0) or ATk of one CPU row as torch's expression; None: not one");
   m.def("solve_srelu", &solve_srelu, "(λ, smoothed count above λ) per row: the root of Σ SReLU'(ℓ − λ) = k");
 }
