@@ -38,9 +38,9 @@ class ATk(Aggregate):
     Extreme losses: a −inf beyond the k-th does not count; ±inf among the k largest propagate; a
     float32 sum that overflows where the mean is finite is redone in float64 (not for 1-D losses on a
     GPU, whose ``topk().values.mean()`` is returned unchecked: +inf there); NaN propagates. On a CPU, 1-D
-    float32/float64 losses with ``method="topk"`` and a number k take one C++ node of the prebuilt extension
-    (``thresholded_cpu.cpp``'s ``top_mean_row``), with ``x.topk(k).values.mean()``'s value and gradient bit for
-    bit; without it (never built for this), that expression itself.
+    float32/float64 losses with ``method="topk"`` and a number k take one C++ node of the prebuilt
+    extension, ``top_mean_row`` of ``thresholded_cpu.cpp``, with ``x.topk(k).values.mean()``'s value and
+    gradient bit for bit; without it (never built for this), that expression itself.
 
     Examples
     --------

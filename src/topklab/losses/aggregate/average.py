@@ -13,7 +13,7 @@ class Average(Aggregate):
     where the mean is finite (float32 losses near 3e38) is redone in float64, except for 1-D losses
     on a GPU, which get ``losses.mean()`` as it is (+inf there; the check would synchronise every
     call); ±inf propagate (+inf and −inf together give NaN), as does NaN. On a CPU, 1-D float32/float64
-    losses take one C++ node of the prebuilt extension (``thresholded_cpu.cpp``'s ``top_mean_row``), with
+    losses take one C++ node of the prebuilt extension, ``top_mean_row`` of ``thresholded_cpu.cpp``, with
     ``x.mean()``'s value and gradient bit for bit; without it (never built for this), ``x.mean()`` itself.
 
     Parameters
