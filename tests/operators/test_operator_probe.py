@@ -52,6 +52,11 @@ def plus_and_minus_max(dtype):
     return [[top, 0.3, -1.0, -top, 0.5, 1.1], [0.2, -top, top, -0.7, top, -2.0]]
 
 
+def sum_overflows(dtype):
+    top = torch.finfo(torch.float32).max
+    return [[0.6 * top, 0.3, 0.6 * top, -1.0, 0.5, 1.1], [0.2, 0.7 * top, 1.5, 0.7 * top, 0.1, -2.0]]
+
+
 # rows of a "rule" case share their counts of +inf, −inf and finite entries (the reference gathers
 # the finite entries of all rows into one batch, as SoftTopKOT's batch normalisation needs)
 CASES = {
@@ -59,6 +64,9 @@ CASES = {
     "1e30": Case(lambda d: [[1e30, 0.3, -1.0, 2.0, 0.5, 1.1], [0.2, -1e30, 1.5, -0.7, 1e30, 0.1]], 2, "same"),
     "near_max": Case(near_max, 2, "same"),
     "plus_and_minus_max": Case(plus_and_minus_max, 2, "same"),  # differences overflow the dtype
+    # finite scores whose float32 sum overflows: the all-finite check (one sum) sends float32 rows down the
+    # masked path, which must give what the float64 core gives
+    "sum_overflows": Case(sum_overflows, 2, "same"),
     "plus_inf": Case(lambda d: [[INF, 0.3, -1.0, 2.0, 0.5, 1.1], [0.2, 1.5, -0.7, INF, 0.1, -2.0]], 2, "rule"),
     "minus_inf": Case(lambda d: [[-INF, 0.3, -1.0, 2.0, 0.5, 1.1], [0.2, 1.5, -0.7, 0.9, -INF, -2.0]], 2, "rule"),
     "plus_and_minus_inf": Case(
@@ -211,6 +219,12 @@ def test_every_operator_meets_the_probe(name, dtype_name, case_name):
                 torch.testing.assert_close(grad[kept], reference.grad[kept], rtol=1e-6, atol=1e-8)
             else:  # the finite scores share nothing (k' = 0) or all of it (DFTopK's limit)
                 assert (grad[kept] == 0).all()
+
+
+def test_the_sum_overflows_case_overflows_the_all_finite_checks_sum_in_float32_only():
+    rows = scores_for(CASES["sum_overflows"], torch.float32)
+    assert torch.isfinite(rows).all() and math.isinf(rows.sum())
+    assert math.isfinite(scores_for(CASES["sum_overflows"], torch.float64).sum())
 
 
 @pytest.mark.parametrize("case_name", ["ordinary", "ties"])

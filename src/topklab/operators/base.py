@@ -70,6 +70,7 @@ tensor([[2., 2.],
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -77,6 +78,10 @@ from torch import nn
 
 from topklab.utils.checks import check_int
 from topklab.utils.k import resolve_k, validate_k
+
+# the dtype of the all-finite check's sum: a sum of finite scores is finite unless it overflows (then the masked
+# path runs, with the same result), and one non-finite score makes it non-finite; half scores sum in float32
+SUM_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
 
 def check_scores(scores: torch.Tensor, k: int, name: str) -> None:
@@ -221,7 +226,8 @@ class TopKOperator(nn.Module):
     them; it gets the scores with their infinities in place and an :class:`Extremes` (per-row m₊,
     n_f and k'). False: the core only ever sees finite rows and a plain k; rows with an infinite
     (or NaN) score are then grouped by (n_f, k'), their finite entries gathered and the core called
-    once per group. That needs one ``torch.isfinite(scores).all()`` per call, a synchronisation on
+    once per group. That needs one all-finite check per call (a sum, finite unless a score is not or the
+    sum overflows, which sends the row down the grouped path with the same answer), a synchronisation on
     a GPU (only these operators pay it there: the sorting networks, whose layout depends on n, and
     SparseTopK, which already synchronises in its solvers). On the CPU every operator makes that
     check and calls its core directly on all-finite scores (the rule changes nothing there).
@@ -292,10 +298,10 @@ class TopKOperator(nn.Module):
         compiling = torch.compiler.is_compiling()
         if compiling and not self.masks_extremes:
             return _finite_rows(core, scores, k, columns)
-        # All finite: the rule is the identity, so the core alone gives the same result. The check is
-        # free on the CPU; on a GPU it would synchronise, so there only the grouped operators make it.
+        # All finite: the rule is the identity, so the core alone gives the same result. The check (one sum)
+        # is free on the CPU; on a GPU it would synchronise, so there only the grouped operators make it.
         checked = scores.device.type == "cpu" or not self.masks_extremes
-        if checked and not compiling and bool(torch.isfinite(scores).all()):
+        if checked and not compiling and math.isfinite(scores.detach().sum(dtype=SUM_DTYPE.get(scores.dtype))):
             return core(scores, k, None)
         inputs, rest, split = extremes(scores, k)
         if not self.masks_extremes:

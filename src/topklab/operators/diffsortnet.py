@@ -149,7 +149,7 @@ class DiffSortNet(TopKOperator):
     the limit of the n-wire network (whose comparators would still mix the finite values in the
     n-wire layout): a network is defined by its number of wires, and the rule keeps the answer that
     of the same operator on the finite scores. Rows with an infinite score are grouped by (n_f, k')
-    and each group runs its own network; a call checks ``isfinite(scores).all()`` first (one
+    and each group runs its own network; a call checks that the scores are all finite first (one
     synchronisation on a GPU). Under ``torch.compile``, which cannot regroup rows without reading
     the data on the host, such rows give NaN instead (see
     :class:`~topklab.operators.base.TopKOperator`); finite rows get the eager values, and a model

@@ -67,11 +67,11 @@ class SoftSort(TopKOperator):
         # beyond reach exp(−|d|^p/τ) is 0 in every dtype (float16: its maximum, 65504, is enough)
         reach = min((1e4 * self.tau) ** (1.0 / self.power), torch.finfo(scores.dtype).max)
         if rest is None:  # all finite: the masks below are identities, left out (the same bits)
-            return torch.softmax(-self._distance(largest, scores, reach) / self.tau, dim=-1).transpose(1, 2)
+            return torch.softmax(self._distance(largest, scores, reach) / -self.tau, dim=-1).transpose(1, 2)
         zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
         centres = torch.where(torch.isfinite(largest), largest, zero)
         values = torch.where(rest.finite, scores, zero)
-        logits = torch.where(rest.finite[:, None, :], -self._distance(centres, values, reach) / self.tau, -torch.inf)
+        logits = torch.where(rest.finite[:, None, :], self._distance(centres, values, reach) / -self.tau, -torch.inf)
         return torch.softmax(logits, dim=-1).transpose(1, 2)
 
     def _distance(self, centres: torch.Tensor, values: torch.Tensor, reach: float) -> torch.Tensor:

@@ -393,7 +393,7 @@ class SparseTopK(TopKOperator):
     get 1, −inf entries 0, and the finite entries the mask of the finite entries with k − m₊ (m₊
     at +inf); more than k at +inf share k/m₊ each, and with fewer than k entries above −inf the
     finite ones get 1 and the −inf ones share the rest. Rows with an infinite score are solved per
-    group of equal (n_f, k'), after one ``isfinite(scores).all()`` check (both solvers synchronise
+    group of equal (n_f, k'), after one all-finite check (both solvers synchronise
     anyway). A NaN score makes its row NaN; an empty batch gives an empty result.
 
     Examples
