@@ -1,4 +1,7 @@
+import importlib.util
+import logging
 import os
+import sys
 
 from helpers import CONFIG_DIR, ROOT, TABULAR_DATASETS  # noqa: F401  (tests/ is on sys.path: pyproject's pythonpath)
 
@@ -11,6 +14,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from hydra import initialize_config_dir  # noqa: E402
+from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 
 import topklab  # noqa: E402,F401  (torchvision shim before anything imports torchvision)
 from topklab.config import compose_run  # noqa: E402
@@ -134,6 +138,42 @@ def compose_cfg(tmp_path):
             return compose_run([f"paths.log_dir={tmp_path}", *overrides])
 
     return _compose
+
+
+@pytest.fixture(scope="session")
+def train_py():
+    """train.py as a module: ``cli()`` with ``sys.argv = [train.py, *ARGV]`` is ``python train.py ARGV``
+    in this process."""
+    spec = importlib.util.spec_from_file_location("topklab_train_py", ROOT / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def run_cli(train_py, monkeypatch, capsys):
+    """``run_cli(*argv)`` -> (exit code, stdout, stderr) of train.py's command line, run in this process."""
+
+    def run(*argv):
+        monkeypatch.setattr(sys, "argv", [str(ROOT / "train.py"), *argv])
+        monkeypatch.setenv("HYDRA_MAIN_MODULE", "__main__")  # Hydra then finds configs/ beside train.py, as when run
+        handlers, level = logging.root.handlers[:], logging.root.level
+        capsys.readouterr()
+        try:
+            train_py.cli()
+            code = 0
+        except SystemExit as stop:
+            code = stop.code
+        finally:  # Hydra's global state and its logging set-up stay with this call
+            GlobalHydra.instance().clear()
+            for handler in logging.root.handlers:
+                if handler not in handlers:
+                    handler.close()
+            logging.root.handlers[:], logging.root.level = handlers, level
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
 
 
 INTEGRATION = ROOT / "tests" / "integration"

@@ -10,9 +10,7 @@ a non-finite loss in ``test_sweeps.py::test_a_single_failed_run_exits_2_with_one
 """
 
 import errno
-import importlib.util
 import json
-import logging
 import os
 import re
 import shutil
@@ -22,7 +20,6 @@ import sys
 
 import pytest
 import torch
-from hydra.core.global_hydra import GlobalHydra
 
 import topklab.utils.io as io
 from helpers import ROOT
@@ -54,42 +51,6 @@ def failure(call) -> str:
     with pytest.raises(TopklabError) as raised:
         call()
     return one_line(str(raised.value))
-
-
-@pytest.fixture(scope="module")
-def train_py():
-    """train.py as a module: ``cli()`` with ``sys.argv = [train.py, *ARGV]`` is ``python train.py ARGV``
-    in this process."""
-    spec = importlib.util.spec_from_file_location("topklab_train_py", ROOT / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture
-def run_cli(train_py, monkeypatch, capsys):
-    """``run_cli(*argv)`` -> (exit code, stdout, stderr) of train.py's command line, run in this process."""
-
-    def run(*argv):
-        monkeypatch.setattr(sys, "argv", [str(ROOT / "train.py"), *argv])
-        monkeypatch.setenv("HYDRA_MAIN_MODULE", "__main__")  # Hydra then finds configs/ beside train.py, as when run
-        handlers, level = logging.root.handlers[:], logging.root.level
-        capsys.readouterr()
-        try:
-            train_py.cli()
-            code = 0
-        except SystemExit as stop:
-            code = stop.code
-        finally:  # Hydra's global state and its logging set-up stay with this call
-            GlobalHydra.instance().clear()
-            for handler in logging.root.handlers:
-                if handler not in handlers:
-                    handler.close()
-            logging.root.handlers[:], logging.root.level = handlers, level
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
 
 
 # --- the run's output folders: Hydra's run directory, checkpoints, results -------------------------

@@ -150,7 +150,8 @@ def test_preflight_accepts_valid_sweeps(capsys):
     assert capsys.readouterr().err == ""
 
 
-def run_cli(*args, cwd=ROOT):
+def train_process(*args, cwd=ROOT):
+    """``python train.py ARGS`` as its own process (``run_cli``, the fixture, runs the command line in this one)."""
     env = {**os.environ, "WANDB_MODE": "disabled"}
     return subprocess.run(
         [sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
@@ -158,7 +159,7 @@ def run_cli(*args, cwd=ROOT):
 
 
 def test_cli_bad_option_exits_nonzero_with_one_line_and_no_outputs(tmp_path):
-    result = run_cli("loss=nope", f"paths.log_dir={tmp_path}")
+    result = train_process("loss=nope", f"paths.log_dir={tmp_path}")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: unknown loss 'nope'; choose one of: atk, average, matk, maximum, stk"
@@ -166,20 +167,20 @@ def test_cli_bad_option_exits_nonzero_with_one_line_and_no_outputs(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_cli_missing_data_exits_nonzero_and_removes_record(tmp_path):
-    result = run_cli(
+def test_cli_missing_data_exits_nonzero_and_removes_record(run_cli, tmp_path):
+    code, _, err = run_cli(
         "dataset=spambase",
         "dataset.source.variant=uci4601",
         f"dataset.source.rda_path={tmp_path}/none.rda",
         f"paths.log_dir={tmp_path}/logs",
     )
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith("error: spambase 4601 needs")
+    assert code == 2
+    assert err.strip().splitlines()[-1].startswith("error: spambase 4601 needs")
     assert not list((tmp_path / "logs").rglob("*.json"))
 
 
 def test_multirun_2x2(tmp_path):
-    result = run_cli(
+    result = train_process(
         "-m",
         "loss=average,stk",
         "dataset=appendicitis,wisconsin",
@@ -207,23 +208,19 @@ def test_train_returns_the_optimized_metric_for_sweepers(compose_cfg, tmp_path):
         optimized_value(cfg, summary)
 
 
-def test_the_dataset_chooses_the_recipe_inside_hydras_composition(tmp_path):
-    result = run_cli("dataset=cifar100lt", "optim.momentum=0.8", "--cfg", "job")
-    assert result.returncode == 0, result.stderr
-    assert "recipe: multiclass" in result.stdout and "momentum: 0.8" in result.stdout
-    chosen = run_cli("dataset=cifar100lt", "recipe=binary", "--cfg", "job")
-    assert chosen.returncode == 0 and "recipe: binary" in chosen.stdout and "topklab.models.MLP" in chosen.stdout
-    unchosen = run_cli("dataset=cifar100lt", "recipe=auto", f"paths.log_dir={tmp_path}")
-    assert unchosen.returncode == 2 and not any(tmp_path.iterdir())
-    assert (
-        unchosen.stderr.strip()
-        .splitlines()[0]
-        .startswith("error: dataset topklab.data.vision.CIFAR100 chooses no recipe")
-    )
+def test_the_dataset_chooses_the_recipe_inside_hydras_composition(run_cli, tmp_path):
+    code, out, err = run_cli("dataset=cifar100lt", "optim.momentum=0.8", "--cfg", "job")
+    assert code == 0, err
+    assert "recipe: multiclass" in out and "momentum: 0.8" in out
+    code, out, _ = run_cli("dataset=cifar100lt", "recipe=binary", "--cfg", "job")
+    assert code == 0 and "recipe: binary" in out and "topklab.models.MLP" in out
+    code, _, err = run_cli("dataset=cifar100lt", "recipe=auto", f"paths.log_dir={tmp_path}")
+    assert code == 2 and not any(tmp_path.iterdir())
+    assert err.strip().splitlines()[0].startswith("error: dataset topklab.data.vision.CIFAR100 chooses no recipe")
 
 
 def test_a_sweep_over_datasets_gives_each_job_its_datasets_recipe(tmp_path):
-    result = run_cli(
+    result = train_process(
         "-m",
         "dataset=australian,sinc",
         "engine.epochs=1",

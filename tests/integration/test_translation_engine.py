@@ -217,7 +217,10 @@ def test_killed_translation_run_resumes_to_exactly_the_uninterrupted_metrics(tmp
         (None, ["dataset.pair=fr-en"], "language pair fr-en is not in this corpus"),
     ],
 )
-def test_bad_translation_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, corpora, breakage, overrides, message):
+def test_bad_translation_input_is_one_line_exit_2_and_leaves_nothing(
+    run_cli, tmp_path, corpora, breakage, overrides, message
+):
+    """train.py's command line in this process (``run_cli``; ``test_train.py`` runs it as a process)."""
     root = write_text_corpus(tmp_path / "corpus")
     if breakage == "missing":
         (root / "val.de").unlink()
@@ -225,10 +228,10 @@ def test_bad_translation_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, c
         (root / "train.en").write_text("one line\n" * 239)
     result_file = tmp_path / "result.json"
     command = [*train_command(tmp_path, corpora), f"dataset.root={root}", f"result_file={result_file}", *overrides]
-    done = subprocess.run(command, capture_output=True, text=True)
-    assert done.returncode == 2, done.stderr
-    error_lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(error_lines) == 1 and message in error_lines[0], done.stderr
+    code, _, err = run_cli(*command[2:])  # the arguments after python train.py
+    assert code == 2, err
+    error_lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and message in error_lines[0], err
     assert not result_file.exists()
     assert not [p for p in (tmp_path / "logs").rglob("*") if p.is_file()]
 

@@ -316,37 +316,29 @@ def test_experiment_row_composes_and_smoke_runs(compose_cfg, tmp_path, row, fmni
         (["loss=atk", "loss.k=16"], "smallest batch=15"),
     ],
 )
-def test_bad_vision_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, fmnist_root, overrides, message):
+def test_bad_vision_input_is_one_line_exit_2_and_leaves_nothing(run_cli, tmp_path, fmnist_root, overrides, message):
+    """train.py's command line in this process (``run_cli``; ``test_train.py`` runs it as a process)."""
     result_file = tmp_path / "result.json"
-    command = [
-        sys.executable,
-        str(ROOT / "train.py"),
+    code, _, err = run_cli(
         *TINY_FMNIST,
         f"dataset.root={fmnist_root}",
         f"paths.log_dir={tmp_path}/logs",
         f"result_file={result_file}",
         *overrides,
-    ]
-    done = subprocess.run(command, capture_output=True, text=True)
-    assert done.returncode == 2
-    error_lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(error_lines) == 1 and message in error_lines[0]
+    )
+    assert code == 2
+    error_lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and message in error_lines[0], err
     assert not result_file.exists()
     assert not [p for p in (tmp_path / "logs").rglob("*") if p.is_file()]
 
 
-def test_missing_cifar_says_where_to_put_it(tmp_path):
-    command = [
-        sys.executable,
-        str(ROOT / "train.py"),
-        "dataset=cifar100",
-        f"dataset.root={tmp_path}/nowhere",
-        f"paths.log_dir={tmp_path}/logs",
-        "logger=none",
-    ]
-    done = subprocess.run(command, capture_output=True, text=True)
-    assert done.returncode == 2
-    assert "cifar-100-python.tar.gz" in done.stderr and "dataset.download=true" in done.stderr
+def test_missing_cifar_says_where_to_put_it(run_cli, tmp_path):
+    code, _, err = run_cli(
+        "dataset=cifar100", f"dataset.root={tmp_path}/nowhere", f"paths.log_dir={tmp_path}/logs", "logger=none"
+    )
+    assert code == 2
+    assert "cifar-100-python.tar.gz" in err and "dataset.download=true" in err
     assert not list((tmp_path / "logs").glob("*/runs/*/summary.json"))
 
 
