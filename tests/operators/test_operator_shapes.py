@@ -1,5 +1,5 @@
 """Every configured operator takes scores of any shape with ``dim`` (the axis of n; the other axes a
-batch of rows) and k as an int or a fraction of n (issue 31 item 4). The reference is the operator on
+batch of rows) and k as an int, a fraction of n, or a tensor of one k per row (issue 31 item 4). The reference is the operator on
 (batch, n) rows laid out by hand, and, where rows do not interact (all but SOFT top-k, which
 normalises by the batch maximum, and the seeded Monte-Carlo operator), each row alone in float64."""
 
@@ -65,6 +65,43 @@ def test_one_row_and_a_fraction_of_n(name):
     torch.testing.assert_close(got, fresh(name)(scores[None], 2)[0], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_a_tensor_k_is_the_operator_on_each_group_of_rows_sharing_a_k(name):
+    """k per row (counts, or fractions broadcast over a batched axis): each group of rows with one k is the
+    operator called on those rows at that int k (the groups in ascending k, the Monte-Carlo operator seeded
+    once before them), and where rows do not interact, each row alone in float64; a permutation has as many
+    columns as the largest k, 0 beyond a row's own."""
+    scores = torch.randn(2, 3, 7, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    counts = torch.tensor([[3, 1, 3], [2, 1, 5]])
+    rows, flat = scores.reshape(-1, 7), counts.reshape(-1)
+    for output in ("soft_topk", "permutation") if configured(name).gives_permutation else ("soft_topk",):
+        got = getattr(fresh(name), output)(scores, counts)
+        operator = fresh(name)
+        width = int(flat.max())
+        want = torch.zeros(6, 7, width, dtype=torch.float64) if output == "permutation" else torch.zeros(6, 7)
+        want = want.to(torch.float64)
+        for k in sorted(set(flat.tolist())):
+            index = (flat == k).nonzero()[:, 0]
+            group = getattr(operator, output)(rows[index], k)
+            if output == "permutation":
+                want[index, :, :k] = group
+            else:
+                want[index] = group
+        assert got.shape == ((2, 3, 7, width) if output == "permutation" else scores.shape)
+        torch.testing.assert_close(got.reshape(want.shape), want, rtol=0, atol=0)
+        tolerance = alone_tolerance(operator)
+        if tolerance is not None:
+            for row, k, value in zip(rows, flat.tolist(), got.reshape(want.shape)):
+                alone = getattr(operator, output)(row[None], k)[0]
+                torch.testing.assert_close(
+                    value[..., :k] if output == "permutation" else value, alone, rtol=0, atol=tolerance
+                )
+    fractions = torch.tensor([[0.3], [0.6]])  # per first axis, broadcast over the second: counts 2 and 4
+    got = fresh(name).soft_topk(scores, fractions)
+    for first, k in enumerate((2, 4)):
+        torch.testing.assert_close(got[first], fresh(name).soft_topk(scores[first], k), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("name", ["lapsum", "neuralsort", "dftopk", "stk_threshold"])
 def test_gradcheck_over_a_batched_axis_in_float64(name):
     operator = configured(name)
@@ -77,7 +114,10 @@ def test_gradcheck_over_a_batched_axis_in_float64(name):
     [
         (torch.tensor(1.0), 1, -1, r"LapSum takes scores of shape \(..., n\), got torch.Size\(\[\]\)"),
         (torch.zeros(2, 3), 1, 2, r"LapSum: dim=2 is not an axis of scores of shape \(2, 3\)"),
-        (torch.zeros(2, 3), torch.tensor([1, 2]), -1, r"LapSum takes one k per call \(an int or a fraction\)"),
+        (torch.zeros(2, 3), torch.tensor([1, 4]), -1, r"LapSum: k=4 exceeds the number of scores n=3"),
+        (torch.zeros(2, 3), torch.tensor([1, 2, 3]), -1, r"LapSum: k of shape \(3,\) does not fit scores with rows"),
+        (torch.zeros(2, 3), torch.tensor([0.5, 1.5]), -1, r"LapSum: k=\[0.5, 1.5\] as a floating tensor holds"),
+        (torch.zeros(2, 3), torch.tensor([0, 1]), -1, r"LapSum: k=\[0, 1\] as an integer tensor holds per-row counts"),
         (torch.zeros(2, 3), 1.5, -1, r"LapSum: k=1.5 as a float is a fraction of the batch and must lie in \(0, 1\]"),
         (torch.zeros(2, 3), 4, -1, r"LapSum: k=4 must be an int in \[1, 3\]"),
     ],

@@ -5,7 +5,8 @@ Conventions, the same for every operator:
 - ``scores`` is a float tensor of shape (batch, n); a larger score is more likely to be selected.
   Any shape works with ``dim`` (default −1), the axis of n: the other axes are a batch of rows,
   flattened for the operator's core and restored after. k is an int, or a float fraction of n in
-  (0, 1] (rounded half up, at least 1); one k per call (the cores' shapes depend on it).
+  (0, 1] (rounded half up, at least 1), or a tensor of one k per row: the cores' shapes depend on k, so
+  rows are then grouped by their count and the core called once per group (:func:`by_k`).
 - ``soft_topk(scores, k)`` returns ``p`` of shape (batch, n): the relaxed indicator of the k
   largest scores, with entries in [0, 1] where the operator is ``bounded``. Its hard limit is 1 on
   the k largest and 0 elsewhere. NeuralSort and SoftSort are not bounded: their relaxed
@@ -77,7 +78,7 @@ import torch
 from torch import nn
 
 from topklab.utils.checks import check_int
-from topklab.utils.k import resolve_k, validate_k
+from topklab.utils.k import check_k_tensor, resolve_k, resolve_k_tensor, validate_k
 
 # the dtype of the all-finite check's sum: a sum of finite scores is finite unless it overflows (then the masked
 # path runs, with the same result), and one non-finite score makes it non-finite; half scores sum in float32
@@ -93,26 +94,46 @@ def check_scores(scores: torch.Tensor, k: int, name: str) -> None:
     check_int(f"{name}: k", k, 1, scores.shape[1], why="at most the row length n")
 
 
-def as_rows(scores: torch.Tensor, k, dim: int, name: str) -> tuple[torch.Tensor, int, tuple[int, ...]]:
+def as_rows(scores: torch.Tensor, k, dim: int, name: str) -> tuple[torch.Tensor, int | torch.Tensor, tuple[int, ...]]:
     """``scores`` of shape (..., n, ...) as the (batch, n) rows an operator's core takes (``dim`` the
     axis of n, the other axes flattened into the batch), k as a count of that n (an int, or a float
-    fraction in (0, 1] rounded half up), and the shape of ``scores`` with ``dim`` moved last.
-    A view where ``dim`` is already the last axis of a contiguous tensor."""
+    fraction in (0, 1] rounded half up; a tensor of one k per row, counts or fractions, broadcast to the
+    rows' shape: each row's count, (batch,) int64 on the CPU), and the shape of ``scores`` with ``dim``
+    moved last. A view where ``dim`` is already the last axis of a contiguous tensor."""
     if not isinstance(scores, torch.Tensor) or scores.dim() == 0:
         raise ValueError(f"{name} takes scores of shape (..., n), got {getattr(scores, 'shape', type(scores))}")
     if not -scores.dim() <= dim < scores.dim():
         raise ValueError(f"{name}: dim={dim} is not an axis of scores of shape {tuple(scores.shape)}")
-    if isinstance(k, torch.Tensor):
-        raise ValueError(f"{name} takes one k per call (an int or a fraction), got a tensor; call it once per k")
     # (batch, n) scores as they are: a view would add an autograd node to every call
     moved = scores if dim in (-1, scores.dim() - 1) else scores.movedim(dim, -1)
     n = moved.shape[-1]
-    if isinstance(k, float):
+    if isinstance(k, torch.Tensor):
+        try:
+            k = resolve_k_tensor(check_k_tensor(k), n, moved.shape[:-1], dim, items="scores").long()
+        except ValueError as err:
+            raise ValueError(f"{name}: {err}") from None
+    elif isinstance(k, float):
         try:
             k = resolve_k(validate_k(k), max(n, 1))
         except (TypeError, ValueError) as err:
             raise ValueError(f"{name}: {err}") from None
     return (moved if moved.dim() == 2 else moved.reshape(-1, n)), k, tuple(moved.shape)
+
+
+def by_k(rows: torch.Tensor, counts: torch.Tensor, call, columns: bool) -> torch.Tensor:
+    """``call(rows_k, k)`` once per distinct count k of ``counts`` (batch,), on the rows that have it,
+    put back in the rows' order; a permutation's columns (``columns``) padded with zeros up to the
+    largest k. One call where every row shares its k."""
+    distinct = torch.unique(counts).tolist()
+    if len(distinct) == 1:
+        return call(rows, distinct[0])
+    parts, order = [], []
+    for k in distinct:  # ascending: a stochastic operator draws for the groups in this order
+        index = (counts == k).nonzero()[:, 0]
+        part = call(rows[index.to(rows.device)], k)
+        parts.append(torch.nn.functional.pad(part, (0, distinct[-1] - k)) if columns else part)
+        order.append(index)
+    return torch.cat(parts)[torch.argsort(torch.cat(order)).to(rows.device)]
 
 
 def positive(value: float, name: str, direction: str) -> float:
@@ -251,31 +272,45 @@ class TopKOperator(nn.Module):
         """One-line errors for input the operator refuses, before any computation."""
         check_scores(scores, k, type(self).__name__)
 
-    def soft_topk(self, scores: torch.Tensor, k: int | float, dim: int = -1) -> torch.Tensor:
+    def soft_topk(self, scores: torch.Tensor, k: int | float | torch.Tensor, dim: int = -1) -> torch.Tensor:
         """p, each entry's soft top-k membership, in the shape of ``scores``: the k largest along
-        ``dim`` (the other axes are a batch of rows), k an int or a fraction of n."""
+        ``dim`` (the other axes are a batch of rows), k an int, a fraction of n, or a tensor of one k per
+        row (counts or fractions, broadcast to the rows' shape; the rows are grouped by their count and the
+        core called once per group, which a batch-coupled or stochastic core sees as separate calls)."""
         rows, k, shape = as_rows(scores, k, dim, type(self).__name__)
-        if type(self)._soft_topk is TopKOperator._soft_topk:
-            if not self.gives_permutation:
-                raise NotImplementedError(f"{type(self).__name__} must implement _soft_topk")
-            p = self._guarded(rows, k, self._permutation, columns=True).sum(-1)
-        else:
-            p = self._guarded(rows, k, self._soft_topk)
+        p = by_k(rows, k, self._soft, columns=False) if isinstance(k, torch.Tensor) else self._soft(rows, k)
         if p.shape == shape and dim in (-1, len(shape) - 1):
             return p  # (batch, n) scores: no view, whose autograd node would cost every call
         return p.reshape(shape).movedim(-1, dim)
 
-    def permutation(self, scores: torch.Tensor, k: int | float, dim: int = -1) -> torch.Tensor:
+    def permutation(self, scores: torch.Tensor, k: int | float | torch.Tensor, dim: int = -1) -> torch.Tensor:
         """P, of shape (..., n, k) (``dim`` moved to the second-last axis): column j the soft
-        indicator of the j-th largest entry of each row along ``dim``."""
+        indicator of the j-th largest entry of each row along ``dim``. With a tensor k (one per row, as
+        for :meth:`soft_topk`) there are as many columns as the largest k, and a row's columns beyond its
+        own k are 0."""
         if not self.gives_permutation:
             raise ValueError(
                 f"{type(self).__name__} gives a soft top-k indicator, not a top-k permutation; "
                 "the top-k cross-entropy needs one of the sorting operators (see configs/operator/)"
             )
         rows, k, shape = as_rows(scores, k, dim, type(self).__name__)
-        permutation = self._guarded(rows, k, self._permutation, columns=True)
-        return permutation if len(shape) == 2 else permutation.reshape(*shape, k)
+        if isinstance(k, torch.Tensor):
+            permutation = by_k(rows, k, self._columns, columns=True)
+        else:
+            permutation = self._columns(rows, k)
+        return permutation if len(shape) == 2 else permutation.reshape(*shape, permutation.shape[-1])
+
+    def _soft(self, rows: torch.Tensor, k: int) -> torch.Tensor:
+        """:meth:`soft_topk` of (batch, n) rows at one k."""
+        if type(self)._soft_topk is TopKOperator._soft_topk:
+            if not self.gives_permutation:
+                raise NotImplementedError(f"{type(self).__name__} must implement _soft_topk")
+            return self._guarded(rows, k, self._permutation, columns=True).sum(-1)
+        return self._guarded(rows, k, self._soft_topk)
+
+    def _columns(self, rows: torch.Tensor, k: int) -> torch.Tensor:
+        """:meth:`permutation` of (batch, n) rows at one k."""
+        return self._guarded(rows, k, self._permutation, columns=True)
 
     def forward(self, scores: torch.Tensor, k: int | float, dim: int = -1) -> torch.Tensor:
         return self.soft_topk(scores, k, dim)

@@ -43,3 +43,57 @@ def resolve_k(k: int | float, n: int) -> int:
             f"least {k}) or a fraction in (0, 1]"
         )
     return k
+
+
+def check_k_tensor(k, error: type[Exception] = ValueError):
+    """A tensor ``k`` of one k per row, checked: counts (an integer dtype, each >= 1) or fractions (a
+    floating dtype, each in (0, 1]), as a detached CPU copy; else a one-line ``error``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> check_k_tensor(torch.tensor([1, 3])), check_k_tensor(torch.tensor([0.5, 1.0]))
+    (tensor([1, 3]), tensor([0.5000, 1.0000]))
+    """
+    import torch
+
+    k = k.detach().to("cpu", copy=True)
+    if k.is_floating_point():
+        if not bool(((k > 0) & (k <= 1)).all()):
+            raise error(
+                f"k={k.tolist()} as a floating tensor holds per-row fractions, each in (0, 1]; "
+                f"pass an integer tensor for counts"
+            )
+    elif k.dtype == torch.bool or k.is_complex():
+        raise error(f"k of dtype {k.dtype} must hold integer counts or floating fractions in (0, 1]")
+    elif not bool((k >= 1).all()):
+        raise error(f"k={k.tolist()} as an integer tensor holds per-row counts, each >= 1")
+    return k
+
+
+def resolve_k_tensor(k, n: int, batch, dim: int, error: type[Exception] = ValueError, items: str = "losses"):
+    """Each row's count (P,) as float64 on the CPU, from a checked tensor ``k`` (:func:`check_k_tensor`)
+    broadcast to ``batch`` (the shape of the rows: the input's shape without ``dim``) for rows of n:
+    fractions rounded as :func:`resolve_k` rounds them; a count above n or a shape that does not fit is
+    a one-line ``error`` (``items``: what the rows hold, for its message).
+
+    Examples
+    --------
+    >>> import torch
+    >>> resolve_k_tensor(torch.tensor([0.5, 0.05]), 10, torch.Size([2]), -1)
+    tensor([5., 1.], dtype=torch.float64)
+    """
+    import torch
+
+    try:
+        rows = torch.broadcast_to(k, batch).reshape(-1)
+    except RuntimeError:
+        raise error(
+            f"k of shape {tuple(k.shape)} does not fit {items} with rows of shape {tuple(batch)} "
+            f"(the shape without dim={dim}); give one k per row, a shape broadcastable to it"
+        ) from None
+    if rows.is_floating_point():
+        return torch.floor(rows.to(torch.float64) * n + 0.5 + 1e-9).clamp(min=1)  # resolve_k's rounding, per row
+    if rows.numel() and int(rows.max()) > n:
+        raise error(f"k={int(rows.max())} exceeds the number of {items} n={n}; use counts <= n or fractions in (0, 1]")
+    return rows.to(torch.float64)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from topklab.utils.errors import TopklabError
-from topklab.utils.k import resolve_k, validate_k
+from topklab.utils.k import check_k_tensor, resolve_k, resolve_k_tensor, validate_k
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -40,27 +40,14 @@ def check_dim(dim: int) -> int:
 def check_k(k: int | float | torch.Tensor) -> int | float | torch.Tensor:
     """``k`` as :func:`~topklab.utils.k.validate_k` checks a number; a tensor holds one k per row:
     counts (an integer dtype, each >= 1) or fractions (a floating dtype, each in (0, 1]), kept on the
-    CPU (a detached copy).
+    CPU (a detached copy; :func:`~topklab.utils.k.check_k_tensor`).
 
     Examples
     --------
     >>> check_k(0.5), check_k(torch.tensor([1, 3]))
     (0.5, tensor([1, 3]))
     """
-    if not isinstance(k, torch.Tensor):
-        return validate_k(k)
-    k = k.detach().to("cpu", copy=True)
-    if k.is_floating_point():
-        if not bool(((k > 0) & (k <= 1)).all()):
-            raise AggregateInputError(
-                f"k={k.tolist()} as a floating tensor holds per-row fractions, each in (0, 1]; "
-                f"pass an integer tensor for counts"
-            )
-    elif k.dtype == torch.bool or k.is_complex():
-        raise AggregateInputError(f"k of dtype {k.dtype} must hold integer counts or floating fractions in (0, 1]")
-    elif not bool((k >= 1).all()):
-        raise AggregateInputError(f"k={k.tolist()} as an integer tensor holds per-row counts, each >= 1")
-    return k
+    return check_k_tensor(k, AggregateInputError) if isinstance(k, torch.Tensor) else validate_k(k)
 
 
 def check_losses(losses: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -221,19 +208,7 @@ class Aggregate(nn.Module):
         if not isinstance(self.k, torch.Tensor):
             count = n if self.k is None else resolve_count(self.k, n)
             return torch.full(rows.shape[:1], count, dtype=dtype, device=rows.device), count
-        try:
-            k = torch.broadcast_to(self.k, batch).reshape(-1)
-        except RuntimeError:
-            raise AggregateInputError(
-                f"k of shape {tuple(self.k.shape)} does not fit losses with rows of shape {tuple(batch)} "
-                f"(the shape without dim={self.dim}); give one k per row, a shape broadcastable to it"
-            ) from None
-        if k.is_floating_point():
-            k = torch.floor(k.to(torch.float64) * n + 0.5 + 1e-9).clamp(min=1)  # resolve_k's rounding, per row
-        elif int(k.max()) > n:
-            raise AggregateInputError(
-                f"k={int(k.max())} exceeds the number of losses n={n}; use counts <= n or fractions in (0, 1]"
-            )
+        k = resolve_k_tensor(self.k, n, batch, self.dim, AggregateInputError)
         return k.to(dtype=dtype, device=rows.device), None
 
     def forward(self, losses: torch.Tensor) -> torch.Tensor:
