@@ -100,6 +100,10 @@ def test_a_tensor_k_is_the_operator_on_each_group_of_rows_sharing_a_k(name):
     got = fresh(name).soft_topk(scores, fractions)
     for first, k in enumerate((2, 4)):
         torch.testing.assert_close(got[first], fresh(name).soft_topk(scores[first], k), rtol=0, atol=0)
+    empty = torch.zeros(0, 7, dtype=torch.float64)
+    assert fresh(name).soft_topk(empty, torch.zeros(0, dtype=torch.long)).shape == (0, 7)
+    if configured(name).gives_permutation:
+        assert fresh(name).permutation(empty, torch.zeros(0, dtype=torch.long)).shape == (0, 7, 0)
 
 
 @pytest.mark.parametrize("name", ["lapsum", "neuralsort", "dftopk", "stk_threshold"])

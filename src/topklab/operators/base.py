@@ -123,10 +123,11 @@ def as_rows(scores: torch.Tensor, k, dim: int, name: str) -> tuple[torch.Tensor,
 def by_k(rows: torch.Tensor, counts: torch.Tensor, call, columns: bool) -> torch.Tensor:
     """``call(rows_k, k)`` once per distinct count k of ``counts`` (batch,), on the rows that have it,
     put back in the rows' order; a permutation's columns (``columns``) padded with zeros up to the
-    largest k. One call where every row shares its k."""
+    largest k. One call where every row shares its k (k = 1 for an empty batch: no column is left)."""
     distinct = torch.unique(counts).tolist()
-    if len(distinct) == 1:
-        return call(rows, distinct[0])
+    if len(distinct) <= 1:
+        out = call(rows, distinct[0] if distinct else 1)
+        return out[:, :, :0] if columns and not distinct else out
     parts, order = [], []
     for k in distinct:  # ascending: a stochastic operator draws for the groups in this order
         index = (counts == k).nonzero()[:, 0]

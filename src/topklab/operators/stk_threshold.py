@@ -245,7 +245,7 @@ class STkThreshold(TopKOperator):
     def soft_topk(self, scores: torch.Tensor, k: int | float, dim: int = -1) -> torch.Tensor:
         if self.threshold_mode == "learned":  # elementwise, whatever k (see the class docstring)
             rows, k, _ = as_rows(scores, k, dim, type(self).__name__)
-            self.check(rows, int(k.max()) if isinstance(k, torch.Tensor) else k)
+            self.check(rows, (int(k.max()) if k.numel() else 1) if isinstance(k, torch.Tensor) else k)
             return srelu_slope(scores - self.lam.to(scores.dtype), self.delta)
         return super().soft_topk(scores, k, dim)
 

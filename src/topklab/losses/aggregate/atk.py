@@ -40,7 +40,8 @@ class ATk(Aggregate):
     GPU, whose ``topk().values.mean()`` is returned unchecked: +inf there); NaN propagates. On a CPU, 1-D
     float32/float64 losses with ``method="topk"`` and a number k take one C++ node of the prebuilt
     extension, ``top_mean_row`` of ``thresholded_cpu.cpp``, with ``x.topk(k).values.mean()``'s value and
-    gradient bit for bit; without it (never built for this), that expression itself.
+    gradient bit for bit; without it (never built for this), and where a tracer, a forward-mode tangent,
+    a transform of torch.func or a dispatch mode watches the call, that expression itself.
 
     Examples
     --------
@@ -62,7 +63,7 @@ class ATk(Aggregate):
         if method not in ATK_METHODS:
             raise ValueError(f"unknown ATk method {method!r}; choose one of: {', '.join(ATK_METHODS)}")
         self.method = method
-        self._counts: dict[tuple[int, int | float], int] = {}
+        self._counts: dict[tuple[int, type, int | float], int] = {}
 
     def forward(self, losses: torch.Tensor) -> torch.Tensor:
         # the usual case, 1-D losses, is x.topk(k).values.mean() itself, its value and gradient bit for bit: on a
@@ -99,7 +100,7 @@ class ATk(Aggregate):
 
     def _count(self, n: int) -> int:
         """k as a count of n losses (:func:`resolve_count`), kept per (n, k): batches repeat their n."""
-        key = (n, self.k)
+        key = (n, type(self.k), self.k)  # 1 and 1.0 are equal keys, but a count and a fraction
         count = self._counts.get(key)
         if count is None:
             count = self._counts[key] = resolve_count(self.k, n)

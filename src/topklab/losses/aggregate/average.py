@@ -14,7 +14,8 @@ class Average(Aggregate):
     on a GPU, which get ``losses.mean()`` as it is (+inf there; the check would synchronise every
     call); ±inf propagate (+inf and −inf together give NaN), as does NaN. On a CPU, 1-D float32/float64
     losses take one C++ node of the prebuilt extension, ``top_mean_row`` of ``thresholded_cpu.cpp``, with
-    ``x.mean()``'s value and gradient bit for bit; without it (never built for this), ``x.mean()`` itself.
+    ``x.mean()``'s value and gradient bit for bit; without it (never built for this), and where a tracer, a
+    forward-mode tangent, a transform of torch.func or a dispatch mode watches the call, ``x.mean()`` itself.
 
     Parameters
     ----------

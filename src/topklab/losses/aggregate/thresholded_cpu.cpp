@@ -9,7 +9,10 @@
 // topklab.utils.native.load_native (topklab.losses.aggregate.kernels.native_extension). The hot loops are
 // compiled for AVX-512, AVX2 and the baseline, chosen when the library loads (target_clones).
 #include <ATen/ATen.h>
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/TensorSubclassLikeUtils.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/jit/frontend/tracer.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
@@ -149,8 +152,14 @@ std::vector<at::Tensor> run(const at::Tensor& losses_in, const at::Tensor& lam_i
   return {value, grad, grad_lam};
 }
 
+// Whether a 0-d or one-element CPU tensor can be read in place: its own dense memory, no pending negation.
+bool readable_in_place(const at::Tensor& t) {
+  return t.is_cpu() && t.has_storage() && !t.is_neg() && !t._is_zerotensor();
+}
+
 // Whether a CPU tensor's one element is ±inf (read in place: no dispatch).
 bool one_is_inf(const at::Tensor& t) {
+  if (!readable_in_place(t)) return std::isinf(t.item<double>());
   bool inf = false;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.scalar_type(), "one_is_inf",
                                   [&] { inf = std::isinf(double(t.data_ptr<scalar_t>()[0])); });
@@ -159,7 +168,7 @@ bool one_is_inf(const at::Tensor& t) {
 
 bool all_ones(const at::Tensor& t) {
   if (t.numel() != 1) return at::all(t == 1).item<bool>();
-  if (!t.is_cpu()) return t.item<double>() == 1.0;
+  if (!readable_in_place(t)) return t.item<double>() == 1.0;
   bool one = false;  // read in place: a 0-d CPU gradient needs no dispatch
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.scalar_type(), "all_ones",
                                   [&] { one = double(t.data_ptr<scalar_t>()[0]) == 1.0; });
@@ -872,7 +881,8 @@ std::vector<double> srelu_ratio_sums(const at::Tensor& values_in, double lam, do
 // Average and ATk on one row of CPU losses (n,): the plain torch expression's value (`x.mean()` for k = 0, else
 // `x.topk(k).values.mean()`: aten's kernels, the same bits) with its gradient made in the forward,
 // which the backward hands over where the incoming gradient is one (else it computes autograd's chain: the mean's
-// g / k over the selected losses, scattered); one node instead of aten's two or three.
+// g / k over the selected losses, scattered); one node instead of aten's two or three. Reverse mode only: where a
+// tracer, a forward-mode tangent, a transform or a mode is watching (watched()), the caller runs the expression.
 struct RowTopMean : public torch::autograd::Function<RowTopMean> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& losses, int64_t k,
                             bool& overflowed) {
@@ -916,19 +926,28 @@ struct RowTopMean : public torch::autograd::Function<RowTopMean> {
                                                  torch::autograd::variable_list grad_value) {
     auto saved = ctx->get_saved_variables();
     const at::Tensor& g = grad_value[0];
-    if (all_ones(g)) return {saved[0], at::Tensor()};
+    // the saved gradient does not depend on g: under create_graph with a g that requires grad, the chain
+    if (all_ones(g) && !(at::GradMode::is_enabled() && g.requires_grad())) return {saved[0], at::Tensor()};
     if (!saved[1].defined()) return {g.expand({saved[0].numel()}) / saved[0].numel(), at::Tensor()};
     return {at::zeros_like(saved[0]).scatter_(0, saved[1], g.expand({saved[1].numel()}) / saved[1].numel()),
             at::Tensor()};
   }
 };
 
+// Whether something would see through the node to the aten calls it stands for, and must get them: a tracer
+// (torch.jit.trace), a forward-mode tangent, a functorch transform or a tensor subclass, a dispatch or function mode.
+bool watched(const at::Tensor& losses) {
+  return torch::jit::tracer::isTracing() || at::isTensorSubclassLike(losses) ||
+         at::impl::PythonTorchFunctionTLS::stack_len() > 0 || losses._fw_grad(/*level=*/0).defined();
+}
+
 // The value of Average (k = 0: the mean of all n) or ATk on losses that are one non-empty row (n,) of float32/float64 CPU
-// losses, differentiable in them where they require grad under grad mode; None for other losses, a k above n, or a
-// value of ±inf (a sum that overflowed: the caller redoes it without overflow).
+// losses, differentiable in them where they require grad under grad mode; None for other losses, a k above n, a
+// value of ±inf (a sum that overflowed: the caller redoes it without overflow), or losses that are watched.
 std::optional<at::Tensor> top_mean_row(const at::Tensor& losses, int64_t k) {
   if (losses.dim() != 1 || !losses.is_cpu() || losses.layout() != at::kStrided || losses.size(0) == 0 ||
-      (losses.scalar_type() != at::kFloat && losses.scalar_type() != at::kDouble) || k < 0 || k > losses.size(0))
+      (losses.scalar_type() != at::kFloat && losses.scalar_type() != at::kDouble) || k < 0 || k > losses.size(0) ||
+      watched(losses))
     return std::nullopt;
   at::Tensor value;
   if (at::GradMode::is_enabled() && losses.requires_grad()) {
