@@ -180,12 +180,16 @@ def train_command(tmp_path, corpora, *extra):
     ]
 
 
-def test_killed_translation_run_resumes_to_exactly_the_uninterrupted_metrics(tmp_path, corpora):
+def test_killed_translation_run_resumes_to_exactly_the_uninterrupted_metrics(compose_cfg, tmp_path, corpora):
+    """The uninterrupted reference trains in this process at one thread, as the killed and resumed processes run."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     reference = tmp_path / "reference.json"
-    subprocess.run(
-        train_command(tmp_path / "a", corpora, f"result_file={reference}"), env=env, check=True, capture_output=True
-    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(compose_cfg(*train_command(tmp_path / "a", corpora, f"result_file={reference}")[2:]), tmp_path / "a")
+    finally:
+        torch.set_num_threads(threads)
     steps_per_epoch = json.loads(reference.read_text())["result"]["summary"]["steps"] // 3
     interrupted = tmp_path / "interrupted.json"
     command = train_command(tmp_path / "b", corpora, f"result_file={interrupted}")
