@@ -151,3 +151,18 @@ def test_the_peer_table_renders_every_state_of_a_pair():
     assert "| odd_even | difftopk dense | 1,000 | 9 | skipped: over memory limit (the peer) | — | — | — | — |" in lines
     assert "Not measured: torchsort for sparse_topk (not installed)." in lines
     assert render_peers({"rows": []}) == []  # a result written before the peer table
+
+
+def test_the_k_sweep_times_each_operator_against_k_at_one_n(tmp_path, capsys):
+    """``--k-sweep``: per operator (each in its own process) the time and peak memory at k = 1 and fractions of n
+    of one row; a table with a column per k, its own file beside the full table's."""
+    from topklab.bench import operators
+
+    argv = ["--k-sweep", "--k-n", "40", "--operators", "softsort", "lapsum", "--max-seconds", "0.5"]
+    assert operators.main([*argv, "--repeats", "3", "--warmup", "1", "--out-dir", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "operators_k_cpu.json").read_text())["result"]
+    assert result["n"] == 40 and [row["operator"] for row in result["rows"]] == ["softsort", "lapsum"]
+    for row in result["rows"]:
+        assert [s["k"] for s in row["speed"]] == [1, 4, 20, 36] and all(s["ms"] > 0 for s in row["speed"])
+    table = (tmp_path / "operators_k_cpu.md").read_text()
+    assert "| operator | k=1 | k=4 | k=20 | k=36 |" in table and table.count("| softsort |") == 2

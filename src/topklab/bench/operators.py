@@ -200,7 +200,6 @@ def measure(args) -> dict:
     # an operator whose soft top-k is its permutation's row sums holds n·k (= n²/2) entries per layer
     # or iteration: past n = 1000 it would exhaust memory before the time budget could stop it
     direct = type(operator)._soft_topk is not TopKOperator._soft_topk
-    cuda = args.device.startswith("cuda")
     timer = Timer(args.device)
     output = "permutation" if operator.gives_permutation else "soft_topk"
     warm = torch.randn(1, 5, device=args.device, requires_grad=True)
@@ -211,26 +210,9 @@ def measure(args) -> dict:
     baseline = max_rss_mb()
     speed = []
     for n in [*args.sizes, *(args.large_sizes if direct else [])]:
-        k = max(1, n // 2)
-        scores = torch.randn(1, n, device=args.device, requires_grad=True)
-        weights = torch.randn(1, n, device=args.device)
-        if cuda:
-            reset_cuda_peak()
-        try:
-            call = partial(forward_backward, operator, scores, k, weights, "soft_topk")
-            first = timer.once(call)
-            if first > args.max_seconds:
-                speed.append({"n": n, "k": k, "ms": first * 1e3, "repeats": 1, "peak_mb": None, "stopped": True})
-                break
-            for _ in range(args.warmup):
-                call()
-            repeats = max(3, min(args.repeats, int(args.max_seconds / max(first, 1e-6))))
-            times = [timer.once(call) for _ in range(repeats)]
-        except (RuntimeError, MemoryError) as err:  # over the memory limit at this size: the row says so
-            speed.append({"n": n, "k": k, "ms": None, "repeats": 0, "peak_mb": None, **failed_row(err)})
+        speed.append(timed_size(operator, n, max(1, n // 2), args, timer, baseline))
+        if speed[-1].get("stopped") or speed[-1]["ms"] is None:
             break
-        peak = cuda_peak_bytes() / 2**20 if cuda else max_rss_mb() - baseline
-        speed.append({"n": n, "k": k, "ms": median(times) * 1e3, "repeats": repeats, "peak_mb": peak})
     generator = torch.Generator().manual_seed(1)
     scores = torch.randn(128, 100, generator=generator).to(args.device)
     with torch.no_grad():
@@ -253,6 +235,96 @@ def measure(args) -> dict:
         "speed": speed,
         "exactness": exactness,
     }
+
+
+def timed_size(operator, n: int, k: int, args, timer, baseline: float) -> dict:
+    """``soft_topk`` forward+backward of one (1, n) row at k: the median time, its repeats and the peak memory
+    (``stopped``: one call over the time budget; a row that says why where the call failed, e.g. over memory)."""
+    import torch
+
+    cuda = args.device.startswith("cuda")
+    scores = torch.randn(1, n, device=args.device, requires_grad=True)
+    weights = torch.randn(1, n, device=args.device)
+    if cuda:
+        reset_cuda_peak()
+    try:
+        call = partial(forward_backward, operator, scores, k, weights, "soft_topk")
+        first = timer.once(call)
+        if first > args.max_seconds:
+            return {"n": n, "k": k, "ms": first * 1e3, "repeats": 1, "peak_mb": None, "stopped": True}
+        for _ in range(args.warmup):
+            call()
+        repeats = max(3, min(args.repeats, int(args.max_seconds / max(first, 1e-6))))
+        times = [timer.once(call) for _ in range(repeats)]
+    except (RuntimeError, MemoryError) as err:  # over the memory limit at this size: the row says so
+        return {"n": n, "k": k, "ms": None, "repeats": 0, "peak_mb": None, **failed_row(err)}
+    peak = cuda_peak_bytes() / 2**20 if cuda else max_rss_mb() - baseline
+    return {"n": n, "k": k, "ms": median(times) * 1e3, "repeats": repeats, "peak_mb": peak}
+
+
+K_FRACTIONS = (0.01, 0.1, 0.5, 0.9)  # --k-sweep: k = 1 and these fractions of n
+
+
+def measure_k(args) -> dict:
+    """One operator's time and peak memory against k at n = ``args.k_n`` (runs in its own process)."""
+    import torch
+
+    torch.manual_seed(0)
+    operator = build_operator(args.operator)
+    timer = Timer(args.device)
+    forward_backward(
+        operator,
+        torch.randn(1, 5, device=args.device, requires_grad=True),
+        2,
+        torch.randn(1, 5, device=args.device),
+        "soft_topk",
+    )  # autograd's first-use setup
+    guard_memory(args.memory_limit_gb, args.device)
+    baseline = max_rss_mb()
+    n = args.k_n
+    speed = []
+    for k in sorted({1, *(max(1, round(f * n)) for f in K_FRACTIONS)}):
+        speed.append(timed_size(operator, n, k, args, timer, baseline))
+        if speed[-1].get("stopped") or speed[-1]["ms"] is None:
+            break
+    return {"operator": args.operator, "n": n, "speed": speed}
+
+
+def measure_k_options(options: dict) -> dict:
+    """:func:`measure_k` with the command line's options as a dict (the isolated worker's entry)."""
+    return measure_k(argparse.Namespace(**options))
+
+
+def render_k(out: dict) -> str:
+    """The table of ``--k-sweep``: time and peak memory of each operator against k at one n."""
+    ks = sorted({s["k"] for r in out["rows"] for s in r["speed"]})
+    n = out["n"]
+    head = "| operator | " + " | ".join(f"k={k:,}" for k in ks) + " |"
+    rule = "|---|" + "---|" * len(ks)
+    times, memory = [head, rule], [head, rule]
+    for row in out["rows"]:
+        by_k = {s["k"]: s for s in row["speed"]}
+        times.append(f"| {row['operator']} | " + " | ".join(speed_cell(by_k.get(k)) for k in ks) + " |")
+        cells = [by_k.get(k, {}).get("peak_mb") for k in ks]
+        memory.append(f"| {row['operator']} | " + " | ".join("—" if c is None else f"{c:.1f}" for c in cells) + " |")
+    return "\n".join(
+        [
+            f"# Differentiable top-k operators against k ({out['device']}, {out['threads']} torch threads)",
+            "",
+            f"Produced by `{out['command']}` (torch {out['torch']}); each operator at its `configs/operator/` defaults, "
+            f"`soft_topk` forward+backward of one row of n = {n:,} N(0, 1) scores, median after warm-up (an operator "
+            "stops at the first k whose one call takes longer than its budget: (stopped)).",
+            "",
+            "## Time (ms)",
+            "",
+            *times,
+            "",
+            "## Peak memory (MB; CPU: growth of the process's peak resident size over its baseline, the largest so far)",
+            "",
+            *memory,
+            "",
+        ]
+    )
 
 
 def measure_options(options: dict) -> dict:
@@ -480,6 +552,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out-dir", default=str(ROOT / "results" / "bench"))
     parser.add_argument("--tag", default=None)
     parser.add_argument("--render", metavar="JSON", help="only redraw the table and plot of a result JSON")
+    parser.add_argument("--k-sweep", action="store_true", help="only time and memory against k at n = --k-n")
+    parser.add_argument("--k-n", type=int, default=1000, help="the row length of --k-sweep")
     parser.add_argument("--operator", help=argparse.SUPPRESS)  # one operator, in a child process
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
@@ -503,6 +577,8 @@ def main(argv=None) -> int:
         return 0
     import torch
 
+    if args.k_sweep:
+        return k_sweep(args, argv)
     if args.quick:
         result = quick(args)
         print(
@@ -555,6 +631,36 @@ def main(argv=None) -> int:
     )
     print(f"wrote {out_dir / f'operators_{tag}.md'}")
     print(f"speedup vs difftopk: {head_to_head['speedup']:.1f}")
+    return 0
+
+
+def k_sweep(args, argv) -> int:
+    """``--k-sweep``: every operator against k at one n, each in its own process; writes operators_k_<tag>."""
+    import torch
+
+    rows = []
+    for name in args.operators or operator_names():
+        try:
+            row = run_isolated("topklab.bench.operators:measure_k_options", {**vars(args), "operator": name})
+        except WorkerFailed as err:  # recorded; the other operators still run
+            print(f"error: operator {name} failed: {err}", file=sys.stderr)
+            continue
+        rows.append(row)
+        print(f"{name:20s} " + ", ".join(f"k={s['k']}: {speed_cell(s)} ms" for s in row["speed"]), flush=True)
+    out = {
+        "command": command_line("bench_operators.py", argv),
+        "device": device_name(args.device),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "n": args.k_n,
+        "rows": rows,
+    }
+    tag = args.tag or ("cuda" if args.device.startswith("cuda") else "cpu")
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    settings = {k: v for k, v in vars(args).items() if k not in ("out_dir", "operator")}
+    write_outputs(out_dir, f"operators_k_{tag}", out, out["command"], settings, markdown=render_k(out))
+    print(f"wrote {out_dir / f'operators_k_{tag}.md'}")
     return 0
 
 
