@@ -7,6 +7,7 @@ exactness and quality, measured in one run.
                                       [--peer-batch 1] [--train-epochs 10] [--no-train]
                                       [--out-dir results/bench] [--tag NAME]
     python scripts/bench_operators.py --render results/bench/operators_cpu.json   # redraw table + plot only
+    python scripts/bench_operators.py --k-sweep [--k-n 1000] [--operators NAME ...]  # only time and memory against k
 
 ``--quick`` times the forward+backward of the top-k cross-entropy with P_K = [.2]*5 on logits of
 shape (128, 100) (the CIFAR-100 setting: logistic_phi, β = 0.5, λ_ART = 0.5) through this package's
@@ -37,7 +38,9 @@ resident memory is its own):
   operator@individual.operator=<name> engine.epochs=<--train-epochs>``, seed 0: test top-1 / top-5.
 
 Writes ``operators_<tag>.{json,md,png}`` (tag: the device, or ``--tag``); the JSON is a result
-envelope with the command, the arguments and the provenance.
+envelope with the command, the arguments and the provenance. ``--k-sweep`` instead times ``soft_topk``
+forward+backward of one row of ``--k-n`` scores at k = 1 and 1 %, 10 %, 50 % and 90 % of n, each operator in
+its own process (time and peak memory as above), and writes ``operators_k_<tag>.{json,md}``.
 """
 
 from __future__ import annotations
