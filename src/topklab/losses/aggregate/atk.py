@@ -69,23 +69,15 @@ class ATk(Aggregate):
         # the usual case, 1-D losses, is x.topk(k).values.mean() itself, its value and gradient bit for bit: on a
         # CPU as one C++ node where the extension is prebuilt or loaded (with the overflow check), else that
         # expression checked for overflow; on a GPU as it is (a check would synchronise every call)
-        if (
-            type(losses) is torch.Tensor
-            and losses.dim() == 1
-            and losses.shape[0] > 0
-            and self.dim in (-1, 0)
-            and self.method == "topk"
-            and not isinstance(self.k, torch.Tensor)
-            and not torch.compiler.is_compiling()
-        ):
-            native = native_if_loaded()
-            value = None if native is None else native.top_mean_row(losses, self._count(losses.shape[0]))
+        if self.one_row(losses, cpu=False) and self.method == "topk" and not isinstance(self.k, torch.Tensor):
+            k = self._count(losses.shape[0])
+            compiling = torch.compiler.is_compiling()
+            native = None if compiling else native_if_loaded()
+            value = None if native is None else native.top_mean_row(losses, k)
             if value is not None:
                 return value
-        if self.one_row(losses, cpu=False) and self.method == "topk" and not isinstance(self.k, torch.Tensor):
-            k = resolve_count(self.k, losses.shape[0])
             value = torch.topk(losses, k).values.mean()  # on a CPU, mean() is sum() / k: the same bits
-            if not losses.is_cpu or (not torch.compiler.is_compiling() and not math.isinf(value.item())):
+            if not losses.is_cpu or (not compiling and not math.isinf(value.item())):
                 return value
         work = check_losses(losses, self.dim)
         if work.dim() == 1 and not isinstance(self.k, torch.Tensor):
