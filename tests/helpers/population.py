@@ -98,13 +98,15 @@ def reference_fit(
         "diverged": diverged,
         "model": model,
         "lambda": None if threshold is None else float(threshold.detach()),
+        "lam_last": float(aggregate.lam_last) if hasattr(aggregate, "lam_last") else None,
     }
 
 
-def per_model(aggregate, individual, splits, seed, k, lr, C, delta, **trainer_kwargs):
-    """One tabular member the plain way: the MLP under ``manual_seed(seed)``, AdaGrad on it and λ."""
+def per_model(aggregate, individual, splits, seed, k, lr, C, delta, make=None, **trainer_kwargs):
+    """One tabular member the plain way: the MLP under ``manual_seed(seed)``, AdaGrad on it and λ
+    (``make(k, delta)`` builds the aggregate; default: the paper's update, :data:`SINGLE`)."""
     torch.manual_seed(seed)
-    model, loss = MLP(splits.n_features), SINGLE[aggregate](k, delta)
+    model, loss = MLP(splits.n_features), (make or SINGLE[aggregate])(k, delta)
     optimizer = torch.optim.Adagrad([*model.parameters(), *loss.parameters()], lr=lr)
     name, metric = TASK_METRIC[splits.task]
     out = reference_fit(

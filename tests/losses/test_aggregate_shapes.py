@@ -118,7 +118,10 @@ def test_half_precision_is_the_float32_result_rounded_once(name, dtype):
 def spy_batched(module):
     """Record the k each call of ``module`` hands its batched kernel."""
     seen, batched = [], module.batched
-    module.batched = lambda losses, k, lam, delta: (seen.append(k), batched(losses, k, lam, delta))[1]
+    module.batched = lambda losses, k, lam, delta, **options: (
+        seen.append(k),
+        batched(losses, k, lam, delta, **options),
+    )[1]
     return seen
 
 
@@ -321,7 +324,7 @@ def test_dim_must_be_an_int():
 
 def test_dim_shows_in_the_repr_only_when_set():
     assert repr(ATk(2)) == "ATk(k=2, method='topk')" and repr(Average(dim=0)) == "Average(dim=0)"
-    assert repr(STk(2, dim=1)).endswith("lam_momentum=0.1, dim=1)")
+    assert repr(STk(2, dim=1)).endswith("small_batch_steps=8, dim=1)")
 
 
 @pytest.mark.slow

@@ -29,13 +29,17 @@ CASES = {
         k=5, delta=0.01, lam_init=0.5, lam_momentum=0.3, lam_update="solve", kernel="native"
     ),
     "stk_solve_atk_scale": lambda: STk(k=0.3, delta=0.05, scale="atk", lam_update="solve", kernel="native"),
-    "stk_track": lambda: STk(k=0.7, delta=0.05, kernel="native"),
-    "stk_track_fixed_start": lambda: STk(k=5, delta=0.01, lam_init=0.5, lam_momentum=0.3, kernel="native"),
-    "stk_track_atk_scale": lambda: STk(k=0.3, delta=0.05, scale="atk", kernel="native"),
+    "stk_track": lambda: STk(k=0.7, delta=0.05, lam_update="track", kernel="native"),
+    "stk_auto": lambda: STk(k=0.7, delta=0.05, kernel="native"),
+    "stk_track_fixed_start": lambda: STk(
+        k=5, delta=0.01, lam_init=0.5, lam_momentum=0.3, lam_update="track", kernel="native"
+    ),
+    "stk_track_atk_scale": lambda: STk(k=0.3, delta=0.05, scale="atk", lam_update="track", kernel="native"),
     "matk_solve": lambda: MATk(k=0.25, lam_update="solve", kernel="native"),
     "matk_solve_atk": lambda: MATk(k=7, lam_update="solve", scale="atk"),
-    "matk_track": lambda: MATk(k=0.25, kernel="native"),
-    "matk_track_atk": lambda: MATk(k=7, scale="atk"),
+    "matk_track": lambda: MATk(k=0.25, lam_update="track", kernel="native"),
+    "matk_auto": lambda: MATk(k=0.25, kernel="native"),
+    "matk_track_atk": lambda: MATk(k=7, lam_update="track", scale="atk"),
     "stk_gradient": lambda: STk(k=0.7, delta=0.05, lam_update="gradient", kernel="native"),
     "stk_gradient_softplus": lambda: STk(
         k=0.3, delta=0.05, lam_update="gradient", lam_init=1.0, lam_constraint="softplus", scale="atk", kernel="native"

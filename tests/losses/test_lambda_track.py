@@ -24,7 +24,9 @@ def eq6(losses: torch.Tensor, lam: float, k: int, delta: float) -> torch.Tensor:
 @pytest.mark.parametrize("kernel", PATHS)
 def test_a_track_call_is_eq6_at_the_stored_lambda_and_stores_one_solver_step(kernel):
     generator = torch.Generator().manual_seed(3)
-    loss = STk(k=0.25, delta=0.05, kernel=kernel)  # float32 buffers: float64 losses take the C++ lane
+    loss = STk(
+        k=0.25, lam_update="track", delta=0.05, kernel=kernel
+    )  # float32 buffers: float64 losses take the C++ lane
     loss(torch.rand(200, generator=generator, dtype=torch.float64).requires_grad_())  # the first call solves
     for step in range(6):
         losses = (torch.rand(200, generator=generator, dtype=torch.float64) * 3 - 0.2 * step).requires_grad_()
@@ -45,7 +47,7 @@ def test_a_track_call_is_eq6_at_the_stored_lambda_and_stores_one_solver_step(ker
 def test_calls_on_one_batch_reach_the_solvers_float64_root(kernel):
     generator = torch.Generator().manual_seed(4)
     losses = torch.randn(5000, generator=generator, dtype=torch.float64).exp()
-    loss = STk(k=0.1, delta=0.01, lam_init=0.0, solve_steps=1, kernel=kernel)
+    loss = STk(k=0.1, lam_update="track", delta=0.01, lam_init=0.0, solve_steps=1, kernel=kernel)
     for _ in range(12):
         loss(losses.clone().requires_grad_())
     one = torch.ones(1, dtype=torch.float64)
@@ -66,7 +68,7 @@ def test_a_tracked_lambda_stays_at_the_root_of_an_unchanging_batch(dtype, n, lay
     (a GPU's) every third call where the losses lie near 1000 (λ's resolution is coarser there)."""
     losses = offset + torch.rand(n, generator=torch.Generator().manual_seed(0), dtype=dtype)
     leaf = (losses if layout.startswith("1-D") else losses[None]).clone().requires_grad_()
-    loss = STk(k=0.1)
+    loss = STk(k=0.1, lam_update="track")
     seen = []
     for _ in range(30):
         loss(leaf).sum().backward()
@@ -88,7 +90,7 @@ def test_a_delta_below_lambdas_resolution_does_not_hold_lambda_on_tied_losses(sc
 
     paths = []
     for layout in ("1-D", "(1, n)"):
-        loss = STk(k=0.05, delta=1e-8 * scale)
+        loss = STk(k=0.05, lam_update="track", delta=1e-8 * scale)
         for call in range(25):
             losses = batch(20 if call < 5 else 90)  # the first batch's root is at c, the second's at 2c
             loss((losses if layout == "1-D" else losses[None]).requires_grad_()).sum().backward()
@@ -98,7 +100,7 @@ def test_a_delta_below_lambdas_resolution_does_not_hold_lambda_on_tied_losses(sc
 
 
 def test_a_batch_with_a_nan_loss_leaves_lambda_and_counts_out_of_band():
-    loss = STk(k=0.5)
+    loss = STk(k=0.5, lam_update="track")
     loss(torch.rand(32, requires_grad=True))
     before = (float(loss.lam), float(loss.lam_last))
     losses = torch.rand(32)
@@ -110,7 +112,7 @@ def test_a_batch_with_a_nan_loss_leaves_lambda_and_counts_out_of_band():
 
 @pytest.mark.parametrize("kernel", PATHS)
 def test_infinite_losses_keep_lambda_finite_and_inside_the_finite_range(kernel):
-    loss = STk(k=0.5, kernel=kernel)
+    loss = STk(k=0.5, lam_update="track", kernel=kernel)
     generator = torch.Generator().manual_seed(6)
     for _ in range(4):
         losses = torch.rand(64, generator=generator)
@@ -124,8 +126,8 @@ def test_infinite_losses_keep_lambda_finite_and_inside_the_finite_range(kernel):
 def test_rows_each_track_their_own_lambda_as_the_one_row_module_does():
     generator = torch.Generator().manual_seed(7)
     batches = [torch.rand(3, 40, generator=generator, dtype=torch.float64) * (3 + i) for i in range(4)]
-    rows = STk(k=0.3, kernel="eager", rows=3)
-    singles = [STk(k=0.3, kernel="eager") for _ in range(3)]
+    rows = STk(k=0.3, lam_update="track", kernel="eager", rows=3)
+    singles = [STk(k=0.3, lam_update="track", kernel="eager") for _ in range(3)]
     for batch in batches:
         values = rows(batch)
         for p, single in enumerate(singles):
@@ -141,7 +143,7 @@ def test_matk_tracks_the_kth_largest_loss_of_drifting_batches_within_a_few_losse
     the loss is Eq. 5 at that λ, and on a batch that stops moving λ reaches MATk's root interval
     [ℓ_[k+1], ℓ_[k]) exactly."""
     generator = torch.Generator().manual_seed(8)
-    loss = MATk(k=0.1, kernel=kernel)  # float32 buffers: float64 losses take the C++ lane
+    loss = MATk(k=0.1, lam_update="track", kernel=kernel)  # float32 buffers: float64 losses take the C++ lane
     above = []
     for step in range(60):
         losses = (torch.rand(4000, generator=generator, dtype=torch.float64) * 4 - 0.02 * step).requires_grad_()
@@ -162,13 +164,13 @@ def test_matk_tracks_the_kth_largest_loss_of_drifting_batches_within_a_few_losse
 
 
 def test_matk_track_keeps_a_window_and_the_bad_settings_stay_errors():
-    loss = MATk(k=0.5)
-    assert [name for name, _ in loss.named_buffers()] == ["lam", "lam_last", "lam_width"]
+    loss = MATk(k=0.5, lam_update="track")
+    assert [name for name, _ in loss.named_buffers()] == ["lam", "lam_last", "lam_width", "lam_started"]
     assert "lam_width" not in dict(STk(k=0.5).named_buffers()) and "lam_width" not in dict(
         MATk(k=0.5, lam_update="solve").named_buffers()
     )
     with pytest.raises(ValueError, match="lam_lr applies to lam_update='gradient'; with lam_update='track'"):
-        MATk(k=0.5, lam_lr=0.1)
+        MATk(k=0.5, lam_update="track", lam_lr=0.1)
     old = {name: value for name, value in loss.state_dict().items() if name != "lam_width"}  # saved before MATk tracked
     loss.load_state_dict(old)
     assert float(loss.lam_width) == 0.0
@@ -178,7 +180,7 @@ def test_matk_track_keeps_a_window_and_the_bad_settings_stay_errors():
 def test_matk_never_stores_an_infinite_window(dtype):
     """float32 buffers: a window of float64 losses beyond float32's range is not stored (as inf)."""
     for kernel in PATHS:
-        loss = MATk(k=3, kernel=kernel)
+        loss = MATk(k=3, lam_update="track", kernel=kernel)
         loss(torch.linspace(0, 1, 30, dtype=dtype).requires_grad_())
         loss(torch.cat([torch.full((15,), -3e38), torch.full((15,), 3e38)]).to(dtype).requires_grad_())
         if dtype == torch.float64:
@@ -195,7 +197,7 @@ def test_a_step_from_far_above_the_losses_is_the_same_on_both_paths():
     losses = torch.tensor([3.866, 1.298, 4.570, 4.667, 1.377])
     stepped = []
     for kernel in PATHS:
-        loss = STk(k=1, delta=1e-3, kernel=kernel)
+        loss = STk(k=1, lam_update="track", delta=1e-3, kernel=kernel)
         loss(losses.clone().requires_grad_())
         loss.lam_last.fill_(8.0)
         loss(losses.clone().requires_grad_())

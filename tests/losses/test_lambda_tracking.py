@@ -11,7 +11,15 @@ import torch
 from helpers import ROOT
 from topklab.losses import MATk, STk
 from topklab.losses.aggregate import solve
-from topklab.losses.aggregate.lambda_monitor import LOW_BAND_FLAG, in_band, lambda_tracking
+from topklab.losses.aggregate.lambda_monitor import (
+    ALL_STEPS,
+    LOW_BAND_FLAG,
+    PARTLY_TRACKED_FLAG,
+    LambdaMonitor,
+    flag_for,
+    in_band,
+    lambda_tracking,
+)
 from topklab.losses.aggregate.solve import curvature_change, kth_largest, power_law_step, solve_srelu_threshold
 from topklab.smoothing import srelu_slope_and_curvature
 
@@ -178,8 +186,9 @@ def test_gradient_update_with_lam_lr_is_its_own_constant_group():
         ({"lam_update": "solve", "smoothing": "elu"}, "needs smoothing"),
         ({"lam_update": "solve", "lam_lr": 0.1}, "lam_lr applies to lam_update='gradient'"),
         ({"lam_update": "solve", "lam_constraint": "clamp"}, "lam_constraint='clamp' applies"),
-        ({"smoothing": "elu"}, "lam_update='track' needs smoothing in srelu"),
-        ({"lam_lr": 0.1}, "lam_lr applies to lam_update='gradient'; with lam_update='track'"),
+        ({"smoothing": "elu"}, "lam_update='adaptive' needs smoothing in srelu"),
+        ({"lam_lr": 0.1}, "lam_lr applies to lam_update='gradient'; with lam_update='adaptive'"),
+        ({"lam_update": "track", "lam_lr": 0.1}, "lam_lr applies to lam_update='gradient'; with lam_update='track'"),
         ({"lam_update": "gradient", "lam_lr": -1.0}, "lam_lr=-1.0 must be a positive number"),
         ({"solve_steps": 0}, "solve_steps=0"),
         ({"lam_momentum": 0.0}, "lam_momentum=0.0"),
@@ -196,6 +205,51 @@ def test_k_equal_n_has_no_band():
     loss(torch.rand(16, requires_grad=True))
     epoch = loss.monitor.pop_epoch()
     assert epoch["lam_in_band"] is None and lambda_tracking([epoch])["flag"] is None
+
+
+def _epoch(calls, counted, hits, all_hits):
+    """An epoch row of :meth:`LambdaMonitor.pop_epoch` with k < n."""
+    return {
+        "lam_calls": calls,
+        "lam_in_band_counted": counted,
+        "lam_in_band_hits": hits,
+        "lam_in_band_all_hits": all_hits,
+        "lam_in_band": hits / counted if counted else None,
+        "lam_in_band_all": all_hits / calls,
+    }
+
+
+def test_a_run_stopped_within_its_burn_in_is_judged_on_all_its_steps():
+    monitor = LambdaMonitor()
+    monitor.burn_in = 1000  # every call within the burn-in
+    for _ in range(5):
+        monitor.record(torch.tensor(1.0), 8, 16)  # every loss above λ: out of band (the Average objective)
+    epoch = monitor.pop_epoch()
+    assert epoch["lam_calls"] == 5 and epoch["lam_in_band_counted"] == 0 and epoch["lam_in_band"] is None
+    tracking = lambda_tracking([epoch])
+    assert tracking["in_band"] == tracking["in_band_all"] == 0.0
+    assert tracking["judged_on"] == ALL_STEPS and tracking["flag"] == LOW_BAND_FLAG
+    partly = lambda_tracking([_epoch(6, 0, 0, 4), _epoch(4, 0, 0, 2)])  # 6 of 10 calls in band
+    assert partly["in_band"] == 0.6 and partly["judged_on"] == ALL_STEPS and partly["flag"] == PARTLY_TRACKED_FLAG
+    counted = lambda_tracking([_epoch(10, 0, 0, 2), _epoch(10, 10, 10, 10)])  # a counted call: after the burn-in
+    assert counted["in_band"] == 1.0 and counted["judged_on"] == "after burn-in" and counted["flag"] is None
+
+
+@pytest.mark.parametrize(
+    "hits,flag", [(55, PARTLY_TRACKED_FLAG), (30, LOW_BAND_FLAG), (95, None), (90, None), (50, PARTLY_TRACKED_FLAG)]
+)
+def test_the_flag_has_two_levels(hits, flag):
+    tracking = lambda_tracking([_epoch(110, 100, hits, hits)])
+    assert tracking["in_band"] == hits / 100 and tracking["flag"] == flag == flag_for(hits / 100)
+
+
+def test_k_equal_n_is_never_flagged_even_within_the_burn_in():
+    monitor = LambdaMonitor()
+    monitor.burn_in = 1000
+    monitor.record(torch.tensor(1.0), 16, 16)
+    tracking = lambda_tracking([monitor.pop_epoch()])
+    assert tracking["in_band"] is None and tracking["judged_on"] is None and tracking["flag"] is None
+    assert lambda_tracking([]) == dict.fromkeys(tracking)
 
 
 def test_engine_logs_the_diagnostics_per_epoch_and_flags_a_stranded_lambda(compose_cfg, tmp_path):

@@ -367,14 +367,14 @@ def test_the_population_solves_each_members_lambda_on_its_batch():
     group = DataGroup(x, 2 * x[:, 0] + 0.3 * torch.sin(9 * x[:, 0]), x[::2], 2 * x[::2, 0])
     aggregate = STk(0.5, lam_update="solve", solve_steps=30)
     seen = []
-    solve_rows = aggregate.solve_rows
+    member_lam = aggregate.rule.member_lam
 
-    def recorded(losses, k, delta, start):
-        root = solve_rows(losses, k, delta, start)
-        seen.append((losses, k, delta, root))
-        return root
+    def recorded(holder, losses, k, delta, lam, first):
+        used, stored, at_kth = member_lam(holder, losses, k, delta, lam, first)
+        seen.append((losses, k, delta, used))
+        return used, stored, at_kth
 
-    aggregate.solve_rows = recorded
+    aggregate.rule.member_lam = recorded
     executor = PopulationExecutor(
         aggregate,
         Square(),

@@ -326,3 +326,28 @@ def test_dirty_results_are_refused_unless_allowed_and_then_marked(results, capsy
     assert not (results / "tables").exists()
     assert make_tables.main(["--results", str(results), "--preset", "fake", "--allow-dirty"]) == 0
     assert "abc1234 (DIRTY tree)" in (results / "tables" / "table3_fake.md").read_text()
+
+
+def test_the_tables_name_rows_not_stk_and_rows_partly_tracked_from_the_stored_flags():
+    from topklab.losses.aggregate.lambda_monitor import LOW_BAND_FLAG, PARTLY_TRACKED_FLAG
+    from topklab.report.tracking import band_cell, flag_lines
+
+    def run(in_band, flag, judged_on=None):
+        tracking = {"in_band": in_band, "flag": flag, **({"judged_on": judged_on} if judged_on else {})}
+        return {"result": {"summary": {"lambda": 1.0, "lambda_tracking": tracking}}}
+
+    rows = {
+        "a": [run(0.0, LOW_BAND_FLAG), run(0.6, PARTLY_TRACKED_FLAG)],
+        "b": [run(0.6, PARTLY_TRACKED_FLAG, "all steps")],
+        "c": [run(0.95, None)],
+    }
+    labels = {"a": "A", "b": "B", "c": "C"}
+    assert flag_lines(rows, labels) == [
+        "",
+        "**λ did not track the k-th loss, so these rows are not STk:** A.",
+        "",
+        "**λ partly tracked the k-th loss (in band on fewer than 90 % of the steps):** B.",
+    ]
+    cells = {row: band_cell([r["result"]["summary"] for r in runs]) for row, runs in rows.items()}
+    assert cells == {"a": "0.30 ± 0.30 (flagged)", "b": "0.60 (all steps, partly tracked)", "c": "0.95"}
+    assert flag_lines({"c": rows["c"]}, labels) == []

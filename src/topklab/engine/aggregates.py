@@ -12,6 +12,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from topklab.losses.aggregate.base import Aggregate
+from topklab.losses.aggregate.lambda_rules import PAPER
 from topklab.utils.errors import TopklabError
 
 
@@ -78,13 +79,13 @@ def aggregate_node(name: str, **overrides) -> DictConfig:
     return OmegaConf.merge(config, overrides)
 
 
-def with_lam_update(config: DictConfig, lam_update: str = "gradient") -> DictConfig:
-    """A copy of loss config ``config`` whose threshold λ (if it has one) follows ``lam_update``, with
-    λ at the members' own learning rate (``lam_lr=null``): what the population executor (the tabular
-    and synthetic tables) implements; ``gradient`` is the paper's SGD-STk."""
+def with_lam_update(config: DictConfig, lam_update: str | None = None) -> DictConfig:
+    """A copy of loss config ``config`` whose threshold λ (if it has one) follows the rule
+    ``lam_update`` (None: the paper's SGD-STk), with λ at the members' own learning rate
+    (``lam_lr=null``): what the population executor (the tabular and synthetic tables) runs."""
     config = config.copy()
     if "lam_update" in config:
-        config.lam_update, config.lam_lr = lam_update, None
+        config.lam_update, config.lam_lr = PAPER if lam_update is None else lam_update, None
     return config
 
 

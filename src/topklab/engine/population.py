@@ -368,8 +368,9 @@ class PopulationExecutor:
             self.patience,
             self.min_delta,
         )
-        run.solved = self.aggregate.has_threshold and self.aggregate.lam_update == "solve"
-        run.trained = list(self.model.names) + (["lam"] if self.aggregate.has_threshold and not run.solved else [])
+        run.rule = self.aggregate.rule if self.aggregate.has_threshold else None
+        run.stored = run.rule is not None and run.rule.stored
+        run.trained = list(self.model.names) + (["lam"] if run.rule is not None and not run.stored else [])
         rows.state = self.optimizer.init({name: rows.params[name] for name in run.trained})
         run.steps = torch.zeros(len(members), dtype=torch.long)
         run.diverged = torch.zeros(len(members), dtype=torch.bool)
@@ -381,15 +382,19 @@ class PopulationExecutor:
         leaves = {name: t.detach().requires_grad_(name in trained) for name, t in rows.params.items()}
         outputs, targets = run.layout.train_outputs(leaves, rows.ids, run.xtr, run.ytr, positions)
         losses = self.individual(outputs, targets).reshape(len(rows.ids), -1)
-        if run.solved:  # each running member's root on its batch, warm-started from its last (a constant)
+        at_kth = False
+        if run.stored:  # each running member's λ by the rule, as the module's own training call sets it
             with torch.no_grad():
-                root = self.aggregate.solve_rows(
-                    losses.detach(), rows.settings["k", positions.shape[1]], rows.settings["delta"], rows.params["lam"]
-                )
-                keep = rows.running & torch.isfinite(root)
-                rows.params["lam"] = leaves["lam"] = torch.where(keep, root, rows.params["lam"])
+                lam = rows.params["lam"]
+                used, stored, at_kth = run.rule.member_lam(
+                    self.aggregate, losses.detach(), rows.settings["k", positions.shape[1]], rows.settings["delta"],
+                    lam, run.step == 0,
+                )  # fmt: skip
+                keep = rows.running & torch.isfinite(stored)
+                leaves["lam"] = torch.where(keep, used, lam)
+                rows.params["lam"] = torch.where(keep, stored, lam)
         objective = self._objective(
-            leaves, losses, rows.settings, rows.settings["k", positions.shape[1]], run.penalties
+            leaves, losses, rows.settings, rows.settings["k", positions.shape[1]], run.penalties, at_kth
         )
         finite = torch.isfinite(objective)
         grads = torch.autograd.grad(objective.sum(), [leaves[name] for name in trained])
@@ -448,11 +453,21 @@ class PopulationExecutor:
         return lam
 
     def _objective(
-        self, leaves: dict, losses: torch.Tensor, settings: dict, k: torch.Tensor, penalties: tuple[bool, bool]
+        self,
+        leaves: dict,
+        losses: torch.Tensor,
+        settings: dict,
+        k: torch.Tensor,
+        penalties: tuple[bool, bool],
+        at_kth: bool = False,
     ) -> torch.Tensor:
-        """Per row: ``aggregate(losses) + 1/(2C)·Σθ² + l1·Σ|W|`` (a penalty no member uses is skipped)."""
-        lam = self.aggregate.threshold_of(leaves["lam"]) if self.aggregate.has_threshold else None
-        value = self.aggregate.batched(losses, k, lam, settings["delta"])
+        """Per row: ``aggregate(losses) + 1/(2C)·Σθ² + l1·Σ|W|`` (a penalty no member uses is skipped);
+        ``at_kth``: λ is each member's ℓ_[k] (MATk's tied losses share the gradient, as in the module)."""
+        if self.aggregate.has_threshold:
+            lam = self.aggregate.threshold_of(leaves["lam"])
+            value = self.aggregate.batched(losses, k, lam, settings["delta"], at_kth=at_kth)
+        else:
+            value = self.aggregate.batched(losses, k, None, settings["delta"])
         use_l2, use_l1 = penalties
         if use_l2:
             value = value + settings["inv_2c"] * reduce(

@@ -33,6 +33,7 @@ from topklab.engine.result_guard import (
     row_filing,
 )
 from topklab.loggers import NullLogger
+from topklab.losses.aggregate.lambda_monitor import ALL_STEPS
 from topklab.report import make_result
 from topklab.report import write_result as write_envelope
 from topklab.utils.checks import check_int
@@ -314,7 +315,18 @@ def format_summary(summary: dict) -> str:
 
 
 def lambda_tracking_line(tracking: dict | None) -> str:
-    """`` | λ in band 0.98`` for a MATk/STk run (with the flag when λ did not track), else empty."""
+    """`` | λ in band 0.98`` for a MATk/STk run, with " on all steps" when the run stopped within its
+    burn-in and its flag when λ did not track or partly tracked; empty otherwise.
+
+    Examples
+    --------
+    >>> lambda_tracking_line({"in_band": 0.984, "flag": None})
+    ' | λ in band 0.98'
+    >>> lambda_tracking_line({"in_band": 0.6, "judged_on": "all steps", "flag": "λ partly tracked the k-th loss"})
+    ' | λ in band 0.60 on all steps (λ partly tracked the k-th loss)'
+    """
     if not tracking or tracking.get("in_band") is None:
         return ""
-    return f" | λ in band {tracking['in_band']:.2f}" + (f" ({tracking['flag']})" if tracking.get("flag") else "")
+    scope = f" on {ALL_STEPS}" if tracking.get("judged_on") == ALL_STEPS else ""
+    flag = f" ({tracking['flag']})" if tracking.get("flag") else ""
+    return f" | λ in band {tracking['in_band']:.2f}{scope}{flag}"

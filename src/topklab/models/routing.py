@@ -30,11 +30,9 @@ import math
 import torch
 from torch import nn
 
-from topklab.losses.aggregate.solve import solve_srelu_threshold
+from topklab.losses.aggregate.lambda_rules import LambdaRule, Solved, rule_for
 from topklab.smoothing import srelu
-from topklab.utils.checks import check_int
 
-LAM_UPDATES = ("solve", "gradient")
 SCOPES = ("batch", "sequence")
 INFERENCE = ("predictor", "top_k")
 
@@ -199,12 +197,13 @@ class STkThresholdRouter(TokenRouter):
     dim : int, model width (given by the model)
     capacity : float in (0, 1], the target fraction of tokens processed
     delta : float > 0, SReLU width δ in score units (smaller = a sharper count; the paper's 0.01)
-    lam_update : {"solve", "gradient"}, see above
+    lam_update : a rule name of :mod:`~topklab.losses.aggregate.lambda_rules` ("solve", "track", "adaptive",
+        "gradient") or a rule; None (default): "solve", see above
     lam_init : float or "auto", λ's first value (the first warm start under "solve"); ``auto``: the
         (1 − c)-quantile of the first training batch's scores (per process). Not given by the paper.
     lam_lr : float > 0 or None, "gradient" only: λ's learning rate in its own parameter group
         (without weight decay, under the run's schedule); None: the optimizer's.
-    solve_steps : int >= 1, lam_momentum : float in (0, 1], "solve" only
+    solve_steps : int >= 1, lam_momentum : float in (0, 1], rules that store λ only
     input_norm : bool, LayerNorm on the router input
 
     Examples
@@ -228,7 +227,7 @@ class STkThresholdRouter(TokenRouter):
         dim: int,
         capacity: float = 0.125,
         delta: float = 0.01,
-        lam_update: str = "solve",
+        lam_update: str | LambdaRule | None = None,
         lam_init: float | str = "auto",
         lam_lr: float | None = None,
         solve_steps: int = 2,
@@ -239,26 +238,45 @@ class STkThresholdRouter(TokenRouter):
         self.capacity = _capacity(capacity)
         if not delta > 0:
             raise ValueError(f"router.delta={delta} must be > 0")
-        if lam_update not in LAM_UPDATES:
-            raise ValueError(f"router.lam_update={lam_update!r}; choose one of {', '.join(LAM_UPDATES)}")
         if lam_init != "auto" and not (isinstance(lam_init, (int, float)) and math.isfinite(lam_init)):
             raise ValueError(f"router.lam_init={lam_init!r} must be a finite number or 'auto'")
-        if lam_lr is not None and (lam_update != "gradient" or not lam_lr > 0):
-            raise ValueError(
-                f"router.lam_lr={lam_lr} must be > 0 with lam_update=gradient (null: the optimizer's rate)"
+        try:
+            self.rule = rule_for(
+                Solved.name if lam_update is None else lam_update,
+                solve_steps=solve_steps,
+                lam_momentum=lam_momentum,
+                lam_lr=lam_lr,
             )
-        check_int("router.solve_steps", solve_steps)
-        if not 0 < lam_momentum <= 1:
-            raise ValueError(f"router.lam_momentum={lam_momentum} must lie in (0, 1]")
-        self.delta, self.lam_update, self.lam_lr = float(delta), lam_update, lam_lr
-        self.solve_steps, self.lam_momentum = solve_steps, float(lam_momentum)
+        except ValueError as error:
+            raise ValueError(f"router.{error}") from None
+        if not self.rule.stored and lam_lr is not None and not lam_lr > 0:
+            raise ValueError(f"router.lam_lr={lam_lr} must be > 0 (null: the optimizer's rate)")
+        self.delta = float(delta)
         start = torch.tensor(0.0 if lam_init == "auto" else float(lam_init))
-        if lam_update == "gradient":
-            self.lam = nn.Parameter(start)
-        else:
+        if self.rule.stored:
             self.register_buffer("lam", start.clone())  # the running average: λ at inference
-            self.register_buffer("lam_last", start.clone())  # the last batch's root: the warm start
+            self.register_buffer("lam_last", start.clone())  # the last batch's λ: the warm start
+        else:
+            self.lam = nn.Parameter(start)
         self.register_buffer("lam_started", torch.tensor(lam_init != "auto"))  # in the checkpoint: a resume keeps λ
+        self._fresh = True  # no training call yet (a tracked rule's first solves), nor a loaded state
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self._fresh = False
+
+    smoothing, kernel, rows = "srelu", "auto", None  # what λ's rule reads of its holder
+
+    @property
+    def lam_update(self) -> str:
+        return self.rule.name
+
+    @property
+    def lam_lr(self) -> float | None:
+        return self.rule.lam_lr
+
+    def path_for(self, scores: torch.Tensor) -> str:
+        return "eager"
 
     def select(self, x: torch.Tensor, scores: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         if self.training:
@@ -267,30 +285,30 @@ class STkThresholdRouter(TokenRouter):
                 with torch.no_grad():
                     first = torch.quantile(real_scores, 1 - self.capacity)
                     self.lam.copy_(first)
-                    if self.lam_update == "solve":
+                    if self.rule.stored:
                         self.lam_last.copy_(first)
-            if self.lam_update == "solve":
-                return scores > self._solve(real_scores)
+            if self.rule.stored:
+                return scores > self._stored_lam(real_scores)
             self.lam_started.fill_(True)
             below = srelu(real_scores - self.lam, self.delta)
             self.auxiliary_loss = below.mean() + self.capacity * self.lam
         return scores > self.lam.detach()
 
-    def _solve(self, real_scores: torch.Tensor) -> torch.Tensor:
-        """This batch's root (and the running average's update)."""
+    def _stored_lam(self, real_scores: torch.Tensor) -> torch.Tensor:
+        """This batch's λ by the rule (the running average's update)."""
         one = real_scores.new_ones(1)
-        lam, _ = solve_srelu_threshold(
-            real_scores[None],
-            self.capacity * real_scores.numel() * one,
-            self.delta * one,
-            self.lam_last.to(real_scores.dtype)[None],
-            self.solve_steps,
-        )
+        first, self._fresh = self._fresh, False
         with torch.no_grad():
-            root = lam[0].to(self.lam.dtype)
+            used, stored, _ = self.rule.member_lam(
+                self, real_scores[None], self.capacity * real_scores.numel() * one, self.delta * one,
+                self.lam_last.to(real_scores.dtype)[None], first,
+            )  # fmt: skip
+            root = stored[0].to(self.lam.dtype)
             self.lam_last.copy_(root)
             self.lam.copy_(
-                torch.where(self.lam_started, (1 - self.lam_momentum) * self.lam + self.lam_momentum * root, root)
+                torch.where(
+                    self.lam_started, (1 - self.rule.lam_momentum) * self.lam + self.rule.lam_momentum * root, root
+                )
             )
             self.lam_started.fill_(True)
-        return lam[0]
+        return used[0]

@@ -20,6 +20,7 @@ from topklab.engine.functional_optim import Adagrad
 from topklab.engine.population import Gathered, Members, Metric, PopulationExecutor
 from topklab.engine.stacked import StackedMLP
 from topklab.losses.aggregate import Aggregate
+from topklab.losses.aggregate.lambda_rules import PAPER, RULES, is_trained
 from topklab.protocol.grid import Grid
 from topklab.tasks.metrics import TASK_METRIC
 from topklab.utils.checks import check_int
@@ -61,9 +62,10 @@ class Protocol:
         validation improved by less than 1e-6 after 50 steps
     hidden : int, hidden units of the 2-layer MLP (paper: 10)
     lam_init : float, initial λ of MATk/STk (the paper is silent; our choice)
-    lam_update : "gradient" (the paper's SGD-STk, λ trained at each member's η) or "solve" (λ the root
-        of each member's batch, :meth:`~topklab.losses.aggregate.thresholded.ThresholdedTopK.solve_rows`);
-        "gradient" leaves the fingerprint as it was before this field
+    lam_update : a rule name of :mod:`~topklab.losses.aggregate.lambda_rules`, or None (default) for the
+        paper's SGD-STk (λ trained at each member's η); each member's λ follows the rule as a module's
+        own would (:meth:`~topklab.losses.aggregate.lambda_rules.LambdaRule.member_lam`). The paper's
+        update leaves the fingerprint as it was before this field
     max_members : int, largest population trained at once (bounds memory)
     compile_min_n : int >= 1 or None, MATk/STk's ``compile_min_n`` for the members (their kernel path):
         16384 (default) keeps the batch-16 rows on the eager kernel, the path the committed cells ran;
@@ -82,7 +84,7 @@ class Protocol:
     hidden: int = 10
     lam_init: float = 0.0
     max_members: int = 70_000
-    lam_update: str = "gradient"
+    lam_update: str | None = None
     compile_min_n: int | None = COMMITTED_COMPILE_MIN_N
 
     def __post_init__(self):
@@ -93,13 +95,13 @@ class Protocol:
         if not self.min_delta >= 0:
             raise TopklabError(f"preset.min_delta={self.min_delta!r} must be >= 0")
         check_int("preset.compile_min_n", self.compile_min_n, 1, allow_none=True, error=TopklabError)
-        if self.lam_update not in ("gradient", "solve"):
-            raise TopklabError(f"preset.lam_update={self.lam_update!r}; choose gradient (the paper's) or solve")
+        if self.lam_update is not None and self.lam_update not in RULES:
+            raise TopklabError(f"preset.lam_update={self.lam_update!r}; choose one of: {', '.join(RULES)}")
 
     def members_aggregate(self, config: DictConfig) -> DictConfig:
         """Loss config ``config`` as the members train with it: λ by ``lam_update``
         (:func:`~topklab.engine.aggregates.with_lam_update`), the kernel path by ``compile_min_n``."""
-        config = with_lam_update(config, self.lam_update)
+        config = with_lam_update(config, PAPER if self.lam_update is None else self.lam_update)
         if "compile_min_n" in config:
             config.compile_min_n = self.compile_min_n
         return config
@@ -108,7 +110,7 @@ class Protocol:
         """Everything that determines a cell's numbers (stored with it, compared on resume)."""
         fields = asdict(self)
         fields.pop("max_members")
-        if fields["lam_update"] == "gradient":  # the paper's update, the protocol's as stored before the field existed
+        if is_trained(PAPER if self.lam_update is None else self.lam_update):  # as stored before the field existed
             fields.pop("lam_update")
         if fields["compile_min_n"] == COMMITTED_COMPILE_MIN_N:  # the kernel path as stored before the field existed
             fields.pop("compile_min_n")

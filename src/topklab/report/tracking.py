@@ -1,14 +1,34 @@
 """λ in band in the result tables: the share of a MATk/STk run's training steps at which λ tracked
-the k-th largest loss (:mod:`topklab.losses.aggregate.lambda_monitor`), and the rows it flags."""
+the k-th largest loss (:mod:`topklab.losses.aggregate.lambda_monitor`), and the rows it flags.
+
+The tables read each run's stored ``lambda_tracking`` (its ``in_band``, ``judged_on`` and ``flag``)
+as the run wrote it; nothing is recomputed from a run's history."""
 
 from __future__ import annotations
 
+from topklab.losses.aggregate.lambda_monitor import ALL_STEPS, PARTLY_BELOW, PARTLY_TRACKED_FLAG
 from topklab.report.stats import mean_std
+
+
+def not_stk(tracking: dict) -> bool:
+    """Whether a run's stored ``lambda_tracking`` carries a flag other than :data:`PARTLY_TRACKED_FLAG`
+    (λ did not track: the run is not STk).
+
+    Examples
+    --------
+    >>> not_stk({"flag": "λ did not track the k-th loss: this row is not STk"}), not_stk({"flag": None})
+    (True, False)
+    >>> not_stk({"flag": "λ partly tracked the k-th loss"})
+    False
+    """
+    return bool(tracking.get("flag")) and tracking["flag"] != PARTLY_TRACKED_FLAG
 
 
 def band_cell(summaries: list[dict]) -> str:
     """λ in band over a row's seeds: "—" without a threshold, "not logged" for runs from before the
-    diagnostic, the value (mean ± std over seeds) otherwise, flagged when any seed is flagged.
+    diagnostic, the value (mean ± std over seeds) otherwise, marked "all steps" when a seed stopped
+    within its burn-in (judged on all its steps), "flagged" when a seed's λ did not track, else
+    "partly tracked" when a seed's λ partly tracked.
 
     Examples
     --------
@@ -16,6 +36,10 @@ def band_cell(summaries: list[dict]) -> str:
     ('—', 'not logged')
     >>> band_cell([{"lambda": 1.0, "lambda_tracking": {"in_band": 0.1, "flag": "λ did not track"}}])
     '0.10 (flagged)'
+    >>> band_cell([{"lambda": 1.0, "lambda_tracking": {"in_band": 0.6, "flag": "λ partly tracked the k-th loss"}}])
+    '0.60 (partly tracked)'
+    >>> band_cell([{"lambda": 1.0, "lambda_tracking": {"in_band": 0.2, "judged_on": "all steps", "flag": "λ did not track"}}])
+    '0.20 (all steps, flagged)'
     """
     if all(s.get("lambda") is None for s in summaries):
         return "—"
@@ -24,13 +48,42 @@ def band_cell(summaries: list[dict]) -> str:
     if not values:
         return "not logged"
     text = f"{values[0]:.2f}" if len(values) == 1 else "{:.2f} ± {:.2f}".format(*mean_std(values))
-    return text + (" (flagged)" if any(t.get("flag") for t in tracking) else "")
+    marks = [ALL_STEPS] if any(t.get("judged_on") == ALL_STEPS for t in tracking) else []
+    if any(not_stk(t) for t in tracking):
+        marks.append("flagged")
+    elif any(t.get("flag") == PARTLY_TRACKED_FLAG for t in tracking):
+        marks.append("partly tracked")
+    return text + (f" ({', '.join(marks)})" if marks else "")
 
 
 def flagged_rows(rows: dict[str, list[dict]], labels: dict[str, str]) -> list[str]:
     """The labels of the rows with a seed whose λ did not track."""
+    return [labels[row] for row, runs in rows.items() if any(not_stk(_tracking(r)) for r in runs)]
+
+
+def partly_tracked_rows(rows: dict[str, list[dict]], labels: dict[str, str]) -> list[str]:
+    """The labels of the rows with a seed whose λ partly tracked and none whose λ did not track."""
     return [
         labels[row]
         for row, runs in rows.items()
-        if any((r["result"]["summary"].get("lambda_tracking") or {}).get("flag") for r in runs)
+        if any(_tracking(r).get("flag") == PARTLY_TRACKED_FLAG for r in runs)
+        and not any(not_stk(_tracking(r)) for r in runs)
     ]
+
+
+def flag_lines(rows: dict[str, list[dict]], labels: dict[str, str]) -> list[str]:
+    """The note under a table naming its flagged rows (none when no row is flagged): the rows whose λ
+    did not track (not STk), then those whose λ partly tracked."""
+    lines = []
+    flagged = flagged_rows(rows, labels)
+    if flagged:
+        lines += ["", f"**λ did not track the k-th loss, so these rows are not STk:** {', '.join(flagged)}."]
+    partly = partly_tracked_rows(rows, labels)
+    if partly:
+        share = f"in band on fewer than {round(PARTLY_BELOW * 100)} % of the steps"
+        lines += ["", f"**λ partly tracked the k-th loss ({share}):** {', '.join(partly)}."]
+    return lines
+
+
+def _tracking(result: dict) -> dict:
+    return result["result"]["summary"].get("lambda_tracking") or {}

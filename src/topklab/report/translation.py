@@ -6,9 +6,10 @@ translation table by its ``translation_table`` field in ``results/paper/*.yaml``
 
 from __future__ import annotations
 
+from topklab.losses.aggregate.lambda_monitor import ALL_STEPS
 from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
-from topklab.report.tracking import band_cell, flagged_rows
+from topklab.report.tracking import band_cell, flag_lines
 from topklab.report.vision import by_table
 from topklab.utils.errors import TopklabError
 
@@ -141,9 +142,7 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
         if has_paper:
             cells.append(f"{published[row]['bleu']:.2f}" if row in published else "—")
         lines.append("| " + " | ".join(cells) + " |")
-    flagged = flagged_rows({row: rows[row] for row in present}, labels)
-    if flagged:
-        lines += ["", f"**λ did not track the k-th loss, so these rows are not STk:** {', '.join(flagged)}."]
+    lines += flag_lines({row: rows[row] for row in present}, labels)
     lines += _tracking_section(present, rows, labels) + _paired_section(present, rows, labels)
     curves = {row: [r["result"]["summary"] for r in rows[row]] for row in present}
     epochs = max(len(_per_epoch(s, "val_bleu")) for s in curves.values())
@@ -171,7 +170,8 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
 
 
 def _tracking_section(present, rows, labels) -> list[str]:
-    """λ's diagnostics per seed for the rows with a threshold, and the flag of any row whose λ did not track."""
+    """λ's diagnostics per seed for the rows with a threshold, and each seed's flag (λ did not track or
+    partly tracked); λ in band is marked "(all steps)" for a seed judged on all its steps."""
     tracked = [row for row in present if any(r["result"]["summary"].get("lambda") is not None for r in rows[row])]
     if not tracked:
         return []
@@ -188,6 +188,8 @@ def _tracking_section(present, rows, labels) -> list[str]:
         for result in sorted(rows[row], key=lambda r: r["config"]["seed"]):
             tracking = result["result"]["summary"].get("lambda_tracking") or {}
             values = ["not logged" if tracking.get(key) is None else f"{tracking[key]:.3f}" for key, _ in DIAGNOSTICS]
+            if tracking.get("judged_on") == ALL_STEPS:  # stopped within its burn-in: λ in band is over all steps
+                values[0] += f" ({ALL_STEPS})"  # DIAGNOSTICS[0] is in_band
             lines.append(
                 f"| {labels[row]} | {result['config']['seed']} | "
                 + " | ".join(values)

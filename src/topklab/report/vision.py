@@ -10,7 +10,7 @@ import statistics
 
 from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
-from topklab.report.tracking import band_cell, flagged_rows
+from topklab.report.tracking import band_cell, flag_lines
 from topklab.utils.errors import TopklabError
 
 METRICS = ("top1", "top5", "many", "medium", "few", "ece")  # ECE: shown when the results have it
@@ -117,9 +117,7 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
             values = published.get(row, {})
             cells += [f"{values[m]:.2f}" if m in values else "—" for m in ("top1", "top5")]
         lines.append("| " + " | ".join(cells) + " |")
-    flagged = flagged_rows({row: rows[row] for row in present}, labels)
-    if flagged:
-        lines += ["", f"**λ did not track the k-th loss, so these rows are not STk:** {', '.join(flagged)}."]
+    lines += flag_lines({row: rows[row] for row in present}, labels)
     lines += per_seed_table(present, rows, labels)
     counts = first["result"]["summary"].get("class_counts")
     if counts and len(counts) <= 20:

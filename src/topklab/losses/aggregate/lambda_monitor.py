@@ -9,6 +9,10 @@ MATk/STk is the average by definition and the band is undefined (None).
 The band is on the smoothed share because, with a δ large against the losses' spread, the hard
 share sits far from k/n even at the optimum. The hard share and λ against the batch's k-th largest
 loss are sampled every ``sample_every`` calls (they need a pass and a selection).
+
+A run is judged on its share of in-band calls after the burn-in (the first 10 % of its calls), or on
+all its calls when none came after the burn-in: below :data:`PARTLY_BELOW` it is flagged
+:data:`PARTLY_TRACKED_FLAG`, below :data:`FLAG_BELOW` :data:`LOW_BAND_FLAG` (not STk).
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ import warnings
 import torch
 
 LOW_BAND_FLAG = "λ did not track the k-th loss: this row is not STk"
-FLAG_BELOW = 0.5  # a run with a smaller share of in-band steps is flagged
+FLAG_BELOW = 0.5  # a run with a smaller share of in-band steps is not STk
+PARTLY_TRACKED_FLAG = "λ partly tracked the k-th loss"
+PARTLY_BELOW = 0.9  # a run with a smaller share, but at least FLAG_BELOW, is partly tracked
+AFTER_BURN_IN, ALL_STEPS = "after burn-in", "all steps"  # lambda_tracking's ``judged_on``
 WARN_AFTER_CALLS = 100  # the library warns once after this many consecutive out-of-band calls
 
 
@@ -72,7 +79,20 @@ class LambdaMonitor:
         self._warned = False
         self.band_defined = True  # False once a call had k = n
 
-    def record(self, share: torch.Tensor, k: int, n: int, sample=None) -> None:
+    def move(self, fn) -> None:
+        """Follow a module's ``_apply`` function (``.to()``, ``.cuda()`` …) to its device; the state
+        stays float64 whatever dtype the module is converted to."""
+        if self._state is not None:
+            self._state = self._state.to(fn(self._state).device)
+
+    @staticmethod
+    def rows_in_band(shares: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Whether every row is in band: row shares (P,) against their k/n (P,) (a 0-d bool tensor;
+        rows with k = n are left out)."""
+        defined = targets < 1
+        return (in_band(shares, targets.to(shares.dtype)) | ~defined).all()
+
+    def record(self, share: torch.Tensor, k: int, n: int, sample=None, rows_in_band=None) -> None:
         """One training call: ``share`` the smoothed share above λ (0-d tensor), k of n losses;
         ``sample`` (on every ``sample_every``-th call) a callable giving ``(hard share, λ − ℓ_[k])``.
 
@@ -90,7 +110,7 @@ class LambdaMonitor:
         one, zero = torch.ones_like(share64), torch.zeros_like(share64)
         self.band_defined = k < n
         if k < n:
-            good = in_band(share, k / n).double()
+            good = (in_band(share, k / n) if rows_in_band is None else rows_in_band).double()
             counted = (state[self._SEEN] + 1 > self.burn_in).double()  # after the burn-in: 1, else 0 (exact sums)
             kept = 1.0 - good  # the streak becomes streak · (1 − good) + (1 − good): + 1, or 0 when in band
             added = [one, share64, good, counted, good * counted, zero, zero, zero, one, kept]
@@ -186,16 +206,28 @@ class LambdaMonitor:
 def lambda_tracking(history: list[dict]) -> dict:
     """The run's λ diagnostics from its epoch rows (:meth:`LambdaMonitor.pop_epoch`):
 
-    - ``in_band``: in-band calls after the burn-in over the counted calls (None when k = n or none counted);
+    - ``in_band``: in-band calls after the burn-in over the counted calls; when calls were made but
+      none was counted (the run stopped within its burn-in), ``in_band_all``'s value; None when k = n
+      or no call was made;
+    - ``judged_on``: :data:`AFTER_BURN_IN` or :data:`ALL_STEPS`, the calls ``in_band`` is over (None
+      where it is None);
     - ``in_band_all``: in-band calls over all calls;
     - ``smoothed_share``, ``hard_share``, ``lam_minus_kth``: the last epoch's;
-    - ``flag``: :data:`LOW_BAND_FLAG` when ``in_band`` < :data:`FLAG_BELOW`, else None.
+    - ``flag``: :func:`flag_for` of ``in_band``.
 
     Examples
     --------
     >>> rows = [{"lam_calls": 10, "lam_in_band_counted": 9, "lam_in_band_hits": 2, "lam_in_band_all_hits": 2, "lam_in_band": 0.2}]
-    >>> lambda_tracking(rows)["in_band"], lambda_tracking(rows)["flag"]
-    (0.2222222222222222, 'λ did not track the k-th loss: this row is not STk')
+    >>> tracking = lambda_tracking(rows)
+    >>> tracking["in_band"], tracking["judged_on"], tracking["flag"]
+    (0.2222222222222222, 'after burn-in', 'λ did not track the k-th loss: this row is not STk')
+
+    A run that stopped within its burn-in is judged on all its calls:
+
+    >>> rows = [{"lam_calls": 4, "lam_in_band_counted": 0, "lam_in_band_hits": 0, "lam_in_band_all_hits": 3, "lam_in_band_all": 0.75}]
+    >>> tracking = lambda_tracking(rows)
+    >>> tracking["in_band"], tracking["judged_on"], tracking["flag"]
+    (0.75, 'all steps', 'λ partly tracked the k-th loss')
     """
 
     def total(name):
@@ -203,18 +235,35 @@ def lambda_tracking(history: list[dict]) -> dict:
 
     banded = any(row.get("lam_in_band_all") is not None or row.get("lam_in_band") is not None for row in history)
     counted, calls = total("lam_in_band_counted"), total("lam_calls")
-    in_band = total("lam_in_band_hits") / counted if banded and counted else None
+    in_band_all = total("lam_in_band_all_hits") / calls if banded and calls else None
+    if banded and counted:
+        in_band, judged_on = total("lam_in_band_hits") / counted, AFTER_BURN_IN
+    elif in_band_all is not None:  # every call within the burn-in
+        in_band, judged_on = in_band_all, ALL_STEPS
+    else:
+        in_band, judged_on = None, None
     last = history[-1] if history else {}
     return {
         "in_band": in_band,
-        "in_band_all": total("lam_in_band_all_hits") / calls if banded and calls else None,
+        "judged_on": judged_on,
+        "in_band_all": in_band_all,
         **{name: last.get(name) for name in ("smoothed_share", "hard_share", "lam_minus_kth")},
         "flag": flag_for(in_band),
     }
 
 
 def flag_for(in_band_share: float | None) -> str | None:
-    """:data:`LOW_BAND_FLAG` when the run's share of in-band steps is below :data:`FLAG_BELOW`."""
+    """The flag of a run in band on ``in_band_share`` of its judged steps: :data:`LOW_BAND_FLAG`
+    below :data:`FLAG_BELOW`, :data:`PARTLY_TRACKED_FLAG` below :data:`PARTLY_BELOW`, else None
+    (also for None or a non-finite share).
+
+    Examples
+    --------
+    >>> flag_for(0.3), flag_for(0.55), flag_for(0.95), flag_for(None)
+    ('λ did not track the k-th loss: this row is not STk', 'λ partly tracked the k-th loss', None, None)
+    """
     if in_band_share is None or not math.isfinite(in_band_share):
         return None
-    return LOW_BAND_FLAG if in_band_share < FLAG_BELOW else None
+    if in_band_share < FLAG_BELOW:
+        return LOW_BAND_FLAG
+    return PARTLY_TRACKED_FLAG if in_band_share < PARTLY_BELOW else None

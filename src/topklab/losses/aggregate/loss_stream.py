@@ -148,8 +148,8 @@ def replay(stream: LossStream, aggregate, optimizer=None, scheduler=None, skip: 
         k = resolve_k(aggregate.k, n)
         if optimizer is not None:
             optimizer.zero_grad()
-        stored = aggregate.lam_update != "gradient"
-        stepping = stored and aggregate.lam_update == "track" and aggregate._started  # this call uses the last λ
+        stored = aggregate.rule.stored
+        stepping = aggregate.rule.uses_last(aggregate, n)  # this call uses the last λ
         used = aggregate.lam_last.detach().clone() if stepping else None
         aggregate(losses).backward()
         if optimizer is not None:

@@ -492,6 +492,21 @@ void sample_call(double* state, const T* row, int64_t n, T lam, int64_t k) {
   state[7] += 1.0;
 }
 
+// MATk at λ = ℓ_[k] (lambda_rules.py's split_tie_mass): ReLU's slope at 0 is 0, so the losses tied at λ get the
+// gradient mass k − #{ℓ > λ} of (k/n)·ATk's in equal parts, step·((k − above)/ties) each.
+template <typename T>
+void split_tie_mass(const T* row, int64_t n, T lam, T k, T step, T* grad) {
+  int64_t above = 0, ties = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    above += row[i] > lam;
+    ties += row[i] == lam;
+  }
+  if (ties == 0) return;
+  const T mass = step * ((k - T(above)) / T(ties));
+  for (int64_t i = 0; i < n; ++i)
+    if (row[i] == lam) grad[i] += mass;
+}
+
 // value (0-d) of losses (n,) at λ (0-d, any float dtype), differentiable in both; the backward only scales.
 struct RowThresholded : public torch::autograd::Function<RowThresholded> {
   // state (optional): the λ monitor's sums, where this call records its smoothed share Σ φ'/n (from the pass's
@@ -499,7 +514,7 @@ struct RowThresholded : public torch::autograd::Function<RowThresholded> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& losses_in, const at::Tensor& lam,
                             double delta, double k, double scale, int64_t smoothing,
                             const std::optional<at::Tensor>& state = std::nullopt, double burn_in = 0.0,
-                            bool sample = false) {
+                            bool sample = false, bool at_kth = false) {
     const bool grads = ctx != nullptr;
     const at::Tensor losses = losses_in.contiguous();
     at::Tensor value = at::empty({}, losses.options());
@@ -514,6 +529,8 @@ struct RowThresholded : public torch::autograd::Function<RowThresholded> {
       if (grads) {
         dispatch<scalar_t, true>(smoothing, losses.data_ptr<scalar_t>(), &lm, &d, &kk, &s, 1, losses.size(0),
                                  value.data_ptr<scalar_t>(), grad.data_ptr<scalar_t>(), &gl, &slope_sum);
+        if (at_kth) split_tie_mass(losses.data_ptr<scalar_t>(), losses.size(0), lm, kk, s / scalar_t(losses.size(0)),
+                                   grad.data_ptr<scalar_t>());
         grad_lam = at::scalar_tensor(gl, losses.options());
       } else {
         dispatch<scalar_t, false>(smoothing, losses.data_ptr<scalar_t>(), &lm, &d, &kk, &s, 1, losses.size(0),
@@ -537,7 +554,8 @@ struct RowThresholded : public torch::autograd::Function<RowThresholded> {
     const auto lam_dtype = static_cast<at::ScalarType>(ctx->saved_data["lam_dtype"].toInt());
     return {ctx->needs_input_grad(0) ? grad : at::Tensor(),
             ctx->needs_input_grad(1) ? grad_lam.to(lam_dtype) : at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -576,7 +594,9 @@ std::vector<at::Tensor> solve_call(const at::Tensor& losses_in, at::Tensor lam_a
     record_call<scalar_t>(state.data_ptr<double>(), share, k, double(n), burn_in);
     if (sample) sample_call<scalar_t>(state.data_ptr<double>(), row, n, lam, int64_t(k));
   });
-  at::Tensor value = grads ? RowThresholded::apply(losses_in, solved, delta, k, scale, smoothing)
+  const bool at_kth = smoothing == kReLU;  // λ = ℓ_[k]: the tied losses share the missing mass
+  at::Tensor value = grads ? RowThresholded::apply(losses_in, solved, delta, k, scale, smoothing, std::nullopt, 0.0,
+                                                   false, at_kth)
                            : RowThresholded::forward(nullptr, losses_in, solved, delta, k, scale, smoothing);
   return {value, solved};
 }
