@@ -40,7 +40,7 @@ from topklab.utils.k import resolve_k  # noqa: E402
 from topklab.utils.provenance import git_info  # noqa: E402
 
 FALLBACK_RULES = ("track", "solve", "gradient")  # lam_update's names before lambda_rules.RULES
-NS = (16, 64, 128, 4096)
+NS = (16, 64, 128, 256, 1024, 2048, 4096)  # the last four around the adaptive rule's switches
 KS = (0.1, 0.5, 0.9)
 DISTRIBUTIONS = ("uniform", "lognormal")
 DISTRIBUTION_LABELS = {"uniform": "U(0, 3)", "lognormal": "exp(N(0, 1))"}

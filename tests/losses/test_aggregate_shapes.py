@@ -324,7 +324,7 @@ def test_dim_must_be_an_int():
 
 def test_dim_shows_in_the_repr_only_when_set():
     assert repr(ATk(2)) == "ATk(k=2, method='topk')" and repr(Average(dim=0)) == "Average(dim=0)"
-    assert repr(STk(2, dim=1)).endswith("small_batch_steps=8, dim=1)")
+    assert repr(STk(2, dim=1)).endswith("track_from=None, dim=1)")
 
 
 @pytest.mark.slow

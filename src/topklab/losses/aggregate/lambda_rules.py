@@ -287,60 +287,57 @@ class Tracked(LambdaRule):
 
 
 class Adaptive(LambdaRule):
-    """``"adaptive"`` (the library default): :class:`Solved` on batches of fewer than ``track_from``
-    losses, with at least ``small_batch_steps`` steps (cheap there, and one call behind is often out
-    of band on small i.i.d. batches), :class:`Tracked` from ``track_from`` losses on (one pass).
+    """``"adaptive"`` (the library default): :class:`Solved` on short rows, where one call behind is
+    often out of band on i.i.d. batches and a solve is cheap, :class:`Tracked` (one pass) from
+    ``track_from`` losses on. A solved row of n losses takes ``max(1, min(8, 512 // n))`` steps (about
+    512 losses' worth of solve work a call: 8 steps on 16–64 losses, one from 512 on).
 
     Parameters
     ----------
-    track_from : int >= 1
-        The shortest row that is tracked. Default 4096.
-    small_batch_steps : int >= 1
-        The fewest solve steps below ``track_from``. Default 8.
+    track_from : int >= 1 or None
+        The shortest row that is tracked. None (default): 2,048 losses for STk, 256 for MATk (whose
+        window tracks ℓ_[k] in band from fewer losses), where the tracked λ is in band on ≥ 0.9 of
+        calls on i.i.d. batches (``results/bench/lambda_rules_cpu.md``).
     """
 
     name = "adaptive"
     tracks = True
+    TRACK_FROM = {"srelu": 2048, "relu": 256}  # per smoothing: see track_from
+    SOLVE_BUDGET, MOST_STEPS = 512, 8
 
-    def __init__(
-        self,
-        solve_steps: int = 2,
-        lam_momentum: float = 0.1,
-        lam_lr: float | None = None,
-        track_from: int = 4096,
-        small_batch_steps: int = 8,
-    ):
+    def __init__(self, solve_steps: int = 2, lam_momentum: float = 0.1, lam_lr: float | None = None,
+                 track_from: int | None = None):  # fmt: skip
         super().__init__(solve_steps, lam_momentum, lam_lr)
-        check_int("track_from", track_from, why="the shortest row whose λ is tracked")
-        check_int("small_batch_steps", small_batch_steps, why="the fewest solve steps on a shorter row")
-        self.track_from, self.small_batch_steps = track_from, small_batch_steps
+        check_int("track_from", track_from, allow_none=True, why="the shortest row whose λ is tracked")
+        self.track_from = track_from
         self._solved, self._tracked = Solved(solve_steps, lam_momentum), Tracked(solve_steps, lam_momentum)
 
     def settings_repr(self, holder=None) -> str:
-        return (
-            f"{super().settings_repr(holder)}, track_from={self.track_from}, small_batch_steps={self.small_batch_steps}"
-        )
+        return f"{super().settings_repr(holder)}, track_from={self.track_from}"
 
     def steps_at(self, n: int) -> int:
-        return self.solve_steps if n >= self.track_from else max(self.solve_steps, self.small_batch_steps)
+        return max(1, min(self.MOST_STEPS, self.SOLVE_BUDGET // max(n, 1)))
 
-    def _rule(self, n: int) -> LambdaRule:
-        return self._tracked if n >= self.track_from else self._solved
+    def _shortest_tracked(self, holder) -> int:
+        return self.TRACK_FROM[holder.smoothing] if self.track_from is None else self.track_from
+
+    def _rule(self, holder, n: int) -> LambdaRule:
+        return self._tracked if n >= self._shortest_tracked(holder) else self._solved
 
     def training_lam(self, holder, rows, k, count, delta):
-        rule = self._rule(rows.shape[1])
+        rule = self._rule(holder, rows.shape[1])
         if rule is self._solved:
             return self.solve(holder, rows, k, count, delta)
         return rule.training_lam(holder, rows, k, count, delta)
 
     def lane(self, holder, n):
-        return self._rule(n).lane(holder, n)
+        return self._rule(holder, n).lane(holder, n)
 
     def uses_last(self, holder, n):
-        return self._rule(n).uses_last(holder, n)
+        return self._rule(holder, n).uses_last(holder, n)
 
     def member_lam(self, holder, losses, k, delta, lam, first):
-        if losses.shape[1] >= self.track_from:
+        if losses.shape[1] >= self._shortest_tracked(holder):
             return self._tracked.member_lam(holder, losses, k, delta, lam, first)
         return super().member_lam(holder, losses, k, delta, lam, first)
 

@@ -21,9 +21,12 @@ NATIVE_DTYPES = (torch.float32, torch.float64)
 GPU_COMPILE_MIN_N = 16384  # compile_min_n=None: the shortest row kernel="auto" compiles on a GPU
 
 
+_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
 def _transformed(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` is wrapped by a ``torch.func`` transform (grad, vmap …); never while compiling."""
-    return not torch.compiler.is_compiling() and torch._C._functorch.is_functorch_wrapped_tensor(tensor)
+    return not torch.compiler.is_compiling() and _wrapped(tensor)
 
 
 def check_delta(delta: float | None, smoothing: str) -> float | None:
@@ -122,7 +125,7 @@ class ThresholdedTopK(Aggregate):
         self._started = False  # host copy of the buffer lam_started
         self.rule.attach(self, () if rows is None else (rows,), 0.0 if lam_init == "auto" else float(lam_init))
         self.monitor = LambdaMonitor()
-        self._row_settings: dict = {}  # the one-row lane's constants per row length and settings (_row_constants)
+        self._row_settings: dict = {}  # the one-row lane's plan per row length and settings (_row_plan)
 
     @property
     def k(self) -> int | float | torch.Tensor:
@@ -161,6 +164,7 @@ class ThresholdedTopK(Aggregate):
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         self.monitor.move(fn)
+        self._row_settings.clear()  # the buffers' dtype decides the lane
         return self
 
     def forward(self, losses: torch.Tensor) -> torch.Tensor:
@@ -204,36 +208,37 @@ class ThresholdedTopK(Aggregate):
             or losses.dim() != 1
             or not losses.is_cpu
             or losses.dtype not in NATIVE_DTYPES
-            or _transformed(losses)
+            or _wrapped(losses)
         ):
             return None
         n = losses.shape[0]
-        constants = self._row_constants(n, losses.dtype)
-        if constants is None:
+        plan = self._row_plan(n, losses.dtype)
+        if plan is None:
             return None
+        count, scale, delta, lane, steps = plan
         training = self.training and torch.is_grad_enabled()
-        lane = self.rule.lane(self, n) if training else "row_call"
         monitor = self.monitor
-        if training and (not self._started or monitor._state is None or lane is None or not self._lane_buffers()):
+        if training and (lane is None or not self._started or monitor._state is None):
             return None
         if not native_built() and not native_ready(losses, "using the eager kernel instead", self.kernel != "auto"):
             return None
-        count, scale, delta = constants
         sample = training and monitor.native_call(count, n)
-        buffers, phi, burn_in = self._buffers, self._phi.native_id, monitor.burn_in
-        if lane == "track_call":
+        phi, burn_in, momentum = self._phi.native_id, monitor.burn_in, self.rule.lam_momentum
+        buffers = self._buffers  # read directly: nn.Module's attribute lookup costs about a microsecond a call
+        if training and lane == "track_call":
             value = native_extension().track_call(
-                losses, self.lam, self.lam_last, buffers.get("lam_width"), monitor._state, phi, count, delta, scale,
-                self.lam_momentum, burn_in, losses.requires_grad, sample,
+                losses, buffers["lam"], buffers["lam_last"], buffers.get("lam_width"), monitor._state, phi, count,
+                delta, scale, momentum, burn_in, losses.requires_grad, sample,
             )  # fmt: skip
-            lam = self.lam_last  # the next call's λ: the warning's share is read there
-        elif lane == "solve_call":
-            value, lam = native_extension().solve_call(
-                losses, self.lam, self.lam_last, monitor._state, count, delta, scale, phi, self.lam_momentum,
-                self.rule.steps_at(n), burn_in, losses.requires_grad, sample,
+            lam = buffers["lam_last"]  # the next call's λ: the warning's share is read there
+        elif training and lane == "solve_call":
+            value = native_extension().solve_call(
+                losses, buffers["lam"], buffers["lam_last"], monitor._state, count, delta, scale, phi, momentum,
+                steps, burn_in, losses.requires_grad, sample,
             )  # fmt: skip
+            lam = buffers["lam_last"]  # this call's λ (a row whose λ is not finite leaves it: the warning's share)
         else:
-            lam = self.lam if self.rule.stored else self.threshold
+            lam = buffers["lam"] if self.rule.stored else self.threshold
             grads = torch.is_grad_enabled() and (losses.requires_grad or lam.requires_grad)
             state = monitor._state if training else None
             value = native_extension().row_call(losses, lam, delta, count, scale, phi, grads, state, burn_in, sample)
@@ -243,15 +248,12 @@ class ThresholdedTopK(Aggregate):
             )
         return value
 
-    def _lane_buffers(self) -> bool:
-        """Whether the lane can set λ here: a trained λ, or a stored one in float32 buffers."""
-        return not self.rule.stored or all(buffer.dtype == torch.float32 for buffer in self._buffers.values()
-                                           if buffer.is_floating_point())  # fmt: skip
-
-    def _row_constants(self, n: int, dtype: torch.dtype) -> tuple[int, float, float] | None:
-        """(k's count, the output scale, δ) for one row of n losses in ``dtype`` on the native path
-        (the scale n/k in the losses' dtype, as the general path's ``n / k`` rounds it), or None
-        where the one-row lane does not apply (another path, a tensor k, ``rows``, no δ for SReLU)."""
+    def _row_plan(self, n: int, dtype: torch.dtype) -> tuple | None:
+        """(k's count, the output scale, δ, the rule's C++ entry for a training call or None, its solve
+        steps) for one row of n losses in ``dtype`` on the native path (the scale n/k in the losses'
+        dtype, as the general path's ``n / k`` rounds it), or None where the one-row lane does not apply
+        (another path, a tensor k, ``rows``, no δ for SReLU). A stored λ is set in the lane only in
+        float32 buffers. Cached per n and dtype; changing k or moving the module clears the cache."""
         key = (n, dtype, self.scale, self.kernel, self.compile_min_n, self.rows, self.delta)
         if key not in self._row_settings:
             native = self._chosen_path(n, "cpu") == "native"
@@ -261,7 +263,10 @@ class ThresholdedTopK(Aggregate):
             else:
                 count = resolve_count(self.k, n)
                 scale = float(n / torch.full((1,), count, dtype=dtype)) if self.scale == "atk" else 1.0
-                self._row_settings[key] = (count, scale, 0.0 if self.delta is None else self.delta)
+                float32 = all(b.dtype == torch.float32 for b in self._buffers.values() if b.is_floating_point())
+                entry = self.rule.lane(self, n) if float32 or not self.rule.stored else None
+                delta = 0.0 if self.delta is None else self.delta
+                self._row_settings[key] = (count, scale, delta, entry, self.rule.steps_at(n))
         return self._row_settings[key]
 
     def _record(self, losses, lam, k, count, share) -> None:

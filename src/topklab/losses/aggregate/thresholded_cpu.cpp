@@ -514,7 +514,7 @@ struct RowThresholded : public torch::autograd::Function<RowThresholded> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& losses_in, const at::Tensor& lam,
                             double delta, double k, double scale, int64_t smoothing,
                             const std::optional<at::Tensor>& state = std::nullopt, double burn_in = 0.0,
-                            bool sample = false, bool at_kth = false) {
+                            bool sample = false) {
     const bool grads = ctx != nullptr;
     const at::Tensor losses = losses_in.contiguous();
     at::Tensor value = at::empty({}, losses.options());
@@ -529,8 +529,6 @@ struct RowThresholded : public torch::autograd::Function<RowThresholded> {
       if (grads) {
         dispatch<scalar_t, true>(smoothing, losses.data_ptr<scalar_t>(), &lm, &d, &kk, &s, 1, losses.size(0),
                                  value.data_ptr<scalar_t>(), grad.data_ptr<scalar_t>(), &gl, &slope_sum);
-        if (at_kth) split_tie_mass(losses.data_ptr<scalar_t>(), losses.size(0), lm, kk, s / scalar_t(losses.size(0)),
-                                   grad.data_ptr<scalar_t>());
         grad_lam = at::scalar_tensor(gl, losses.options());
       } else {
         dispatch<scalar_t, false>(smoothing, losses.data_ptr<scalar_t>(), &lm, &d, &kk, &s, 1, losses.size(0),
@@ -554,51 +552,80 @@ struct RowThresholded : public torch::autograd::Function<RowThresholded> {
     const auto lam_dtype = static_cast<at::ScalarType>(ctx->saved_data["lam_dtype"].toInt());
     return {ctx->needs_input_grad(0) ? grad : at::Tensor(),
             ctx->needs_input_grad(1) ? grad_lam.to(lam_dtype) : at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
-// One training call under lam_update="solve" on losses (n,): λ the root (SReLU: solved from the warm start
-// lam_last; ReLU, MATk: the k-th largest loss, selected near lam_last by kth_near()), lam_last and the running
-// average lam (float32 buffers) updated as _solve() does, the call recorded in the monitor's state (float64, 10
-// slots), and the value at that λ (differentiable in the losses when grads). Returns (value, λ).
-std::vector<at::Tensor> solve_call(const at::Tensor& losses_in, at::Tensor lam_avg, at::Tensor lam_last,
-                                   at::Tensor state, double k, double delta, double scale, int64_t smoothing,
-                                   double momentum, int64_t steps, double burn_in, bool grads, bool sample) {
-  TORCH_CHECK(lam_avg.scalar_type() == at::kFloat && lam_last.scalar_type() == at::kFloat, "λ buffers must be float32");
-  TORCH_CHECK(smoothing == kSReLU || smoothing == kReLU, "solve_call solves SReLU's or ReLU's λ only");
-  const at::Tensor losses = losses_in.contiguous();
-  at::Tensor solved = at::empty({}, losses.options());
-  AT_DISPATCH_FLOATING_TYPES(losses.scalar_type(), "solve_call_cpu", [&] {
+// One training call of a solving rule on losses (n,): λ the root (SReLU: `steps` safeguarded steps from the warm start
+// lam_last; ReLU, MATk: the k-th largest loss, selected near lam_last by kth_near(), where the losses tied at λ share
+// the gradient mass ReLU's zero slope leaves out: split_tie_mass()), lam_last and the running average lam_avg
+// (float32 buffers) updated as lambda_rules.py's store() does (left as they are where λ is not finite), the call
+// recorded in the monitor's state, and the value at λ with its gradient in the losses (the fused kernel's, as
+// RowThresholded's), which the backward only scales.
+struct RowSolved : public torch::autograd::Function<RowSolved> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& losses_in, at::Tensor lam_avg,
+                            at::Tensor lam_last, at::Tensor state, double k, double delta, double scale,
+                            int64_t smoothing, double momentum, int64_t steps, double burn_in, bool sample) {
+    TORCH_CHECK(lam_avg.scalar_type() == at::kFloat && lam_last.scalar_type() == at::kFloat,
+                "λ buffers must be float32");
+    TORCH_CHECK(smoothing == kSReLU || smoothing == kReLU, "solve_call solves SReLU's or ReLU's λ only");
+    const bool grads = ctx != nullptr;
+    const at::Tensor losses = losses_in.contiguous();
     const int64_t n = losses.size(0);
-    const scalar_t* row = losses.data_ptr<scalar_t>();
-    scalar_t lam, share;
-    if (smoothing == kSReLU) {
-      const scalar_t kk = scalar_t(k), d = scalar_t(delta), start = scalar_t(lam_last.data_ptr<float>()[0]);
-      scalar_t count;
-      solve_rows<scalar_t>(row, &kk, &d, &start, 1, n, steps, &lam, &count);
-      share = count / scalar_t(n);
-    } else {
-      int64_t above_start = 0;  // the count at the warm start; the share is at λ
-      lam = kth_near(row, n, int64_t(k), scalar_t(lam_last.data_ptr<float>()[0]), above_start);
-      share = scalar_t(count_above(row, n, lam)) / scalar_t(n);  // the mean of ReLU's slope, 0 or 1 per loss
-    }
-    solved.data_ptr<scalar_t>()[0] = lam;
-    if (std::isfinite(lam)) {
-      const float root = float(lam);
-      float* avg = lam_avg.data_ptr<float>();
-      lam_last.data_ptr<float>()[0] = root;
-      avg[0] = float(1.0 - momentum) * avg[0] + float(momentum) * root;
-    }
-    record_call<scalar_t>(state.data_ptr<double>(), share, k, double(n), burn_in);
-    if (sample) sample_call<scalar_t>(state.data_ptr<double>(), row, n, lam, int64_t(k));
-  });
-  const bool at_kth = smoothing == kReLU;  // λ = ℓ_[k]: the tied losses share the missing mass
-  at::Tensor value = grads ? RowThresholded::apply(losses_in, solved, delta, k, scale, smoothing, std::nullopt, 0.0,
-                                                   false, at_kth)
-                           : RowThresholded::forward(nullptr, losses_in, solved, delta, k, scale, smoothing);
-  return {value, solved};
+    at::Tensor value = at::empty({}, losses.options());
+    at::Tensor grad = grads ? at::empty_like(losses) : at::Tensor();
+    AT_DISPATCH_FLOATING_TYPES(losses.scalar_type(), "solve_call_cpu", [&] {
+      const scalar_t* row = losses.data_ptr<scalar_t>();
+      const scalar_t kk = scalar_t(k), d = scalar_t(delta), s = scalar_t(scale);
+      scalar_t lam, share;
+      if (smoothing == kSReLU) {
+        const scalar_t start = scalar_t(lam_last.data_ptr<float>()[0]);
+        scalar_t count;
+        solve_rows<scalar_t>(row, &kk, &d, &start, 1, n, steps, &lam, &count);
+        share = count / scalar_t(n);
+      } else {
+        int64_t above_start = 0;  // the count at the warm start; the share is at λ
+        lam = kth_near(row, n, int64_t(k), scalar_t(lam_last.data_ptr<float>()[0]), above_start);
+        share = scalar_t(count_above(row, n, lam)) / scalar_t(n);  // the mean of ReLU's slope, 0 or 1 per loss
+      }
+      if (std::isfinite(lam)) {
+        const float root = float(lam);
+        float* avg = lam_avg.data_ptr<float>();
+        lam_last.data_ptr<float>()[0] = root;
+        avg[0] = float(1.0 - momentum) * avg[0] + float(momentum) * root;
+      }
+      record_call<scalar_t>(state.data_ptr<double>(), share, k, double(n), burn_in);
+      if (sample) sample_call<scalar_t>(state.data_ptr<double>(), row, n, lam, int64_t(k));
+      scalar_t grad_lam = 0;
+      if (grads) {
+        dispatch<scalar_t, true>(smoothing, row, &lam, &d, &kk, &s, 1, n, value.data_ptr<scalar_t>(),
+                                 grad.data_ptr<scalar_t>(), &grad_lam);
+        if (smoothing == kReLU) split_tie_mass(row, n, lam, kk, s / scalar_t(n), grad.data_ptr<scalar_t>());
+      } else {
+        dispatch<scalar_t, false>(smoothing, row, &lam, &d, &kk, &s, 1, n, value.data_ptr<scalar_t>(), nullptr,
+                                  nullptr);
+      }
+    });
+    if (grads) ctx->save_for_backward({grad});
+    return value;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_value) {
+    const at::Tensor grad = ctx->get_saved_variables()[0];
+    torch::autograd::variable_list out(12);
+    out[0] = all_ones(grad_value[0]) ? grad : grad * grad_value[0];
+    return out;
+  }
+};
+
+at::Tensor solve_call(const at::Tensor& losses, at::Tensor lam_avg, at::Tensor lam_last, at::Tensor state, double k,
+                      double delta, double scale, int64_t smoothing, double momentum, int64_t steps, double burn_in,
+                      bool grads, bool sample) {
+  return grads ? RowSolved::apply(losses, lam_avg, lam_last, state, k, delta, scale, smoothing, momentum, steps,
+                                  burn_in, sample)
+               : RowSolved::forward(nullptr, losses, lam_avg, lam_last, state, k, delta, scale, smoothing, momentum,
+                                    steps, burn_in, sample);
 }
 
 // ---- lam_update="track" (thresholded.py's ThresholdedTopK._track, solve.py's srelu_threshold_step) ----
@@ -987,7 +1014,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("thresholded", &thresholded, "value per row, differentiable in the losses and λ");
   m.def("run", &run, "(value, ∂/∂losses, ∂/∂λ) per row, no autograd");
   m.def("srelu_ratio_sums", &srelu_ratio_sums, "(Σ z/r, Σ r⁻³) with z = v − λ, r = √(z² + δ²), in double");
-  m.def("solve_call", &solve_call, "one training call of one row under lam_update='solve': (value, λ)");
+  m.def("solve_call", &solve_call, "one training call of one row of a solving λ rule: the value (λ stored)");
   m.def("track_call", &track_call, "one training call of one row under lam_update='track': the value");
   m.def("row_call", &row_call, "the value of one row at a 0-d λ, differentiable in the losses and λ");
   m.def("top_mean_row", &top_mean_row, "Average (k = 0) or ATk of one CPU row as torch's expression; None: not one");
