@@ -93,9 +93,12 @@ def test_matk_solve_gradcheck_on_distinct_losses():
 def test_the_australian_matk_k1_command_trains(compose_cfg, tmp_path):
     from topklab.engine.run import train  # noqa: PLC0415
 
-    cfg = compose_cfg("experiment=stk/table3/australian", "runner=model", "loss=matk", "loss.k=1")
-    summary = train(cfg, tmp_path / "run")
-    assert summary["best_step"] > 0, summary
+    base = ("experiment=stk/table3/australian", "runner=model", "loss=matk", "loss.k=1")
+    solved = train(compose_cfg(*base), tmp_path / "solve")
+    trained = train(compose_cfg(*base, "loss.lam_update=gradient"), tmp_path / "gradient")
+    error = {name: run["metrics"]["test"]["error_pct"] for name, run in (("solve", solved), ("gradient", trained))}
+    assert solved["best_step"] > 0 and abs(error["solve"] - error["gradient"]) <= 2, error
+    assert solved["lambda_tracking"]["in_band"] >= 0.9 and solved["lambda_tracking"]["flag"] is None
 
 
 def _batches(n=32, calls=12, seed=0):
@@ -242,3 +245,33 @@ def test_rule_table_names_and_instances():
     assert rule_for(rule) is rule and STk(k=2, lam_update=rule).rule is rule
     with pytest.raises(ValueError, match="unknown lam_update 'newton'; choose one of"):
         STk(k=2, lam_update="newton")
+
+
+@pytest.mark.parametrize("name", list(RULES))
+def test_the_tabular_preset_takes_every_rule_and_keeps_the_papers_fingerprint(name):
+    from hydra.utils import instantiate  # noqa: PLC0415
+
+    from topklab.engine.aggregates import aggregate_config  # noqa: PLC0415
+    from topklab.protocol.cell import Protocol  # noqa: PLC0415
+    from topklab.protocol.grid import Grid  # noqa: PLC0415
+
+    protocol = Protocol(grid=Grid(k=[0.5], C=[10.0], lr=[0.1], delta=[0.01]), lam_update=name)
+    module = instantiate(protocol.members_aggregate(aggregate_config("stk")))
+    assert module.lam_update == name and module.lam_lr is None
+    fingerprint = protocol.fingerprint("stk")
+    assert ("lam_update" in fingerprint) == RULES[name].stored  # the paper's update: as stored before the field
+    assert "lam_update" not in Protocol(grid=protocol.grid).fingerprint("stk")
+
+
+def test_an_unknown_rule_is_a_one_line_error_everywhere():
+    from topklab.protocol.cell import Protocol  # noqa: PLC0415
+    from topklab.protocol.grid import Grid  # noqa: PLC0415
+    from topklab.utils.errors import TopklabError  # noqa: PLC0415
+
+    with pytest.raises(TopklabError, match="preset.lam_update='newton'; choose one of: track, solve"):
+        Protocol(grid=Grid(k=[0.5], C=[10.0], lr=[0.1], delta=[0.01]), lam_update="newton")
+    for build in (lambda: STk(k=2, lam_update="newton"), lambda: MATk(k=2, lam_update="newton")):
+        with pytest.raises(
+            ValueError, match="^unknown lam_update 'newton'; choose one of: track, solve, adaptive, gradient$"
+        ):
+            build()

@@ -192,7 +192,7 @@ class ThresholdedTopK(Aggregate):
         detached = rows.detach()
         lam, share, at_kth = self.rule.training_lam(self, detached, k, count, delta)
         value = self.batched(rows, k, lam, delta, at_kth=at_kth)
-        self._record(detached, lam.detach(), k, count, share)
+        self._record(detached, lam.detach(), k, count, share, at_kth and self.smoothing == "relu")
         return self.from_rows(value, losses)
 
     def _one_row(self, losses: torch.Tensor) -> torch.Tensor | None:
@@ -269,10 +269,14 @@ class ThresholdedTopK(Aggregate):
                 self._row_settings[key] = (count, scale, delta, entry, self.rule.steps_at(n))
         return self._row_settings[key]
 
-    def _record(self, losses, lam, k, count, share) -> None:
+    def _record(self, losses, lam, k, count, share, at_kth: bool = False) -> None:
         """One training call in the monitor: rows ``losses`` (P, n) at their λ (P,). One row: the
-        smoothed share against k/n; several: the call is in band only where every row is."""
-        if share is None or losses.shape[0] > 1:
+        smoothed share against k/n; several: the call is in band only where every row is. At λ = ℓ_[k]
+        (``at_kth``) the share is the gradient's, the tied losses' mass included: min(#{ℓ >= λ}, k)/n."""
+        if at_kth:
+            shares = torch.minimum((losses >= lam[:, None]).sum(1).to(k.dtype), k) / losses.shape[1]
+            share = shares.mean()
+        elif share is None or losses.shape[0] > 1:
             shares = self._row_shares(losses, lam)
             share = shares.mean() if share is None else share
         else:

@@ -402,14 +402,6 @@ T kth_in_range(const T* row, int64_t n, int64_t k, int64_t nans, T least, T most
   return least <= most ? std::min(std::max(*nth, least), most) : *nth;
 }
 
-// How many losses of row (n,) lie above λ (NaN never does).
-template <typename T>
-int64_t count_above(const T* row, int64_t n, T lam) {
-  int64_t above = 0;
-  for (int64_t i = 0; i < n; ++i) above += row[i] > lam;
-  return above;
-}
-
 // kth_near() selects near λ where ℓ_[k]'s rank m from λ is at most 1/kNearShare of its side's losses, and widens its
 // window of λ kNearTries times, by kNearGrowth each, before it selects among all losses.
 constexpr int64_t kNearShare = 256;
@@ -586,7 +578,9 @@ struct RowSolved : public torch::autograd::Function<RowSolved> {
       } else {
         int64_t above_start = 0;  // the count at the warm start; the share is at λ
         lam = kth_near(row, n, int64_t(k), scalar_t(lam_last.data_ptr<float>()[0]), above_start);
-        share = scalar_t(count_above(row, n, lam)) / scalar_t(n);  // the mean of ReLU's slope, 0 or 1 per loss
+        int64_t at_least = 0;  // the gradient's share, the tied losses' mass included: min(#{ℓ >= λ}, k)/n
+        for (int64_t i = 0; i < n; ++i) at_least += row[i] >= lam;
+        share = std::min(scalar_t(at_least), kk) / scalar_t(n);
       }
       if (std::isfinite(lam)) {
         const float root = float(lam);
