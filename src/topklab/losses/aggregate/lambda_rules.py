@@ -135,8 +135,8 @@ class LambdaRule:
         raise NotImplementedError
 
     def lane(self, holder, n: int) -> str | None:
-        """The C++ one-row entry (``thresholded_cpu.cpp``) this rule's started training call takes at n
-        losses: "track_call", "solve_call", "row_call", or None (the general path)."""
+        """How the C++ one-row call (``thresholded_cpu.cpp``'s ``row_call``) runs this rule's started
+        training call at n losses: "tracked", "solved", "at_lambda", or None (the general path)."""
         return None
 
     def uses_last(self, holder, n: int) -> bool:
@@ -249,7 +249,7 @@ class Solved(LambdaRule):
         return self.solve(holder, rows, k, count, delta)
 
     def lane(self, holder, n):
-        return "solve_call"
+        return "solved"
 
 
 class Tracked(LambdaRule):
@@ -269,7 +269,7 @@ class Tracked(LambdaRule):
         return self.step(holder, rows, k, delta)
 
     def lane(self, holder, n):
-        return "track_call"
+        return "tracked"
 
     def uses_last(self, holder, n):
         return holder._started
@@ -395,7 +395,7 @@ class Trained(LambdaRule):
         mark_started(holder)
 
     def lane(self, holder, n):
-        return "row_call"
+        return "at_lambda"
 
     def member_lam(self, holder, losses, k, delta, lam, first):
         return None

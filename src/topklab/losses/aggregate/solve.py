@@ -109,7 +109,7 @@ def srelu_threshold_step(
     resolution (``λ + step`` rounds back to λ: the root to λ's precision) and δ is not (where δ is below
     it, losses tied at λ make the count jump within one step of λ, and the step bisects as one outside
     the bracket). ``thresholded_cpu.cpp``'s
-    ``track_call`` takes the same step from the sums of the pass that gives the value.
+    ``row_call`` (a tracked call) takes the same step from the sums of the pass that gives the value.
 
     Returns
     -------
@@ -158,7 +158,7 @@ def relu_threshold_step(
     m >= |e| of them, λ moves |e|/m of the way across it (to the |e|-th of them, were they evenly
     spaced) and the window is scaled towards holding ``max(4, n/32)`` losses (by ½ to 2); otherwise
     λ moves the whole window and the window doubles. λ stays within the finite losses' range and the
-    window at least their mean spacing. ``thresholded_cpu.cpp``'s ``track_call`` takes the same step.
+    window at least their mean spacing. ``thresholded_cpu.cpp``'s tracked ``row_call`` takes the same step.
 
     Returns
     -------

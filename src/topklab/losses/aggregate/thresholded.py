@@ -161,6 +161,11 @@ class ThresholdedTopK(Aggregate):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._started = bool(self.lam_started)
 
+    def __getstate__(self):
+        state = dict(super().__getstate__())
+        state["_row_settings"] = {}  # the lane's plans hold C++ objects: rebuilt on the next call
+        return state
+
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         self.monitor.move(fn)
@@ -197,7 +202,7 @@ class ThresholdedTopK(Aggregate):
 
     def _one_row(self, losses: torch.Tensor) -> torch.Tensor | None:
         """The call on 1-D float32/float64 CPU losses on the native path as one C++ call
-        (``thresholded_cpu.cpp``'s ``track_call``, ``solve_call`` or ``row_call``: λ's rule, the
+        (``thresholded_cpu.cpp``'s ``row_call`` with the plan's ``RowCall``: λ's rule, the
         monitor's sums and the fused value and gradients), or None where the general path runs: other
         inputs, a first training call, a tensor k, ``rows``, ``torch.func`` transforms. It equals the
         general path bit for bit (value, gradients, λ, the monitor's sums), except the monitor's
@@ -215,45 +220,36 @@ class ThresholdedTopK(Aggregate):
         plan = self._row_plan(n, losses.dtype)
         if plan is None:
             return None
-        count, scale, delta, lane, steps = plan
         training = self.training and torch.is_grad_enabled()
+        count, calls = plan
         monitor = self.monitor
-        if training and (lane is None or not self._started or monitor._state is None):
+        if training and (calls[0] is None or not self._started or monitor._state is None):
             return None
         if not native_built() and not native_ready(losses, "using the eager kernel instead", self.kernel != "auto"):
             return None
+        call = self._row_call(n, losses.dtype, count, calls, 0 if training else 1)
         sample = training and monitor.native_call(count, n)
-        phi, burn_in, momentum = self._phi.native_id, monitor.burn_in, self.rule.lam_momentum
         buffers = self._buffers  # read directly: nn.Module's attribute lookup costs about a microsecond a call
-        if training and lane == "track_call":
-            value = native_extension().track_call(
-                losses, buffers["lam"], buffers["lam_last"], buffers.get("lam_width"), monitor._state, phi, count,
-                delta, scale, momentum, burn_in, losses.requires_grad, sample,
-            )  # fmt: skip
-            lam = buffers["lam_last"]  # the next call's λ: the warning's share is read there
-        elif training and lane == "solve_call":
-            value = native_extension().solve_call(
-                losses, buffers["lam"], buffers["lam_last"], monitor._state, count, delta, scale, phi, momentum,
-                steps, burn_in, losses.requires_grad, sample,
-            )  # fmt: skip
-            lam = buffers["lam_last"]  # this call's λ (a row whose λ is not finite leaves it: the warning's share)
-        else:
-            lam = buffers["lam"] if self.rule.stored else self.threshold
-            grads = torch.is_grad_enabled() and (losses.requires_grad or lam.requires_grad)
-            state = monitor._state if training else None
-            value = native_extension().row_call(losses, lam, delta, count, scale, phi, grads, state, burn_in, sample)
+        lam = buffers["lam"] if self.rule.stored else self.threshold
+        grads = torch.is_grad_enabled() and (losses.requires_grad or lam.requires_grad)
+        state = monitor._state if training else None
+        lam_last = buffers.get("lam_last")
+        value = native_extension().row_call(
+            losses, lam, lam_last, buffers.get("lam_width"), state, call, monitor.burn_in, grads, sample
+        )
         if training and monitor.calls % WARN_AFTER_CALLS == 0:
+            shown = lam if lam_last is None else lam_last  # the λ this call set (tracked: the next call's)
             monitor.check_streak(
-                lambda: self._share(losses.detach()[None], lam.detach().to(losses.dtype).view(1)), count, n
+                lambda: self._share(losses.detach()[None], shown.detach().to(losses.dtype).view(1)), count, n
             )
         return value
 
     def _row_plan(self, n: int, dtype: torch.dtype) -> tuple | None:
-        """(k's count, the output scale, δ, the rule's C++ entry for a training call or None, its solve
-        steps) for one row of n losses in ``dtype`` on the native path (the scale n/k in the losses'
-        dtype, as the general path's ``n / k`` rounds it), or None where the one-row lane does not apply
-        (another path, a tensor k, ``rows``, no δ for SReLU). A stored λ is set in the lane only in
-        float32 buffers. Cached per n and dtype; changing k or moving the module clears the cache."""
+        """(k's count, [how a training call runs ("tracked", "solved", "at_lambda" or None: not in the
+        lane), "at_lambda" for other calls]) for one row of n losses in ``dtype`` on the native path, or
+        None where the one-row lane does not apply (another path, a tensor k, ``rows``, no δ for SReLU).
+        A stored λ is set in the lane only in float32 buffers. Cached per n and dtype (the list then
+        holds the C++ ``RowCall`` objects built for it); changing k or moving the module clears the cache."""
         key = (n, dtype, self.scale, self.kernel, self.compile_min_n, self.rows, self.delta)
         if key not in self._row_settings:
             native = self._chosen_path(n, "cpu") == "native"
@@ -261,13 +257,24 @@ class ThresholdedTopK(Aggregate):
             if not lane or (self.delta is None and self._phi.uses_delta):
                 self._row_settings[key] = None
             else:
-                count = resolve_count(self.k, n)
-                scale = float(n / torch.full((1,), count, dtype=dtype)) if self.scale == "atk" else 1.0
                 float32 = all(b.dtype == torch.float32 for b in self._buffers.values() if b.is_floating_point())
                 entry = self.rule.lane(self, n) if float32 or not self.rule.stored else None
-                delta = 0.0 if self.delta is None else self.delta
-                self._row_settings[key] = (count, scale, delta, entry, self.rule.steps_at(n))
+                self._row_settings[key] = (resolve_count(self.k, n), [entry, "at_lambda"])
         return self._row_settings[key]
+
+    def _row_call(self, n: int, dtype: torch.dtype, count: int, calls: list, which: int):
+        """The C++ ``RowCall`` of ``calls[which]`` (the plan's list), built on first use and kept there:
+        the scale n/k in the losses' dtype, as the general path's ``n / k`` rounds it."""
+        call = calls[which]
+        if isinstance(call, str):
+            extension = native_extension()
+            entry, call = call, extension.RowCall()
+            call.entry, call.smoothing, call.k = getattr(extension, entry.upper()), self._phi.native_id, count
+            call.delta = 0.0 if self.delta is None else self.delta
+            call.scale = float(n / torch.full((1,), count, dtype=dtype)) if self.scale == "atk" else 1.0
+            call.momentum, call.steps = self.rule.lam_momentum, self.rule.steps_at(n)
+            calls[which] = call
+        return call
 
     def _record(self, losses, lam, k, count, share, at_kth: bool = False) -> None:
         """One training call in the monitor: rows ``losses`` (P, n) at their λ (P,). One row: the

@@ -560,13 +560,13 @@ struct RowSolved : public torch::autograd::Function<RowSolved> {
                             int64_t smoothing, double momentum, int64_t steps, double burn_in, bool sample) {
     TORCH_CHECK(lam_avg.scalar_type() == at::kFloat && lam_last.scalar_type() == at::kFloat,
                 "λ buffers must be float32");
-    TORCH_CHECK(smoothing == kSReLU || smoothing == kReLU, "solve_call solves SReLU's or ReLU's λ only");
+    TORCH_CHECK(smoothing == kSReLU || smoothing == kReLU, "a solved row_call solves SReLU's or ReLU's λ only");
     const bool grads = ctx != nullptr;
     const at::Tensor losses = losses_in.contiguous();
     const int64_t n = losses.size(0);
     at::Tensor value = at::empty({}, losses.options());
     at::Tensor grad = grads ? at::empty_like(losses) : at::Tensor();
-    AT_DISPATCH_FLOATING_TYPES(losses.scalar_type(), "solve_call_cpu", [&] {
+    AT_DISPATCH_FLOATING_TYPES(losses.scalar_type(), "row_solved_cpu", [&] {
       const scalar_t* row = losses.data_ptr<scalar_t>();
       const scalar_t kk = scalar_t(k), d = scalar_t(delta), s = scalar_t(scale);
       scalar_t lam, share;
@@ -613,16 +613,7 @@ struct RowSolved : public torch::autograd::Function<RowSolved> {
   }
 };
 
-at::Tensor solve_call(const at::Tensor& losses, at::Tensor lam_avg, at::Tensor lam_last, at::Tensor state, double k,
-                      double delta, double scale, int64_t smoothing, double momentum, int64_t steps, double burn_in,
-                      bool grads, bool sample) {
-  return grads ? RowSolved::apply(losses, lam_avg, lam_last, state, k, delta, scale, smoothing, momentum, steps,
-                                  burn_in, sample)
-               : RowSolved::forward(nullptr, losses, lam_avg, lam_last, state, k, delta, scale, smoothing, momentum,
-                                    steps, burn_in, sample);
-}
-
-// ---- lam_update="track" (thresholded.py's ThresholdedTopK._track, solve.py's srelu_threshold_step) ----
+// ---- a tracked call (lambda_rules.py's Tracked.step, solve.py's srelu_threshold_step) ----
 // A training call uses the λ that the previous call stepped to, and its one pass over the row gives the value,
 // the gradient in the losses and the sums of the next safeguarded step: no pass before the value's.
 
@@ -815,7 +806,7 @@ T track_step(const TrackSums<T>& sums, T lam, T k, T d, int64_t n) {
   return proposal > low && proposal < high ? proposal : T(0.5) * (low + high);
 }
 
-// One training call under lam_update="track" on losses (n,): the value at λ = lam_last (float32 buffer: the
+// One tracked training call on losses (n,): the value at λ = lam_last (float32 buffer: the
 // step of the previous call), differentiable in the losses; lam_last set to the next step (MATk's: from the
 // counts in its window lam_width, which it updates) and the running average lam_avg moved towards it (both left as they are on a row with a NaN loss or a non-finite step); the
 // call recorded in the monitor's state with its smoothed share Σφ'/n at the λ it used.
@@ -827,13 +818,13 @@ struct RowTracked : public torch::autograd::Function<RowTracked> {
     TORCH_CHECK(lam_avg.scalar_type() == at::kFloat && lam_last.scalar_type() == at::kFloat, "λ buffers must be float32");
     TORCH_CHECK(smoothing == kSReLU || (smoothing == kReLU && lam_width.has_value() &&
                                         lam_width->scalar_type() == at::kFloat),
-                "track_call tracks SReLU's λ, or ReLU's with a float32 window");
+                "a tracked row_call tracks SReLU's λ, or ReLU's with a float32 window");
     const bool grads = ctx != nullptr;
     const at::Tensor losses = losses_in.contiguous();
     const int64_t n = losses.size(0);
     at::Tensor value = at::empty({}, losses.options());
     at::Tensor grad = grads ? at::empty_like(losses) : at::Tensor();
-    AT_DISPATCH_FLOATING_TYPES(losses.scalar_type(), "track_call_cpu", [&] {
+    AT_DISPATCH_FLOATING_TYPES(losses.scalar_type(), "row_tracked_cpu", [&] {
       const scalar_t* row = losses.data_ptr<scalar_t>();
       const scalar_t lam = scalar_t(lam_last.data_ptr<float>()[0]), d = scalar_t(delta), kk = scalar_t(k),
                      s = scalar_t(scale), step = s / scalar_t(n);
@@ -874,22 +865,41 @@ struct RowTracked : public torch::autograd::Function<RowTracked> {
   }
 };
 
-at::Tensor track_call(const at::Tensor& losses, at::Tensor lam_avg, at::Tensor lam_last,
-                      const std::optional<at::Tensor>& lam_width, at::Tensor state, int64_t smoothing, double k,
-                      double delta, double scale, double momentum, double burn_in, bool grads, bool sample) {
-  return grads ? RowTracked::apply(losses, lam_avg, lam_last, lam_width, state, smoothing, k, delta, scale, momentum,
-                                   burn_in, sample)
-               : RowTracked::forward(nullptr, losses, lam_avg, lam_last, lam_width, state, smoothing, k, delta, scale,
-                                     momentum, burn_in, sample);
-}
+// How one call on a row of losses runs (thresholded.py's _row_plan builds one per row length and settings):
+// at a given λ (kAtLambda: the trained parameter, or the running average outside training), or a training call
+// of a λ rule that sets λ itself (kTracked: RowTracked; kSolved: RowSolved).
+enum Entry : int64_t { kAtLambda = 0, kTracked = 1, kSolved = 2 };
 
-// A call at a given λ (0-d: the trained parameter, or the running average outside training) on losses (n,).
-// state (optional): record the call in the λ monitor's sums (a training call under lam_update="gradient").
-at::Tensor row_call(const at::Tensor& losses, const at::Tensor& lam, double delta, double k, double scale,
-                    int64_t smoothing, bool grads, const std::optional<at::Tensor>& state, double burn_in,
-                    bool sample) {
-  return grads ? RowThresholded::apply(losses, lam, delta, k, scale, smoothing, state, burn_in, sample)
-               : RowThresholded::forward(nullptr, losses, lam, delta, k, scale, smoothing, state, burn_in, sample);
+struct RowCall {
+  int64_t entry = kAtLambda;
+  int64_t smoothing = kSReLU;
+  double k = 1.0, delta = 0.0, scale = 1.0, momentum = 0.1;  // k's count, δ, the output scale, the average's weight
+  int64_t steps = 1;                                           // kSolved: SReLU's solve steps
+};
+
+// One call on losses (n,): lam the 0-d λ (kAtLambda) or the float32 running average (the other entries, with
+// lam_last and MATk's lam_width); state the λ monitor's sums where the call is recorded (a training call);
+// burn_in the monitor's; grads: differentiable in the losses (and in λ at kAtLambda); sample: the monitor's sample.
+at::Tensor row_call(const at::Tensor& losses, const at::Tensor& lam, const std::optional<at::Tensor>& lam_last,
+                    const std::optional<at::Tensor>& lam_width, const std::optional<at::Tensor>& state,
+                    const RowCall& call, double burn_in, bool grads, bool sample) {
+  if (call.entry != kAtLambda) {
+    TORCH_CHECK(lam_last.has_value() && state.has_value(), "a training call that sets λ needs lam_last and the state");
+    if (call.entry == kTracked)
+      return grads ? RowTracked::apply(losses, lam, *lam_last, lam_width, *state, call.smoothing, call.k, call.delta,
+                                       call.scale, call.momentum, burn_in, sample)
+                   : RowTracked::forward(nullptr, losses, lam, *lam_last, lam_width, *state, call.smoothing, call.k,
+                                         call.delta, call.scale, call.momentum, burn_in, sample);
+    TORCH_CHECK(call.entry == kSolved, "unknown entry ", call.entry);
+    return grads ? RowSolved::apply(losses, lam, *lam_last, *state, call.k, call.delta, call.scale, call.smoothing,
+                                    call.momentum, call.steps, burn_in, sample)
+                 : RowSolved::forward(nullptr, losses, lam, *lam_last, *state, call.k, call.delta, call.scale,
+                                      call.smoothing, call.momentum, call.steps, burn_in, sample);
+  }
+  return grads ? RowThresholded::apply(losses, lam, call.delta, call.k, call.scale, call.smoothing, state, burn_in,
+                                       sample)
+               : RowThresholded::forward(nullptr, losses, lam, call.delta, call.k, call.scale, call.smoothing, state,
+                                         burn_in, sample);
 }
 
 // (Σ_i z_i/r_i, Σ_i r_i⁻³) over 1-D values with z = v − λ, r = √(z² + δ²), elementwise in the values'
@@ -1008,9 +1018,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("thresholded", &thresholded, "value per row, differentiable in the losses and λ");
   m.def("run", &run, "(value, ∂/∂losses, ∂/∂λ) per row, no autograd");
   m.def("srelu_ratio_sums", &srelu_ratio_sums, "(Σ z/r, Σ r⁻³) with z = v − λ, r = √(z² + δ²), in double");
-  m.def("solve_call", &solve_call, "one training call of one row of a solving λ rule: the value (λ stored)");
-  m.def("track_call", &track_call, "one training call of one row under lam_update='track': the value");
-  m.def("row_call", &row_call, "the value of one row at a 0-d λ, differentiable in the losses and λ");
+  pybind11::class_<RowCall>(m, "RowCall", "how one call on a row of losses runs (thresholded.py's _row_plan)")
+      .def(pybind11::init<>())
+      .def_readwrite("entry", &RowCall::entry)
+      .def_readwrite("smoothing", &RowCall::smoothing)
+      .def_readwrite("k", &RowCall::k)
+      .def_readwrite("delta", &RowCall::delta)
+      .def_readwrite("scale", &RowCall::scale)
+      .def_readwrite("momentum", &RowCall::momentum)
+      .def_readwrite("steps", &RowCall::steps);
+  m.attr("AT_LAMBDA") = int64_t(kAtLambda);
+  m.attr("TRACKED") = int64_t(kTracked);
+  m.attr("SOLVED") = int64_t(kSolved);
+  m.def("row_call", &row_call, "one call on a row of losses (RowCall): the value, differentiable in the losses");
   m.def("top_mean_row", &top_mean_row, "Average (k = 0) or ATk of one CPU row as torch's expression; None: not one");
   m.def("solve_srelu", &solve_srelu, "(λ, smoothed count above λ) per row: the root of Σ SReLU'(ℓ − λ) = k");
 }
