@@ -13,6 +13,9 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+if not torch.cuda.is_available():  # Triton kernels run in its interpreter on CPU tensors; read at triton's import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from hydra import initialize_config_dir  # noqa: E402
 from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 

@@ -244,7 +244,7 @@ def test_auto_sends_long_rows_to_the_fast_kernel():
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"kernel": "triton"}, "unknown kernel 'triton'; choose one of: auto, native, compiled, eager"),
+        ({"kernel": "cuda"}, "unknown kernel 'cuda'; choose one of: auto, native, compiled, eager, triton"),
         ({"compile_min_n": 0}, "compile_min_n=0 must be an int >= 1"),
         ({"compile_min_n": 1.5}, "compile_min_n=1.5 must be an int >= 1"),
     ],

@@ -140,9 +140,12 @@ def test_every_holder_applies_a_rule_as_the_module_does(name, loss):
         router = STkThresholdRouter(dim=2, capacity=0.25, delta=0.05, lam_update=name, lam_init=0.0).double()
         reference = (STk(k=8, delta=0.05, lam_init=0.0, lam_update=name, kernel="eager")).double()
         for losses in _batches():
-            reference(losses)
-            router._stored_lam(losses)
-            torch.testing.assert_close(router.lam_last, reference.lam_last, rtol=1e-12, atol=1e-12)
+            before, behind = reference.lam_last.clone(), reference.rule.uses_last(reference, 32)  # one call behind
+            reference(losses.clone().requires_grad_())
+            used = router._stored_lam(losses)
+            torch.testing.assert_close(used, before if behind else reference.lam_last, rtol=1e-12, atol=1e-12)
+            for name in ("lam_last", "lam"):  # the warm start and the running average (λ at inference)
+                torch.testing.assert_close(getattr(router, name), getattr(reference, name), rtol=1e-12, atol=1e-12)
 
 
 def test_the_trained_rule_has_no_member_lambda_and_the_router_takes_it():
@@ -275,3 +278,28 @@ def test_an_unknown_rule_is_a_one_line_error_everywhere():
             ValueError, match="^unknown lam_update 'newton'; choose one of: track, solve, adaptive, gradient$"
         ):
             build()
+
+
+def test_a_rule_object_takes_no_settings_from_the_module():
+    from topklab.losses.aggregate.lambda_rules import Solved  # noqa: PLC0415
+
+    module = STk(k=0.5, lam_update=Solved(solve_steps=8, lam_momentum=0.5))
+    assert (module.solve_steps, module.lam_momentum) == (8, 0.5)
+    with pytest.raises(ValueError, match="^lam_update is a rule object .*; give lam_lr, solve_steps to the rule"):
+        STk(k=0.5, lam_update=Solved(), lam_lr=0.1, solve_steps=8)
+
+
+def test_shared_rows_started_at_their_pooled_kth_loss_get_no_tie_mass():
+    x = torch.tensor([[6.0, 5.0, 4.0, 0.0], [0.0] * 4, [0.0] * 4], requires_grad=True)
+    (grad,) = torch.autograd.grad(MATk(k=1, lam_update="gradient")(x).sum(), x)
+    assert bool((grad >= 0).all()) and grad[0].tolist() == [0.25, 0.25, 0.0, 0.0]  # λ = 4: a shared λ's plain slope
+
+
+def test_torch_func_over_a_trained_lambda_takes_the_formula():
+    module = STk(k=0.5, lam_update="gradient", lam_init=1.0).eval()
+    x = torch.rand(16)
+    params = dict(module.named_parameters())
+    grads = torch.func.grad(lambda p: torch.func.functional_call(module, p, (x,)))(params)
+    leaf = module.lam
+    (expected,) = torch.autograd.grad(module(x), leaf)
+    torch.testing.assert_close(grads["lam"], expected)

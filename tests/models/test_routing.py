@@ -177,7 +177,7 @@ def test_the_stk_threshold_starts_at_the_first_batch_quantile_and_the_paper_upda
     restored.load_state_dict(model.state_dict())
     assert restored.routers["1"].lam_started and restored.routers["1"].lam.item() == router.lam.item()
     groups = model.parameter_groups()
-    assert groups[1] == {"params": [router.lam], "weight_decay": 0.0, "lr": 0.05}
+    assert groups[1] == {"params": [router.lam], "weight_decay": 0.0, "lr": 0.05, "constant_lr": True}  # the rule's
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
     optimizer = torch.optim.AdamW(groups, lr=1e-3)
     assert [g["lr"] for g in optimizer.param_groups] == [1e-3, 0.05]

@@ -104,18 +104,11 @@ class TransformerLM(nn.Module):
         return all(getattr(r, "causal", True) for r in self.routers.values())
 
     def parameter_groups(self) -> list[dict]:
-        """One group for the network, one per learned router threshold λ (no weight decay; its own
-        learning rate where the router sets ``lam_lr``)."""
-        thresholds = [
-            router for router in self.routers.values() if isinstance(getattr(router, "lam", None), nn.Parameter)
-        ]
-        own = {id(router.lam) for router in thresholds}
-        groups = [{"params": [p for p in self.parameters() if p.requires_grad and id(p) not in own]}]
-        for router in thresholds:
-            groups.append(
-                {"params": [router.lam], "weight_decay": 0.0, **({"lr": router.lam_lr} if router.lam_lr else {})}
-            )
-        return groups
+        """One group for the network, then each router's λ groups (its rule's: no weight decay; its own
+        constant learning rate where the router sets ``lam_lr``)."""
+        thresholds = [group for router in self.routers.values() for group in _router_groups(router)]
+        own = {id(p) for group in thresholds for p in group["params"]}
+        return [{"params": [p for p in self.parameters() if p.requires_grad and id(p) not in own]}, *thresholds]
 
     def pop_epoch_diagnostics(self) -> dict:
         """The share of real tokens each routed layer processed in training since the last call
@@ -145,3 +138,8 @@ class TransformerLM(nn.Module):
                 x = layer(x, mask)
         self.last_routed = torch.stack(routed, 1) if routed else torch.zeros(len(tokens), 0, dtype=torch.long)
         return F.linear(self.norm(x), self.embedding.weight)
+
+
+def _router_groups(router) -> list[dict]:
+    """A router's λ groups (empty for routers without a learned threshold)."""
+    return router.parameter_groups() if hasattr(router, "parameter_groups") else []

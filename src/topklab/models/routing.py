@@ -30,7 +30,7 @@ import math
 import torch
 from torch import nn
 
-from topklab.losses.aggregate.lambda_rules import LambdaRule, Solved, rule_for
+from topklab.losses.aggregate.lambda_rules import LambdaRule, Solved, mark_started, rule_for
 from topklab.smoothing import srelu
 
 SCOPES = ("batch", "sequence")
@@ -201,9 +201,9 @@ class STkThresholdRouter(TokenRouter):
         "gradient") or a rule; None (default): "solve", see above
     lam_init : float or "auto", λ's first value (the first warm start under "solve"); ``auto``: the
         (1 − c)-quantile of the first training batch's scores (per process). Not given by the paper.
-    lam_lr : float > 0 or None, "gradient" only: λ's learning rate in its own parameter group
-        (without weight decay, under the run's schedule); None: the optimizer's.
-    solve_steps : int >= 1, lam_momentum : float in (0, 1], rules that store λ only
+    lam_lr : float > 0 or None, "gradient" only: λ's constant learning rate in its own parameter group
+        (without weight decay, left out of the schedule); None: the optimizer's rate and schedule.
+    solve_steps : int >= 1, lam_momentum : float in (0, 1], rules that store λ only (None: the rule's, 2 and 0.1)
     input_norm : bool, LayerNorm on the router input
 
     Examples
@@ -230,8 +230,8 @@ class STkThresholdRouter(TokenRouter):
         lam_update: str | LambdaRule | None = None,
         lam_init: float | str = "auto",
         lam_lr: float | None = None,
-        solve_steps: int = 2,
-        lam_momentum: float = 0.1,
+        solve_steps: int | None = None,
+        lam_momentum: float | None = None,
         input_norm: bool = True,
     ):
         super().__init__(dim, input_norm)
@@ -241,29 +241,28 @@ class STkThresholdRouter(TokenRouter):
         if lam_init != "auto" and not (isinstance(lam_init, (int, float)) and math.isfinite(lam_init)):
             raise ValueError(f"router.lam_init={lam_init!r} must be a finite number or 'auto'")
         try:
+            given = {"solve_steps": solve_steps, "lam_momentum": lam_momentum, "lam_lr": lam_lr}
             self.rule = rule_for(
                 Solved.name if lam_update is None else lam_update,
-                solve_steps=solve_steps,
-                lam_momentum=lam_momentum,
-                lam_lr=lam_lr,
+                **{name: value for name, value in given.items() if value is not None},
             )
         except ValueError as error:
             raise ValueError(f"router.{error}") from None
         if not self.rule.stored and lam_lr is not None and not lam_lr > 0:
             raise ValueError(f"router.lam_lr={lam_lr} must be > 0 (null: the optimizer's rate)")
-        self.delta = float(delta)
+        self.delta, self.lam_init = float(delta), lam_init
         start = torch.tensor(0.0 if lam_init == "auto" else float(lam_init))
         if self.rule.stored:
             self.register_buffer("lam", start.clone())  # the running average: λ at inference
             self.register_buffer("lam_last", start.clone())  # the last batch's λ: the warm start
         else:
             self.lam = nn.Parameter(start)
-        self.register_buffer("lam_started", torch.tensor(lam_init != "auto"))  # in the checkpoint: a resume keeps λ
-        self._fresh = True  # no training call yet (a tracked rule's first solves), nor a loaded state
+        self.register_buffer("lam_started", torch.tensor(False))  # in the checkpoint: a resume keeps λ
+        self._started = False  # its host copy
 
     def _load_from_state_dict(self, *args, **kwargs):
         super()._load_from_state_dict(*args, **kwargs)
-        self._fresh = False
+        self._started = bool(self.lam_started)
 
     smoothing, kernel, rows = "srelu", "auto", None  # what λ's rule reads of its holder
 
@@ -281,34 +280,29 @@ class STkThresholdRouter(TokenRouter):
     def select(self, x: torch.Tensor, scores: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         if self.training:
             real_scores = scores.detach()[real]
-            if not self.lam_started:
+            if not self._started and self.lam_init == "auto":
                 with torch.no_grad():
                     first = torch.quantile(real_scores, 1 - self.capacity)
-                    self.lam.copy_(first)
-                    if self.rule.stored:
-                        self.lam_last.copy_(first)
+                    (self.lam_last if self.rule.stored else self.lam).copy_(first)
             if self.rule.stored:
                 return scores > self._stored_lam(real_scores)
-            self.lam_started.fill_(True)
+            mark_started(self)
             below = srelu(real_scores - self.lam, self.delta)
             self.auxiliary_loss = below.mean() + self.capacity * self.lam
         return scores > self.lam.detach()
 
     def _stored_lam(self, real_scores: torch.Tensor) -> torch.Tensor:
-        """This batch's λ by the rule (the running average's update)."""
+        """This batch's λ by the rule, stored as the rule stores a module's (warm start, running average)."""
         one = real_scores.new_ones(1)
-        first, self._fresh = self._fresh, False
         with torch.no_grad():
             used, stored, _ = self.rule.member_lam(
                 self, real_scores[None], self.capacity * real_scores.numel() * one, self.delta * one,
-                self.lam_last.to(real_scores.dtype)[None], first,
+                self.lam_last.to(real_scores.dtype, copy=True)[None], not self._started,
             )  # fmt: skip
-            root = stored[0].to(self.lam.dtype)
-            self.lam_last.copy_(root)
-            self.lam.copy_(
-                torch.where(
-                    self.lam_started, (1 - self.rule.lam_momentum) * self.lam + self.rule.lam_momentum * root, root
-                )
-            )
-            self.lam_started.fill_(True)
+            self.rule.store(self, stored)
         return used[0]
+
+    def parameter_groups(self) -> list[dict]:
+        """λ's optimizer group where the rule trains it (as a loss module's: no weight decay; under
+        ``lam_lr`` its own rate, left out of the schedule), else empty."""
+        return self.rule.parameter_groups(self)

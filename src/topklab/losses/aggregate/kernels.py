@@ -51,7 +51,7 @@ from topklab.smoothing import Smoothing
 from topklab.utils.errors import TopklabError, first_line
 from topklab.utils.native import find_prebuilt, load_native
 
-KERNELS = ("auto", "native", "compiled", "eager")
+KERNELS = ("auto", "native", "compiled", "eager", "triton")  # triton: the tracked call's one launch (triton_pass)
 NEXT_PATH = {"native": "compiled", "compiled": "eager"}  # where a path that cannot be built falls back to
 NATIVE_SOURCE = Path(__file__).with_name("thresholded_cpu.cpp")
 

@@ -147,9 +147,12 @@ class LambdaMonitor:
         """An eager call's warning check and sample."""
         self.check_streak(share, k, n)
         if sample is not None and self.calls % self.sample_every == 1 % self.sample_every:
-            hard_share, gap = sample()
-            one = torch.ones((), dtype=torch.float64, device=self._state.device)
-            self._state[self._SAMPLED] += torch.stack([hard_share.double(), gap.double(), one])
+            self.add_sample(*sample())
+
+    def add_sample(self, hard_share: torch.Tensor, gap: torch.Tensor) -> None:
+        """Add one sample (the hard share of losses above λ, λ − ℓ_[k]) to the epoch's sums."""
+        one = torch.ones((), dtype=torch.float64, device=self._state.device)
+        self._state[self._SAMPLED] += torch.stack([hard_share.double(), gap.double(), one])
 
     EPOCH_FIELDS = (
         "lam_in_band",

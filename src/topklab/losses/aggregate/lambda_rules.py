@@ -11,8 +11,8 @@ group, its checks and its repr:
   call stepped to and steps once towards this batch's root in the same pass over the losses.
 - :class:`Solved` (``"solve"``): each training call puts λ at the batch's root (STk:
   ``solve_steps`` safeguarded steps from the last root; MATk: the exact k-th largest loss).
-- :class:`Adaptive` (``"adaptive"``, the library default): solved on batches of fewer than
-  ``track_from`` losses (with at least ``small_batch_steps`` steps), tracked from there on.
+- :class:`Adaptive` (``"adaptive"``, the library default): solved on short rows (2,048 losses for
+  STk, 256 for MATk, with up to 8 steps), tracked from there on.
 - :class:`Trained` (``"gradient"``): λ is a parameter the optimizer trains with the model (the
   paper's SGD-STk, papers.md §1.5).
 
@@ -171,7 +171,13 @@ class LambdaRule:
     def roots(self, holder, rows, k, delta, start, steps=None):
         """Each row's root (P,) of ``rows`` (P, n) and the smoothed count there (SReLU), from ``start``."""
         return solve_srelu_threshold(
-            rows, k, delta, start, steps or self.solve_steps, holder.path_for(rows), holder.kernel != "auto"
+            rows,
+            k,
+            delta,
+            start,
+            steps or self.solve_steps,
+            holder.path_for(rows),
+            holder.kernel not in ("auto", "triton"),
         )
 
     def step(self, holder, rows, k, delta):
@@ -277,8 +283,8 @@ class Tracked(LambdaRule):
     def member_lam(self, holder, losses, k, delta, lam, first):
         if holder.smoothing == "relu":
             raise ValueError(
-                f"lam_update={self.name} for MATk keeps a tracking window, which the population executor does not "
-                f"keep per member; use lam_update=solve or gradient"
+                f"lam_update={holder.lam_update} for MATk tracks λ in a window (here {losses.shape[1]} losses a "
+                f"member), which the population executor does not keep per member; use lam_update=solve or gradient"
             )
         if first:
             return super().member_lam(holder, losses, k, delta, lam, first)
@@ -371,8 +377,9 @@ class Trained(LambdaRule):
 
     def training_lam(self, holder, rows, k, count, delta):
         at_kth = False
-        if not holder._started:
-            at_kth = holder.lam_init == "auto" and holder.smoothing == "relu"
+        if not holder._started:  # λ is ℓ_[k] of a row only where it started from that row alone
+            alone = holder.rows is not None or rows.shape[0] == 1
+            at_kth = holder.lam_init == "auto" and holder.smoothing == "relu" and alone
             self.start(holder, rows, k, count)
         return self.eval_lam(holder, rows), None, at_kth
 
@@ -431,8 +438,8 @@ PAPER = Trained.name  # the paper's update: the population executor's and the ta
 
 
 def rule_for(lam_update: str | LambdaRule | None, **settings) -> LambdaRule:
-    """The rule named ``lam_update`` (None: the library default) built with ``settings``, or a rule
-    instance as it is.
+    """The rule named ``lam_update`` (None: the library default) built with ``settings`` (those given:
+    the others at the rule's defaults), or a rule instance as it is (then no settings).
 
     Examples
     --------
@@ -442,6 +449,11 @@ def rule_for(lam_update: str | LambdaRule | None, **settings) -> LambdaRule:
     'adaptive'
     """
     if isinstance(lam_update, LambdaRule):
+        if settings:
+            raise ValueError(
+                f"lam_update is a rule object ({lam_update!r}); give {', '.join(sorted(settings))} to the rule, "
+                f"not to the module"
+            )
         return lam_update
     name = DEFAULT if lam_update is None else lam_update
     if name not in RULES:

@@ -15,8 +15,8 @@ class MATk(ThresholdedTopK):
 
     minimised over the model and λ. ``min_λ L_mat-k = (k/n)·ATk``: the default scale is the
     paper's k/n, **not** ATk's 1/k. Where λ is the batch's k-th largest loss ℓ_[k] (the rule
-    ``"solve"``, and the first training call of every rule), MATk is exactly (k/n)·ATk, its gradient
-    included: the losses tied at ℓ_[k] share the mass ReLU's zero slope there leaves out.
+    ``"solve"``, a stored rule's first call, ``lam_init="auto"`` on one row), MATk is exactly (k/n)·ATk,
+    its gradient included: the losses tied at ℓ_[k] share the mass ReLU's zero slope there leaves out.
 
     Parameters
     ----------
@@ -26,7 +26,7 @@ class MATk(ThresholdedTopK):
         broadcasts to the losses' shape without ``dim``.
     lam_update : {"adaptive", "track", "solve", "gradient"} or LambdaRule
         How λ follows the losses (:mod:`~topklab.losses.aggregate.lambda_rules`). None (default):
-        "adaptive", the exact k-th largest loss on batches below 4,096 losses and a step per call within
+        "adaptive", the exact k-th largest loss on batches below 256 losses and a step per call within
         a window around λ from there on; "solve", the exact k-th largest loss of every training
         batch; "track", a step per call; "gradient", a parameter trained by the optimizer (the
         paper's SGD-STk: put ``loss.parameters()`` in the optimizer).

@@ -31,7 +31,7 @@ class STk(ThresholdedTopK):
         ``lam_update="gradient"``).
     lam_update : {"adaptive", "track", "solve", "gradient"} or LambdaRule
         How λ follows the losses. None (default): "adaptive", the batch's root solved on batches below
-        4,096 losses (at least 8 steps) and one step per call from the last call's λ from there on
+        2,048 losses (up to 8 steps) and one step per call from the last call's λ from there on
         (one pass over the losses, about ``losses.mean()``); "solve", ``solve_steps`` steps to each
         batch's root; "track", one step per call; "gradient", the paper's SGD-STk.
     solve_steps : int >= 1

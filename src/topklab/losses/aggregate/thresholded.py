@@ -9,6 +9,9 @@ from topklab.losses.aggregate.kernels import KERNELS, native_built, native_exten
 from topklab.losses.aggregate.lambda_monitor import WARN_AFTER_CALLS, LambdaMonitor
 from topklab.losses.aggregate.lambda_rules import LambdaRule, rule_for, split_tie_mass
 from topklab.losses.aggregate.solve import kth_largest
+from topklab.losses.aggregate.triton_pass import available as triton_available
+from topklab.losses.aggregate.triton_pass import row_call as triton_row_call
+from topklab.losses.aggregate.triton_pass import attach_scratch
 from topklab.losses.threshold import get_constraint
 from topklab.smoothing import get_smoothing
 from topklab.utils.checks import check_int
@@ -102,8 +105,8 @@ class ThresholdedTopK(Aggregate):
         compile_min_n: int | None = None,
         lam_update: str | LambdaRule | None = None,
         lam_lr: float | None = None,
-        solve_steps: int = 2,
-        lam_momentum: float = 0.1,
+        solve_steps: int | None = None,
+        lam_momentum: float | None = None,
         dim: int = -1,
         rows: int | None = None,
     ):
@@ -116,15 +119,20 @@ class ThresholdedTopK(Aggregate):
         check_int("compile_min_n", compile_min_n, allow_none=True, why=why)
         if scale not in SCALES:
             raise ValueError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
+        if kernel == "triton" and not triton_available():
+            raise ValueError("kernel='triton' needs the triton package (pip install triton); use kernel='auto'")
         self.rows, self.kernel, self.compile_min_n, self.scale = rows, kernel, compile_min_n, scale
+        self._required = kernel not in ("auto", "triton")  # a forced path raises where it cannot run
         self.smoothing, self._phi = smoothing, get_smoothing(smoothing)
         self.delta = check_delta(delta, smoothing)
         self.lam_init = check_lam_init(lam_init)
         self._constraint = get_constraint(lam_constraint)
-        self.rule = rule_for(lam_update, solve_steps=solve_steps, lam_momentum=lam_momentum, lam_lr=lam_lr)
+        given = {"solve_steps": solve_steps, "lam_momentum": lam_momentum, "lam_lr": lam_lr}
+        self.rule = rule_for(lam_update, **{name: value for name, value in given.items() if value is not None})
         self._started = False  # host copy of the buffer lam_started
         self.rule.attach(self, () if rows is None else (rows,), 0.0 if lam_init == "auto" else float(lam_init))
         self.monitor = LambdaMonitor()
+        self._on_device_pass = attach_scratch(self)  # whether triton_pass.row_call may apply
         self._row_settings: dict = {}  # the one-row lane's plan per row length and settings (_row_plan)
 
     @property
@@ -175,7 +183,8 @@ class ThresholdedTopK(Aggregate):
     def forward(self, losses: torch.Tensor) -> torch.Tensor:
         """The aggregate of ``losses`` (..., n) over ``dim``, one value per row; on a training call
         the rule sets or starts λ first, and the monitor records the call (see the class)."""
-        one_row = self._one_row(losses)
+        one_row = triton_row_call(self, losses) if self._on_device_pass else None
+        one_row = self._one_row(losses) if one_row is None else one_row
         if one_row is not None:
             return one_row
         rows = self.as_rows(losses)
@@ -189,7 +198,7 @@ class ThresholdedTopK(Aggregate):
         delta = None if self.delta is None else rows.new_full(rows.shape[:1], self.delta)
         if not (self.training and torch.is_grad_enabled()):
             return self.from_rows(self.batched(rows, k, self.rule.eval_lam(self, rows), delta), losses)
-        if _transformed(rows):
+        if _transformed(rows) or _transformed(self.lam):
             raise AggregateInputError(
                 f"{type(self).__name__}'s training call sets λ and its monitor in place, which torch.func transforms "
                 f"forbid; call the module in eval() mode (λ as stored) inside the transform, or outside it"
@@ -205,8 +214,9 @@ class ThresholdedTopK(Aggregate):
         (``thresholded_cpu.cpp``'s ``row_call`` with the plan's ``RowCall``: λ's rule, the
         monitor's sums and the fused value and gradients), or None where the general path runs: other
         inputs, a first training call, a tensor k, ``rows``, ``torch.func`` transforms. It equals the
-        general path bit for bit (value, gradients, λ, the monitor's sums), except the monitor's
-        smoothed share under a trained λ, which is the kernel's own sum of the gradients."""
+        general path bit for bit (value, gradients, λ, the monitor's sums) for a solved λ or one at a
+        given λ, except the monitor's smoothed share under a trained λ (the kernel's own sum of the
+        gradients); a tracked call sums in blocks, within about one rounding of the general path."""
         if (
             torch.compiler.is_compiling()  # the lane is eager-only; its settings cache would guard on n
             or type(losses) is not torch.Tensor
@@ -214,6 +224,7 @@ class ThresholdedTopK(Aggregate):
             or not losses.is_cpu
             or losses.dtype not in NATIVE_DTYPES
             or _wrapped(losses)
+            or (not self.rule.stored and _wrapped(self.lam))
         ):
             return None
         n = losses.shape[0]
@@ -225,7 +236,7 @@ class ThresholdedTopK(Aggregate):
         monitor = self.monitor
         if training and (calls[0] is None or not self._started or monitor._state is None):
             return None
-        if not native_built() and not native_ready(losses, "using the eager kernel instead", self.kernel != "auto"):
+        if not native_built() and not native_ready(losses, "using the eager kernel instead", self._required):
             return None
         call = self._row_call(n, losses.dtype, count, calls, 0 if training else 1)
         sample = training and monitor.native_call(count, n)
@@ -240,7 +251,7 @@ class ThresholdedTopK(Aggregate):
         if training and monitor.calls % WARN_AFTER_CALLS == 0:
             shown = lam if lam_last is None else lam_last  # the λ this call set (tracked: the next call's)
             monitor.check_streak(
-                lambda: self._share(losses.detach()[None], shown.detach().to(losses.dtype).view(1)), count, n
+                lambda: self._row_shares(losses.detach()[None], shown.detach().to(losses.dtype).view(1))[0], count, n
             )
         return value
 
@@ -297,11 +308,6 @@ class ThresholdedTopK(Aggregate):
         delta = losses.new_tensor(self.delta if self.delta is not None else 0.0)
         return self._phi.slope(losses - lam[:, None], delta, losses.new_ones(())).mean(1)
 
-    def _share(self, losses: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-        """The smoothed share above λ of rows ``losses`` (P, n) at their λ (P,): the mean of φ'(ℓ − λ)."""
-        delta = losses.new_tensor(self.delta if self.delta is not None else 0.0)
-        return self._phi.slope(losses - lam[:, None], delta, losses.new_ones(())).mean()
-
     def _sampler(self, losses: torch.Tensor, lam: torch.Tensor, k: torch.Tensor | None, count: int | None):
         """The monitor's sample of a call: (the hard share of losses > λ, λ − ℓ_[k]), computed when called."""
 
@@ -344,10 +350,10 @@ class ThresholdedTopK(Aggregate):
             if self._phi.uses_delta:
                 raise ValueError(f"smoothing={self.smoothing!r} needs a width delta > 0 for every row; got None")
             delta = torch.zeros_like(k)
-        if _transformed(losses):  # the formula, which torch.func differentiates
+        if _transformed(losses) or _transformed(lam):  # the formula, which torch.func differentiates
             value = (self._phi.row_mean(losses - lam[:, None], delta[:, None]) + k / n * lam) * scale
         else:
-            value = thresholded(losses, lam, delta, k, scale, self._phi, self.path_for(losses), self.kernel != "auto")
+            value = thresholded(losses, lam, delta, k, scale, self._phi, self.path_for(losses), self._required)
         if at_kth and self.smoothing == "relu" and losses.requires_grad and torch.is_grad_enabled():
             with torch.no_grad():
                 dtype = value.dtype
@@ -368,7 +374,7 @@ class ThresholdedTopK(Aggregate):
 
     def _chosen_path(self, n: int, device_type: str) -> str:
         """:meth:`path_for` outside a user's torch.compile."""
-        if self.kernel != "auto":
+        if self._required:
             return self.kernel
         shortest = self.compile_min_n
         if shortest is None:

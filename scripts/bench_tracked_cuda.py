@@ -1,0 +1,107 @@
+"""The tracked call of STk and MATk through its one Triton launch against ``x.mean()`` and ATk (topk) on
+a CUDA device: forward + backward per call, CUDA events, the median of interleaved rounds.
+
+    python scripts/bench_tracked_cuda.py [--sizes 1e3 1e4 …] [--dtype float32 bfloat16] [--out DIR]
+
+Writes ``tracked_cuda.{json,md}`` to ``--out`` (default ``results/bench``): per dtype, k and n the time of
+each and its ratio to ``x.mean()``'s. STk and MATk run with ``lam_update="track"`` (their first call,
+which starts λ, is a warm-up call) and ``kernel="triton"``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+from pathlib import Path
+
+import torch
+
+from topklab.losses import ATk, MATk, STk
+
+
+def timed(step, x, calls: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        step(x)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls  # µs
+
+
+def steps(k: int):
+    stk = STk(k=k, lam_update="track", kernel="triton").cuda()
+    matk = MATk(k=k, lam_update="track", kernel="triton").cuda()
+    atk = ATk(k=k)
+
+    def backward(value, x):
+        x.grad = None
+        value.backward()
+
+    return {
+        "x.mean()": lambda x: backward(x.mean(), x),
+        "ATk (topk)": lambda x: backward(atk(x), x),
+        "STk (track, triton)": lambda x: backward(stk(x), x),
+        "MATk (track, triton)": lambda x: backward(matk(x), x),
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=float, nargs="+", default=[1e3, 1e4, 1e5, 1e6, 1e7, 1e8])
+    parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--ks", nargs="+", default=["5", "0.1", "0.9"], help="counts or fractions of n")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--out", default="results/bench")
+    args = parser.parse_args(argv)
+    rows = []
+    for dtype in args.dtype:
+        for n in (int(size) for size in args.sizes):
+            x = torch.rand(n, device="cuda", dtype=getattr(torch, dtype)).mul(3).requires_grad_()
+            calls = max(3, min(200, int(2e9 / n / 50)))
+            for k_text in args.ks:
+                k = int(k_text) if "." not in k_text else max(1, round(float(k_text) * n))
+                functions = steps(k)
+                for function in functions.values():  # warm-up: kernels load, λ starts
+                    function(x)
+                    function(x)
+                times = {name: [] for name in functions}
+                for _ in range(args.rounds):
+                    for name, function in functions.items():
+                        times[name].append(timed(function, x, calls))
+                median = {name: statistics.median(values) for name, values in times.items()}
+                row = {"dtype": dtype, "n": n, "k": k_text, "us": median}
+                row["ratio"] = {name: median[name] / median["x.mean()"] for name in median}
+                rows.append(row)
+                print(
+                    dtype,
+                    n,
+                    k_text,
+                    " ".join(f"{name} {value:.2f}" for name, value in row["ratio"].items()),
+                    flush=True,
+                )
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "commit": commit or None}
+    (out / "tracked_cuda.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    names = list(rows[0]["ratio"]) if rows else []
+    lines = [
+        f"# The tracked STk/MATk call (one Triton launch) against x.mean() on {meta['device']}",
+        "",
+        f"Forward + backward per call, CUDA events, median of {args.rounds} interleaved rounds; torch {meta['torch']}. "
+        "Produced by `python scripts/bench_tracked_cuda.py`. Ratio to `x.mean()` (µs of `x.mean()` in the last column).",
+        "",
+        "| dtype | n | k | " + " | ".join(names) + " | x.mean() µs |",
+        "|---|---|---|" + "---|" * (len(names) + 1),
+    ]
+    for row in rows:
+        cells = " | ".join(f"{row['ratio'][name]:.2f}" for name in names)
+        lines.append(f"| {row['dtype']} | {row['n']:.0e} | {row['k']} | {cells} | {row['us']['x.mean()']:.1f} |")
+    (out / "tracked_cuda.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""The Triton kernels of :mod:`topklab.losses.aggregate.triton_pass` (imported on first use, so that
+``TRITON_INTERPRET`` is read when they are defined)."""
+
+import triton
+import triton.language as tl
+
+BIG = 2.0**63  # |ℓ − λ| beyond which SReLU's root is |ℓ − λ| in float32 (smoothing.beyond_square)
+WINDOW_LOSSES, WINDOW_SHARE = 4.0, 32.0  # solve.py's MATk window (change one, change all)
+
+
+@triton.jit
+def power_law_step(count, excess, k, n, bend, change):
+    below = excess > 0
+    gap = tl.where(below, n - count, count)
+    target = tl.where(below, n - k, k)
+    sign = tl.where(below, 1.0, -1.0)
+    q = 1.0 - sign * (gap / bend) * (change / bend)
+    q = tl.where(q > 0.5, 1.0, tl.where(q < -0.5, -0.5, q))
+    log_ratio = tl.log(target / gap)
+    x = q * log_ratio
+    relative = tl.where(tl.abs(x) < 1e-6, 1.0 + 0.5 * x, (tl.exp(x) - 1.0) / x)
+    return sign * gap / bend * log_ratio * relative
+
+
+@triton.jit
+def tracked_row_kernel(
+    losses_ptr, grad_ptr, value_ptr, lam_ptr, lam_last_ptr, width_ptr, state_ptr, work_ptr, ticket_ptr,
+    n, k, delta, scale, momentum, burn_in, iters,
+    RELU: tl.constexpr, BLOCK: tl.constexpr, PROGRAMS: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    lam = tl.load(lam_last_ptr).to(tl.float32)
+    width = tl.load(width_ptr).to(tl.float32) if RELU else 0.0
+    step = scale / n
+    dd = delta * delta
+    inf = float("inf")
+    phi_sum = tl.zeros((BLOCK,), tl.float32)
+    count = tl.zeros((BLOCK,), tl.float32)
+    second = tl.zeros((BLOCK,), tl.float32)
+    third = tl.zeros((BLOCK,), tl.float32)
+    least = tl.full((BLOCK,), inf, tl.float32)
+    most = tl.full((BLOCK,), -inf, tl.float32)
+    infs = tl.zeros((BLOCK,), tl.float32)
+    for it in range(iters):
+        offs = (pid * iters + it) * BLOCK + tl.arange(0, BLOCK)
+        inside = offs < n
+        v = tl.load(losses_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+        x = v - lam
+        if RELU:
+            phi = tl.where(x <= 0, 0.0, x)
+            up = tl.where(x > 0, 1.0, 0.0)
+            slope = up
+            grad = up * step
+            second += tl.where(inside & (x > 0) & (x <= width), 1.0, 0.0)
+            third += tl.where(inside & (x <= 0) & (x > -width), 1.0, 0.0)
+        else:
+            low = tl.maximum(x, -BIG)
+            bounded = tl.minimum(low, BIG)
+            bounded_root = tl.sqrt(bounded * bounded + dd)
+            root = tl.maximum(bounded_root, tl.abs(low))
+            phi = 0.5 * low + 0.5 * root
+            z = bounded
+            span = bounded_root - tl.minimum(z, 0.0)
+            slope = tl.where(z < 0, dd / (bounded_root * span), 1.0 + z / bounded_root) * 0.5
+            grad = slope * step
+            bend = 0.5 * dd / (bounded_root * bounded_root * bounded_root)
+            second += tl.where(inside, bend, 0.0)
+            third += tl.where(inside, 3.0 * bend * (z / (z * z + dd)), 0.0)
+        tl.store(grad_ptr + offs, grad.to(grad_ptr.dtype.element_ty), mask=inside)
+        phi_sum += tl.where(inside, phi, 0.0)
+        count += tl.where(inside, slope, 0.0)
+        finite = inside & (tl.abs(v) < inf)
+        least = tl.minimum(least, tl.where(finite, v, inf))
+        most = tl.maximum(most, tl.where(finite, v, -inf))
+        infs += tl.where(inside & (v == inf), 1.0, 0.0)
+    row = work_ptr + pid * 8
+    tl.store(row + 0, tl.sum(phi_sum, 0))
+    tl.store(row + 1, tl.sum(count, 0))
+    tl.store(row + 2, tl.sum(second, 0))
+    tl.store(row + 3, tl.sum(third, 0))
+    tl.store(row + 4, tl.min(least, 0))
+    tl.store(row + 5, tl.max(most, 0))
+    tl.store(row + 6, tl.sum(infs, 0))
+    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+    if ticket == programs - 1:  # the last program: combine in program order, in float64
+        slots = tl.arange(0, PROGRAMS)
+        mine = slots < programs
+        parts = work_ptr + slots * 8
+        phi_all = tl.sum(tl.load(parts + 0, mask=mine, other=0.0).to(tl.float64), 0)
+        count_all = tl.sum(tl.load(parts + 1, mask=mine, other=0.0).to(tl.float64), 0)
+        second_all = tl.sum(tl.load(parts + 2, mask=mine, other=0.0).to(tl.float64), 0)
+        third_all = tl.sum(tl.load(parts + 3, mask=mine, other=0.0).to(tl.float64), 0)
+        lo = tl.min(tl.load(parts + 4, mask=mine, other=inf), 0).to(tl.float64)
+        hi = tl.max(tl.load(parts + 5, mask=mine, other=-inf), 0).to(tl.float64)
+        above = tl.sum(tl.load(parts + 6, mask=mine, other=0.0).to(tl.float64), 0)
+        nn = n * 1.0
+        lam64 = lam.to(tl.float64)
+        kk = k * 1.0
+        d = delta * 1.0
+        hinge = phi_all / nn
+        if not RELU:
+            hinge = hinge - 0.5 * d
+        value = (hinge + kk / nn * lam64) * scale
+        tl.store(value_ptr, value.to(tl.float32).to(value_ptr.dtype.element_ty))
+        empty = lo > hi
+        lo = tl.where(empty, 0.0, lo)
+        hi = tl.where(empty, 0.0, hi)
+        excess = count_all - kk
+        if RELU:
+            w = width.to(tl.float64)
+            near = tl.where(excess > 0, second_all, third_all)
+            need = tl.abs(excess)
+            sign = tl.where(excess > 0, 1.0, -1.0)
+            inside_w = near >= need
+            target = tl.maximum(WINDOW_LOSSES, nn / WINDOW_SHARE)
+            moved = tl.where(inside_w, lam64 + sign * w * (need / tl.maximum(near, 1.0)), lam64 + sign * w)
+            ratio = tl.minimum(2.0, tl.maximum(0.5, target / tl.maximum(near, 1.0)))
+            window = tl.where(inside_w, w * ratio, 2.0 * w)
+            moved = tl.where(excess == 0, lam64, moved)
+            window = tl.where(excess == 0, w, window)
+            nxt = tl.minimum(tl.maximum(moved, lo), hi)
+            window = tl.maximum(window, (hi - lo) / nn)
+        else:
+            lower_gap = tl.maximum(nn - kk, 0.5)
+            upper_gap = tl.maximum(kk - above, 0.5)
+            low_end = lo - d * tl.sqrt(nn / lower_gap)
+            high_end = hi + d * tl.sqrt(nn / upper_gap)
+            low_end = tl.where(excess > 0, tl.maximum(low_end, lam64), low_end)
+            high_end = tl.where(excess > 0, high_end, tl.minimum(high_end, lam64))
+            proposal = lam64 + power_law_step(count_all, excess, kk, nn, second_all, third_all)
+            size = tl.abs(lam)
+            resolution = ((size.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True) - size).to(tl.float64)
+            proposal32 = proposal.to(tl.float32).to(tl.float64)
+            kept = (proposal32 == lam64) & (d >= resolution)
+            within = (proposal > low_end) & (proposal < high_end)
+            nxt = tl.where(kept | within, proposal, 0.5 * (low_end + high_end))
+            nxt = tl.where(excess == 0, lam64, nxt)
+            window = 0.0
+        defined = phi_all == phi_all  # a NaN loss: no step, λ stays
+        nxt32 = nxt.to(tl.float32)
+        store = defined & (tl.abs(nxt32) < inf)
+        average = tl.load(lam_ptr)
+        tl.store(lam_last_ptr, tl.where(store, nxt32, lam))
+        new_average = (1.0 - momentum) * average + momentum * nxt32
+        tl.store(lam_ptr, tl.where(store, new_average.to(tl.float32), average))
+        if RELU:
+            window32 = window.to(tl.float32)
+            tl.store(width_ptr, tl.where(store & (tl.abs(window32) < inf), window32, width))
+        share = tl.where(defined, count_all / nn, float("nan"))
+        # the monitor's record(): [calls, share_sum, in_band_all, counted, in_band, 3 sampled, seen, streak]
+        state_calls = tl.load(state_ptr + 0)
+        seen = tl.load(state_ptr + 8)
+        streak = tl.load(state_ptr + 9)
+        banded = kk < nn
+        target_share = kk / nn
+        below_share = 1.0 - share
+        good = (share <= 2 * target_share) & (share >= target_share / 2)
+        good = good & (below_share <= 2 * (1.0 - target_share)) & (below_share >= (1.0 - target_share) / 2)
+        good = good & banded
+        hit = tl.where(good, 1.0, 0.0)
+        counted = tl.where(banded & (seen + 1.0 > burn_in), 1.0, 0.0)
+        kept_streak = tl.where(banded, 1.0 - hit, 0.0)
+        tl.store(state_ptr + 0, state_calls + 1.0)
+        tl.store(state_ptr + 1, tl.load(state_ptr + 1) + share)
+        tl.store(state_ptr + 2, tl.load(state_ptr + 2) + hit)
+        tl.store(state_ptr + 3, tl.load(state_ptr + 3) + counted)
+        tl.store(state_ptr + 4, tl.load(state_ptr + 4) + hit * counted)
+        tl.store(state_ptr + 8, seen + 1.0)
+        tl.store(state_ptr + 9, tl.where(banded, streak * kept_streak + kept_streak, streak))
+        tl.atomic_xchg(ticket_ptr, 0)
+
+
+@triton.jit
+def scale_kernel(grad_ptr, incoming_ptr, n, BLOCK: tl.constexpr):
+    g = tl.load(incoming_ptr).to(tl.float32)
+    if g != 1.0:
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        inside = offs < n
+        values = tl.load(grad_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+        tl.store(grad_ptr + offs, (values * g).to(grad_ptr.dtype.element_ty), mask=inside)

@@ -1,0 +1,175 @@
+"""The tracked training call of MATk and STk on one row of losses as one Triton launch, registered as
+a torch op (``torch.ops.topklab.tracked_row``), for CUDA (and Triton's interpreter on a CPU,
+``TRITON_INTERPRET=1``, where it is tested).
+
+One launch: every program streams its blocks of losses once at the stored λ, writes the gradient
+``(s/n)·φ'(ℓ − λ)`` and its partial sums (the value's Σφ, the next step's sums, the finite range);
+the last program to finish (an atomic ticket, reset by it) combines the partials in program order
+(deterministic: no float atomics) in float64 and writes the value, the next λ (STk: one safeguarded
+solve step, ``solve.srelu_threshold_step``; MATk: a step within its window,
+``solve.relu_threshold_step``), the running average and the λ monitor's sums, all on the device.
+The backward is one launch that scales the saved gradient by the incoming one, read on the device:
+no host synchronisation anywhere. Losses in float32, bfloat16 or float16 are summed in float32 per
+block and float64 across programs.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import torch
+
+from topklab.losses.aggregate.base import resolve_count
+from topklab.losses.aggregate.lambda_monitor import WARN_AFTER_CALLS
+
+BLOCK = 1024  # losses per block
+MOST_PROGRAMS = 1024  # programs per launch (the last one combines their partials in one load)
+SLOTS = 8  # partial sums per program: φ, count, second, third, least, most, +inf count, unused
+TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def available() -> bool:
+    """Whether Triton imports here (a CUDA device, or its interpreter on a CPU)."""
+    try:
+        import triton  # noqa: F401, PLC0415
+    except ImportError:
+        return False
+    return True
+
+
+@cache
+def kernels():
+    """(the tracked row's kernel, the gradient's scaling kernel), imported on first use."""
+    from topklab.losses.aggregate.triton_kernels import scale_kernel, tracked_row_kernel  # noqa: PLC0415
+
+    return tracked_row_kernel, scale_kernel
+
+
+def launch_shape(n: int) -> tuple[int, int]:
+    """(programs, blocks per program) for a row of n losses."""
+    blocks = max(1, math.ceil(n / BLOCK))
+    programs = min(blocks, MOST_PROGRAMS)
+    return programs, math.ceil(blocks / programs)
+
+
+@torch.library.custom_op(
+    "topklab::tracked_row", mutates_args=("lam", "lam_last", "lam_width", "state", "work", "ticket"), device_types=None
+)
+def tracked_row(
+    losses: torch.Tensor,
+    lam: torch.Tensor,
+    lam_last: torch.Tensor,
+    lam_width: torch.Tensor,
+    state: torch.Tensor,
+    work: torch.Tensor,
+    ticket: torch.Tensor,
+    k: float,
+    delta: float,
+    scale: float,
+    momentum: float,
+    burn_in: float,
+    relu: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One tracked training call on ``losses`` (n,): (value (0-d), ∂value/∂losses (n,)). Updated in
+    place: the float32 buffers ``lam`` (running average), ``lam_last`` (the λ used, then the next
+    one) and ``lam_width`` (MATk's window; STk passes any float32 scalar), the monitor's float64
+    ``state``, and the scratch ``work`` (float32, ``MOST_PROGRAMS × SLOTS``) and int32 ``ticket``
+    (zero between calls), which the module keeps (:func:`scratch`)."""
+    n = losses.shape[0]
+    programs, iters = launch_shape(n)
+    grad = torch.empty_like(losses)
+    value = losses.new_empty(())
+    kernel, _ = kernels()
+    kernel[(programs,)](
+        losses, grad, value, lam, lam_last, lam_width, state, work, ticket,
+        n, k, delta, scale, momentum, burn_in, iters,
+        RELU=relu, BLOCK=BLOCK, PROGRAMS=MOST_PROGRAMS,
+    )  # fmt: skip
+    return value, grad
+
+
+@tracked_row.register_fake
+def _(losses, lam, lam_last, lam_width, state, work, ticket, k, delta, scale, momentum, burn_in, relu):
+    return losses.new_empty(()), torch.empty_like(losses)
+
+
+def attach_scratch(module) -> bool:
+    """Register the buffers ``module`` (MATk, STk) keeps for :func:`tracked_row` where its rule tracks
+    and its ``kernel`` may take the launch (non-persistent: moved with it, never saved); whether it did."""
+    if not (module.rule.tracks and module.kernel in ("auto", "triton")):
+        return False
+    module.register_buffer("triton_work", torch.zeros(MOST_PROGRAMS * SLOTS), persistent=False)
+    module.register_buffer("triton_ticket", torch.zeros(1, dtype=torch.int32), persistent=False)
+    module.register_buffer("triton_no_width", torch.zeros(()), persistent=False)  # STk's stand-in for a window
+    return True
+
+
+@torch.library.custom_op("topklab::scale_gradient", mutates_args=("grad",), device_types=None)
+def scale_gradient(grad: torch.Tensor, incoming: torch.Tensor) -> None:
+    """``grad *= incoming`` in place, the 0-d incoming gradient read on the device (nothing where it is one)."""
+    _, kernel = kernels()
+    n = grad.shape[0]
+    kernel[(max(1, math.ceil(n / BLOCK)),)](grad, incoming, n, BLOCK=BLOCK)
+
+
+@scale_gradient.register_fake
+def _(grad, incoming):
+    return None
+
+
+class _TrackedRow(torch.autograd.Function):
+    """:func:`tracked_row` differentiable in the losses: the forward's gradient saved, the backward one
+    :func:`scale_gradient` launch (a mutating op has no autograd formula of its own)."""
+
+    @staticmethod
+    def forward(ctx, losses, *args):
+        value, grad = torch.ops.topklab.tracked_row(losses, *args)
+        ctx.save_for_backward(grad)
+        return value
+
+    @staticmethod
+    def backward(ctx, grad_value):
+        (grad,) = ctx.saved_tensors
+        torch.ops.topklab.scale_gradient(grad, grad_value)
+        return (grad,) + (None,) * 12
+
+
+def row_call(module, losses: torch.Tensor) -> torch.Tensor | None:
+    """A tracked training call of ``module`` (MATk, STk) on 1-D ``losses`` through :func:`tracked_row`,
+    or None where it does not apply: ``kernel`` is not "triton" (nor "auto" on CUDA with Triton here),
+    not a tracked call of a started module on one row with float32 λ buffers, a tensor k, ``rows``."""
+    if module.kernel != "triton" and not (module.kernel == "auto" and losses.is_cuda and available()):
+        return None
+    if not (module.training and torch.is_grad_enabled()) or losses.dim() != 1 or losses.dtype not in TRITON_DTYPES:
+        return None
+    n = losses.shape[0]
+    buffers, monitor = module._buffers, module.monitor
+    if (
+        n == 0
+        or module.rows is not None
+        or isinstance(module.k, torch.Tensor)
+        or "triton_ticket" not in buffers
+        or not module.rule.uses_last(module, n)
+        or monitor._state is None
+        or buffers["lam_last"].dtype != torch.float32
+        or (not torch.compiler.is_compiling() and torch._C._functorch.is_functorch_wrapped_tensor(losses))
+    ):
+        return None
+    count = resolve_count(module.k, n)
+    relu = module.smoothing == "relu"
+    compiling = torch.compiler.is_compiling()
+    sample = not compiling and monitor.native_call(count, n)
+    used = buffers["lam_last"].clone() if sample else None
+    value = _TrackedRow.apply(
+        losses, buffers["lam"], buffers["lam_last"], buffers.get("lam_width", buffers["triton_no_width"]), monitor._state,
+        buffers["triton_work"], buffers["triton_ticket"], float(count), float(module.delta or 0.0),
+        float(n / count) if module.scale == "atk" else 1.0, module.rule.lam_momentum, float(monitor.burn_in), relu,
+    )  # fmt: skip
+    if sample:
+        monitor.add_sample(*module._sampler(losses.detach()[None], used.to(losses.dtype).view(1), None, count)())
+    if not compiling and monitor.calls % WARN_AFTER_CALLS == 0:
+        lam = buffers["lam_last"]
+        share = module._row_shares  # the smoothed share for the warning's message
+        monitor.check_streak(lambda: share(losses.detach()[None], lam.to(losses.dtype).view(1))[0], count, n)
+    return value

@@ -1,0 +1,170 @@
+"""The tracked call's one Triton launch (topklab.losses.aggregate.triton_pass) against the torch path and
+the float64 formula, its launch and op counts, and torch.compile without a graph break. Without a GPU the
+kernels run in Triton's interpreter on CPU tensors (TRITON_INTERPRET=1, set here before they are defined)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from topklab.losses import MATk, STk
+from topklab.losses.aggregate import thresholded, triton_pass
+from topklab.losses.aggregate.base import resolve_count
+
+pytest.importorskip("triton")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+LOSSES = {
+    "stk": lambda **kw: STk(k=0.3, delta=0.05, lam_update="track", **kw),
+    "matk": lambda **kw: MATk(k=0.3, lam_update="track", **kw),
+}
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def batches(n, count=6, dtype=torch.float32, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [(torch.rand(n, generator=generator) * (3 - 0.3 * i)).to(dtype).to(DEVICE) for i in range(count)]
+
+
+def started(module, n, dtype=torch.float32):
+    """``module`` after its first training call (which starts λ on the torch path), and its reference."""
+    module(batches(n, count=1, dtype=dtype, seed=9)[0].requires_grad_())
+    return module, reference(module)
+
+
+def reference(module):
+    """A copy of ``module`` in its present state that never takes the Triton launch."""
+    copied = copy.deepcopy(module)
+    copied._on_device_pass = False
+    return copied
+
+
+def call(module, losses, incoming=1.0):
+    leaf = losses.clone().requires_grad_()
+    value = module(leaf)
+    (grad,) = torch.autograd.grad(value * incoming if incoming != 1.0 else value, leaf)
+    return value.detach(), grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("scale", ["paper", "atk"])
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+@pytest.mark.parametrize("n", [17, 3000])
+def test_the_tracked_launch_agrees_with_the_torch_path(loss, scale, dtype, n):
+    """Call by call from the same state: value, gradient, the next λ, its average (and MATk's window)
+    and the monitor's sums as the torch path (the C++ lane on a CPU) gives them; the value is Eq. 5/6
+    at the λ the call used, in float64."""
+    fused, _ = started(LOSSES[loss](kernel="triton", scale=scale).to(DEVICE), n, dtype)
+    tolerance = TOLERANCE[dtype]
+    k = resolve_count(0.3, n)
+    for step, losses in enumerate(batches(n, dtype=dtype)):
+        plain = reference(fused)
+        used = fused.lam_last.clone()
+        incoming = 0.37 if step % 2 else 1.0
+        (value, grad), (want, want_grad) = call(fused, losses, incoming), call(plain, losses, incoming)
+        torch.testing.assert_close(value.float(), want.float(), rtol=tolerance, atol=tolerance)
+        step_size = 1.0 / k if scale == "atk" else 1.0 / n
+        torch.testing.assert_close(grad.float(), want_grad.float(), rtol=tolerance, atol=tolerance * step_size)
+        for name in ("lam_last", "lam") + (("lam_width",) if loss == "matk" else ()):
+            torch.testing.assert_close(getattr(fused, name), getattr(plain, name), rtol=1e-4, atol=1e-6)
+        state, want_state = fused.monitor._state, plain.monitor._state
+        assert state[0] == want_state[0] and state[2] == want_state[2]  # calls and in-band calls
+        torch.testing.assert_close(state[1], want_state[1], rtol=1e-4, atol=1e-6)  # the smoothed shares' sum
+        if dtype == torch.float32:
+            x = losses.double() - used.double()
+            phi = torch.relu(x) if loss == "matk" else 0.5 * (x + torch.sqrt(x * x + 0.05**2) - 0.05)
+            expected = (phi.mean() + k / n * used.double()) * (n / k if scale == "atk" else 1.0)
+            torch.testing.assert_close(value.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_nan_loss_leaves_lambda_and_an_infinite_one_is_counted():
+    fused, _ = started(STk(k=3, lam_update="track", kernel="triton").to(DEVICE), 50)
+    before = fused.lam_last.clone()
+    losses = torch.rand(50, device=DEVICE)
+    losses[7] = float("nan")
+    value, _ = call(fused, losses)
+    assert torch.isnan(value) and torch.equal(fused.lam_last, before)
+    losses[7] = float("inf")
+    plain = reference(fused)
+    (value, grad), (want, want_grad) = call(fused, losses), call(plain, losses)
+    assert value == want == float("inf")
+    torch.testing.assert_close(grad, want_grad)
+
+
+def own_aten_ops(events, scopes) -> list[str]:
+    """The aten ops the profiler saw inside ``scopes`` (events by name: STk's forward, its backward
+    node), outside a Triton launch (the interpreter's own copies) and not inside another aten op."""
+    ops = []
+    for event in events:
+        parents, parent = [], event.cpu_parent
+        while parent is not None:
+            parents.append(parent.name)
+            parent = parent.cpu_parent
+        if (
+            event.name.startswith("aten::")
+            and any(scope in name for name in parents for scope in scopes)
+            and not any(name.startswith("aten::") or name == "triton_launch" for name in parents)
+        ):
+            ops.append(event.name)
+    return ops
+
+
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+def test_one_forward_and_backward_is_two_launches_two_ops_and_no_host_read(loss, monkeypatch):
+    module, _ = started(LOSSES[loss](kernel="triton").to(DEVICE), 5000)
+    module.monitor.sample_every = 10**9  # the monitor's sample (a selection every 50th call) is not this call's
+    launches = []
+    kernels = triton_pass.kernels()
+
+    class Counted:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append(grid)
+                with torch.profiler.record_function("triton_launch"):
+                    return self.kernel[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(triton_pass, "kernels", lambda: tuple(Counted(k) for k in kernels))
+    leaf = batches(5000, count=1, seed=3)[0].requires_grad_()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        with torch.profiler.record_function("stk_forward"):
+            value = module(leaf)
+        torch.autograd.grad(value, leaf)
+    events = profile.events()
+    assert len(launches) == 2, launches
+    own = own_aten_ops(events, ("stk_forward", "_TrackedRowBackward"))
+    assert len(own) <= 2, own
+    assert not any(event.name in ("aten::item", "aten::_local_scalar_dense") for event in events)
+
+
+def test_a_training_step_compiles_without_a_graph_break():
+    model = torch.nn.Linear(8, 1).to(DEVICE)
+    loss = STk(k=0.5, lam_update="track", kernel="triton").to(DEVICE)
+    x = torch.randn(64, 8, device=DEVICE)
+
+    def step(x):
+        return loss(model(x).squeeze(1).square())
+
+    step(x)  # the eager first call starts λ
+    explained = torch._dynamo.explain(step)(x)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    before = loss.lam_last.clone()
+    value = compiled(2 * x)  # other losses: λ steps
+    value.backward()
+    assert torch.isfinite(value) and not torch.equal(loss.lam_last, before)  # λ stepped inside the graph
+
+
+def test_kernel_auto_takes_the_launch_only_on_cuda_and_a_missing_triton_is_one_line(monkeypatch):
+    cpu = STk(k=0.5, lam_update="track")
+    cpu(torch.rand(64).requires_grad_())
+    assert triton_pass.row_call(cpu, torch.rand(64).requires_grad_()) is None  # auto on a CPU: the C++ lane
+    monkeypatch.setattr(thresholded, "triton_available", lambda: False)
+    with pytest.raises(ValueError, match="^kernel='triton' needs the triton package"):
+        STk(k=0.5, kernel="triton")
