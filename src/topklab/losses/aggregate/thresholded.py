@@ -9,9 +9,9 @@ from topklab.losses.aggregate.kernels import KERNELS, native_built, native_exten
 from topklab.losses.aggregate.lambda_monitor import WARN_AFTER_CALLS, LambdaMonitor
 from topklab.losses.aggregate.lambda_rules import LambdaRule, rule_for, split_tie_mass
 from topklab.losses.aggregate.solve import kth_largest
+from topklab.losses.aggregate.triton_pass import attach_scratch
 from topklab.losses.aggregate.triton_pass import available as triton_available
 from topklab.losses.aggregate.triton_pass import row_call as triton_row_call
-from topklab.losses.aggregate.triton_pass import attach_scratch
 from topklab.losses.threshold import get_constraint
 from topklab.smoothing import get_smoothing
 from topklab.utils.checks import check_int
