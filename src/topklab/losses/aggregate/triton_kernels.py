@@ -4,8 +4,11 @@
 import triton
 import triton.language as tl
 
-BIG = 2.0**63  # |ℓ − λ| beyond which SReLU's root is |ℓ − λ| in float32 (smoothing.beyond_square)
-WINDOW_LOSSES, WINDOW_SHARE = 4.0, 32.0  # solve.py's MATk window (change one, change all)
+BIG = tl.constexpr(2.0**63)  # |ℓ − λ| beyond which SReLU's root is |ℓ − λ| in float32 (smoothing.beyond_square)
+WINDOW_LOSSES = tl.constexpr(4.0)  # solve.py's MATk window (change one, change all)
+WINDOW_SHARE = tl.constexpr(32.0)
+INF = tl.constexpr(float("inf"))
+NAN = tl.constexpr(float("nan"))
 
 
 @triton.jit
@@ -34,13 +37,12 @@ def tracked_row_kernel(
     width = tl.load(width_ptr).to(tl.float32) if RELU else 0.0
     step = scale / n
     dd = delta * delta
-    inf = float("inf")
     phi_sum = tl.zeros((BLOCK,), tl.float32)
     count = tl.zeros((BLOCK,), tl.float32)
     second = tl.zeros((BLOCK,), tl.float32)
     third = tl.zeros((BLOCK,), tl.float32)
-    least = tl.full((BLOCK,), inf, tl.float32)
-    most = tl.full((BLOCK,), -inf, tl.float32)
+    least = tl.full((BLOCK,), INF, tl.float32)
+    most = tl.full((BLOCK,), -INF, tl.float32)
     infs = tl.zeros((BLOCK,), tl.float32)
     for it in range(iters):
         offs = (pid * iters + it) * BLOCK + tl.arange(0, BLOCK)
@@ -70,10 +72,10 @@ def tracked_row_kernel(
         tl.store(grad_ptr + offs, grad.to(grad_ptr.dtype.element_ty), mask=inside)
         phi_sum += tl.where(inside, phi, 0.0)
         count += tl.where(inside, slope, 0.0)
-        finite = inside & (tl.abs(v) < inf)
-        least = tl.minimum(least, tl.where(finite, v, inf))
-        most = tl.maximum(most, tl.where(finite, v, -inf))
-        infs += tl.where(inside & (v == inf), 1.0, 0.0)
+        finite = inside & (tl.abs(v) < INF)
+        least = tl.minimum(least, tl.where(finite, v, INF))
+        most = tl.maximum(most, tl.where(finite, v, -INF))
+        infs += tl.where(inside & (v == INF), 1.0, 0.0)
     row = work_ptr + pid * 8
     tl.store(row + 0, tl.sum(phi_sum, 0))
     tl.store(row + 1, tl.sum(count, 0))
@@ -91,8 +93,8 @@ def tracked_row_kernel(
         count_all = tl.sum(tl.load(parts + 1, mask=mine, other=0.0).to(tl.float64), 0)
         second_all = tl.sum(tl.load(parts + 2, mask=mine, other=0.0).to(tl.float64), 0)
         third_all = tl.sum(tl.load(parts + 3, mask=mine, other=0.0).to(tl.float64), 0)
-        lo = tl.min(tl.load(parts + 4, mask=mine, other=inf), 0).to(tl.float64)
-        hi = tl.max(tl.load(parts + 5, mask=mine, other=-inf), 0).to(tl.float64)
+        lo = tl.min(tl.load(parts + 4, mask=mine, other=INF), 0).to(tl.float64)
+        hi = tl.max(tl.load(parts + 5, mask=mine, other=-INF), 0).to(tl.float64)
         above = tl.sum(tl.load(parts + 6, mask=mine, other=0.0).to(tl.float64), 0)
         nn = n * 1.0
         lam64 = lam.to(tl.float64)
@@ -139,15 +141,15 @@ def tracked_row_kernel(
             window = 0.0
         defined = phi_all == phi_all  # a NaN loss: no step, λ stays
         nxt32 = nxt.to(tl.float32)
-        store = defined & (tl.abs(nxt32) < inf)
+        store = defined & (tl.abs(nxt32) < INF)
         average = tl.load(lam_ptr)
         tl.store(lam_last_ptr, tl.where(store, nxt32, lam))
         new_average = (1.0 - momentum) * average + momentum * nxt32
         tl.store(lam_ptr, tl.where(store, new_average.to(tl.float32), average))
         if RELU:
             window32 = window.to(tl.float32)
-            tl.store(width_ptr, tl.where(store & (tl.abs(window32) < inf), window32, width))
-        share = tl.where(defined, count_all / nn, float("nan"))
+            tl.store(width_ptr, tl.where(store & (tl.abs(window32) < INF), window32, width))
+        share = tl.where(defined, count_all / nn, NAN)
         # the monitor's record(): [calls, share_sum, in_band_all, counted, in_band, 3 sampled, seen, streak]
         state_calls = tl.load(state_ptr + 0)
         seen = tl.load(state_ptr + 8)
