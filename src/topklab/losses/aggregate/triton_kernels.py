@@ -8,7 +8,6 @@ BIG = tl.constexpr(2.0**63)  # |ℓ − λ| beyond which SReLU's root is |ℓ �
 WINDOW_LOSSES = tl.constexpr(4.0)  # solve.py's MATk window (change one, change all)
 WINDOW_SHARE = tl.constexpr(32.0)
 INF = tl.constexpr(float("inf"))
-NAN = tl.constexpr(float("nan"))
 
 
 @triton.jit
@@ -149,7 +148,7 @@ def tracked_row_kernel(
         if RELU:
             window32 = window.to(tl.float32)
             tl.store(width_ptr, tl.where(store & (tl.abs(window32) < INF), window32, width))
-        share = tl.where(defined, count_all / nn, NAN)
+        share = tl.where(defined, count_all / nn, phi_all)  # phi_all is NaN where not defined
         # the monitor's record(): [calls, share_sum, in_band_all, counted, in_band, 3 sampled, seen, streak]
         state_calls = tl.load(state_ptr + 0)
         seen = tl.load(state_ptr + 8)
