@@ -56,13 +56,14 @@ def tracked_row_kernel(
             second += tl.where(inside & (x > 0) & (x <= width), 1.0, 0.0)
             third += tl.where(inside & (x <= 0) & (x > -width), 1.0, 0.0)
         else:
-            low = tl.maximum(x, -BIG)
-            bounded = tl.minimum(low, BIG)
+            # selects, not tl.maximum/tl.minimum: on CUDA those drop a NaN operand, and a NaN loss must stay NaN
+            low = tl.where(x < -BIG, -BIG, x)
+            bounded = tl.where(low > BIG, BIG, low)
             bounded_root = tl.sqrt(bounded * bounded + dd)
-            root = tl.maximum(bounded_root, tl.abs(low))
+            root = tl.where(bounded_root < tl.abs(low), tl.abs(low), bounded_root)
             phi = 0.5 * low + 0.5 * root
             z = bounded
-            span = bounded_root - tl.minimum(z, 0.0)
+            span = bounded_root - tl.where(z < 0, z, 0.0)
             slope = tl.where(z < 0, dd / (bounded_root * span), 1.0 + z / bounded_root) * 0.5
             grad = slope * step
             bend = 0.5 * dd / (bounded_root * bounded_root * bounded_root)
