@@ -56,7 +56,10 @@ peft)
     for amp in fp16 bf16; do
         timeout 140 python3 scripts/bench_peft.py --device cuda --batch 128 --steps 20 --amp $amp --channels-last \
             --tuners adaptformer lora vpt_deep full --out-dir "$out" --tag "cuda_$amp" 2>&1 | tail -25
-    done ;;
+    done
+    # the objective's share with Average beside STk's
+    timeout 140 python3 scripts/bench_peft.py --device cuda --batch 128 --steps 20 --amp bf16 --channels-last \
+        --tuners adaptformer lora vpt_deep full --objective average --out-dir "$out" --tag cuda_bf16_average 2>&1 | tail -25 ;;
 multi30k)
     # the rows read ../shared/data/multi30k (their config's root), so a copy carried in .gpu_data goes there
     [ -d ../shared/data/multi30k ] || { mkdir -p ../shared/data && cp -r .gpu_data/multi30k ../shared/data/; } || exit 2

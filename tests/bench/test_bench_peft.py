@@ -55,3 +55,11 @@ def test_gpu_hours_are_images_times_flops_over_the_rate():
     places = 3 * (10 * 62_500 * 3.0 + (10 * 7_300 * 5 + 36_500 * 5) * 1.0) * 1e9 / 1e12 / 3600
     assert abs(estimates["Table 5 (vision columns)"] - (cifar + imagenet + places)) < 1e-9
     assert estimates["Table 7 (MAE rows)"] > 50 * estimates["Table 5 (vision columns)"]  # 61 M images against 2.7 M
+
+
+def test_the_objective_option_measures_average_in_place_of_stk(tmp_path):
+    argv = ["--backbone", "vit_tiny_patch16_224", "--img-size", "32", "--batch", "4", "--steps", "1"]
+    code = bench_peft.main([*argv, "--tuners", "linear_probe", "--objective", "average", "--out-dir", str(tmp_path)])
+    out = json.loads((tmp_path / "peft_cpu.json").read_text())["result"]
+    assert code == 0 and out["objective"] == "average" and 0 < out["rows"][0]["loss_share"] < 1
+    assert "objective: LA + Average;" in (tmp_path / "peft_cpu.md").read_text()

@@ -161,16 +161,17 @@ def test_the_against_torch_options_reach_its_workers(bench_topk, monkeypatch, tm
     parsed and then ignored for --min-time); on a CPU one process per n."""
     calls = []
 
-    def fake_run_isolated(target, sizes, k, rounds, seconds, threads, device, compiled):
-        calls.append((target, sizes, k, rounds, seconds, device, compiled))
+    def fake_run_isolated(target, sizes, k, rounds, seconds, threads, device, compiled, dtype):
+        calls.append((target, sizes, k, rounds, seconds, device, compiled, dtype))
         plain = {"x.mean()": 1.0, "x.max()": 1.0, "x.topk(k).values.mean()": 1.0}
         mine = {"Average": 1.0, "Maximum": 1.0, "ATk": 1.0, "STk": 1.0, "MATk": 1.0}
         return [{"n": n, "k": 1, "loops": 1, "seconds": {**plain, **mine}} for n in sizes]
 
     monkeypatch.setattr(bench_topk, "run_isolated", fake_run_isolated)
     argv = ["--against-torch", "--sizes", "16", "64", "--against-time", "0.7", "--rounds", "3", "--k", "0.25"]
-    bench_topk.main([*argv, "--compiled", "--out-dir", str(tmp_path)])
+    bench_topk.main([*argv, "--compiled", "--dtype", "bfloat16", "--out-dir", str(tmp_path)])
     assert calls == [
-        ("topklab.bench.against_torch:workers", [16], 0.25, 3, 0.7, "cpu", True),
-        ("topklab.bench.against_torch:workers", [64], 0.25, 3, 0.7, "cpu", True),
+        ("topklab.bench.against_torch:workers", [16], 0.25, 3, 0.7, "cpu", True, "bfloat16"),
+        ("topklab.bench.against_torch:workers", [64], 0.25, 3, 0.7, "cpu", True, "bfloat16"),
     ]
+    assert (tmp_path / "topk_against_torch_cpu_bfloat16.md").read_text().count("on bfloat16 losses") == 1

@@ -1,7 +1,7 @@
 """The aggregates as a user gets them (the library's defaults) against the plain torch expression a
 user would otherwise write, forward + backward, measured side by side (issue 31's speed target).
 
-    python scripts/bench_topk.py --against-torch [--sizes 16 64 ...] [--k 0.1] [--rounds 15] [--against-time 4]
+    python scripts/bench_topk.py --against-torch [--sizes 16 64 ...] [--k 0.1] [--dtype float32] [--rounds 15]
 
 Pairs (library module in training mode : plain expression), on a float32 leaf of n losses:
 ``Average()`` : ``x.mean()``, ``Maximum()`` : ``x.max()``, ``ATk(k)`` : ``x.topk(k).values.mean()``,
@@ -76,7 +76,14 @@ def base_label(label: str) -> str:
 
 
 def worker(
-    n: int, k_fraction: float, rounds: int, min_time: float, threads: int, device: str = "cpu", compiled: bool = False
+    n: int,
+    k_fraction: float,
+    rounds: int,
+    min_time: float,
+    threads: int,
+    device: str = "cpu",
+    compiled: bool = False,
+    dtype: str = "float32",
 ) -> dict:
     """Per-call seconds (median over rounds) of every library module and plain expression at n, on
     ``device`` (on a GPU each loop's time runs from a synchronize to a synchronize), and per library module
@@ -93,7 +100,7 @@ def worker(
         torch._dynamo.reset()  # k is a constant of the compiled graphs: each n compiles afresh, not into the limit
     library, plain = calls(k, compiled)
     library = {label: module.to(device) for label, module in library.items()}
-    x = torch.rand(n, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_()
+    x = torch.rand(n, generator=torch.Generator().manual_seed(0)).to(device, getattr(torch, dtype)).requires_grad_()
     synchronize = (lambda: torch.cuda.synchronize(x.device)) if x.is_cuda else (lambda: None)
     steps = {**library, **plain}
     pairs = [(label, PLAIN[base_label(label)]) for label in library] + [(CONTROL, "x.mean()")]
@@ -135,10 +142,17 @@ def worker(
 
 
 def workers(
-    sizes: list[int], k_fraction: float, rounds: int, min_time: float, threads: int, device: str, compiled: bool
+    sizes: list[int],
+    k_fraction: float,
+    rounds: int,
+    min_time: float,
+    threads: int,
+    device: str,
+    compiled: bool,
+    dtype: str = "float32",
 ) -> list[dict]:
     """:func:`worker` at each n, one after another in this process."""
-    return [worker(n, k_fraction, rounds, min_time, threads, device, compiled) for n in sizes]
+    return [worker(n, k_fraction, rounds, min_time, threads, device, compiled, dtype) for n in sizes]
 
 
 def ratios(rows: list[dict]) -> list[dict]:
@@ -171,14 +185,16 @@ def defaults(rows: list[dict]) -> list[dict]:
     return [r for r in ratios(rows) if r["loss"] in TARGETS]
 
 
-def render(rows: list[dict], hardware: str, command: str, k_fraction: float, one_process: bool = False) -> str:
+def render(
+    rows: list[dict], hardware: str, command: str, k_fraction: float, one_process: bool = False, dtype: str = "float32"
+) -> str:
     ns = [row["n"] for row in rows]
     labels = [label for label in rows[0]["seconds"] if base_label(label) in TARGETS]
     table = {(r["loss"], r["n"]): r for r in ratios(rows)}
     lines = [
         f"# The aggregates as the library gives them against the plain torch expression ({hardware})",
         "",
-        f"Forward + backward, ratio of times (library / plain), k = {k_fraction}n; the median over rounds of "
+        f"Forward + backward on {dtype} losses, ratio of times (library / plain), k = {k_fraction}n; the median over rounds of "
         "the ratio of two adjacent loops (every other round the plain one first), "
         f"{'all n in one process' if one_process else 'each n in its own process'}. Produced by `{command}`.",
         "",

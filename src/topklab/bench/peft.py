@@ -119,6 +119,9 @@ DATASETS = datasets()
 TABLES = tables()
 
 
+OBJECTIVES = {"stk": "LA + STk (k = 0.9 × batch, δ = 0.01)", "average": "LA + Average"}
+
+
 def measure(args) -> dict:
     """One branch's numbers (runs in its own process)."""
     import torch
@@ -127,7 +130,7 @@ def measure(args) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
     import topklab  # noqa: F401
-    from topklab.losses import LogitAdjusted, STk
+    from topklab.losses import Average, LogitAdjusted, STk
     from topklab.models.peft import PeftViT
 
     torch.manual_seed(0)
@@ -139,7 +142,7 @@ def measure(args) -> dict:
     individual = LogitAdjusted([max(1, int(500 * 0.01 ** (c / (args.classes - 1)))) for c in range(args.classes)]).to(
         device
     )
-    aggregate = STk(k=0.9, delta=0.01).to(device)
+    aggregate = (STk(k=0.9, delta=0.01) if args.objective == "stk" else Average()).to(device)
     params = [p for group in model.parameter_groups() for p in group["params"]] + list(aggregate.parameters())
     optimizer = torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=5e-4)
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
@@ -233,6 +236,12 @@ def main(argv=None) -> int:
     parser.add_argument("--img-size", type=int, default=224)
     parser.add_argument("--classes", type=int, default=100)
     parser.add_argument("--assumed-tflops", type=float, default=100.0)
+    parser.add_argument(
+        "--objective",
+        default="stk",
+        choices=OBJECTIVES,
+        help="the aggregate after LA: STk (k = 0.9 × batch) or Average",
+    )
     parser.add_argument("--out-dir", default=str(ROOT / "results" / "bench"))
     parser.add_argument("--tag", default=None)
     parser.add_argument("--tuner", help=argparse.SUPPRESS)  # one branch, in a child process
@@ -277,6 +286,7 @@ def main(argv=None) -> int:
         "steps": args.steps,
         "amp": args.amp,
         "channels_last": args.channels_last,
+        "objective": args.objective,
         "backbone": args.backbone,
         "img_size": args.img_size,
         "classes": args.classes,
@@ -309,7 +319,7 @@ def render(out: dict) -> str:
         "",
         f"Produced by `{out['command']}`: {out['backbone']} at {out['img_size']} px with random weights, "
         f"{out['classes']} classes, batch {out['batch']}, {out['steps']} timed steps after a warm-up, amp {out['amp']}, "
-        f"channels-last {out['channels_last']}; objective: LA + STk (k = 0.9 × batch, δ = 0.01); torch {out['torch']}.",
+        f"channels-last {out['channels_last']}; objective: {OBJECTIVES[out.get('objective', 'stk')]}; torch {out['torch']}.",
         "",
         "| branch | trainable params | total params | train img/s | eval img/s | peak memory (MB) | loss share | "
         "train GFLOP / img | eval GFLOP / img |",

@@ -273,6 +273,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--k", type=float, default=0.1, help="k as a fraction of n in the against-torch table")
     parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16", "float16", "float64"),
+        help="the losses' dtype in the against-torch table (another than float32 is named in the file name)",
+    )
+    parser.add_argument(
         "--compiled",
         action="store_true",
         help="the against-torch table also times Average, STk and MATk under torch.compile",
@@ -338,6 +344,7 @@ def compare_with_torch(args, argv: list[str]) -> None:
                 args.threads,
                 args.device,
                 args.compiled,
+                args.dtype,
             )
         except WorkerFailed as err:
             print(
@@ -358,10 +365,12 @@ def compare_with_torch(args, argv: list[str]) -> None:
         "threads": args.threads,
         "device": args.device,
         "compiled": args.compiled,
+        "dtype": args.dtype,
     }
     hardware = machine_label(args.device, None if on_gpu else args.threads or None)
-    text = against_torch.render(rows, hardware, command, args.k, one_process=on_gpu)
-    out_dir, name = Path(args.out_dir), f"topk_against_torch_{'cuda' if on_gpu else 'cpu'}"
+    text = against_torch.render(rows, hardware, command, args.k, one_process=on_gpu, dtype=args.dtype)
+    suffix = "" if args.dtype == "float32" else f"_{args.dtype}"
+    out_dir, name = Path(args.out_dir), f"topk_against_torch_{'cuda' if on_gpu else 'cpu'}{suffix}"
     write_outputs(out_dir, name, {"rows": rows}, command, settings, markdown=text)
     print(f"wrote {out_dir}/{name}.{{json,md}}")
     print(against_torch.headline(rows))
