@@ -53,10 +53,7 @@ def launch_shape(n: int) -> tuple[int, int]:
     return programs, math.ceil(blocks / programs)
 
 
-@torch.library.custom_op(
-    "topklab::tracked_row", mutates_args=("lam", "lam_last", "lam_width", "state", "work", "ticket"), device_types=None
-)
-def tracked_row(
+def tracked_row_launch(
     losses: torch.Tensor,
     lam: torch.Tensor,
     lam_last: torch.Tensor,
@@ -75,7 +72,8 @@ def tracked_row(
     place: the float32 buffers ``lam`` (running average), ``lam_last`` (the λ used, then the next
     one) and ``lam_width`` (MATk's window; STk passes any float32 scalar), the monitor's float64
     ``state``, and the scratch ``work`` (float32, ``MOST_PROGRAMS × SLOTS``) and int32 ``ticket``
-    (zero between calls), which the module keeps (:func:`scratch`)."""
+    (zero between calls), which the module keeps (:func:`attach_scratch`). Registered as the op
+    ``torch.ops.topklab.tracked_row`` (:data:`tracked_row`), which ``torch.compile`` sees."""
     n = losses.shape[0]
     programs, iters = launch_shape(n)
     grad = torch.empty_like(losses)
@@ -87,6 +85,11 @@ def tracked_row(
         RELU=relu, BLOCK=BLOCK, PROGRAMS=MOST_PROGRAMS,
     )  # fmt: skip
     return value, grad
+
+
+tracked_row = torch.library.custom_op(
+    "topklab::tracked_row", mutates_args=("lam", "lam_last", "lam_width", "state", "work", "ticket"), device_types=None
+)(tracked_row_launch)
 
 
 @tracked_row.register_fake
@@ -105,12 +108,17 @@ def attach_scratch(module) -> bool:
     return True
 
 
-@torch.library.custom_op("topklab::scale_gradient", mutates_args=("grad",), device_types=None)
-def scale_gradient(grad: torch.Tensor, incoming: torch.Tensor) -> None:
-    """``grad *= incoming`` in place, the 0-d incoming gradient read on the device (nothing where it is one)."""
+def scale_gradient_launch(grad: torch.Tensor, incoming: torch.Tensor) -> None:
+    """``grad *= incoming`` in place, the 0-d incoming gradient read on the device (nothing where it
+    is one); the op ``torch.ops.topklab.scale_gradient`` (:data:`scale_gradient`)."""
     _, kernel = kernels()
     n = grad.shape[0]
     kernel[(max(1, math.ceil(n / BLOCK)),)](grad, incoming, n, BLOCK=BLOCK)
+
+
+scale_gradient = torch.library.custom_op("topklab::scale_gradient", mutates_args=("grad",), device_types=None)(
+    scale_gradient_launch
+)
 
 
 @scale_gradient.register_fake
@@ -118,20 +126,28 @@ def _(grad, incoming):
     return None
 
 
+def _eager(tensor: torch.Tensor) -> bool:
+    """Whether a launch on ``tensor`` may skip the op's dispatch: a plain tensor, nothing tracing."""
+    return type(tensor) is torch.Tensor and not torch.compiler.is_compiling()
+
+
 class _TrackedRow(torch.autograd.Function):
-    """:func:`tracked_row` differentiable in the losses: the forward's gradient saved, the backward one
-    :func:`scale_gradient` launch (a mutating op has no autograd formula of its own)."""
+    """:func:`tracked_row_launch` differentiable in the losses: the forward's gradient saved, the
+    backward one :func:`scale_gradient_launch` (a mutating op has no autograd formula of its own).
+    Through the registered ops where ``torch.compile`` traces, directly otherwise (the dispatch of a
+    Python op costs tens of microseconds a call)."""
 
     @staticmethod
     def forward(ctx, losses, *args):
-        value, grad = torch.ops.topklab.tracked_row(losses, *args)
+        launch = tracked_row_launch if _eager(losses) else torch.ops.topklab.tracked_row
+        value, grad = launch(losses, *args)
         ctx.save_for_backward(grad)
         return value
 
     @staticmethod
     def backward(ctx, grad_value):
         (grad,) = ctx.saved_tensors
-        torch.ops.topklab.scale_gradient(grad, grad_value)
+        (scale_gradient_launch if _eager(grad) else torch.ops.topklab.scale_gradient)(grad, grad_value)
         return (grad,) + (None,) * 12
 
 
