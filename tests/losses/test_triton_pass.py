@@ -93,6 +93,21 @@ def test_a_nan_loss_leaves_lambda_and_an_infinite_one_is_counted():
     torch.testing.assert_close(grad, want_grad)
 
 
+class counted:  # noqa: N801  (stands in for a kernel: kernel[grid](...))
+    """A Triton kernel whose launches are appended to ``launches``, each in a profiler range "triton_launch"."""
+
+    def __init__(self, kernel, launches: list):
+        self.kernel, self.launches = kernel, launches
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append(grid)
+            with torch.profiler.record_function("triton_launch"):
+                return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
 def own_aten_ops(events, scopes) -> list[str]:
     """The aten ops the profiler saw inside ``scopes`` (events by name: STk's forward, its backward
     node), outside a Triton launch (the interpreter's own copies) and not inside another aten op."""
@@ -117,20 +132,7 @@ def test_one_forward_and_backward_is_two_launches_two_ops_and_no_host_read(loss,
     module.monitor.sample_every = 10**9  # the monitor's sample (a selection every 50th call) is not this call's
     launches = []
     kernels = triton_pass.kernels()
-
-    class Counted:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                launches.append(grid)
-                with torch.profiler.record_function("triton_launch"):
-                    return self.kernel[grid](*args, **kwargs)
-
-            return launch
-
-    monkeypatch.setattr(triton_pass, "kernels", lambda: tuple(Counted(k) for k in kernels))
+    monkeypatch.setattr(triton_pass, "kernels", lambda: tuple(counted(k, launches) for k in kernels))
     leaf = batches(5000, count=1, seed=3)[0].requires_grad_()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         with torch.profiler.record_function("stk_forward"):
@@ -138,7 +140,7 @@ def test_one_forward_and_backward_is_two_launches_two_ops_and_no_host_read(loss,
         torch.autograd.grad(value, leaf)
     events = profile.events()
     assert len(launches) == 2, launches
-    own = own_aten_ops(events, ("stk_forward", "_TrackedRowBackward"))
+    own = own_aten_ops(events, ("stk_forward", "_RowBackward"))
     assert len(own) <= 2, own
     assert not any(event.name in ("aten::item", "aten::_local_scalar_dense") for event in events)
 
@@ -168,3 +170,52 @@ def test_kernel_auto_takes_the_launch_only_on_cuda_and_a_missing_triton_is_one_l
     monkeypatch.setattr(thresholded, "triton_available", lambda: False)
     with pytest.raises(ValueError, match="^kernel='triton' needs the triton package"):
         STk(k=0.5, kernel="triton")
+
+
+SOLVED = {
+    "stk": lambda **kw: STk(k=0.3, delta=0.05, lam_update="solve", **kw),
+    "matk": lambda **kw: MATk(k=0.3, lam_update="solve", **kw),
+    "stk_adaptive": lambda **kw: STk(k=0.3, delta=0.05, **kw),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("loss", sorted(SOLVED))
+@pytest.mark.parametrize("n", [17, 700])
+def test_the_solved_launch_agrees_with_the_torch_path(loss, dtype, n):
+    """A solved call held by one program: the value and gradient of the torch path's, λ at a point
+    where the batch's smoothed count is the torch path's root's (MATk: the same k-th largest loss)."""
+    fused, _ = started(SOLVED[loss](kernel="triton").to(DEVICE), n, dtype)
+    tolerance = TOLERANCE[dtype]
+    k = resolve_count(0.3, n)
+    for step, losses in enumerate(batches(n, dtype=dtype)):
+        plain = reference(fused)
+        incoming = 0.37 if step % 2 else 1.0
+        (value, grad), (want, want_grad) = call(fused, losses, incoming), call(plain, losses, incoming)
+        torch.testing.assert_close(value.float(), want.float(), rtol=tolerance, atol=tolerance)
+        torch.testing.assert_close(grad.float(), want_grad.float(), rtol=tolerance, atol=tolerance / n)
+        if loss == "matk":
+            assert torch.equal(fused.lam_last, plain.lam_last)
+        else:
+            counts = [
+                fused._row_shares(losses[None].double(), m.lam_last.double().view(1))[0] * n for m in (fused, plain)
+            ]
+            assert abs(float(counts[0] - counts[1])) < 1e-2 * k, counts
+        state, want_state = fused.monitor._state, plain.monitor._state
+        assert state[0] == want_state[0] and state[2] == want_state[2]
+
+
+def test_a_solved_call_is_two_launches_and_two_ops(monkeypatch):
+    module, _ = started(STk(k=0.3, lam_update="solve", kernel="triton").to(DEVICE), 500)
+    module.monitor.sample_every = 10**9
+    launches = []
+    kernels = triton_pass.kernels()
+    monkeypatch.setattr(triton_pass, "kernels", lambda: tuple(counted(k, launches) for k in kernels))
+    leaf = batches(500, count=1, seed=3)[0].requires_grad_()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        with torch.profiler.record_function("stk_forward"):
+            value = module(leaf)
+        torch.autograd.grad(value, leaf)
+    assert len(launches) == 2, launches
+    assert len(own_aten_ops(profile.events(), ("stk_forward", "_RowBackward"))) <= 2
+    assert not any(event.name in ("aten::item", "aten::_local_scalar_dense") for event in profile.events())

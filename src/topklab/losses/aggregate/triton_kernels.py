@@ -181,3 +181,110 @@ def scale_kernel(grad_ptr, incoming_ptr, n, BLOCK: tl.constexpr):
         inside = offs < n
         values = tl.load(grad_ptr + offs, mask=inside, other=0.0).to(tl.float32)
         tl.store(grad_ptr + offs, (values * g).to(grad_ptr.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def record_call(state_ptr, share, kk, nn, burn_in):
+    """The λ monitor's record() of one call (lambda_monitor.py): [calls, share_sum, in_band_all, counted,
+    in_band, 3 sampled sums, seen, streak]."""
+    seen = tl.load(state_ptr + 8)
+    streak = tl.load(state_ptr + 9)
+    banded = kk < nn
+    target_share = kk / nn
+    below_share = 1.0 - share
+    good = (share <= 2 * target_share) & (share >= target_share / 2)
+    good = good & (below_share <= 2 * (1.0 - target_share)) & (below_share >= (1.0 - target_share) / 2) & banded
+    hit = tl.where(good, 1.0, 0.0)
+    counted = tl.where(banded & (seen + 1.0 > burn_in), 1.0, 0.0)
+    kept_streak = tl.where(banded, 1.0 - hit, 0.0)
+    tl.store(state_ptr + 0, tl.load(state_ptr + 0) + 1.0)
+    tl.store(state_ptr + 1, tl.load(state_ptr + 1) + share)
+    tl.store(state_ptr + 2, tl.load(state_ptr + 2) + hit)
+    tl.store(state_ptr + 3, tl.load(state_ptr + 3) + counted)
+    tl.store(state_ptr + 4, tl.load(state_ptr + 4) + hit * counted)
+    tl.store(state_ptr + 8, seen + 1.0)
+    tl.store(state_ptr + 9, tl.where(banded, streak * kept_streak + kept_streak, streak))
+
+
+@triton.jit
+def solved_row_kernel(
+    losses_ptr, grad_ptr, value_ptr, lam_ptr, lam_last_ptr, state_ptr,
+    n, k, delta, scale, momentum, burn_in, steps,
+    RELU: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """A solved training call on a row held on chip (one program, n <= BLOCK): λ the root (STk: `steps`
+    safeguarded steps from lam_last, the best iterate, as solve.py's solve_srelu_threshold; MATk: the
+    exact k-th largest loss, the tied losses sharing the missing gradient mass), then the value and the
+    gradient at λ, the stored λ and the monitor's sums."""
+    offs = tl.arange(0, BLOCK)
+    inside = offs < n
+    v = tl.load(losses_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+    finite = inside & (tl.abs(v) < INF)
+    any_finite = tl.sum(tl.where(finite, 1.0, 0.0), 0) > 0
+    least = tl.where(any_finite, tl.min(tl.where(finite, v, INF), 0), 0.0)
+    most = tl.where(any_finite, tl.max(tl.where(finite, v, -INF), 0), 0.0)
+    undefined = tl.sum(tl.where(inside & (v != v), 1.0, 0.0), 0) > 0
+    nn = n * 1.0
+    kk = k * 1.0
+    d = delta * 1.0
+    dd = d * d
+    step = scale / n
+    if RELU:
+        ordered = tl.sort(tl.where(inside & (v == v), v, -INF), 0, descending=True)
+        kth = tl.sum(tl.where(offs == k - 1, ordered, 0.0), 0)
+        lam = tl.where(kth < least, least, tl.where(kth > most, most, kth))
+        x = v - lam
+        grad = tl.where(x > 0, step, 0.0)
+        above = tl.sum(tl.where(inside & (x > 0), 1.0, 0.0), 0)
+        ties = tl.sum(tl.where(inside & (x == 0), 1.0, 0.0), 0)
+        grad = tl.where(inside & (x == 0), step * ((kk - above) / tl.maximum(ties, 1.0)), grad)
+        phi = tl.where(x <= 0, 0.0, x)
+        hinge = tl.sum(tl.where(inside, phi, 0.0), 0) / nn
+        share = tl.minimum(above + ties, kk) / nn
+    else:
+        above_all = tl.sum(tl.where(inside & (v == INF), 1.0, 0.0), 0)
+        low = least - d * tl.sqrt(nn / tl.maximum(nn - kk, 0.5))
+        high = most + d * tl.sqrt(nn / tl.maximum(kk - above_all, 0.5))
+        start = tl.load(lam_last_ptr).to(tl.float32)
+        lam = tl.where(start < low, low, tl.where(start > high, high, start))
+        best = lam
+        best_excess = INF
+        best_count = nn
+        for _ in range(steps + 1):
+            z = v - lam
+            z = tl.where(z < -BIG, -BIG, tl.where(z > BIG, BIG, z))
+            root = tl.sqrt(z * z + dd)
+            slope = tl.where(z < 0, dd / (2.0 * root * (root - tl.where(z < 0, z, 0.0))), 0.5 * (1.0 + z / root))
+            curvature = 0.5 * dd / (root * root * root)
+            count = tl.sum(tl.where(inside, slope, 0.0), 0)
+            bend = tl.sum(tl.where(inside, curvature, 0.0), 0)
+            change = tl.sum(tl.where(inside, 3.0 * curvature * (z / (z * z + dd)), 0.0), 0)
+            excess = count - kk
+            better = tl.abs(excess) < best_excess
+            best = tl.where(better, lam, best)
+            best_excess = tl.where(better, tl.abs(excess), best_excess)
+            best_count = tl.where(better, count, best_count)
+            low = tl.where(excess > 0, lam, low)
+            high = tl.where(excess > 0, high, lam)
+            proposal = lam + power_law_step(count, excess, kk, nn, bend, change)
+            lam = tl.where((proposal > low) & (proposal < high), proposal, 0.5 * (low + high))
+        lam = best
+        x = v - lam
+        low_x = tl.where(x < -BIG, -BIG, x)
+        bounded = tl.where(low_x > BIG, BIG, low_x)
+        bounded_root = tl.sqrt(bounded * bounded + dd)
+        root = tl.where(bounded_root < tl.abs(low_x), tl.abs(low_x), bounded_root)
+        phi = 0.5 * low_x + 0.5 * root
+        span = bounded_root - tl.where(bounded < 0, bounded, 0.0)
+        grad = tl.where(bounded < 0, dd / (bounded_root * span), 1.0 + bounded / bounded_root) * 0.5 * step
+        hinge = tl.sum(tl.where(inside, phi, 0.0), 0) / nn - 0.5 * d
+        share = best_count / nn
+    share = tl.where(undefined, hinge, share)  # NaN: hinge sums the NaN loss
+    value = (hinge + kk / nn * lam) * scale
+    tl.store(grad_ptr + offs, grad.to(grad_ptr.dtype.element_ty), mask=inside)
+    tl.store(value_ptr, value.to(tl.float32).to(value_ptr.dtype.element_ty))
+    store = (~undefined) & (tl.abs(lam) < INF)
+    average = tl.load(lam_ptr)
+    tl.store(lam_last_ptr, tl.where(store, lam, tl.load(lam_last_ptr)))
+    tl.store(lam_ptr, tl.where(store, ((1.0 - momentum) * average + momentum * lam).to(tl.float32), average))
+    record_call(state_ptr, share, kk, nn, burn_in)

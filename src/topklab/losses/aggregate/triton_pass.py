@@ -27,6 +27,7 @@ BLOCK = 1024  # losses per block
 MOST_PROGRAMS = 1024  # programs per launch (the last one combines their partials in one load)
 SLOTS = 8  # partial sums per program: φ, count, second, third, least, most, +inf count, unused
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+ON_CHIP = 4096  # the longest row a solved call holds in one program
 
 
 def available() -> bool:
@@ -40,10 +41,10 @@ def available() -> bool:
 
 @cache
 def kernels():
-    """(the tracked row's kernel, the gradient's scaling kernel), imported on first use."""
-    from topklab.losses.aggregate.triton_kernels import scale_kernel, tracked_row_kernel  # noqa: PLC0415
+    """(the tracked row's kernel, the gradient's scaling kernel, the solved row's), imported on first use."""
+    from topklab.losses.aggregate.triton_kernels import scale_kernel, solved_row_kernel, tracked_row_kernel  # noqa: PLC0415
 
-    return tracked_row_kernel, scale_kernel
+    return tracked_row_kernel, scale_kernel, solved_row_kernel
 
 
 def launch_shape(n: int) -> tuple[int, int]:
@@ -78,7 +79,7 @@ def tracked_row_launch(
     programs, iters = launch_shape(n)
     grad = torch.empty_like(losses)
     value = losses.new_empty(())
-    kernel, _ = kernels()
+    kernel = kernels()[0]
     kernel[(programs,)](
         losses, grad, value, lam, lam_last, lam_width, state, work, ticket,
         n, k, delta, scale, momentum, burn_in, iters,
@@ -98,20 +99,22 @@ def _(losses, lam, lam_last, lam_width, state, work, ticket, k, delta, scale, mo
 
 
 def attach_scratch(module) -> bool:
-    """Register the buffers ``module`` (MATk, STk) keeps for :func:`tracked_row` where its rule tracks
-    and its ``kernel`` may take the launch (non-persistent: moved with it, never saved); whether it did."""
-    if not (module.rule.tracks and module.kernel in ("auto", "triton")):
+    """Whether ``module`` (MATk, STk) may take a launch (a rule that sets λ, ``kernel`` "auto" or
+    "triton"), registering the buffers a tracked launch needs where its rule tracks (non-persistent:
+    moved with it, never saved)."""
+    if not (module.rule.stored and module.kernel in ("auto", "triton")):
         return False
-    module.register_buffer("triton_work", torch.zeros(MOST_PROGRAMS * SLOTS), persistent=False)
-    module.register_buffer("triton_ticket", torch.zeros(1, dtype=torch.int32), persistent=False)
-    module.register_buffer("triton_no_width", torch.zeros(()), persistent=False)  # STk's stand-in for a window
+    if module.rule.tracks:
+        module.register_buffer("triton_work", torch.zeros(MOST_PROGRAMS * SLOTS), persistent=False)
+        module.register_buffer("triton_ticket", torch.zeros(1, dtype=torch.int32), persistent=False)
+        module.register_buffer("triton_no_width", torch.zeros(()), persistent=False)  # STk's stand-in for a window
     return True
 
 
 def scale_gradient_launch(grad: torch.Tensor, incoming: torch.Tensor) -> None:
     """``grad *= incoming`` in place, the 0-d incoming gradient read on the device (nothing where it
     is one); the op ``torch.ops.topklab.scale_gradient`` (:data:`scale_gradient`)."""
-    _, kernel = kernels()
+    kernel = kernels()[1]
     n = grad.shape[0]
     kernel[(max(1, math.ceil(n / BLOCK)),)](grad, incoming, n, BLOCK=BLOCK)
 
@@ -126,35 +129,82 @@ def _(grad, incoming):
     return None
 
 
+def solved_row_launch(
+    losses: torch.Tensor,
+    lam: torch.Tensor,
+    lam_last: torch.Tensor,
+    state: torch.Tensor,
+    k: float,
+    delta: float,
+    scale: float,
+    momentum: float,
+    burn_in: float,
+    steps: int,
+    relu: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One solved training call on ``losses`` (n,) of at most :data:`ON_CHIP` losses, held by one
+    program: (value (0-d), ∂value/∂losses (n,)); λ the root (STk: ``steps`` safeguarded steps from
+    ``lam_last``; MATk: the exact k-th largest loss), ``lam``, ``lam_last`` and ``state`` updated in
+    place. The op ``torch.ops.topklab.solved_row`` (:data:`solved_row`)."""
+    grad = torch.empty_like(losses)
+    value = losses.new_empty(())
+    kernel = kernels()[2]
+    kernel[(1,)](
+        losses, grad, value, lam, lam_last, state, losses.shape[0], k, delta, scale, momentum, burn_in, steps,
+        RELU=relu, BLOCK=max(16, triton_next_power_of_2(losses.shape[0])),
+    )  # fmt: skip
+    return value, grad
+
+
+solved_row = torch.library.custom_op(
+    "topklab::solved_row", mutates_args=("lam", "lam_last", "state"), device_types=None
+)(solved_row_launch)
+
+
+@solved_row.register_fake
+def _(losses, lam, lam_last, state, k, delta, scale, momentum, burn_in, steps, relu):
+    return losses.new_empty(()), torch.empty_like(losses)
+
+
+def triton_next_power_of_2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
 def _eager(tensor: torch.Tensor) -> bool:
     """Whether a launch on ``tensor`` may skip the op's dispatch: a plain tensor, nothing tracing."""
     return type(tensor) is torch.Tensor and not torch.compiler.is_compiling()
 
 
-class _TrackedRow(torch.autograd.Function):
-    """:func:`tracked_row_launch` differentiable in the losses: the forward's gradient saved, the
-    backward one :func:`scale_gradient_launch` (a mutating op has no autograd formula of its own).
-    Through the registered ops where ``torch.compile`` traces, directly otherwise (the dispatch of a
-    Python op costs tens of microseconds a call)."""
+LAUNCHES = {"tracked": tracked_row_launch, "solved": solved_row_launch}
+
+
+class _Row(torch.autograd.Function):
+    """A tracked or solved row's launch (:data:`LAUNCHES`), differentiable in the losses: the forward's
+    gradient saved, the backward one :func:`scale_gradient_launch` (a mutating op has no autograd
+    formula of its own). Through the registered ops where ``torch.compile`` traces, directly otherwise
+    (the dispatch of a Python op costs tens of microseconds a call)."""
 
     @staticmethod
-    def forward(ctx, losses, *args):
-        launch = tracked_row_launch if _eager(losses) else torch.ops.topklab.tracked_row
+    def forward(ctx, entry, losses, *args):
+        launch = LAUNCHES[entry] if _eager(losses) else getattr(torch.ops.topklab, f"{entry}_row")
         value, grad = launch(losses, *args)
         ctx.save_for_backward(grad)
+        ctx.inputs = len(args) + 2
         return value
 
     @staticmethod
     def backward(ctx, grad_value):
         (grad,) = ctx.saved_tensors
         (scale_gradient_launch if _eager(grad) else torch.ops.topklab.scale_gradient)(grad, grad_value)
-        return (grad,) + (None,) * 12
+        return (None, grad) + (None,) * (ctx.inputs - 2)
 
 
 def row_call(module, losses: torch.Tensor) -> torch.Tensor | None:
-    """A tracked training call of ``module`` (MATk, STk) on 1-D ``losses`` through :func:`tracked_row`,
-    or None where it does not apply: ``kernel`` is not "triton" (nor "auto" on CUDA with Triton here),
-    not a tracked call of a started module on one row with float32 λ buffers, a tensor k, ``rows``."""
+    """A training call of ``module`` (MATk, STk) on 1-D ``losses`` as one launch: a tracked call
+    (:func:`tracked_row_launch`), or a solved one on at most :data:`ON_CHIP` losses
+    (:func:`solved_row_launch`); None where neither applies: ``kernel`` is not "triton" (nor "auto" on
+    CUDA with Triton here), the module's first call, a rule that trains λ, λ buffers not in float32,
+    a tensor k, ``rows``, a longer solved row (the torch path)."""
     if module.kernel != "triton" and not (module.kernel == "auto" and losses.is_cuda and available()):
         return None
     if not (module.training and torch.is_grad_enabled()) or losses.dim() != 1 or losses.dtype not in TRITON_DTYPES:
@@ -165,25 +215,39 @@ def row_call(module, losses: torch.Tensor) -> torch.Tensor | None:
         n == 0
         or module.rows is not None
         or isinstance(module.k, torch.Tensor)
-        or "triton_ticket" not in buffers
-        or not module.rule.uses_last(module, n)
+        or not module._started
         or monitor._state is None
         or buffers["lam_last"].dtype != torch.float32
         or (not torch.compiler.is_compiling() and torch._C._functorch.is_functorch_wrapped_tensor(losses))
     ):
         return None
+    tracked = module.rule.uses_last(module, n)
+    if not tracked and not (module.rule.lane(module, n) == "solved" and n <= ON_CHIP):
+        return None
     count = resolve_count(module.k, n)
     relu = module.smoothing == "relu"
     compiling = torch.compiler.is_compiling()
     sample = not compiling and monitor.native_call(count, n)
-    used = buffers["lam_last"].clone() if sample else None
-    value = _TrackedRow.apply(
-        losses, buffers["lam"], buffers["lam_last"], buffers.get("lam_width", buffers["triton_no_width"]), monitor._state,
-        buffers["triton_work"], buffers["triton_ticket"], float(count), float(module.delta or 0.0),
-        float(n / count) if module.scale == "atk" else 1.0, module.rule.lam_momentum, float(monitor.burn_in), relu,
-    )  # fmt: skip
+    used = buffers["lam_last"].clone() if sample and tracked else None
+    settings = (float(count), float(module.delta or 0.0), float(n / count) if module.scale == "atk" else 1.0)
+    settings += (module.rule.lam_momentum, float(monitor.burn_in))
+    if tracked:
+        width = buffers.get("lam_width", buffers["triton_no_width"])
+        state = (
+            buffers["lam"],
+            buffers["lam_last"],
+            width,
+            monitor._state,
+            buffers["triton_work"],
+            buffers["triton_ticket"],
+        )
+        value = _Row.apply("tracked", losses, *state, *settings, relu)
+    else:
+        state = (buffers["lam"], buffers["lam_last"], monitor._state)
+        value = _Row.apply("solved", losses, *state, *settings, module.rule.steps_at(n), relu)
     if sample:
-        monitor.add_sample(*module._sampler(losses.detach()[None], used.to(losses.dtype).view(1), None, count)())
+        lam = (used if tracked else buffers["lam_last"]).to(losses.dtype).view(1)
+        monitor.add_sample(*module._sampler(losses.detach()[None], lam, None, count)())
     if not compiling and monitor.calls % WARN_AFTER_CALLS == 0:
         lam = buffers["lam_last"]
         share = module._row_shares  # the smoothed share for the warning's message
