@@ -11,13 +11,12 @@ which starts λ, is a warm-up call) and ``kernel="triton"``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 from pathlib import Path
 
 import torch
 
+from topklab.bench.output import command_line, write_outputs
 from topklab.losses import ATk, MATk, STk
 
 
@@ -82,11 +81,7 @@ def main(argv=None) -> None:
                     " ".join(f"{name} {value:.2f}" for name, value in row["ratio"].items()),
                     flush=True,
                 )
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "commit": commit or None}
-    (out / "tracked_cuda.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     names = list(rows[0]["ratio"]) if rows else []
     lines = [
         f"# The tracked STk/MATk call (one Triton launch) against x.mean() on {meta['device']}",
@@ -100,7 +95,9 @@ def main(argv=None) -> None:
     for row in rows:
         cells = " | ".join(f"{row['ratio'][name]:.2f}" for name in names)
         lines.append(f"| {row['dtype']} | {row['n']:.0e} | {row['k']} | {cells} | {row['us']['x.mean()']:.1f} |")
-    (out / "tracked_cuda.md").write_text("\n".join(lines) + "\n")
+    config = {"sizes": args.sizes, "dtype": args.dtype, "ks": args.ks, "rounds": args.rounds}
+    write_outputs(Path(args.out), "tracked_cuda", {"meta": meta, "rows": rows}, command_line("bench_tracked_cuda.py", argv),
+                  config, markdown="\n".join(lines) + "\n")  # fmt: skip
 
 
 if __name__ == "__main__":
