@@ -30,7 +30,7 @@ import math
 import torch
 from torch import nn
 
-from topklab.losses.aggregate.lambda_rules import LambdaRule, Solved, mark_started, rule_for
+from topklab.losses.aggregate.lambda_rules import HoldsRule, LambdaRule, Solved, mark_started, rule_for
 from topklab.smoothing import srelu
 
 SCOPES = ("batch", "sequence")
@@ -177,7 +177,7 @@ class ProbabilityThresholdRouter(TokenRouter):
         return torch.sigmoid(scores) > self.probability
 
 
-class STkThresholdRouter(TokenRouter):
+class STkThresholdRouter(HoldsRule, TokenRouter):
     """Tokens scoring above the STk threshold λ of the scores at k/n = ``capacity``.
 
     λ minimises the STk loss of the batch's real scores (Eq. 6 of Xia et al. 2024 with k/n = c)::
@@ -265,14 +265,6 @@ class STkThresholdRouter(TokenRouter):
         self._started = bool(self.lam_started)
 
     smoothing, kernel, rows = "srelu", "auto", None  # what λ's rule reads of its holder
-
-    @property
-    def lam_update(self) -> str:
-        return self.rule.name
-
-    @property
-    def lam_lr(self) -> float | None:
-        return self.rule.lam_lr
 
     def path_for(self, scores: torch.Tensor) -> str:
         return "eager"

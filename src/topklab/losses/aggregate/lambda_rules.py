@@ -432,6 +432,29 @@ def _every_rank(losses: torch.Tensor) -> torch.Tensor:
     return torch.cat([part[: int(count)] for part, count in zip(parts, counts)])
 
 
+class HoldsRule:
+    """What a holder of a rule (``self.rule``) shows of it: its name and settings, read-only."""
+
+    rule: LambdaRule
+
+    @property
+    def lam_update(self) -> str:
+        """The name of λ's rule."""
+        return self.rule.name
+
+    @property
+    def lam_lr(self) -> float | None:
+        return self.rule.lam_lr
+
+    @property
+    def solve_steps(self) -> int:
+        return self.rule.solve_steps
+
+    @property
+    def lam_momentum(self) -> float:
+        return self.rule.lam_momentum
+
+
 RULES: dict[str, type[LambdaRule]] = {rule.name: rule for rule in (Tracked, Solved, Adaptive, Trained)}
 DEFAULT = Adaptive.name  # what MATk and STk use when lam_update is not given
 PAPER = Trained.name  # the paper's update: the population executor's and the tabular preset's default

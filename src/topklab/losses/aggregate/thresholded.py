@@ -7,7 +7,7 @@ import torch
 from topklab.losses.aggregate.base import Aggregate, AggregateInputError, check_k, resolve_count
 from topklab.losses.aggregate.kernels import KERNELS, native_built, native_extension, native_ready, thresholded
 from topklab.losses.aggregate.lambda_monitor import WARN_AFTER_CALLS, LambdaMonitor
-from topklab.losses.aggregate.lambda_rules import LambdaRule, rule_for, split_tie_mass
+from topklab.losses.aggregate.lambda_rules import HoldsRule, LambdaRule, rule_for, split_tie_mass
 from topklab.losses.aggregate.solve import kth_largest
 from topklab.losses.aggregate.triton_pass import attach_scratch
 from topklab.losses.aggregate.triton_pass import available as triton_available
@@ -61,7 +61,7 @@ def check_lam_init(lam_init: float | str) -> float | str:
     return lam_init
 
 
-class ThresholdedTopK(Aggregate):
+class ThresholdedTopK(HoldsRule, Aggregate):
     """``(1/n)·Σ φ(ℓ_i − λ) + (k/n)·λ`` with a threshold λ; the common form of MATk (φ = ReLU) and
     STk (φ smooth). Use :class:`MATk` or :class:`STk`.
 
@@ -143,23 +143,6 @@ class ThresholdedTopK(Aggregate):
     def k(self, k: int | float | torch.Tensor) -> None:
         self._k = check_k(k)
         self._row_settings.clear()
-
-    @property
-    def lam_update(self) -> str:
-        """The name of λ's rule."""
-        return self.rule.name
-
-    @property
-    def lam_lr(self) -> float | None:
-        return self.rule.lam_lr
-
-    @property
-    def solve_steps(self) -> int:
-        return self.rule.solve_steps
-
-    @property
-    def lam_momentum(self) -> float:
-        return self.rule.lam_momentum
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         if prefix + "lam_started" not in state_dict:  # saved before λ's start was a buffer: a saved λ was started

@@ -484,6 +484,15 @@ void sample_call(double* state, const T* row, int64_t n, T lam, int64_t k) {
   state[7] += 1.0;
 }
 
+// The backward of a row's node that saved only its gradient in the losses: that gradient times the incoming
+// one (skipped where it is one), and nothing for the node's other inputs (at most 11).
+torch::autograd::variable_list saved_gradient_times(torch::autograd::AutogradContext* ctx, const at::Tensor& g) {
+  const at::Tensor grad = ctx->get_saved_variables()[0];
+  torch::autograd::variable_list out(12);
+  out[0] = all_ones(g) ? grad : grad * g;
+  return out;
+}
+
 // MATk at λ = ℓ_[k] (lambda_rules.py's split_tie_mass): ReLU's slope at 0 is 0, so the losses tied at λ get the
 // gradient mass k − #{ℓ > λ} of (k/n)·ATk's in equal parts, step·((k − above)/ties) each.
 template <typename T>
@@ -606,10 +615,7 @@ struct RowSolved : public torch::autograd::Function<RowSolved> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_value) {
-    const at::Tensor grad = ctx->get_saved_variables()[0];
-    torch::autograd::variable_list out(12);
-    out[0] = all_ones(grad_value[0]) ? grad : grad * grad_value[0];
-    return out;
+    return saved_gradient_times(ctx, grad_value[0]);
   }
 };
 
@@ -858,10 +864,7 @@ struct RowTracked : public torch::autograd::Function<RowTracked> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_value) {
-    const at::Tensor grad = ctx->get_saved_variables()[0];
-    torch::autograd::variable_list out(12);
-    out[0] = all_ones(grad_value[0]) ? grad : grad * grad_value[0];
-    return out;
+    return saved_gradient_times(ctx, grad_value[0]);
   }
 };
 

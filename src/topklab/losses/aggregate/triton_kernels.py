@@ -150,26 +150,7 @@ def tracked_row_kernel(
             window32 = window.to(tl.float32)
             tl.store(width_ptr, tl.where(store & (tl.abs(window32) < INF), window32, width))
         share = tl.where(defined, count_all / nn, phi_all)  # phi_all is NaN where not defined
-        # the monitor's record(): [calls, share_sum, in_band_all, counted, in_band, 3 sampled, seen, streak]
-        state_calls = tl.load(state_ptr + 0)
-        seen = tl.load(state_ptr + 8)
-        streak = tl.load(state_ptr + 9)
-        banded = kk < nn
-        target_share = kk / nn
-        below_share = 1.0 - share
-        good = (share <= 2 * target_share) & (share >= target_share / 2)
-        good = good & (below_share <= 2 * (1.0 - target_share)) & (below_share >= (1.0 - target_share) / 2)
-        good = good & banded
-        hit = tl.where(good, 1.0, 0.0)
-        counted = tl.where(banded & (seen + 1.0 > burn_in), 1.0, 0.0)
-        kept_streak = tl.where(banded, 1.0 - hit, 0.0)
-        tl.store(state_ptr + 0, state_calls + 1.0)
-        tl.store(state_ptr + 1, tl.load(state_ptr + 1) + share)
-        tl.store(state_ptr + 2, tl.load(state_ptr + 2) + hit)
-        tl.store(state_ptr + 3, tl.load(state_ptr + 3) + counted)
-        tl.store(state_ptr + 4, tl.load(state_ptr + 4) + hit * counted)
-        tl.store(state_ptr + 8, seen + 1.0)
-        tl.store(state_ptr + 9, tl.where(banded, streak * kept_streak + kept_streak, streak))
+        record_call(state_ptr, share, kk, nn, burn_in)
         tl.atomic_xchg(ticket_ptr, 0)
 
 
