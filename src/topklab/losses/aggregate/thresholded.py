@@ -166,7 +166,8 @@ class ThresholdedTopK(HoldsRule, Aggregate):
     def forward(self, losses: torch.Tensor) -> torch.Tensor:
         """The aggregate of ``losses`` (..., n) over ``dim``, one value per row; on a training call
         the rule sets or starts λ first, and the monitor records the call (see the class)."""
-        one_row = triton_row_call(self, losses) if self._on_device_pass else None
+        device_pass = self._on_device_pass and (losses.is_cuda or self.kernel == "triton")
+        one_row = triton_row_call(self, losses) if device_pass else None
         one_row = self._one_row(losses) if one_row is None else one_row
         if one_row is not None:
             return one_row
