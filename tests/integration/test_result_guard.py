@@ -128,3 +128,38 @@ def test_every_make_reproduce_target_keeps_the_row_s_settings():
         words = line.split("train.py -m", 1)[1].replace("\\", " ").split()
         overrides = [w.strip("'") for w in words if "=" in w]
         assert changed_settings(overrides) == [], line
+
+
+@pytest.mark.parametrize("variable", ["ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_CBWR"])
+def test_a_kernel_choosing_environment_variable_is_part_of_a_results_identity(variable, monkeypatch):
+    """A committed result (stored before the environment was recorded: under none of its variables) is
+    accepted as it is and refused, in one line naming the variable, under one of them."""
+    path = ROOT / "results" / "vision" / "fmnistlt" / "la_stk" / "seed0.json"
+    stored = json.loads(path.read_text())
+    mine = {**identity(torch.device("cpu")), "threads": stored["provenance"]["hardware"]["torch_threads"]}
+    mine["cpu_capability"] = stored["provenance"]["hardware"]["torch_cpu_capability"]
+    check_replaceable(path, stored["config"], mine, force=False)
+    monkeypatch.setenv(variable, "AVX2")
+    with pytest.raises(TopklabError, match=f"environment {{}} → {{'{variable}': 'AVX2'}}") as error:
+        check_replaceable(
+            path, stored["config"], {**mine, "environment": identity(torch.device("cpu"))["environment"]}, False
+        )
+    assert "\n" not in str(error.value)
+
+
+def test_a_resume_under_another_environment_is_refused_and_an_older_checkpoint_ran_under_none(monkeypatch):
+    from topklab.engine.run_identity import check_resumable, segment_identity  # noqa: PLC0415
+
+    current = segment_identity(torch.device("cpu"))
+    older = {key: value for key, value in current.items() if key != "environment"}  # written before the field
+    check_resumable(older, current, "ckpt", force=False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    with pytest.raises(TopklabError, match="environment {}, this run has {'ONEDNN_MAX_CPU_ISA': 'AVX2'}"):
+        check_resumable(older, segment_identity(torch.device("cpu")), "ckpt", force=False)
+
+
+def test_the_reproducibility_page_lists_every_kernel_choosing_variable():
+    from topklab.utils.provenance import NUMERICS_ENVIRONMENT  # noqa: PLC0415
+
+    page = (ROOT / "docs" / "reproducibility.md").read_text()
+    assert [name for name in NUMERICS_ENVIRONMENT if f"| `{name}` |" not in page] == []

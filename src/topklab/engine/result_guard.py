@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 import torch
 
 from topklab.utils.errors import TopklabError
+from topklab.utils.provenance import numerics_environment
 
 ROW_OWN_KEYS = (
     "experiment",
@@ -135,22 +136,27 @@ def filed_as(filing: dict | None, asked: Path, task: str | None, device: torch.d
 
 
 def identity(device: torch.device) -> dict:
-    """What besides the config shapes a result: device type, torch's thread count and CPU kernels."""
+    """What besides the config shapes a result: device type, torch's thread count and CPU kernels, and
+    the environment variables that choose kernels or precision
+    (:data:`~topklab.utils.provenance.NUMERICS_ENVIRONMENT`)."""
     return {
         "device": device.type,
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else None,
+        "environment": numerics_environment(),
     }
 
 
 def stored_identity(stored: dict) -> dict:
-    """:func:`identity` of a stored result envelope (from its summary and provenance)."""
+    """:func:`identity` of a stored result envelope (from its summary and provenance); a result stored
+    before the environment was recorded ran under none of its variables (the field's default)."""
     hardware = stored.get("provenance", {}).get("hardware", {})
     device = str(stored.get("result", {}).get("summary", {}).get("device", "cpu")).split(":")[0]
     return {
         "device": device,
         "threads": hardware.get("torch_threads"),
         "cpu_capability": hardware.get("torch_cpu_capability") if device == "cpu" else None,
+        "environment": hardware.get("numerics_environment") or {},
     }
 
 

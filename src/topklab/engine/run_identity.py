@@ -69,6 +69,9 @@ def _code_version(root: str) -> str:
     return digest.hexdigest()[:16]
 
 
+UNRECORDED = {"environment": {}}  # what a checkpoint from before a field was recorded ran under
+
+
 def segment_identity(device: torch.device) -> dict:
     """The code version and the settings of this process that change a run's numbers."""
     return {"code": code_version(), **identity(device), "torch": torch.__version__}
@@ -93,7 +96,9 @@ def check_resumable(saved: dict | None, current: dict, where: str | Path, force:
         detail = "has no record of the code and machine that wrote it"
     else:
         differences = [
-            f"{key} {saved.get(key)}, this run has {value}" for key, value in current.items() if saved.get(key) != value
+            f"{key} {saved.get(key, UNRECORDED.get(key))}, this run has {value}"
+            for key, value in current.items()
+            if saved.get(key, UNRECORDED.get(key)) != value
         ]
         if not differences:
             return

@@ -139,6 +139,29 @@ def cpu_instruction_sets() -> dict:
     return info
 
 
+NUMERICS_ENVIRONMENT = {  # variables that choose CPU or GPU kernels or their precision: part of a result's identity
+    "ONEDNN_MAX_CPU_ISA": "oneDNN: the highest instruction set its CPU kernels use (CPU dispatcher control)",
+    "DNNL_MAX_CPU_ISA": "oneDNN: the same, under its older name",
+    "ONEDNN_CPU_ISA_HINTS": "oneDNN: instruction-set hints (CPU dispatcher control)",
+    "DNNL_CPU_ISA_HINTS": "oneDNN: the same, under its older name",
+    "ONEDNN_DEFAULT_FPMATH_MODE": "oneDNN: the default floating-point math mode (implicit down-conversion)",
+    "DNNL_DEFAULT_FPMATH_MODE": "oneDNN: the same, under its older name",
+    "MKL_CBWR": "MKL: conditional numerical reproducibility (the code branch its kernels take)",
+    "MKL_ENABLE_INSTRUCTIONS": "MKL: the highest instruction set its kernels use",
+    "MKL_DEBUG_CPU_TYPE": "MKL (older releases): the CPU type its kernels are chosen for",
+    "NVIDIA_TF32_OVERRIDE": "CUDA libraries (cuBLAS, cuDNN): TF32 off (0) whatever the framework asks",
+    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "torch: TF32 in cuBLAS matrix products",
+    "CUBLAS_WORKSPACE_CONFIG": "cuBLAS: its workspace, which decides whether its reductions are deterministic",
+}
+
+
+def numerics_environment() -> dict[str, str]:
+    """The variables of :data:`NUMERICS_ENVIRONMENT` set in this process (Hydra's ``env_set`` included:
+    it sets them before the task runs). Torch's thread count and CPU kernels (``OMP_NUM_THREADS``,
+    ``ATEN_CPU_CAPABILITY``) are recorded as such, not here."""
+    return {name: os.environ[name] for name in NUMERICS_ENVIRONMENT if name in os.environ}
+
+
 def hardware() -> dict:
     info = {
         "machine": platform.machine(),
@@ -147,6 +170,7 @@ def hardware() -> dict:
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.version.cuda,
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "numerics_environment": numerics_environment(),
     }
     info.update(cpu_instruction_sets())
     meminfo = Path("/proc/meminfo")
