@@ -303,3 +303,10 @@ def test_torch_func_over_a_trained_lambda_takes_the_formula():
     leaf = module.lam
     (expected,) = torch.autograd.grad(module(x), leaf)
     torch.testing.assert_close(grads["lam"], expected)
+
+
+def test_a_rules_settings_are_fixed_once_built():
+    module = STk(k=0.5)
+    with pytest.raises(AttributeError, match="^Adaptive's settings are fixed once built"):
+        module.rule.lam_momentum = 0.5
+    assert copy.deepcopy(module).rule.lam_momentum == module.lam_momentum == 0.1

@@ -92,6 +92,20 @@ class LambdaRule:
                 f"lam_lr applies to lam_update='gradient'; with lam_update={self.name!r} λ is not trained (set lam_lr=null)"
             )
         self.solve_steps, self.lam_momentum, self.lam_lr = solve_steps, float(lam_momentum), lam_lr
+        if type(self).__init__ is LambdaRule.__init__:
+            self._fix()
+
+    def __setattr__(self, name, value):
+        if getattr(self, "_fixed", False):
+            raise AttributeError(
+                f"{type(self).__name__}'s settings are fixed once built (the C++ lane and the Triton launches keep "
+                f"them); build another rule, e.g. rule_for({self.name!r}, {name}=...)"
+            )
+        super().__setattr__(name, value)
+
+    def _fix(self) -> None:
+        """No setting changes from here on (called at the end of ``__init__``)."""
+        object.__setattr__(self, "_fixed", True)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.settings_repr()})"
@@ -317,6 +331,7 @@ class Adaptive(LambdaRule):
         check_int("track_from", track_from, allow_none=True, why="the shortest row whose λ is tracked")
         self.track_from = track_from
         self._solved, self._tracked = Solved(solve_steps, lam_momentum), Tracked(solve_steps, lam_momentum)
+        self._fix()
 
     def settings_repr(self, holder=None) -> str:
         return f"{super().settings_repr(holder)}, track_from={self.track_from}"
