@@ -29,3 +29,13 @@ def test_the_committed_band_page_is_rendered_from_its_rows():
     stored = json.loads((ROOT / "results" / "bench" / "lambda_band_cpu.json").read_text())
     page = (ROOT / "results" / "bench" / "lambda_band_cpu.md").read_text()
     assert page == script.render(stored["result"]["rows"], stored["command"])
+
+
+def test_the_readme_counts_the_marked_cells_from_the_band_rows():
+    stored = json.loads((ROOT / "results" / "bench" / "lambda_band_cpu.json").read_text())
+    shares = [r["in_band"] for r in stored["result"]["rows"] if r["family"] == "tabular" and r["in_band"] is not None]
+    marked, not_stk = sum(v < 0.9 for v in shares), sum(v < 0.5 for v in shares)
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"mark with † the {marked} MATk/STk cells" in readme and f"({not_stk} of them below half" in readme
+    tables = "".join((ROOT / "results" / "tables" / f"table{t}.md").read_text() for t in (3, 4, 6))
+    assert tables.count(" † |") == marked

@@ -27,7 +27,7 @@ from topklab.report.experiments import render_index
 from topklab.report.layer import plot_routing, plot_sparsification, render_routing, render_sparsification
 from topklab.report.schema import dirty_result_files, read_result, read_results
 from topklab.report.synthetic import render_table1, render_table2
-from topklab.report.tabular import render_tabular
+from topklab.report.tabular import band_of, render_tabular
 from topklab.report.translation import render_translation
 from topklab.report.vision import render_vision
 from topklab.utils.errors import TopklabError
@@ -90,6 +90,9 @@ def _optional(results: Path, source: Source, what: str) -> dict | None:
     return read_result(path, source.family)
 
 
+BAND = Source("bench/lambda_band_cpu.json", "bench", "scripts/lambda_band.py")  # λ in band per full-preset cell
+
+
 def render_tables(results: Path, preset: str | None = None, allow_dirty: bool = False) -> dict[str, str]:
     """``{file name: text}`` of every table that ``results`` has the data for.
 
@@ -125,7 +128,7 @@ def render_tables(results: Path, preset: str | None = None, allow_dirty: bool = 
                 f"no cells under {results / 'tabular' / name}; run `make reproduce-tabular PRESET={name}` "
                 "first (or pick another --preset)"
             )
-        rendered.update(render_tabular(name, paper, cells))
+        rendered.update(render_tabular(name, paper, cells, band_of(_optional(results, BAND, "λ band"), name)))
     if not rendered:
         raise TopklabError(f"no cells under {results / 'tabular'}; run `make reproduce-tabular` first")
     for name, (source, render) in SINGLE_TABLES.items():

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import wilcoxon
 
+from topklab.losses.aggregate.lambda_monitor import FLAG_BELOW, PARTLY_BELOW
 from topklab.report.schema import code_versions
 from topklab.utils.errors import TopklabError
 
@@ -37,6 +38,7 @@ class Line:
     searched: tuple[str, ...] = ()
     ties: dict | None = None
     sample_std: float | None = None
+    in_band: float | None = None  # λ in band over split 0's retraining (results/bench/lambda_band_cpu.json)
 
     @property
     def difference(self) -> float | None:
@@ -110,9 +112,11 @@ def _cells(table: str, results: list[dict]) -> dict[tuple, dict]:
     }
 
 
-def build_lines(table: str, paper: dict, results: list[dict]) -> list[Line]:
-    """One line per (dataset, individual, aggregate) of the paper's table, in the paper's order."""
+def build_lines(table: str, paper: dict, results: list[dict], band: dict | None = None) -> list[Line]:
+    """One line per (dataset, individual, aggregate) of the paper's table, in the paper's order;
+    ``band``: λ in band per cell file (``table3/<dataset>/<individual>-<aggregate>.json``)."""
     stored = _cells(table, results)
+    band = band or {}
     lines = []
     for dataset, values in paper[table]["rows"].items():
         for column, value in values.items():
@@ -131,9 +135,35 @@ def build_lines(table: str, paper: dict, results: list[dict]) -> list[Line]:
                     None
                     if cell is None or len(cell["per_split"]["test"]) < 2
                     else statistics.stdev(cell["per_split"]["test"]),
+                    band.get(f"{table}/{dataset}/{individual}-{aggregate}.json"),
                 )
             )
     return lines
+
+
+def band_mark(line: Line) -> str:
+    """ " †" on a MATk/STk line whose λ was in band on fewer than :data:`PARTLY_BELOW` of its steps."""
+    return " †" if line.in_band is not None and line.in_band < PARTLY_BELOW else ""
+
+
+def _tex_mark(line: Line) -> str:
+    return r"$^\dagger$" if band_mark(line) else ""
+
+
+def band_footnote(lines: list[Line]) -> str | None:
+    """The footnote naming the marked lines (:func:`band_mark`) with their shares, or None."""
+    marked = [line for line in lines if band_mark(line)]
+    if not marked:
+        return None
+    named = ", ".join(
+        f"{line.dataset} {line.individual} {AGGREGATE_NAMES[line.aggregate]} {line.in_band:.2f}"
+        + (" (not STk)" if line.in_band < FLAG_BELOW else "")
+        for line in marked
+    )
+    return (
+        f"† λ in band on fewer than {PARTLY_BELOW:.0%} of the steps when split 0's selected setting is retrained "
+        f"(`results/bench/lambda_band_cpu.md`; below {FLAG_BELOW:.0%}: the row is not STk, only named so): {named}."
+    )
 
 
 def paired_tests(table: str, results: list[dict]) -> list[dict]:
@@ -249,11 +279,14 @@ def render_markdown(table: str, paper: dict, lines: list[Line], tests: list[dict
     for line in lines:
         mark = {True: "✓", False: "", None: "—"}[line.within_paper_std]
         out.append(
-            f"| {line.dataset} | {line.individual} | {AGGREGATE_NAMES[line.aggregate]} | "
+            f"| {line.dataset} | {line.individual} | {AGGREGATE_NAMES[line.aggregate]}{band_mark(line)} | "
             f"{_pm(line.paper, digits)} | {_pm(line.ours, digits)} | {_num(line.sample_std, digits)} | "
             f"{_num(line.difference, digits)} | "
             f"{mark} | {_hyper(line)} | {_tied(line, digits)} |"
         )
+    footnote = band_footnote(lines)
+    if footnote:
+        out += ["", footnote]
     if tests:
         out += [
             "",
@@ -299,11 +332,14 @@ def render_latex(table: str, paper: dict, lines: list[Line], tests: list[dict], 
     for line in lines:
         mark = r"\checkmark" if line.within_paper_std else ""
         out.append(
-            f"{_tex(line.dataset)} & {_tex(line.individual)} & {AGGREGATE_NAMES[line.aggregate]} & "
+            f"{_tex(line.dataset)} & {_tex(line.individual)} & {AGGREGATE_NAMES[line.aggregate]}{_tex_mark(line)} & "
             f"{_tex_pm(line.paper, digits)} & {_tex_pm(line.ours, digits)} & {_num(line.difference, digits)} & "
             f"{mark} \\\\"
         )
     out += [r"\bottomrule", r"\end{tabular}"]
+    footnote = band_footnote(lines)
+    if footnote:
+        out += [r"\par\smallskip", r"{\footnotesize " + _tex(footnote.replace("†", "$^\\dagger$")) + "}"]
     if tests:
         out += [
             r"\par\medskip",
@@ -333,7 +369,7 @@ def table_stem(table: str, preset: str) -> str:
     return table if preset == PAPER_PRESET else f"{table}_{preset}"
 
 
-def render_tabular(preset: str, paper: dict, results: list[dict]) -> dict[str, str]:
+def render_tabular(preset: str, paper: dict, results: list[dict], band: dict | None = None) -> dict[str, str]:
     """``{"table3.md": text, "table3.tex": text, ...}`` for Tables 3, 4 and 6 from one preset's cells
     (``table3_<preset>.md`` ... for a preset other than ``full``).
 
@@ -342,6 +378,7 @@ def render_tabular(preset: str, paper: dict, results: list[dict]) -> dict[str, s
     preset : name of the preset the cells come from (printed in the header)
     paper : ``results/paper/stk_neurips2024.yaml`` loaded
     results : the preset's tabular results (``read_results(results/"tabular"/preset, "tabular")``)
+    band : λ in band per cell file of this preset (:func:`band_of`), marking the cells below 0.9
 
     Examples
     --------
@@ -350,9 +387,17 @@ def render_tabular(preset: str, paper: dict, results: list[dict]) -> dict[str, s
     """
     rendered = {}
     for table in TABLES:
-        lines = build_lines(table, paper, results)
+        lines = build_lines(table, paper, results, band)
         tests = paired_tests(table, results)
         head = header(preset, table, results, lines)
         rendered[f"{table_stem(table, preset)}.md"] = render_markdown(table, paper, lines, tests, head)
         rendered[f"{table_stem(table, preset)}.tex"] = render_latex(table, paper, lines, tests, head)
     return rendered
+
+
+def band_of(stored: dict | None, preset: str) -> dict:
+    """``{cell file: λ in band}`` from the stored ``results/bench/lambda_band_cpu.json`` (its cells are the
+    ``full`` preset's; other presets and a missing file have none)."""
+    if stored is None or preset != PAPER_PRESET:
+        return {}
+    return {row["row"]: row["in_band"] for row in stored["result"]["rows"] if row.get("family") == "tabular"}
