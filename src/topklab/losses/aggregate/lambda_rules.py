@@ -95,8 +95,10 @@ class LambdaRule:
         if type(self).__init__ is LambdaRule.__init__:
             self._fix()
 
+    SETTINGS = ("solve_steps", "lam_momentum", "lam_lr", "track_from")  # fixed once the rule is built
+
     def __setattr__(self, name, value):
-        if getattr(self, "_fixed", False):
+        if name in self.SETTINGS and getattr(self, "_fixed", False):
             raise AttributeError(
                 f"{type(self).__name__}'s settings are fixed once built (the C++ lane and the Triton launches keep "
                 f"them); build another rule, e.g. rule_for({self.name!r}, {name}=...)"
