@@ -1,22 +1,12 @@
 """scripts/lambda_band.py's counts: computed from the rows, and the committed page holds what they give."""
 
 import json
-import sys
 
-from helpers import ROOT
-
-
-def load_script():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import lambda_band
-    finally:
-        sys.path.pop(0)
-    return lambda_band
+from helpers import ROOT, load_script
 
 
 def test_the_counts_split_k_equal_n_partly_and_not_tracked():
-    script = load_script()
+    script = load_script("lambda_band")
     rows = [{"in_band": v} for v in (None, 0.95, 0.9, 0.7, 0.5, 0.2)]
     assert script.counts(rows, "cells") == (
         "cells: 6, 1 at k = n (Average by definition); over the 5 with k < n, λ in band min 0.200, median 0.700, "
@@ -25,7 +15,7 @@ def test_the_counts_split_k_equal_n_partly_and_not_tracked():
 
 
 def test_the_committed_band_page_is_rendered_from_its_rows():
-    script = load_script()
+    script = load_script("lambda_band")
     stored = json.loads((ROOT / "results" / "bench" / "lambda_band_cpu.json").read_text())
     page = (ROOT / "results" / "bench" / "lambda_band_cpu.md").read_text()
     assert page == script.render(stored["result"]["rows"], stored["command"])

@@ -3,26 +3,16 @@ each loss's tables, every share a number in [0, 1], and "solve" in band on large
 
 import json
 import re
-import sys
 
 import pytest
 import torch
 
-from helpers import ROOT
-
-
-def load_script():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import lambda_rules_band
-    finally:
-        sys.path.pop(0)
-    return lambda_rules_band
+from helpers import load_script
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    script = load_script()
+    script = load_script("lambda_rules_band")
     out = tmp_path_factory.mktemp("lambda_rules")
     threads = torch.get_num_threads()
     try:

@@ -6,6 +6,8 @@ files in the real formats (:mod:`helpers.vision_files`, :mod:`helpers.translatio
 ``tests/`` is on ``sys.path`` (pyproject's ``[tool.pytest.ini_options] pythonpath``), so a test in any
 folder imports these as ``from helpers import ROOT`` or ``from helpers.vision_files import ...``."""
 
+import importlib
+import sys
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -32,3 +34,12 @@ def filed_table(table: str, summary: dict) -> str:
     (``engine.device=auto`` takes a GPU where one is visible)."""
     device = summary["device"].split(":")[0]
     return table if device == "cpu" else f"{table}_{device}"
+
+
+def load_script(name: str):
+    """The module of ``scripts/<name>.py`` (scripts are no package: imported with ``scripts/`` on the path)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)

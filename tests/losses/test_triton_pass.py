@@ -129,20 +129,26 @@ def own_aten_ops(events, scopes) -> list[str]:
 @pytest.mark.parametrize("loss", sorted(LOSSES))
 def test_one_forward_and_backward_is_two_launches_two_ops_and_no_host_read(loss, monkeypatch):
     module, _ = started(LOSSES[loss](kernel="triton").to(DEVICE), 5000)
-    module.monitor.sample_every = 10**9  # the monitor's sample (a selection every 50th call) is not this call's
+    launches, own, events = profiled_call(module, 5000, monkeypatch)
+    assert len(launches) == 2, launches
+    assert len(own) <= 2, own
+    assert not any(event.name in ("aten::item", "aten::_local_scalar_dense") for event in events)
+
+
+def profiled_call(module, n: int, monkeypatch):
+    """One forward and backward of a started ``module`` on n losses: (the Triton launches, the module's own
+    aten ops, every profiled event); the monitor's sample (a selection every 50th call) left out."""
+    module.monitor.sample_every = 10**9
     launches = []
     kernels = triton_pass.kernels()
     monkeypatch.setattr(triton_pass, "kernels", lambda: tuple(counted(k, launches) for k in kernels))
-    leaf = batches(5000, count=1, seed=3)[0].requires_grad_()
+    leaf = batches(n, count=1, seed=3)[0].requires_grad_()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         with torch.profiler.record_function("stk_forward"):
             value = module(leaf)
         torch.autograd.grad(value, leaf)
     events = profile.events()
-    assert len(launches) == 2, launches
-    own = own_aten_ops(events, ("stk_forward", "_RowBackward"))
-    assert len(own) <= 2, own
-    assert not any(event.name in ("aten::item", "aten::_local_scalar_dense") for event in events)
+    return launches, own_aten_ops(events, ("stk_forward", "_RowBackward")), events
 
 
 def test_a_training_step_compiles_without_a_graph_break():
@@ -207,15 +213,7 @@ def test_the_solved_launch_agrees_with_the_torch_path(loss, dtype, n):
 
 def test_a_solved_call_is_two_launches_and_two_ops(monkeypatch):
     module, _ = started(STk(k=0.3, lam_update="solve", kernel="triton").to(DEVICE), 500)
-    module.monitor.sample_every = 10**9
-    launches = []
-    kernels = triton_pass.kernels()
-    monkeypatch.setattr(triton_pass, "kernels", lambda: tuple(counted(k, launches) for k in kernels))
-    leaf = batches(500, count=1, seed=3)[0].requires_grad_()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-        with torch.profiler.record_function("stk_forward"):
-            value = module(leaf)
-        torch.autograd.grad(value, leaf)
+    launches, own, events = profiled_call(module, 500, monkeypatch)
     assert len(launches) == 2, launches
-    assert len(own_aten_ops(profile.events(), ("stk_forward", "_RowBackward"))) <= 2
-    assert not any(event.name in ("aten::item", "aten::_local_scalar_dense") for event in profile.events())
+    assert len(own) <= 2
+    assert not any(event.name in ("aten::item", "aten::_local_scalar_dense") for event in events)

@@ -240,9 +240,10 @@ class LambdaRule:
 def mark_started(holder) -> None:
     """λ is started: the buffer ``lam_started`` (saved with the module) and its host copy ``_started``
     (read on every call without a device read)."""
-    with torch.no_grad():
-        holder.lam_started.fill_(True)
-    holder._started = True
+    if not holder._started:  # once: not an op on every call
+        with torch.no_grad():
+            holder.lam_started.fill_(True)
+        holder._started = True
 
 
 def store_width(holder, width: torch.Tensor) -> None:

@@ -25,6 +25,21 @@ def power_law_step(count, excess, k, n, bend, change):
 
 
 @triton.jit
+def srelu_terms(x, dd):
+    """Per loss at x = ℓ − λ (δ² = dd): (SReLU(x) + δ/2, SReLU'(x), SReLU''(x), d/dλ of SReLU''), x clamped
+    to ±BIG as smoothing.py does (the root is |x| beyond), SReLU' in its accurate form δ²/(2r(r − x)) below 0."""
+    # selects, not tl.maximum/tl.minimum: on CUDA those drop a NaN operand, and a NaN loss must stay NaN
+    low = tl.where(x < -BIG, -BIG, x)
+    bounded = tl.where(low > BIG, BIG, low)
+    bounded_root = tl.sqrt(bounded * bounded + dd)
+    root = tl.where(bounded_root < tl.abs(low), tl.abs(low), bounded_root)
+    span = bounded_root - tl.where(bounded < 0, bounded, 0.0)
+    slope = tl.where(bounded < 0, dd / (bounded_root * span), 1.0 + bounded / bounded_root) * 0.5
+    bend = 0.5 * dd / (bounded_root * bounded_root * bounded_root)
+    return 0.5 * low + 0.5 * root, slope, bend, 3.0 * bend * (bounded / (bounded * bounded + dd))
+
+
+@triton.jit
 def tracked_row_kernel(
     losses_ptr, grad_ptr, value_ptr, lam_ptr, lam_last_ptr, width_ptr, state_ptr, work_ptr, ticket_ptr,
     n, k, delta, scale, momentum, burn_in, iters,
@@ -56,19 +71,10 @@ def tracked_row_kernel(
             second += tl.where(inside & (x > 0) & (x <= width), 1.0, 0.0)
             third += tl.where(inside & (x <= 0) & (x > -width), 1.0, 0.0)
         else:
-            # selects, not tl.maximum/tl.minimum: on CUDA those drop a NaN operand, and a NaN loss must stay NaN
-            low = tl.where(x < -BIG, -BIG, x)
-            bounded = tl.where(low > BIG, BIG, low)
-            bounded_root = tl.sqrt(bounded * bounded + dd)
-            root = tl.where(bounded_root < tl.abs(low), tl.abs(low), bounded_root)
-            phi = 0.5 * low + 0.5 * root
-            z = bounded
-            span = bounded_root - tl.where(z < 0, z, 0.0)
-            slope = tl.where(z < 0, dd / (bounded_root * span), 1.0 + z / bounded_root) * 0.5
+            phi, slope, bend, change = srelu_terms(x, dd)
             grad = slope * step
-            bend = 0.5 * dd / (bounded_root * bounded_root * bounded_root)
             second += tl.where(inside, bend, 0.0)
-            third += tl.where(inside, 3.0 * bend * (z / (z * z + dd)), 0.0)
+            third += tl.where(inside, change, 0.0)
         tl.store(grad_ptr + offs, grad.to(grad_ptr.dtype.element_ty), mask=inside)
         phi_sum += tl.where(inside, phi, 0.0)
         count += tl.where(inside, slope, 0.0)
@@ -232,14 +238,10 @@ def solved_row_kernel(
         best_excess = INF
         best_count = nn
         for _ in range(steps + 1):
-            z = v - lam
-            z = tl.where(z < -BIG, -BIG, tl.where(z > BIG, BIG, z))
-            root = tl.sqrt(z * z + dd)
-            slope = tl.where(z < 0, dd / (2.0 * root * (root - tl.where(z < 0, z, 0.0))), 0.5 * (1.0 + z / root))
-            curvature = 0.5 * dd / (root * root * root)
+            _, slope, curvature, curvature_change = srelu_terms(v - lam, dd)
             count = tl.sum(tl.where(inside, slope, 0.0), 0)
             bend = tl.sum(tl.where(inside, curvature, 0.0), 0)
-            change = tl.sum(tl.where(inside, 3.0 * curvature * (z / (z * z + dd)), 0.0), 0)
+            change = tl.sum(tl.where(inside, curvature_change, 0.0), 0)
             excess = count - kk
             better = tl.abs(excess) < best_excess
             best = tl.where(better, lam, best)
@@ -250,14 +252,8 @@ def solved_row_kernel(
             proposal = lam + power_law_step(count, excess, kk, nn, bend, change)
             lam = tl.where((proposal > low) & (proposal < high), proposal, 0.5 * (low + high))
         lam = best
-        x = v - lam
-        low_x = tl.where(x < -BIG, -BIG, x)
-        bounded = tl.where(low_x > BIG, BIG, low_x)
-        bounded_root = tl.sqrt(bounded * bounded + dd)
-        root = tl.where(bounded_root < tl.abs(low_x), tl.abs(low_x), bounded_root)
-        phi = 0.5 * low_x + 0.5 * root
-        span = bounded_root - tl.where(bounded < 0, bounded, 0.0)
-        grad = tl.where(bounded < 0, dd / (bounded_root * span), 1.0 + bounded / bounded_root) * 0.5 * step
+        phi, slope, _, _ = srelu_terms(v - lam, dd)
+        grad = slope * step
         hinge = tl.sum(tl.where(inside, phi, 0.0), 0) / nn - 0.5 * d
         share = best_count / nn
     share = tl.where(undefined, hinge, share)  # NaN: hinge sums the NaN loss
