@@ -310,3 +310,21 @@ def test_a_rules_settings_are_fixed_once_built():
     with pytest.raises(AttributeError, match="^Adaptive's settings are fixed once built"):
         module.rule.lam_momentum = 0.5
     assert copy.deepcopy(module).rule.lam_momentum == module.lam_momentum == 0.1
+
+
+def test_the_adaptive_rule_solves_short_rows_and_tracks_long_ones():
+    """Where the default switches (results/bench/lambda_rules_cpu.md's grid straddles it) and how many
+    solve steps a short row gets: about 512 losses of work, 1 to 8 steps."""
+    stk, matk = STk(k=0.5), MATk(k=0.5)
+    for module in (stk, matk):
+        module(torch.rand(64).requires_grad_())  # started
+    assert [stk.rule.uses_last(stk, n) for n in (2047, 2048)] == [False, True]
+    assert [matk.rule.uses_last(matk, n) for n in (255, 256)] == [False, True]
+    assert [stk.rule.steps_at(n) for n in (16, 64, 128, 256, 512, 1024)] == [8, 8, 4, 2, 1, 1]
+    long = torch.rand(4096) + 5.0
+    before = stk.lam_last.clone()
+    value = stk(long.clone().requires_grad_())
+    x = long.double() - before.double()  # a tracked call's value is Eq. 6 at the last call's λ
+    expected = 0.5 * (x + torch.sqrt(x * x + 0.01**2) - 0.01).mean() + 0.5 * before.double()
+    torch.testing.assert_close(value.double(), expected, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(stk.lam_last, before)  # and it steps λ for the next call
