@@ -151,14 +151,14 @@ NUMERICS_ENVIRONMENT = {  # variables that choose CPU or GPU kernels or their pr
     "MKL_DEBUG_CPU_TYPE": "MKL (older releases): the CPU type its kernels are chosen for",
     "NVIDIA_TF32_OVERRIDE": "CUDA libraries (cuBLAS, cuDNN): TF32 off (0) whatever the framework asks",
     "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "torch: TF32 in cuBLAS matrix products",
-    "CUBLAS_WORKSPACE_CONFIG": "cuBLAS: its workspace, which decides whether its reductions are deterministic",
-}
+}  # CUBLAS_WORKSPACE_CONFIG is left out: engine.deterministic sets it in the process (utils/seed.py), the config decides
 
 
 def numerics_environment() -> dict[str, str]:
     """The variables of :data:`NUMERICS_ENVIRONMENT` set in this process (Hydra's ``env_set`` included:
     it sets them before the task runs). Torch's thread count and CPU kernels (``OMP_NUM_THREADS``,
-    ``ATEN_CPU_CAPABILITY``) are recorded as such, not here."""
+    ``ATEN_CPU_CAPABILITY``) are recorded as such, not here, and ``CUBLAS_WORKSPACE_CONFIG`` follows
+    ``engine.deterministic``, which sets it in the process."""
     return {name: os.environ[name] for name in NUMERICS_ENVIRONMENT if name in os.environ}
 
 
