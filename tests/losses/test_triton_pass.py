@@ -141,7 +141,7 @@ def profiled_call(module, n: int, monkeypatch):
     module.monitor.sample_every = 10**9
     launches = []
     kernels = triton_pass.kernels()
-    monkeypatch.setattr(triton_pass, "kernels", lambda: tuple(counted(k, launches) for k in kernels))
+    monkeypatch.setattr(triton_pass, "kernels", lambda: {name: counted(k, launches) for name, k in kernels.items()})
     leaf = batches(n, count=1, seed=3)[0].requires_grad_()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         with torch.profiler.record_function("stk_forward"):
@@ -185,16 +185,30 @@ SOLVED = {
 }
 
 
+def with_edges(losses: torch.Tensor, step: int) -> torch.Tensor:
+    """Every other batch with a pile of tied losses around the k-th largest (and an infinite one)."""
+    if step % 2:
+        losses = losses.clone()
+        losses[: losses.shape[0] // 8] = losses.sort(descending=True).values[int(0.3 * losses.shape[0])]
+        losses[-1] = float("inf") if step == 3 else losses[-1]
+    return losses
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("loss", sorted(SOLVED))
-@pytest.mark.parametrize("n", [17, 700])
+@pytest.mark.parametrize("n", [17, 700, 5000])
 def test_the_solved_launch_agrees_with_the_torch_path(loss, dtype, n):
-    """A solved call held by one program: the value and gradient of the torch path's, λ at a point
-    where the batch's smoothed count is the torch path's root's (MATk: the same k-th largest loss)."""
+    """A solved call, held by one program up to ON_CHIP losses and in launches over many programs
+    beyond (STk: one a solve step; MATk: a radix select): the value and gradient of the torch path's,
+    λ at a point where the batch's smoothed count is the torch path's root's (MATk: the same k-th
+    largest loss, the tied losses sharing the missing mass)."""
+    if n > triton_pass.ON_CHIP and dtype != torch.float32 and loss != "matk":
+        pytest.skip("the long STk rows in bfloat16: covered by float32 and the short rows")
     fused, _ = started(SOLVED[loss](kernel="triton").to(DEVICE), n, dtype)
     tolerance = TOLERANCE[dtype]
     k = resolve_count(0.3, n)
-    for step, losses in enumerate(batches(n, dtype=dtype)):
+    for step, losses in enumerate(batches(n, count=4, dtype=dtype)):
+        losses = with_edges(losses, step)
         plain = reference(fused)
         incoming = 0.37 if step % 2 else 1.0
         (value, grad), (want, want_grad) = call(fused, losses, incoming), call(plain, losses, incoming)
@@ -211,9 +225,24 @@ def test_the_solved_launch_agrees_with_the_torch_path(loss, dtype, n):
         assert state[0] == want_state[0] and state[2] == want_state[2]
 
 
-def test_a_solved_call_is_two_launches_and_two_ops(monkeypatch):
-    module, _ = started(STk(k=0.3, lam_update="solve", kernel="triton").to(DEVICE), 500)
-    launches, own, events = profiled_call(module, 500, monkeypatch)
-    assert len(launches) == 2, launches
-    assert len(own) <= 2
+@pytest.mark.parametrize(
+    ("loss", "n", "most"), [("stk", 500, 2), ("stk", 5000, 4), ("matk", 500, 2), ("matk", 5000, 4)]
+)
+def test_a_solved_call_is_at_most_four_launches_and_three_ops(loss, n, most, monkeypatch):
+    """On chip one launch and the backward's; a long row: STk's solve_steps + 1 (2 by default) evaluations
+    and the backward's recomputed gradient, MATk's two counting passes, its value and the backward."""
+    module, _ = started(SOLVED[loss](kernel="triton").to(DEVICE), n)
+    launches, own, events = profiled_call(module, n, monkeypatch)
+    assert len(launches) == most, launches
+    assert len(own) <= 3, own
     assert not any(event.name in ("aten::item", "aten::_local_scalar_dense") for event in events)
+
+
+def test_a_nan_in_a_long_solved_row_leaves_lambda():
+    for make in (SOLVED["stk"], SOLVED["matk"]):
+        fused, _ = started(make(kernel="triton").to(DEVICE), 5000)
+        before = fused.lam_last.clone()
+        losses = batches(5000, count=1, seed=4)[0]
+        losses[11] = float("nan")
+        value, grad = call(fused, losses)
+        assert torch.isnan(value) and torch.equal(fused.lam_last, before)

@@ -265,3 +265,303 @@ def solved_row_kernel(
     tl.store(lam_last_ptr, tl.where(store, lam, tl.load(lam_last_ptr)))
     tl.store(lam_ptr, tl.where(store, ((1.0 - momentum) * average + momentum * lam).to(tl.float32), average))
     record_call(state_ptr, share, kk, nn, burn_in)
+
+
+@triton.jit
+def combined(work_ptr, slot, programs, PROGRAMS: tl.constexpr):
+    """The float64 sum of the programs' partials in ``slot``, in program order."""
+    slots = tl.arange(0, PROGRAMS)
+    return tl.sum(tl.load(work_ptr + slots * 8 + slot, mask=slots < programs, other=0.0).to(tl.float64), 0)
+
+
+@triton.jit
+def combined_range(work_ptr, programs, PROGRAMS: tl.constexpr):
+    """(least, most) of the programs' finite losses (slots 4 and 5), (0, 0) where there is none."""
+    slots = tl.arange(0, PROGRAMS)
+    mine = slots < programs
+    lo = tl.min(tl.load(work_ptr + slots * 8 + 4, mask=mine, other=INF), 0).to(tl.float64)
+    hi = tl.max(tl.load(work_ptr + slots * 8 + 5, mask=mine, other=-INF), 0).to(tl.float64)
+    empty = lo > hi
+    return tl.where(empty, 0.0, lo), tl.where(empty, 0.0, hi), empty
+
+
+@triton.jit
+def solve_pass_kernel(
+    losses_ptr, lam_ptr, lam_last_ptr, state_ptr, work_ptr, ticket_ptr, solve_ptr, used_ptr, value_ptr,
+    n, k, delta, scale, momentum, burn_in, iters,
+    FIRST: tl.constexpr, LAST: tl.constexpr, BLOCK: tl.constexpr, PROGRAMS: tl.constexpr,
+):  # fmt: skip
+    """One step of STk's solve on a long row (solve.py's solve_srelu_threshold, one launch a step): every
+    program sums SReLU's terms at the step's λ over its blocks; the last to finish combines them in
+    program order in float64, keeps the best iterate and takes the safeguarded step. The first launch
+    also finds the bracket (and λ's warm start clamped into it; an evaluation outside it does not
+    count); the last writes the value at the best iterate, the stored λ, its average and the monitor's
+    sums, and the best λ for the backward (``used``). ``solve``: float64 [λ, low, high, best, |excess|,
+    count, Σφ, NaN count] between launches."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    if FIRST:
+        lam = tl.load(lam_last_ptr).to(tl.float32)
+    else:
+        lam = tl.load(solve_ptr).to(tl.float32)
+    dd = delta * delta
+    phi_sum = tl.zeros((BLOCK,), tl.float32)
+    count = tl.zeros((BLOCK,), tl.float32)
+    bend = tl.zeros((BLOCK,), tl.float32)
+    change = tl.zeros((BLOCK,), tl.float32)
+    least = tl.full((BLOCK,), INF, tl.float32)
+    most = tl.full((BLOCK,), -INF, tl.float32)
+    infs = tl.zeros((BLOCK,), tl.float32)
+    nans = tl.zeros((BLOCK,), tl.float32)
+    for it in range(iters):
+        offs = (pid * iters + it) * BLOCK + tl.arange(0, BLOCK)
+        inside = offs < n
+        v = tl.load(losses_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+        phi, slope, curvature, curvature_change = srelu_terms(v - lam, dd)
+        phi_sum += tl.where(inside, phi, 0.0)
+        count += tl.where(inside, slope, 0.0)
+        bend += tl.where(inside, curvature, 0.0)
+        change += tl.where(inside, curvature_change, 0.0)
+        if FIRST:
+            finite = inside & (tl.abs(v) < INF)
+            least = tl.minimum(least, tl.where(finite, v, INF))
+            most = tl.maximum(most, tl.where(finite, v, -INF))
+            infs += tl.where(inside & (v == INF), 1.0, 0.0)
+            nans += tl.where(inside & (v != v), 1.0, 0.0)
+    row = work_ptr + pid * 8
+    tl.store(row + 0, tl.sum(phi_sum, 0))
+    tl.store(row + 1, tl.sum(count, 0))
+    tl.store(row + 2, tl.sum(bend, 0))
+    tl.store(row + 3, tl.sum(change, 0))
+    if FIRST:
+        tl.store(row + 4, tl.min(least, 0))
+        tl.store(row + 5, tl.max(most, 0))
+        tl.store(row + 6, tl.sum(infs, 0))
+        tl.store(row + 7, tl.sum(nans, 0))
+    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+    if ticket == programs - 1:
+        phi_all = combined(work_ptr, 0, programs, PROGRAMS)
+        count_all = combined(work_ptr, 1, programs, PROGRAMS)
+        bend_all = combined(work_ptr, 2, programs, PROGRAMS)
+        change_all = combined(work_ptr, 3, programs, PROGRAMS)
+        nn = tl.cast(n, tl.float64)
+        kk = tl.cast(k, tl.float64)
+        d = tl.cast(delta, tl.float64)
+        lam64 = lam.to(tl.float64)
+        if FIRST:
+            lo, hi, _ = combined_range(work_ptr, programs, PROGRAMS)
+            above = combined(work_ptr, 6, programs, PROGRAMS)
+            low = lo - d * tl.sqrt(nn / tl.maximum(nn - kk, 0.5))
+            high = hi + d * tl.sqrt(nn / tl.maximum(kk - above, 0.5))
+            start = tl.where(lam64 < low, low, tl.where(lam64 > high, high, lam64)).to(tl.float32).to(tl.float64)
+            evaluated = start == lam64
+            best = start
+            best_excess = nn * INF
+            best_count = nn
+            best_phi = nn * 0.0
+            undefined = combined(work_ptr, 7, programs, PROGRAMS)
+        else:
+            evaluated = lam64 == lam64
+            start = lam64
+            low = tl.load(solve_ptr + 1)
+            high = tl.load(solve_ptr + 2)
+            best = tl.load(solve_ptr + 3)
+            best_excess = tl.load(solve_ptr + 4)
+            best_count = tl.load(solve_ptr + 5)
+            best_phi = tl.load(solve_ptr + 6)
+            undefined = tl.load(solve_ptr + 7)
+        excess = count_all - kk
+        better = evaluated & (tl.abs(excess) < best_excess)
+        best = tl.where(better, lam64, best)
+        best_excess = tl.where(better, tl.abs(excess), best_excess)
+        best_count = tl.where(better, count_all, best_count)
+        best_phi = tl.where(better, phi_all, best_phi)
+        low = tl.where(evaluated & (excess > 0), lam64, low)
+        high = tl.where(evaluated & (excess <= 0), lam64, high)
+        proposal = lam64 + power_law_step(count_all, excess, kk, nn, bend_all, change_all)
+        stepped = tl.where((proposal > low) & (proposal < high), proposal, 0.5 * (low + high))
+        if LAST:
+            defined = undefined == 0
+            value = ((best_phi / nn - 0.5 * d) + kk / nn * best) * scale
+            value = tl.where(defined, value, phi_all)  # phi_all is NaN where a loss is
+            tl.store(value_ptr, value.to(tl.float32).to(value_ptr.dtype.element_ty))
+            best32 = best.to(tl.float32)
+            tl.store(used_ptr, tl.where(defined, best32, phi_all.to(tl.float32)))
+            store = defined & (tl.abs(best32) < INF)
+            average = tl.load(lam_ptr)
+            tl.store(lam_last_ptr, tl.where(store, best32, tl.load(lam_last_ptr)))
+            new_average = ((1.0 - momentum) * average + momentum * best32).to(tl.float32)
+            tl.store(lam_ptr, tl.where(store, new_average, average))
+            record_call(state_ptr, tl.where(defined, best_count / nn, phi_all), kk, nn, burn_in)
+        else:
+            tl.store(solve_ptr + 0, tl.where(evaluated, stepped, start))
+            tl.store(solve_ptr + 1, low)
+            tl.store(solve_ptr + 2, high)
+            tl.store(solve_ptr + 3, best)
+            tl.store(solve_ptr + 4, best_excess)
+            tl.store(solve_ptr + 5, best_count)
+            tl.store(solve_ptr + 6, best_phi)
+            tl.store(solve_ptr + 7, undefined)
+        tl.atomic_xchg(ticket_ptr, 0)
+
+
+BINS = tl.constexpr(65536)  # the histogram of 16 bits of a float32's ordered key
+SCAN = tl.constexpr(1024)  # bins a scan step reads
+
+
+@triton.jit
+def ordered_key(v):
+    """float32 → int32 keys in the floats' order (−0 as +0; the negatives' 31 low bits flipped)."""
+    bits = (v + 0.0).to(tl.int32, bitcast=True)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+@triton.jit
+def from_key(key):
+    return tl.where(key < 0, key ^ 0x7FFFFFFF, key).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def kth_bin(bins_ptr, need):
+    """(the bin, counted from the top, in which the count reaches ``need``, the count in the bins above
+    it), scanning the histogram from its top bin down and zeroing it for the next call."""
+    lanes = tl.arange(0, SCAN)
+    need = tl.cast(need, tl.float64)
+    running = need * 0.0
+    before = need * 0.0
+    chosen = running.to(tl.int32)
+    found = chosen * 0
+    for chunk in range(BINS // SCAN):
+        index = BINS - 1 - (chunk * SCAN + lanes)
+        counts = tl.load(bins_ptr + index)
+        tl.store(bins_ptr + index, tl.zeros((SCAN,), tl.int32))
+        reached = tl.cumsum(counts, 0).to(tl.float64) + running
+        first = tl.min(tl.where(reached >= need, lanes, SCAN), 0)
+        hit = (first < SCAN) & (found == 0)
+        chosen = tl.where(hit, BINS - 1 - (chunk * SCAN + first), chosen)
+        before = tl.where(hit, tl.sum(tl.where(lanes < first, counts, 0), 0).to(tl.float64) + running, before)
+        found = tl.where(hit, 1, found)
+        running += tl.sum(counts, 0).to(tl.float64)
+    return chosen, before
+
+
+@triton.jit
+def select_pass_kernel(
+    losses_ptr, bins_ptr, work_ptr, ticket_ptr, solve_ptr, n, k, iters,
+    LOW: tl.constexpr, BLOCK: tl.constexpr, PROGRAMS: tl.constexpr,
+):  # fmt: skip
+    """One of the two counting passes of MATk's k-th largest loss on a long row (a radix select on the
+    losses' ordered keys, integer counts only): the first counts the keys' high 16 bits (and the
+    finite range and NaNs); the last program finds the bin holding the k-th largest. The second counts
+    the low 16 bits within that bin; its last program assembles ℓ_[k], clamped to the finite range as
+    solve.py's kth_largest does. ``solve``: float64 [λ, bin, count above the bin, NaN count]."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    if LOW:
+        high_bin = tl.load(solve_ptr + 1).to(tl.int32)
+    least = tl.full((BLOCK,), INF, tl.float32)
+    most = tl.full((BLOCK,), -INF, tl.float32)
+    nans = tl.zeros((BLOCK,), tl.float32)
+    for it in range(iters):
+        offs = (pid * iters + it) * BLOCK + tl.arange(0, BLOCK)
+        inside = offs < n
+        v = tl.load(losses_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+        key = ordered_key(v)
+        counted = inside & (v == v)
+        if LOW:
+            tl.atomic_add(bins_ptr + (key & 0xFFFF), 1, mask=counted & ((key >> 16) + 32768 == high_bin))
+        else:
+            tl.atomic_add(bins_ptr + ((key >> 16) + 32768), 1, mask=counted)
+            finite = inside & (tl.abs(v) < INF)
+            least = tl.minimum(least, tl.where(finite, v, INF))
+            most = tl.maximum(most, tl.where(finite, v, -INF))
+            nans += tl.where(inside & (v != v), 1.0, 0.0)
+    if not LOW:
+        row = work_ptr + pid * 8
+        tl.store(row + 4, tl.min(least, 0))
+        tl.store(row + 5, tl.max(most, 0))
+        tl.store(row + 7, tl.sum(nans, 0))
+    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+    if ticket == programs - 1:
+        if LOW:
+            low_bin, _ = kth_bin(bins_ptr, k - tl.load(solve_ptr + 2))
+            kth = from_key(((high_bin - 32768) << 16) | low_bin).to(tl.float64)
+            lo = tl.load(solve_ptr + 4)
+            hi = tl.load(solve_ptr + 5)
+            clamped = tl.where(kth < lo, lo, tl.where(kth > hi, hi, kth))
+            tl.store(solve_ptr, tl.where(tl.load(solve_ptr + 6) == 0, clamped, kth))
+        else:
+            high_bin, above = kth_bin(bins_ptr, k)
+            lo, hi, empty = combined_range(work_ptr, programs, PROGRAMS)
+            tl.store(solve_ptr + 1, high_bin.to(tl.float64))
+            tl.store(solve_ptr + 2, above.to(tl.float64))
+            tl.store(solve_ptr + 3, combined(work_ptr, 7, programs, PROGRAMS))
+            tl.store(solve_ptr + 4, lo)
+            tl.store(solve_ptr + 5, hi)
+            tl.store(solve_ptr + 6, tl.where(empty, 1.0, 0.0).to(tl.float64))
+        tl.atomic_xchg(ticket_ptr, 0)
+
+
+@triton.jit
+def relu_value_kernel(
+    losses_ptr, lam_ptr, lam_last_ptr, state_ptr, work_ptr, ticket_ptr, solve_ptr, used_ptr, value_ptr,
+    n, k, scale, momentum, burn_in, iters,
+    BLOCK: tl.constexpr, PROGRAMS: tl.constexpr,
+):  # fmt: skip
+    """MATk's value at the selected ℓ_[k] on a long row: Σ(ℓ − λ)₊, the losses above λ and those at it;
+    the last program writes the value, the tied losses' share of the missing gradient mass
+    (``used``: [λ, (k − above)/ties]), the stored λ, its average and the monitor's sums."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    lam = tl.load(solve_ptr).to(tl.float32)
+    phi_sum = tl.zeros((BLOCK,), tl.float32)
+    above = tl.zeros((BLOCK,), tl.float32)
+    ties = tl.zeros((BLOCK,), tl.float32)
+    for it in range(iters):
+        offs = (pid * iters + it) * BLOCK + tl.arange(0, BLOCK)
+        inside = offs < n
+        x = tl.load(losses_ptr + offs, mask=inside, other=0.0).to(tl.float32) - lam
+        phi_sum += tl.where(inside, tl.where(x <= 0, 0.0, x), 0.0)
+        above += tl.where(inside & (x > 0), 1.0, 0.0)
+        ties += tl.where(inside & (x == 0), 1.0, 0.0)
+    row = work_ptr + pid * 8
+    tl.store(row + 0, tl.sum(phi_sum, 0))
+    tl.store(row + 1, tl.sum(above, 0))
+    tl.store(row + 2, tl.sum(ties, 0))
+    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+    if ticket == programs - 1:
+        phi_all = combined(work_ptr, 0, programs, PROGRAMS)
+        above_all = combined(work_ptr, 1, programs, PROGRAMS)
+        ties_all = combined(work_ptr, 2, programs, PROGRAMS)
+        nn = tl.cast(n, tl.float64)
+        kk = tl.cast(k, tl.float64)
+        defined = tl.load(solve_ptr + 3) == 0
+        value = (phi_all / nn + kk / nn * lam.to(tl.float64)) * scale
+        value = tl.where(defined, value, phi_all)  # phi_all is NaN where a loss is
+        tl.store(value_ptr, value.to(tl.float32).to(value_ptr.dtype.element_ty))
+        tl.store(used_ptr, lam)
+        tl.store(used_ptr + 1, ((kk - above_all) / tl.maximum(ties_all, 1.0)).to(tl.float32))
+        store = defined & (tl.abs(lam) < INF)
+        average = tl.load(lam_ptr)
+        tl.store(lam_last_ptr, tl.where(store, lam, tl.load(lam_last_ptr)))
+        tl.store(lam_ptr, tl.where(store, ((1.0 - momentum) * average + momentum * lam).to(tl.float32), average))
+        share = tl.where(defined, tl.minimum(above_all + ties_all, kk) / nn, phi_all)
+        record_call(state_ptr, share, kk, nn, burn_in)
+        tl.atomic_xchg(ticket_ptr, 0)
+
+
+@triton.jit
+def threshold_gradient_kernel(
+    losses_ptr, grad_ptr, used_ptr, incoming_ptr, n, delta, step, RELU: tl.constexpr, BLOCK: tl.constexpr
+):
+    """The backward of a long solved row, recomputed from the losses at the λ the call used: the incoming
+    gradient × (s/n)·φ'(ℓ − λ) (MATk: the tied losses' share from ``used``)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < n
+    factor = tl.load(incoming_ptr).to(tl.float32) * step
+    x = tl.load(losses_ptr + offs, mask=inside, other=0.0).to(tl.float32) - tl.load(used_ptr)
+    if RELU:
+        slope = tl.where(x > 0, 1.0, tl.where(x == 0, tl.load(used_ptr + 1), 0.0))
+    else:
+        _, slope, _, _ = srelu_terms(x, delta * delta)
+    tl.store(grad_ptr + offs, (slope * factor).to(grad_ptr.dtype.element_ty), mask=inside)

@@ -28,6 +28,8 @@ MOST_PROGRAMS = 1024  # programs per launch (the last one combines their partial
 SLOTS = 8  # partial sums per program: φ, count, second, third, least, most, +inf count, unused
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ON_CHIP = 4096  # the longest row a solved call holds in one program
+SOLVE_SLOTS = 8  # a long solved row's state between its launches (triton_kernels.solve_pass_kernel)
+BINS = 2**16  # MATk's histogram of 16 bits of the losses' keys (triton_kernels.select_pass_kernel)
 
 
 def available() -> bool:
@@ -41,10 +43,11 @@ def available() -> bool:
 
 @cache
 def kernels():
-    """(the tracked row's kernel, the gradient's scaling kernel, the solved row's), imported on first use."""
-    from topklab.losses.aggregate.triton_kernels import scale_kernel, solved_row_kernel, tracked_row_kernel  # noqa: PLC0415
+    """The kernels (:mod:`~topklab.losses.aggregate.triton_kernels`) by name, imported on first use."""
+    from topklab.losses.aggregate import triton_kernels  # noqa: PLC0415
 
-    return tracked_row_kernel, scale_kernel, solved_row_kernel
+    names = ("tracked_row", "scale", "solved_row", "solve_pass", "select_pass", "relu_value", "threshold_gradient")
+    return {name: getattr(triton_kernels, f"{name}_kernel") for name in names}
 
 
 def launch_shape(n: int) -> tuple[int, int]:
@@ -79,7 +82,7 @@ def tracked_row_launch(
     programs, iters = launch_shape(n)
     grad = torch.empty_like(losses)
     value = losses.new_empty(())
-    kernel = kernels()[0]
+    kernel = kernels()["tracked_row"]
     kernel[(programs,)](
         losses, grad, value, lam, lam_last, lam_width, state, work, ticket,
         n, k, delta, scale, momentum, burn_in, iters,
@@ -100,21 +103,28 @@ def _(losses, lam, lam_last, lam_width, state, work, ticket, k, delta, scale, mo
 
 def attach_scratch(module) -> bool:
     """Whether ``module`` (MATk, STk) may take a launch (a rule that sets λ, ``kernel`` "auto" or
-    "triton"), registering the buffers a tracked launch needs where its rule tracks (non-persistent:
-    moved with it, never saved)."""
+    "triton"), registering the buffers a launch over several programs needs (non-persistent: moved
+    with it, never saved): where its rule tracks or solves long rows, the programs' partial sums and
+    their ticket; for a long solved row the solve's state, and MATk's histogram of keys."""
     if not (module.rule.stored and module.kernel in ("auto", "triton")):
         return False
-    if module.rule.tracks:
+    long_solved = module.rule.lane(module, ON_CHIP + 1) == "solved"
+    if module.rule.tracks or long_solved:
         module.register_buffer("triton_work", torch.zeros(MOST_PROGRAMS * SLOTS), persistent=False)
         module.register_buffer("triton_ticket", torch.zeros(1, dtype=torch.int32), persistent=False)
+    if module.rule.tracks:
         module.register_buffer("triton_no_width", torch.zeros(()), persistent=False)  # STk's stand-in for a window
+    if long_solved:
+        module.register_buffer("triton_solve", torch.zeros(SOLVE_SLOTS, dtype=torch.float64), persistent=False)
+        if module.smoothing == "relu":
+            module.register_buffer("triton_bins", torch.zeros(BINS, dtype=torch.int32), persistent=False)
     return True
 
 
 def scale_gradient_launch(grad: torch.Tensor, incoming: torch.Tensor) -> None:
     """``grad *= incoming`` in place, the 0-d incoming gradient read on the device (nothing where it
     is one); the op ``torch.ops.topklab.scale_gradient`` (:data:`scale_gradient`)."""
-    kernel = kernels()[1]
+    kernel = kernels()["scale"]
     n = grad.shape[0]
     kernel[(max(1, math.ceil(n / BLOCK)),)](grad, incoming, n, BLOCK=BLOCK)
 
@@ -148,7 +158,7 @@ def solved_row_launch(
     place. The op ``torch.ops.topklab.solved_row`` (:data:`solved_row`)."""
     grad = torch.empty_like(losses)
     value = losses.new_empty(())
-    kernel = kernels()[2]
+    kernel = kernels()["solved_row"]
     kernel[(1,)](
         losses, grad, value, lam, lam_last, state, losses.shape[0], k, delta, scale, momentum, burn_in, steps,
         RELU=relu, BLOCK=max(16, triton_next_power_of_2(losses.shape[0])),
@@ -166,6 +176,120 @@ def _(losses, lam, lam_last, state, k, delta, scale, momentum, burn_in, steps, r
     return losses.new_empty(()), torch.empty_like(losses)
 
 
+def solved_long_row_launch(
+    losses: torch.Tensor,
+    lam: torch.Tensor,
+    lam_last: torch.Tensor,
+    state: torch.Tensor,
+    work: torch.Tensor,
+    ticket: torch.Tensor,
+    solve: torch.Tensor,
+    k: float,
+    delta: float,
+    scale: float,
+    momentum: float,
+    burn_in: float,
+    steps: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """STk's solved training call on a row longer than :data:`ON_CHIP`: ``steps`` + 1 launches, one
+    evaluation of the solve each (``solve.solve_srelu_threshold``'s steps from ``lam_last``, the best
+    iterate kept): (value (0-d), the λ used (1,) for :func:`threshold_gradient_launch`); the buffers
+    updated in place as :func:`tracked_row_launch` does, ``solve`` the state between launches. The op
+    ``torch.ops.topklab.solved_long_row``."""
+    n = losses.shape[0]
+    programs, iters = launch_shape(n)
+    value = losses.new_empty(())
+    used = torch.empty(2, dtype=torch.float32, device=losses.device)
+    kernel = kernels()["solve_pass"]
+    for step in range(steps + 1):
+        kernel[(programs,)](
+            losses, lam, lam_last, state, work, ticket, solve, used, value,
+            n, k, delta, scale, momentum, burn_in, iters,
+            FIRST=step == 0, LAST=step == steps, BLOCK=BLOCK, PROGRAMS=MOST_PROGRAMS,
+        )  # fmt: skip
+    return value, used
+
+
+solved_long_row = torch.library.custom_op(
+    "topklab::solved_long_row", mutates_args=("lam", "lam_last", "state", "work", "ticket", "solve"), device_types=None
+)(solved_long_row_launch)
+
+
+@solved_long_row.register_fake
+def _(losses, lam, lam_last, state, work, ticket, solve, k, delta, scale, momentum, burn_in, steps):
+    return losses.new_empty(()), torch.empty(2, dtype=torch.float32, device=losses.device)
+
+
+def selected_long_row_launch(
+    losses: torch.Tensor,
+    lam: torch.Tensor,
+    lam_last: torch.Tensor,
+    state: torch.Tensor,
+    work: torch.Tensor,
+    ticket: torch.Tensor,
+    solve: torch.Tensor,
+    bins: torch.Tensor,
+    k: float,
+    scale: float,
+    momentum: float,
+    burn_in: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MATk's solved training call on a row longer than :data:`ON_CHIP`: three launches, two counting
+    passes of a radix select on the losses' ordered keys (the histogram ``bins``, zero between calls)
+    for ℓ_[k], then the value there: (value (0-d), [λ, the tied losses' share] (2,) for
+    :func:`threshold_gradient_launch`). The op ``torch.ops.topklab.selected_long_row``."""
+    n = losses.shape[0]
+    programs, iters = launch_shape(n)
+    value = losses.new_empty(())
+    used = torch.empty(2, dtype=torch.float32, device=losses.device)
+    found = kernels()
+    for low in (False, True):
+        found["select_pass"][(programs,)](
+            losses, bins, work, ticket, solve, n, k, iters, LOW=low, BLOCK=BLOCK, PROGRAMS=MOST_PROGRAMS
+        )
+    found["relu_value"][(programs,)](
+        losses, lam, lam_last, state, work, ticket, solve, used, value,
+        n, k, scale, momentum, burn_in, iters, BLOCK=BLOCK, PROGRAMS=MOST_PROGRAMS,
+    )  # fmt: skip
+    return value, used
+
+
+selected_long_row = torch.library.custom_op(
+    "topklab::selected_long_row",
+    mutates_args=("lam", "lam_last", "state", "work", "ticket", "solve", "bins"),
+    device_types=None,
+)(selected_long_row_launch)
+
+
+@selected_long_row.register_fake
+def _(losses, lam, lam_last, state, work, ticket, solve, bins, k, scale, momentum, burn_in):
+    return losses.new_empty(()), torch.empty(2, dtype=torch.float32, device=losses.device)
+
+
+def threshold_gradient_launch(
+    losses: torch.Tensor, used: torch.Tensor, incoming: torch.Tensor, delta: float, step: float, relu: bool
+) -> torch.Tensor:
+    """∂value/∂losses of a long solved row, recomputed in one launch: ``incoming`` (0-d, read on the
+    device) × ``step`` × φ'(ℓ − λ) at ``used`` (MATk: its tied losses' share). The op
+    ``torch.ops.topklab.threshold_gradient``."""
+    grad = torch.empty_like(losses)
+    n = losses.shape[0]
+    kernels()["threshold_gradient"][(max(1, math.ceil(n / BLOCK)),)](
+        losses, grad, used, incoming, n, delta, step, RELU=relu, BLOCK=BLOCK
+    )
+    return grad
+
+
+threshold_gradient = torch.library.custom_op("topklab::threshold_gradient", mutates_args=(), device_types=None)(
+    threshold_gradient_launch
+)
+
+
+@threshold_gradient.register_fake
+def _(losses, used, incoming, delta, step, relu):
+    return torch.empty_like(losses)
+
+
 def triton_next_power_of_2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -175,36 +299,56 @@ def _eager(tensor: torch.Tensor) -> bool:
     return type(tensor) is torch.Tensor and not torch.compiler.is_compiling()
 
 
-LAUNCHES = {"tracked": tracked_row_launch, "solved": solved_row_launch}
+LAUNCHES = {
+    "tracked": tracked_row_launch,
+    "solved": solved_row_launch,
+    "solved_long": solved_long_row_launch,
+    "selected_long": selected_long_row_launch,
+}
+OPS = {
+    "tracked": "tracked_row",
+    "solved": "solved_row",
+    "solved_long": "solved_long_row",
+    "selected_long": "selected_long_row",
+}
 
 
 class _Row(torch.autograd.Function):
-    """A tracked or solved row's launch (:data:`LAUNCHES`), differentiable in the losses: the forward's
-    gradient saved, the backward one :func:`scale_gradient_launch` (a mutating op has no autograd
-    formula of its own). Through the registered ops where ``torch.compile`` traces, directly otherwise
-    (the dispatch of a Python op costs tens of microseconds a call)."""
+    """A row's launch (:data:`LAUNCHES`), differentiable in the losses. ``gradient`` None: the launch
+    writes the gradient, saved and scaled by the incoming one in the backward (one
+    :func:`scale_gradient_launch`); else (δ, s/n, relu): the launch returns the λ it used and the
+    backward recomputes the gradient from the losses there (one :func:`threshold_gradient_launch`). A
+    mutating op has no autograd formula of its own. Through the registered ops (:data:`OPS`) where
+    ``torch.compile`` traces, directly otherwise (the dispatch of a Python op costs tens of
+    microseconds a call)."""
 
     @staticmethod
-    def forward(ctx, entry, losses, *args):
-        launch = LAUNCHES[entry] if _eager(losses) else getattr(torch.ops.topklab, f"{entry}_row")
-        value, grad = launch(losses, *args)
-        ctx.save_for_backward(grad)
-        ctx.inputs = len(args) + 2
+    def forward(ctx, entry, gradient, losses, *args):
+        launch = LAUNCHES[entry] if _eager(losses) else getattr(torch.ops.topklab, OPS[entry])
+        value, saved = launch(losses, *args)
+        ctx.save_for_backward(saved) if gradient is None else ctx.save_for_backward(losses, saved)
+        ctx.gradient, ctx.inputs = gradient, len(args) + 3
         return value
 
     @staticmethod
     def backward(ctx, grad_value):
-        (grad,) = ctx.saved_tensors
-        (scale_gradient_launch if _eager(grad) else torch.ops.topklab.scale_gradient)(grad, grad_value)
-        return (None, grad) + (None,) * (ctx.inputs - 2)
+        if ctx.gradient is None:
+            (grad,) = ctx.saved_tensors
+            (scale_gradient_launch if _eager(grad) else torch.ops.topklab.scale_gradient)(grad, grad_value)
+        else:
+            losses, used = ctx.saved_tensors
+            recompute = threshold_gradient_launch if _eager(losses) else torch.ops.topklab.threshold_gradient
+            grad = recompute(losses, used, grad_value, *ctx.gradient)
+        return (None, None, grad) + (None,) * (ctx.inputs - 3)
 
 
 def row_call(module, losses: torch.Tensor) -> torch.Tensor | None:
-    """A training call of ``module`` (MATk, STk) on 1-D ``losses`` as one launch: a tracked call
-    (:func:`tracked_row_launch`), or a solved one on at most :data:`ON_CHIP` losses
-    (:func:`solved_row_launch`); None where neither applies: ``kernel`` is not "triton" (nor "auto" on
-    CUDA with Triton here), the module's first call, a rule that trains λ, λ buffers not in float32,
-    a tensor k, ``rows``, a longer solved row (the torch path)."""
+    """A training call of ``module`` (MATk, STk) on 1-D ``losses`` in Triton launches: a tracked call
+    (:func:`tracked_row_launch`), a solved one on at most :data:`ON_CHIP` losses
+    (:func:`solved_row_launch`) or on more (:func:`solved_long_row_launch`,
+    :func:`selected_long_row_launch`); None where none applies: ``kernel`` is not "triton" (nor "auto"
+    on CUDA with Triton here), the module's first call, a rule that trains λ, λ buffers not in
+    float32, a tensor k, ``rows`` (the torch path)."""
     if module.kernel != "triton" and not (module.kernel == "auto" and losses.is_cuda and available()):
         return None
     if not (module.training and torch.is_grad_enabled()) or losses.dim() != 1 or losses.dtype not in TRITON_DTYPES:
@@ -222,7 +366,7 @@ def row_call(module, losses: torch.Tensor) -> torch.Tensor | None:
     ):
         return None
     tracked = module.rule.uses_last(module, n)
-    if not tracked and not (module.rule.lane(module, n) == "solved" and n <= ON_CHIP):
+    if not tracked and module.rule.lane(module, n) != "solved":
         return None
     count = resolve_count(module.k, n)
     relu = module.smoothing == "relu"
@@ -241,10 +385,20 @@ def row_call(module, losses: torch.Tensor) -> torch.Tensor | None:
             buffers["triton_work"],
             buffers["triton_ticket"],
         )
-        value = _Row.apply("tracked", losses, *state, *settings, relu)
-    else:
+        value = _Row.apply("tracked", None, losses, *state, *settings, relu)
+    elif n <= ON_CHIP:
         state = (buffers["lam"], buffers["lam_last"], monitor._state)
-        value = _Row.apply("solved", losses, *state, *settings, module.rule.steps_at(n), relu)
+        value = _Row.apply("solved", None, losses, *state, *settings, module.rule.steps_at(n), relu)
+    else:
+        state = (buffers["lam"], buffers["lam_last"], monitor._state, buffers["triton_work"], buffers["triton_ticket"])
+        state += (buffers["triton_solve"],)
+        gradient = (settings[1], settings[2] / n, relu)
+        if relu:
+            value = _Row.apply(
+                "selected_long", gradient, losses, *state, buffers["triton_bins"], settings[0], *settings[2:]
+            )
+        else:
+            value = _Row.apply("solved_long", gradient, losses, *state, *settings, module.rule.steps_at(n))
     if sample:
         lam = (used if tracked else buffers["lam_last"]).to(losses.dtype).view(1)
         monitor.add_sample(*module._sampler(losses.detach()[None], lam, None, count)())
