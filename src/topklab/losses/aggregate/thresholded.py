@@ -252,7 +252,8 @@ class ThresholdedTopK(HoldsRule, Aggregate):
             if not lane or (self.delta is None and self._phi.uses_delta):
                 self._row_settings[key] = None
             else:
-                float32 = all(b.dtype == torch.float32 for b in self._buffers.values() if b.is_floating_point())
+                lams = (b for name, b in self._buffers.items() if name.startswith("lam") and b.is_floating_point())
+                float32 = all(b.dtype == torch.float32 for b in lams)
                 entry = self.rule.lane(self, n) if float32 or not self.rule.stored else None
                 self._row_settings[key] = (resolve_count(self.k, n), [entry, "at_lambda"])
         return self._row_settings[key]

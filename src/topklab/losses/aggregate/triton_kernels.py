@@ -47,7 +47,15 @@ def tracked_row_kernel(
 ):  # fmt: skip
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
+    row = tl.program_id(1)
+    rows = tl.num_programs(1)
+    losses_ptr += row * n
+    grad_ptr += row * n
+    lam_ptr += row
+    lam_last_ptr += row
     lam = tl.load(lam_last_ptr).to(tl.float32)
+    if RELU:
+        width_ptr += row
     width = tl.load(width_ptr).to(tl.float32) if RELU else 0.0
     step = scale / n
     dd = delta * delta
@@ -82,19 +90,19 @@ def tracked_row_kernel(
         least = tl.minimum(least, tl.where(finite, v, INF))
         most = tl.maximum(most, tl.where(finite, v, -INF))
         infs += tl.where(inside & (v == INF), 1.0, 0.0)
-    row = work_ptr + pid * 8
-    tl.store(row + 0, tl.sum(phi_sum, 0))
-    tl.store(row + 1, tl.sum(count, 0))
-    tl.store(row + 2, tl.sum(second, 0))
-    tl.store(row + 3, tl.sum(third, 0))
-    tl.store(row + 4, tl.min(least, 0))
-    tl.store(row + 5, tl.max(most, 0))
-    tl.store(row + 6, tl.sum(infs, 0))
-    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
-    if ticket == programs - 1:  # the last program: combine in program order, in float64
+    part = work_ptr + (row * programs + pid) * 8
+    tl.store(part + 0, tl.sum(phi_sum, 0))
+    tl.store(part + 1, tl.sum(count, 0))
+    tl.store(part + 2, tl.sum(second, 0))
+    tl.store(part + 3, tl.sum(third, 0))
+    tl.store(part + 4, tl.min(least, 0))
+    tl.store(part + 5, tl.max(most, 0))
+    tl.store(part + 6, tl.sum(infs, 0))
+    ticket = tl.atomic_add(ticket_ptr + row, 1, sem="acq_rel")
+    if ticket == programs - 1:  # the row's last program: combine in program order, in float64
         slots = tl.arange(0, PROGRAMS)
         mine = slots < programs
-        parts = work_ptr + slots * 8
+        parts = work_ptr + (row * programs + slots) * 8
         phi_all = tl.sum(tl.load(parts + 0, mask=mine, other=0.0).to(tl.float64), 0)
         count_all = tl.sum(tl.load(parts + 1, mask=mine, other=0.0).to(tl.float64), 0)
         second_all = tl.sum(tl.load(parts + 2, mask=mine, other=0.0).to(tl.float64), 0)
@@ -110,7 +118,7 @@ def tracked_row_kernel(
         if not RELU:
             hinge = hinge - 0.5 * d
         value = (hinge + kk / nn * lam64) * scale
-        tl.store(value_ptr, value.to(tl.float32).to(value_ptr.dtype.element_ty))
+        tl.store(value_ptr + row, value.to(tl.float32).to(value_ptr.dtype.element_ty))
         empty = lo > hi
         lo = tl.where(empty, 0.0, lo)
         hi = tl.where(empty, 0.0, hi)
@@ -156,31 +164,48 @@ def tracked_row_kernel(
             window32 = window.to(tl.float32)
             tl.store(width_ptr, tl.where(store & (tl.abs(window32) < INF), window32, width))
         share = tl.where(defined, count_all / nn, phi_all)  # phi_all is NaN where not defined
-        record_call(state_ptr, share, kk, nn, burn_in)
-        tl.atomic_xchg(ticket_ptr, 0)
+        tl.atomic_xchg(ticket_ptr + row, 0)
+        record_rows(
+            state_ptr, work_ptr, ticket_ptr, lam_ptr, lam_last_ptr, row, rows, share, lam, kk, nn, burn_in, momentum,
+            SHARED=False, PROGRAMS=PROGRAMS,
+        )  # fmt: skip
 
 
 @triton.jit
-def scale_kernel(grad_ptr, incoming_ptr, n, BLOCK: tl.constexpr):
-    g = tl.load(incoming_ptr).to(tl.float32)
-    if g != 1.0:
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        inside = offs < n
+def scale_kernel(grad_ptr, incoming_ptr, n, total, BLOCK: tl.constexpr):
+    """``grad`` (rows of n) × each row's incoming gradient; one row: nothing where it is one."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < total
+    if n == total:
+        g = tl.load(incoming_ptr).to(tl.float32)
+        if g != 1.0:
+            values = tl.load(grad_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+            tl.store(grad_ptr + offs, (values * g).to(grad_ptr.dtype.element_ty), mask=inside)
+    else:
+        g = tl.load(incoming_ptr + offs // n, mask=inside, other=1.0).to(tl.float32)
         values = tl.load(grad_ptr + offs, mask=inside, other=0.0).to(tl.float32)
         tl.store(grad_ptr + offs, (values * g).to(grad_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit
+def in_band(share, target):
+    """lambda_monitor.in_band: the share within a factor 2 of k/n, its complement within one of 1 − k/n."""
+    below = 1.0 - share
+    return (share <= 2 * target) & (share >= target / 2) & (below <= 2 * (1.0 - target)) & (below >= (1.0 - target) / 2)
+
+
+@triton.jit
 def record_call(state_ptr, share, kk, nn, burn_in):
-    """The λ monitor's record() of one call (lambda_monitor.py): [calls, share_sum, in_band_all, counted,
-    in_band, 3 sampled sums, seen, streak]."""
+    """The λ monitor's record() of one call on one row: ``share`` judged against k/n."""
+    record_judged(state_ptr, share, in_band(share, kk / nn) & (kk < nn), kk < nn, burn_in)
+
+
+@triton.jit
+def record_judged(state_ptr, share, good, banded, burn_in):
+    """The λ monitor's record() of one call (lambda_monitor.py), in band where ``good``: [calls, share_sum,
+    in_band_all, counted, in_band, 3 sampled sums, seen, streak]."""
     seen = tl.load(state_ptr + 8)
     streak = tl.load(state_ptr + 9)
-    banded = kk < nn
-    target_share = kk / nn
-    below_share = 1.0 - share
-    good = (share <= 2 * target_share) & (share >= target_share / 2)
-    good = good & (below_share <= 2 * (1.0 - target_share)) & (below_share >= (1.0 - target_share) / 2) & banded
     hit = tl.where(good, 1.0, 0.0)
     counted = tl.where(banded & (seen + 1.0 > burn_in), 1.0, 0.0)
     kept_streak = tl.where(banded, 1.0 - hit, 0.0)
@@ -194,17 +219,59 @@ def record_call(state_ptr, share, kk, nn, burn_in):
 
 
 @triton.jit
-def solved_row_kernel(
-    losses_ptr, grad_ptr, value_ptr, lam_ptr, lam_last_ptr, state_ptr,
-    n, k, delta, scale, momentum, burn_in, steps,
-    RELU: tl.constexpr, BLOCK: tl.constexpr,
+def record_rows(
+    state_ptr, work_ptr, ticket_ptr, lam_ptr, lam_last_ptr, row, rows, share, lam, kk, nn, burn_in, momentum,
+    SHARED: tl.constexpr, PROGRAMS: tl.constexpr,
 ):  # fmt: skip
-    """A solved training call on a row held on chip (one program, n <= BLOCK): λ the root (STk: `steps`
-    safeguarded steps from lam_last, the best iterate, as solve.py's solve_srelu_threshold; MATk: the
-    exact k-th largest loss, the tied losses sharing the missing gradient mass), then the value and the
-    gradient at λ, the stored λ and the monitor's sums."""
+    """A row's share and λ from its last program; the last row to finish (a second ticket) records the
+    call: the rows' mean share, in band where every row is (LambdaMonitor.rows_in_band), and where the
+    rows share one stored λ (``SHARED``), stores the mean of their finite λ and its running average
+    (LambdaRule.store). ``work``: the rows' shares from slot 8·PROGRAMS, their λ from 9·PROGRAMS;
+    ``ticket``: the rows' one at PROGRAMS."""
+    tl.store(work_ptr + PROGRAMS * 8 + row, share)
+    tl.store(work_ptr + PROGRAMS * 9 + row, lam)
+    last = tl.atomic_add(ticket_ptr + PROGRAMS, 1, sem="acq_rel")
+    if last == rows - 1:
+        slots = tl.arange(0, PROGRAMS)
+        mine = slots < rows
+        shares = tl.load(work_ptr + PROGRAMS * 8 + slots, mask=mine, other=0.0).to(tl.float64)
+        target = kk / nn
+        every = tl.min(tl.where(mine, in_band(shares, target).to(tl.int32), 1), 0) == 1
+        mean = tl.where(rows == 1, share, tl.sum(shares, 0) / rows)
+        good = tl.where(rows == 1, in_band(share, target), every) & (kk < nn)
+        record_judged(state_ptr, mean, good, kk < nn, burn_in)
+        if SHARED:
+            lams = tl.load(work_ptr + PROGRAMS * 9 + slots, mask=mine, other=0.0)
+            finite = mine & (tl.abs(lams) < INF)
+            found = tl.sum(tl.where(finite, 1.0, 0.0), 0)
+            root = (tl.sum(tl.where(finite, lams, 0.0), 0) / tl.maximum(found, 1.0)).to(tl.float32)
+            average = tl.load(lam_ptr)
+            tl.store(lam_last_ptr, tl.where(found > 0, root, tl.load(lam_last_ptr)))
+            new_average = ((1.0 - momentum) * average + momentum * root).to(tl.float32)
+            tl.store(lam_ptr, tl.where(found > 0, new_average, average))
+        tl.atomic_xchg(ticket_ptr + PROGRAMS, 0)
+
+
+@triton.jit
+def solved_row_kernel(
+    losses_ptr, grad_ptr, value_ptr, lam_ptr, lam_last_ptr, state_ptr, work_ptr, ticket_ptr,
+    n, k, delta, scale, momentum, burn_in, steps,
+    RELU: tl.constexpr, SHARED: tl.constexpr, BLOCK: tl.constexpr, PROGRAMS: tl.constexpr,
+):  # fmt: skip
+    """A solved training call on rows held on chip (one program a row, n <= BLOCK): λ the row's root
+    (STk: `steps` safeguarded steps from its stored λ, or from its own k-th largest loss where the rows
+    share one (``SHARED``), the best iterate, as solve.py's solve_srelu_threshold; MATk: the exact k-th
+    largest loss, the tied losses sharing the missing gradient mass), then the value and the gradient
+    at λ, the stored λ (each row's, or the rows' mean: :func:`record_rows`) and the monitor's sums."""
+    row = tl.program_id(0)
+    rows = tl.num_programs(0)
     offs = tl.arange(0, BLOCK)
     inside = offs < n
+    losses_ptr += row * n
+    grad_ptr += row * n
+    if not SHARED:
+        lam_ptr += row
+        lam_last_ptr += row
     v = tl.load(losses_ptr + offs, mask=inside, other=0.0).to(tl.float32)
     finite = inside & (tl.abs(v) < INF)
     any_finite = tl.sum(tl.where(finite, 1.0, 0.0), 0) > 0
@@ -232,7 +299,12 @@ def solved_row_kernel(
         above_all = tl.sum(tl.where(inside & (v == INF), 1.0, 0.0), 0)
         low = least - d * tl.sqrt(nn / tl.maximum(nn - kk, 0.5))
         high = most + d * tl.sqrt(nn / tl.maximum(kk - above_all, 0.5))
-        start = tl.load(lam_last_ptr).to(tl.float32)
+        if SHARED:  # from the row's own k-th largest loss (solve.kth_largest), not one warm start
+            ordered = tl.sort(tl.where(inside & (v == v), v, -INF), 0, descending=True)
+            kth = tl.sum(tl.where(offs == k - 1, ordered, 0.0), 0)
+            start = tl.where(any_finite, tl.where(kth < least, least, tl.where(kth > most, most, kth)), kth)
+        else:
+            start = tl.load(lam_last_ptr).to(tl.float32)
         lam = tl.where(start < low, low, tl.where(start > high, high, start))
         best = lam
         best_excess = INF
@@ -259,12 +331,16 @@ def solved_row_kernel(
     share = tl.where(undefined, hinge, share)  # NaN: hinge sums the NaN loss
     value = (hinge + kk / nn * lam) * scale
     tl.store(grad_ptr + offs, grad.to(grad_ptr.dtype.element_ty), mask=inside)
-    tl.store(value_ptr, value.to(tl.float32).to(value_ptr.dtype.element_ty))
-    store = (~undefined) & (tl.abs(lam) < INF)
-    average = tl.load(lam_ptr)
-    tl.store(lam_last_ptr, tl.where(store, lam, tl.load(lam_last_ptr)))
-    tl.store(lam_ptr, tl.where(store, ((1.0 - momentum) * average + momentum * lam).to(tl.float32), average))
-    record_call(state_ptr, share, kk, nn, burn_in)
+    tl.store(value_ptr + row, value.to(tl.float32).to(value_ptr.dtype.element_ty))
+    if not SHARED:
+        store = (~undefined) & (tl.abs(lam) < INF)
+        average = tl.load(lam_ptr)
+        tl.store(lam_last_ptr, tl.where(store, lam, tl.load(lam_last_ptr)))
+        tl.store(lam_ptr, tl.where(store, ((1.0 - momentum) * average + momentum * lam).to(tl.float32), average))
+    record_rows(
+        state_ptr, work_ptr, ticket_ptr, lam_ptr, lam_last_ptr, row, rows, share, tl.where(undefined, hinge, lam),
+        kk, nn, burn_in, momentum, SHARED=SHARED, PROGRAMS=PROGRAMS,
+    )  # fmt: skip
 
 
 @triton.jit

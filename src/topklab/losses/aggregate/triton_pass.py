@@ -28,6 +28,7 @@ MOST_PROGRAMS = 1024  # programs per launch (the last one combines their partial
 SLOTS = 8  # partial sums per program: φ, count, second, third, least, most, +inf count, unused
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ON_CHIP = 4096  # the longest row a solved call holds in one program
+ROW_LAMS = MOST_PROGRAMS * (SLOTS + 1)  # where the work's rows' λ start (after the partials and the rows' shares)
 SOLVE_SLOTS = 8  # a long solved row's state between its launches (triton_kernels.solve_pass_kernel)
 BINS = 2**16  # MATk's histogram of 16 bits of the losses' keys (triton_kernels.select_pass_kernel)
 
@@ -50,10 +51,11 @@ def kernels():
     return {name: getattr(triton_kernels, f"{name}_kernel") for name in names}
 
 
-def launch_shape(n: int) -> tuple[int, int]:
-    """(programs, blocks per program) for a row of n losses."""
+def launch_shape(n: int, rows: int = 1) -> tuple[int, int]:
+    """(programs a row, blocks per program) for ``rows`` rows of n losses (at most :data:`MOST_PROGRAMS`
+    programs in all)."""
     blocks = max(1, math.ceil(n / BLOCK))
-    programs = min(blocks, MOST_PROGRAMS)
+    programs = min(blocks, MOST_PROGRAMS // rows)
     return programs, math.ceil(blocks / programs)
 
 
@@ -72,18 +74,19 @@ def tracked_row_launch(
     burn_in: float,
     relu: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One tracked training call on ``losses`` (n,): (value (0-d), ∂value/∂losses (n,)). Updated in
-    place: the float32 buffers ``lam`` (running average), ``lam_last`` (the λ used, then the next
-    one) and ``lam_width`` (MATk's window; STk passes any float32 scalar), the monitor's float64
-    ``state``, and the scratch ``work`` (float32, ``MOST_PROGRAMS × SLOTS``) and int32 ``ticket``
-    (zero between calls), which the module keeps (:func:`attach_scratch`). Registered as the op
+    """One tracked training call on ``losses`` (n,), or contiguous rows (P, n) each with its own λ:
+    (value (0-d, or (P,)), ∂value/∂losses). Updated in place: the float32 buffers ``lam`` (running
+    average), ``lam_last`` (the λ used, then the next one) and ``lam_width`` (MATk's window; STk
+    passes any float32 scalar), one entry a row, the monitor's float64 ``state``, and the scratch
+    ``work`` (float32, ``MOST_PROGRAMS × (SLOTS + 2)``) and int32 ``ticket`` (``MOST_PROGRAMS`` + 1,
+    zero between calls), which the module keeps (:func:`attach_scratch`). Registered as the op
     ``torch.ops.topklab.tracked_row`` (:data:`tracked_row`), which ``torch.compile`` sees."""
-    n = losses.shape[0]
-    programs, iters = launch_shape(n)
+    n, rows = losses.shape[-1], losses.numel() // max(losses.shape[-1], 1)
+    programs, iters = launch_shape(n, rows)
     grad = torch.empty_like(losses)
-    value = losses.new_empty(())
+    value = losses.new_empty(losses.shape[:-1])
     kernel = kernels()["tracked_row"]
-    kernel[(programs,)](
+    kernel[(programs, rows)](
         losses, grad, value, lam, lam_last, lam_width, state, work, ticket,
         n, k, delta, scale, momentum, burn_in, iters,
         RELU=relu, BLOCK=BLOCK, PROGRAMS=MOST_PROGRAMS,
@@ -98,20 +101,19 @@ tracked_row = torch.library.custom_op(
 
 @tracked_row.register_fake
 def _(losses, lam, lam_last, lam_width, state, work, ticket, k, delta, scale, momentum, burn_in, relu):
-    return losses.new_empty(()), torch.empty_like(losses)
+    return losses.new_empty(losses.shape[:-1]), torch.empty_like(losses)
 
 
 def attach_scratch(module) -> bool:
     """Whether ``module`` (MATk, STk) may take a launch (a rule that sets λ, ``kernel`` "auto" or
     "triton"), registering the buffers a launch over several programs needs (non-persistent: moved
     with it, never saved): where its rule tracks or solves long rows, the programs' partial sums and
-    their ticket; for a long solved row the solve's state, and MATk's histogram of keys."""
+    their tickets; for a long solved row the solve's state, and MATk's histogram of keys."""
     if not (module.rule.stored and module.kernel in ("auto", "triton")):
         return False
     long_solved = module.rule.lane(module, ON_CHIP + 1) == "solved"
-    if module.rule.tracks or long_solved:
-        module.register_buffer("triton_work", torch.zeros(MOST_PROGRAMS * SLOTS), persistent=False)
-        module.register_buffer("triton_ticket", torch.zeros(1, dtype=torch.int32), persistent=False)
+    module.register_buffer("triton_work", torch.zeros(MOST_PROGRAMS * (SLOTS + 2)), persistent=False)
+    module.register_buffer("triton_ticket", torch.zeros(MOST_PROGRAMS + 1, dtype=torch.int32), persistent=False)
     if module.rule.tracks:
         module.register_buffer("triton_no_width", torch.zeros(()), persistent=False)  # STk's stand-in for a window
     if long_solved:
@@ -122,11 +124,12 @@ def attach_scratch(module) -> bool:
 
 
 def scale_gradient_launch(grad: torch.Tensor, incoming: torch.Tensor) -> None:
-    """``grad *= incoming`` in place, the 0-d incoming gradient read on the device (nothing where it
-    is one); the op ``torch.ops.topklab.scale_gradient`` (:data:`scale_gradient`)."""
+    """``grad *= incoming`` in place, rows (..., n) by each row's incoming gradient (one row: a 0-d
+    one, nothing done where it is one), read on the device; the op ``torch.ops.topklab.scale_gradient``
+    (:data:`scale_gradient`)."""
     kernel = kernels()["scale"]
-    n = grad.shape[0]
-    kernel[(max(1, math.ceil(n / BLOCK)),)](grad, incoming, n, BLOCK=BLOCK)
+    total = grad.numel()
+    kernel[(max(1, math.ceil(total / BLOCK)),)](grad, incoming, grad.shape[-1], total, BLOCK=BLOCK)
 
 
 scale_gradient = torch.library.custom_op("topklab::scale_gradient", mutates_args=("grad",), device_types=None)(
@@ -144,6 +147,8 @@ def solved_row_launch(
     lam: torch.Tensor,
     lam_last: torch.Tensor,
     state: torch.Tensor,
+    work: torch.Tensor,
+    ticket: torch.Tensor,
     k: float,
     delta: float,
     scale: float,
@@ -151,29 +156,34 @@ def solved_row_launch(
     burn_in: float,
     steps: int,
     relu: bool,
+    shared: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One solved training call on ``losses`` (n,) of at most :data:`ON_CHIP` losses, held by one
-    program: (value (0-d), ∂value/∂losses (n,)); λ the root (STk: ``steps`` safeguarded steps from
-    ``lam_last``; MATk: the exact k-th largest loss), ``lam``, ``lam_last`` and ``state`` updated in
-    place. The op ``torch.ops.topklab.solved_row`` (:data:`solved_row`)."""
+    """One solved training call on ``losses`` (n,) or contiguous rows (P, n) of at most
+    :data:`ON_CHIP` losses, one program a row: (value (0-d, or (P,)), ∂value/∂losses); each row's λ
+    its root (STk: ``steps`` safeguarded steps from its ``lam_last``, or from its own k-th largest
+    loss where the rows share one λ (``shared``); MATk: the exact k-th largest loss), ``lam``,
+    ``lam_last`` (each row's, or under ``shared`` the rows' mean) and ``state`` updated in place, the
+    rows' λ left in ``work`` from :data:`ROW_LAMS`. The op ``torch.ops.topklab.solved_row``
+    (:data:`solved_row`)."""
+    n = losses.shape[-1]
     grad = torch.empty_like(losses)
-    value = losses.new_empty(())
+    value = losses.new_empty(losses.shape[:-1])
     kernel = kernels()["solved_row"]
-    kernel[(1,)](
-        losses, grad, value, lam, lam_last, state, losses.shape[0], k, delta, scale, momentum, burn_in, steps,
-        RELU=relu, BLOCK=max(16, triton_next_power_of_2(losses.shape[0])),
+    kernel[(losses.numel() // n,)](
+        losses, grad, value, lam, lam_last, state, work, ticket, n, k, delta, scale, momentum, burn_in, steps,
+        RELU=relu, SHARED=shared, BLOCK=max(16, triton_next_power_of_2(n)), PROGRAMS=MOST_PROGRAMS,
     )  # fmt: skip
     return value, grad
 
 
 solved_row = torch.library.custom_op(
-    "topklab::solved_row", mutates_args=("lam", "lam_last", "state"), device_types=None
+    "topklab::solved_row", mutates_args=("lam", "lam_last", "state", "work", "ticket"), device_types=None
 )(solved_row_launch)
 
 
 @solved_row.register_fake
-def _(losses, lam, lam_last, state, k, delta, scale, momentum, burn_in, steps, relu):
-    return losses.new_empty(()), torch.empty_like(losses)
+def _(losses, lam, lam_last, state, work, ticket, k, delta, scale, momentum, burn_in, steps, relu, shared):
+    return losses.new_empty(losses.shape[:-1]), torch.empty_like(losses)
 
 
 def solved_long_row_launch(
@@ -343,21 +353,29 @@ class _Row(torch.autograd.Function):
 
 
 def row_call(module, losses: torch.Tensor) -> torch.Tensor | None:
-    """A training call of ``module`` (MATk, STk) on 1-D ``losses`` in Triton launches: a tracked call
-    (:func:`tracked_row_launch`), a solved one on at most :data:`ON_CHIP` losses
-    (:func:`solved_row_launch`) or on more (:func:`solved_long_row_launch`,
-    :func:`selected_long_row_launch`); None where none applies: ``kernel`` is not "triton" (nor "auto"
-    on CUDA with Triton here), the module's first call, a rule that trains λ, λ buffers not in
-    float32, a tensor k, ``rows`` (the torch path)."""
+    """A training call of ``module`` (MATk, STk) on ``losses`` in Triton launches: one row (n,) or
+    contiguous rows (P, n) reduced over the last dim, each with its own λ (``rows=P``) or sharing one
+    (``rows=None``, each row solved from its own k-th largest loss): a tracked call
+    (:func:`tracked_row_launch`), a solved one on at most :data:`ON_CHIP` losses a row
+    (:func:`solved_row_launch`) or on one longer row (:func:`solved_long_row_launch`,
+    :func:`selected_long_row_launch`). None where none applies (the torch path): ``kernel`` is not
+    "triton" (nor "auto" on CUDA with Triton here), the module's first call, a rule that trains λ, λ
+    buffers not in float32, a tensor k, more than :data:`MOST_PROGRAMS` rows, several long solved rows,
+    shared rows under a rule that tracks at their length (each solved as the torch path's first call)."""
     if module.kernel != "triton" and not (module.kernel == "auto" and losses.is_cuda and available()):
         return None
-    if not (module.training and torch.is_grad_enabled()) or losses.dim() != 1 or losses.dtype not in TRITON_DTYPES:
+    if not (module.training and torch.is_grad_enabled()) or losses.dtype not in TRITON_DTYPES:
         return None
-    n = losses.shape[0]
+    if losses.dim() not in (1, 2) or (losses.dim() == 2 and (module.dim % 2 != 1 or not losses.is_contiguous())):
+        return None
+    n, rows = losses.shape[-1], (losses.shape[0] if losses.dim() == 2 else 1)
     buffers, monitor = module._buffers, module.monitor
+    shared = module.rows is None and rows > 1
     if (
         n == 0
-        or module.rows is not None
+        or rows > MOST_PROGRAMS
+        or module.rows not in (None, rows)
+        or (module.rows is not None and losses.dim() == 1)
         or isinstance(module.k, torch.Tensor)
         or not module._started
         or monitor._state is None
@@ -365,45 +383,40 @@ def row_call(module, losses: torch.Tensor) -> torch.Tensor | None:
         or (not torch.compiler.is_compiling() and torch._C._functorch.is_functorch_wrapped_tensor(losses))
     ):
         return None
-    tracked = module.rule.uses_last(module, n)
-    if not tracked and module.rule.lane(module, n) != "solved":
+    relu = module.smoothing == "relu"
+    tracked = module.rule.uses_last(module, n) and not shared
+    solved = module.rule.lane(module, n) == "solved"
+    if not tracked and not (solved and (n <= ON_CHIP or rows == 1)):
         return None
     count = resolve_count(module.k, n)
-    relu = module.smoothing == "relu"
     compiling = torch.compiler.is_compiling()
     sample = not compiling and monitor.native_call(count, n)
     used = buffers["lam_last"].clone() if sample and tracked else None
     settings = (float(count), float(module.delta or 0.0), float(n / count) if module.scale == "atk" else 1.0)
     settings += (module.rule.lam_momentum, float(monitor.burn_in))
+    scratch = (buffers["triton_work"], buffers["triton_ticket"])
+    state = (buffers["lam"], buffers["lam_last"])
     if tracked:
         width = buffers.get("lam_width", buffers["triton_no_width"])
-        state = (
-            buffers["lam"],
-            buffers["lam_last"],
-            width,
-            monitor._state,
-            buffers["triton_work"],
-            buffers["triton_ticket"],
-        )
-        value = _Row.apply("tracked", None, losses, *state, *settings, relu)
+        value = _Row.apply("tracked", None, losses, *state, width, monitor._state, *scratch, *settings, relu)
     elif n <= ON_CHIP:
-        state = (buffers["lam"], buffers["lam_last"], monitor._state)
-        value = _Row.apply("solved", None, losses, *state, *settings, module.rule.steps_at(n), relu)
-    else:
-        state = (buffers["lam"], buffers["lam_last"], monitor._state, buffers["triton_work"], buffers["triton_ticket"])
-        state += (buffers["triton_solve"],)
+        steps = module.rule.steps_at(n)
+        value = _Row.apply("solved", None, losses, *state, monitor._state, *scratch, *settings, steps, relu, shared)
+    elif relu:
         gradient = (settings[1], settings[2] / n, relu)
-        if relu:
-            value = _Row.apply(
-                "selected_long", gradient, losses, *state, buffers["triton_bins"], settings[0], *settings[2:]
-            )
-        else:
-            value = _Row.apply("solved_long", gradient, losses, *state, *settings, module.rule.steps_at(n))
+        state += (monitor._state, *scratch, buffers["triton_solve"], buffers["triton_bins"])
+        value = _Row.apply("selected_long", gradient, losses, *state, settings[0], *settings[2:])
+    else:
+        gradient = (settings[1], settings[2] / n, relu)
+        state += (monitor._state, *scratch, buffers["triton_solve"])
+        value = _Row.apply("solved_long", gradient, losses, *state, *settings, module.rule.steps_at(n))
     if sample:
-        lam = (used if tracked else buffers["lam_last"]).to(losses.dtype).view(1)
-        monitor.add_sample(*module._sampler(losses.detach()[None], lam, None, count)())
+        lam = used if tracked else (scratch[0][ROW_LAMS : ROW_LAMS + rows] if n <= ON_CHIP else buffers["lam_last"])
+        block = losses.detach().view(rows, n)
+        monitor.add_sample(*module._sampler(block, lam.to(losses.dtype).reshape(-1).expand(rows), None, count)())
     if not compiling and monitor.calls % WARN_AFTER_CALLS == 0:
-        lam = buffers["lam_last"]
-        share = module._row_shares  # the smoothed share for the warning's message
-        monitor.check_streak(lambda: share(losses.detach()[None], lam.to(losses.dtype).view(1))[0], count, n)
+        lam, share = buffers["lam_last"], module._row_shares  # the smoothed share for the warning's message
+        monitor.check_streak(
+            lambda: share(losses.detach().view(rows, n), lam.to(losses.dtype).reshape(-1).expand(rows)).mean(), count, n
+        )
     return value
