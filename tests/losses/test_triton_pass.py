@@ -156,10 +156,20 @@ def profiled_call(module, n: int, monkeypatch):
     return launches, own_aten_ops(events, ("stk_forward", "_RowBackward")), events
 
 
-def test_a_training_step_compiles_without_a_graph_break():
+@pytest.mark.parametrize(
+    ("make", "n"),
+    [
+        (lambda: STk(k=0.5, lam_update="track", kernel="triton"), 64),
+        (lambda: STk(k=0.5, lam_update="solve", kernel="triton"), 64),
+        (lambda: STk(k=0.5, lam_update="solve", kernel="triton"), 5000),
+        (lambda: MATk(k=0.5, lam_update="solve", kernel="triton"), 5000),
+    ],
+    ids=["stk-track", "stk-solve", "stk-solve-long", "matk-solve-long"],
+)
+def test_a_training_step_compiles_without_a_graph_break(make, n):
     model = torch.nn.Linear(8, 1).to(DEVICE)
-    loss = STk(k=0.5, lam_update="track", kernel="triton").to(DEVICE)
-    x = torch.randn(64, 8, device=DEVICE)
+    loss = make().to(DEVICE)
+    x = torch.randn(n, 8, device=DEVICE)
 
     def step(x):
         return loss(model(x).squeeze(1).square())
@@ -169,9 +179,10 @@ def test_a_training_step_compiles_without_a_graph_break():
     assert explained.graph_break_count == 0, explained.break_reasons
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     before = loss.lam_last.clone()
-    value = compiled(2 * x)  # other losses: λ steps
+    value = compiled(2 * x)  # other losses: λ moves
     value.backward()
-    assert torch.isfinite(value) and not torch.equal(loss.lam_last, before)  # λ stepped inside the graph
+    assert torch.isfinite(value) and not torch.equal(loss.lam_last, before)  # λ set inside the graph
+    assert model.weight.grad is not None and torch.isfinite(model.weight.grad).all()
 
 
 def test_kernel_auto_takes_the_launch_only_on_cuda_and_a_missing_triton_is_one_line(monkeypatch):
