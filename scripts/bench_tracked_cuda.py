@@ -1,11 +1,11 @@
 """The tracked call of STk and MATk through its one Triton launch against ``x.mean()`` and ATk (topk) on
 a CUDA device: forward + backward per call, CUDA events, the median of interleaved rounds.
 
-    python scripts/bench_tracked_cuda.py [--sizes 1e3 1e4 …] [--dtype float32 bfloat16] [--out DIR]
+    python scripts/bench_tracked_cuda.py [--sizes 1e3 1e4 …] [--dtype float32 bfloat16] [--rules track solve] [--out DIR]
 
 Writes ``tracked_cuda.{json,md}`` to ``--out`` (default ``results/bench``): per dtype, k and n the time of
-each and its ratio to ``x.mean()``'s. STk and MATk run with ``lam_update="track"`` (their first call,
-which starts λ, is a warm-up call) and ``kernel="triton"``.
+each and its ratio to ``x.mean()``'s. STk and MATk run under each of ``--rules`` (default ``track``; their
+first call, which starts λ, is a warm-up call) with ``kernel="triton"``.
 """
 
 from __future__ import annotations
@@ -30,21 +30,19 @@ def timed(step, x, calls: int) -> float:
     return start.elapsed_time(end) * 1e3 / calls  # µs
 
 
-def steps(k: int):
-    stk = STk(k=k, lam_update="track", kernel="triton").cuda()
-    matk = MATk(k=k, lam_update="track", kernel="triton").cuda()
+def steps(k: int, rules: list[str]):
     atk = ATk(k=k)
 
     def backward(value, x):
         x.grad = None
         value.backward()
 
-    return {
-        "x.mean()": lambda x: backward(x.mean(), x),
-        "ATk (topk)": lambda x: backward(atk(x), x),
-        "STk (track, triton)": lambda x: backward(stk(x), x),
-        "MATk (track, triton)": lambda x: backward(matk(x), x),
-    }
+    functions = {"x.mean()": lambda x: backward(x.mean(), x), "ATk (topk)": lambda x: backward(atk(x), x)}
+    for rule in rules:
+        for loss in (STk, MATk):
+            module = loss(k=k, lam_update=rule, kernel="triton").cuda()
+            functions[f"{loss.__name__} ({rule}, triton)"] = lambda x, module=module: backward(module(x), x)
+    return functions
 
 
 def main(argv=None) -> None:
@@ -52,6 +50,7 @@ def main(argv=None) -> None:
     parser.add_argument("--sizes", type=float, nargs="+", default=[1e3, 1e4, 1e5, 1e6, 1e7, 1e8])
     parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--ks", nargs="+", default=["5", "0.1", "0.9"], help="counts or fractions of n")
+    parser.add_argument("--rules", nargs="+", default=["track"], help="λ rules (track, solve, adaptive)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", default="results/bench")
     args = parser.parse_args(argv)
@@ -62,7 +61,7 @@ def main(argv=None) -> None:
             calls = max(3, min(200, int(2e9 / n / 50)))
             for k_text in args.ks:
                 k = int(k_text) if "." not in k_text else max(1, round(float(k_text) * n))
-                functions = steps(k)
+                functions = steps(k, args.rules)
                 for function in functions.values():  # warm-up: kernels load, λ starts
                     function(x)
                     function(x)
@@ -95,7 +94,7 @@ def main(argv=None) -> None:
     for row in rows:
         cells = " | ".join(f"{row['ratio'][name]:.2f}" for name in names)
         lines.append(f"| {row['dtype']} | {row['n']:.0e} | {row['k']} | {cells} | {row['us']['x.mean()']:.1f} |")
-    config = {"sizes": args.sizes, "dtype": args.dtype, "ks": args.ks, "rounds": args.rounds}
+    config = {"sizes": args.sizes, "dtype": args.dtype, "ks": args.ks, "rules": args.rules, "rounds": args.rounds}
     write_outputs(Path(args.out), "tracked_cuda", {"meta": meta, "rows": rows}, command_line("bench_tracked_cuda.py", argv),
                   config, markdown="\n".join(lines) + "\n")  # fmt: skip
 

@@ -11,7 +11,7 @@
 #   cifar     the ResNet-32 CIFAR-100-LT epoch, the device loader against a DataLoader
 #   peft      bench_peft, batch 128, fp16 and bf16 (channels-last)
 #   multi30k  the Multi30k Average / ATk / STk rows, seed 0, side by side on the GPU
-#   triton    the tracked call's Triton launch: its tests on CUDA, then bench_tracked_cuda (n = 1e3 … 1e8)
+#   triton    the Triton training calls: their tests on CUDA, then bench_tracked_cuda, tracked and solved (n = 1e3 … 1e8)
 # Logs and written results go to a scratch folder, packed into OUT/<stages>.tar.gz.
 set -uo pipefail
 stages="tests | gpu | topk | against | compiled | cifar | peft | multi30k | triton"
@@ -72,7 +72,7 @@ multi30k)
     cp -r results/translation "$out/" 2>/dev/null ;;
 triton)
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/losses/test_triton_pass.py 2>&1 | tee "$out/tests-triton.log" | tail -15
-    timeout 240 python3 scripts/bench_tracked_cuda.py --out "$out" 2>&1 | tee "$out/bench-tracked.log" | tail -40 ;;
+    timeout 300 python3 scripts/bench_tracked_cuda.py --rules track solve --out "$out" 2>&1 | tee "$out/bench-tracked.log" | tail -40 ;;
 *) echo "error: unknown stage $stage ($stages)" >&2; exit 2 ;;
 esac
 done

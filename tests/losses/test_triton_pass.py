@@ -306,3 +306,16 @@ def test_rows_take_one_launch_and_agree_with_the_torch_path(loss, dtype, monkeyp
         state, want_state = fused.monitor._state, plain.monitor._state
         assert state[0] == want_state[0] and state[2] == want_state[2], (state, want_state)
         torch.testing.assert_close(state[1], want_state[1], rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("make", [LOSSES["stk"], SOLVED["stk"], SOLVED["matk"]], ids=["track", "solve", "matk-solve"])
+def test_the_launches_give_the_same_bits_run_to_run(make):
+    """Fixed-order sums and integer tickets only: two modules in one state, the same batches, the same bits
+    (value, gradient, λ, the monitor's sums), over many programs (n = 5000)."""
+    first, _ = started(make(kernel="triton").to(DEVICE), 5000)
+    second = reference(first)
+    second._on_device_pass = True
+    for losses in batches(5000, count=2, seed=8):
+        for got, want in zip(call(first, losses, 0.5), call(second, losses, 0.5)):
+            assert torch.equal(got, want)
+        assert torch.equal(first.lam_last, second.lam_last) and torch.equal(first.monitor._state, second.monitor._state)
