@@ -217,6 +217,97 @@ def test_reproduce_stores_cells_and_a_rerun_skips_them(tmp_path, capsys, hydra_r
         reproduce(reproduce_cfg(tmp_path, preset={"grid": {"k": [1.0, 0.5]}}))
 
 
+def test_a_loss_config_edit_makes_a_stored_cell_not_done(tmp_path):
+    """The members' loss config is in the fingerprint: an edit of configs/loss/stk.yaml that changes a
+    number refuses the stored cell in one line before training; the cell of another loss is still done."""
+    import shutil
+
+    from hydra import initialize_config_dir
+
+    configs = shutil.copytree(CONFIG_DIR, tmp_path / "configs")
+    with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
+        reproduce(reproduce_cfg(tmp_path, config_dir=str(configs)))
+    stk = configs / "loss" / "stk.yaml"
+    for old, new in (("solve_steps: 2", "solve_steps: 1"), ("scale: paper", "scale: atk")):
+        stk.write_text(stk.read_text().replace(old, new, 1))
+        with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
+            assert reproduce(reproduce_cfg(tmp_path, config_dir=str(configs), aggregates="average"))
+            with pytest.raises(TopklabError, match=r"logistic-stk.json was computed with other settings"):
+                reproduce(reproduce_cfg(tmp_path, config_dir=str(configs)))
+
+
+def _restored(tmp_path, cell: Cell, **replay) -> None:
+    """Rewrite a stored cell's replay fields (as if stored under other training source)."""
+    store = CellStore(tmp_path / "results")
+    record = store.load(cell)
+    store.save({**record, "replay": {**record["replay"], **replay}})
+
+
+def test_a_cell_from_other_training_source_is_reused_only_if_its_replay_reproduces(
+    tmp_path, capsys, monkeypatch, hydra_ready
+):
+    import topklab.protocol.reproduce as module
+    from topklab.losses import Logistic
+
+    records = reproduce(reproduce_cfg(tmp_path))
+    stk, average = (Cell("table3", "wisconsin", "logistic", name) for name in ("stk", "average"))
+    assert records[1]["replay"]["code"] == module.code_version() and records[1]["replay"]["steps"] == 4
+    monkeypatch.setattr(module, "code_version", lambda: "0edited0edited000")  # an edit that changes no number
+    assert reproduce(reproduce_cfg(tmp_path)) == records
+    assert "2 of 2 cells already" in capsys.readouterr().out
+
+    _restored(tmp_path, stk, losses="0" * 16)  # a stored replay this source does not reproduce
+    reproduce(reproduce_cfg(tmp_path))
+    out = capsys.readouterr().out
+    assert "1 of 2 cells already" in out
+    assert "retrained, as this training source does not replay them: table3/wisconsin/logistic/stk" in out
+    assert CellStore(tmp_path / "results").load(stk)["replay"]["code"] == "0edited0edited000"
+
+    forward = Logistic.forward
+    monkeypatch.setattr(Logistic, "forward", lambda self, *args: forward(self, *args) * (1 + 2**-20))
+    monkeypatch.setattr(module, "code_version", lambda: "1edited1edited111")  # an edit that changes the numbers
+    reproduce(reproduce_cfg(tmp_path))
+    assert "0 of 2 cells already" in capsys.readouterr().out
+    assert CellStore(tmp_path / "results").load(average)["replay"]["losses"] != records[0]["replay"]["losses"]
+
+
+def test_a_cell_stored_before_the_loss_and_replay_fields_compares_under_their_defaults(tmp_path, capsys, hydra_ready):
+    """A cell stored without ``loss`` in its fingerprint compares under COMMITTED_LOSS (the committed
+    cells' members); without a replay, under other training source it retrains."""
+    from topklab.protocol.cell import COMMITTED_LOSS
+
+    records = reproduce(reproduce_cfg(tmp_path))
+    assert [r["fingerprint"]["loss"] for r in records] == [COMMITTED_LOSS["average"], COMMITTED_LOSS["stk"]]
+    store = CellStore(tmp_path / "results")
+    for record in records:
+        legacy = {k: v for k, v in record.items() if k != "replay"}
+        store.save({**legacy, "fingerprint": {k: v for k, v in record["fingerprint"].items() if k != "loss"}})
+        assert store.is_done(Cell(**record["cell"]), record["fingerprint"])
+    capsys.readouterr()
+    reproduce(reproduce_cfg(tmp_path))
+    assert "0 of 2 cells already" in capsys.readouterr().out and store.load(Cell(**records[1]["cell"]))["replay"]
+
+
+def test_the_committed_cells_compare_as_done_under_the_defaults(hydra_ready):
+    """Every committed cell's fingerprint, the loss at its default, is what its preset and the
+    committed loss configs compose at this commit, and every committed cell holds a replay."""
+    from topklab.protocol.cell import COMMITTED_LOSS
+    from topklab.protocol.store import with_defaults
+
+    for preset in ("quick", "full", "fraction"):
+        protocol = protocol_from(compose_run([f"experiment={ROW}", f"preset={preset}"]).preset)
+        for aggregate, loss in COMMITTED_LOSS.items():
+            composed = compose_run([f"experiment={ROW}", f"loss={aggregate}", f"preset={preset}"]).loss
+            assert OmegaConf.to_container(protocol.members_aggregate(composed), resolve=True) == loss
+    cells = sorted((ROOT / "results" / "tabular").rglob("*.json"))
+    assert len(cells) == 3 * 94
+    for path in cells:
+        stored = json.loads(path.read_text())
+        cell = Cell(**stored["result"]["cell"])
+        assert with_defaults(stored["config"], cell)["loss"] == COMMITTED_LOSS[cell.aggregate], path
+        assert set(stored["result"]["replay"]) == {"code", "steps", "losses"}, path
+
+
 def test_aggregates_filter_is_exact_and_checked(tmp_path, hydra_ready):
     records = reproduce(reproduce_cfg(tmp_path, aggregates="matk"))
     assert [r["cell"]["aggregate"] for r in records] == ["matk"]

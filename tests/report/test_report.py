@@ -8,6 +8,7 @@ import pytest
 
 from helpers import ROOT
 from topklab.protocol import Cell, CellStore
+from topklab.protocol.cell import COMMITTED_LOSS
 from topklab.report import make_result, read_result, read_results, write_result
 from topklab.utils.errors import TopklabError
 
@@ -159,8 +160,9 @@ def test_the_store_resumes_from_converted_cells_and_writes_them_unchanged(tmp_pa
     committed = CellStore(RESULTS / "tabular" / "fraction")
     record = committed.load(cell)
     assert record["preset"] == "fraction" and record["test_mean"] == pytest.approx(11.560693641618496)
-    assert committed.is_done(cell, record["fingerprint"])
-    changed = {**record["fingerprint"], "protocol": {**record["fingerprint"]["protocol"], "max_epochs": 1}}
+    fingerprint = {**record["fingerprint"], "loss": COMMITTED_LOSS["stk"]}  # stored before the loss entered it
+    assert committed.is_done(cell, fingerprint)
+    changed = {**fingerprint, "protocol": {**fingerprint["protocol"], "max_epochs": 1}}
     with pytest.raises(TopklabError, match="computed with other settings"):
         committed.is_done(cell, changed)
     copy = CellStore(tmp_path)

@@ -43,6 +43,31 @@ class Cell:
 
 COMMITTED_COMPILE_MIN_N = 16384  # the committed cells' kernel path: MATk/STk eager below 16,384 losses
 
+_THRESHOLD = {  # MATk's and STk's λ fields as the members ran them (the paper's update, the eager kernel path)
+    "lam_update": "gradient",
+    "lam_lr": None,
+    "lam_momentum": 0.1,
+    "lam_init": "auto",
+    "lam_constraint": "none",
+    "scale": "paper",
+    "kernel": "auto",
+    "compile_min_n": COMMITTED_COMPILE_MIN_N,
+}
+COMMITTED_LOSS = {  # the members' loss config (Protocol.members_aggregate) of cells stored before the fingerprint held it
+    "average": {"_target_": "topklab.losses.Average"},
+    "maximum": {"_target_": "topklab.losses.Maximum"},
+    "atk": {"_target_": "topklab.losses.ATk", "k": 0.9, "method": "topk"},
+    "matk": {"_target_": "topklab.losses.MATk", "k": 0.9, **_THRESHOLD},
+    "stk": {
+        "_target_": "topklab.losses.STk",
+        "k": 0.9,
+        "delta": 0.01,
+        "smoothing": "srelu",
+        "solve_steps": 2,
+        **_THRESHOLD,
+    },
+}
+
 
 @dataclass(frozen=True)
 class Protocol:

@@ -18,8 +18,10 @@ from tqdm import tqdm
 
 from topklab.config import check_one_process_command, compose_run, config_groups
 from topklab.engine.build import build
+from topklab.engine.run_identity import code_version
 from topklab.protocol.cell import Cell, Protocol, run_cell
 from topklab.protocol.grid import Grid
+from topklab.protocol.replay import REPLAY_STEPS, replay
 from topklab.protocol.store import CellStore
 from topklab.utils.errors import TopklabError
 from topklab.utils.provenance import check_cpu_capability, collect
@@ -68,9 +70,40 @@ def as_list(value) -> list | None:
     return [value] if isinstance(value, str) else list(value)
 
 
+def members(cell_cfg: DictConfig, protocol: Protocol) -> tuple:
+    """``(dataset, individual, aggregate)``: fresh modules of a cell as its members train them."""
+    return (
+        build(cell_cfg.dataset, "dataset"),
+        build(cell_cfg.individual, "individual"),
+        build(protocol.members_aggregate(cell_cfg.loss), "loss"),
+    )
+
+
+def replay_record(cell: Cell, cell_cfg: DictConfig, protocol: Protocol, selected: dict) -> dict:
+    """The replay a cell is stored with: this training source's code version and the digest of
+    the selected combination's first steps (:func:`~topklab.protocol.replay.replay`)."""
+    dataset, individual, aggregate = members(cell_cfg, protocol)
+    digest = replay(cell, dataset, individual, protocol, selected, aggregate)
+    return {"code": code_version(), "steps": REPLAY_STEPS, "losses": digest}
+
+
+def replays(stored: dict, cell: Cell, cell_cfg: DictConfig, protocol: Protocol) -> bool:
+    """True if a cell stored with this run's fingerprint holds this run's numbers: stored under this
+    training source, or its stored replay reproduces bit for bit under it (a cell without a replay
+    does not)."""
+    recorded = stored.get("replay")
+    if recorded is None:
+        return False
+    if recorded["code"] == code_version():
+        return True
+    current = replay_record(cell, cell_cfg, protocol, stored["selected"])
+    return (current["steps"], current["losses"]) == (recorded["steps"], recorded["losses"])
+
+
 def reproduce(cfg: DictConfig) -> list[dict]:
-    """Train every cell of the selected rows that the results directory lacks; return all records
-    of the selected rows (stored or new)."""
+    """Train every cell of the selected rows that the results directory lacks, or holds from other
+    training source whose replay this source does not reproduce; return all records of the
+    selected rows (stored or new)."""
     check_cpu_capability(cfg.get("cpu_capability"))
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
@@ -93,6 +126,7 @@ def reproduce(cfg: DictConfig) -> list[dict]:
                 settings = {
                     "dataset": OmegaConf.to_container(cell_cfg.dataset, resolve=False),
                     "individual": OmegaConf.to_container(cell_cfg.individual, resolve=False),
+                    "loss": OmegaConf.to_container(protocol.members_aggregate(cell_cfg.loss), resolve=True),
                 }
                 plan.append((cell, cell_cfg, settings))
 
@@ -106,28 +140,25 @@ def reproduce(cfg: DictConfig) -> list[dict]:
     def fingerprint(cell, settings):
         return {"protocol": protocol.fingerprint(cell.aggregate), **settings}
 
-    todo = [p for p in plan if not store.is_done(p[0], fingerprint(p[0], p[2]))]
+    done = {cell.key for cell, _, settings in plan if store.is_done(cell, fingerprint(cell, settings))}
+    stale = [c.key for c, cell_cfg, _ in plan if c.key in done and not replays(store.load(c), c, cell_cfg, protocol)]
+    todo = [p for p in plan if p[0].key not in done or p[0].key in stale]
     trainings = sum(len(protocol.grid.combos(c.aggregate)) * protocol.n_splits for c, *_ in todo)
     print(
         f"{len(plan) - len(todo)} of {len(plan)} cells already in {store.root}; "
         f"{len(todo)} to train ({trainings} trainings)"
+        + (f"; retrained, as this training source does not replay them: {', '.join(stale)}" if stale else "")
     )
     provenance = collect(cfg.paths.root_dir) if todo else None
     command = cfg.get("command") or " ".join(["python", *sys.argv])
     with tqdm(total=trainings, unit="training", disable=not cfg.progress, smoothing=0.05) as bar:
         for cell, cell_cfg, settings in todo:
             bar.set_description(cell.key)
-            dataset = build(cell_cfg.dataset, "dataset")
-            individual = build(cell_cfg.individual, "individual")
+            dataset, individual, aggregate = members(cell_cfg, protocol)
             record = run_cell(
-                cell,
-                dataset,
-                individual,
-                protocol,
-                settings=settings,
-                on_retire=bar.update,
-                aggregate=build(protocol.members_aggregate(cell_cfg.loss), "loss"),
+                cell, dataset, individual, protocol, settings=settings, on_retire=bar.update, aggregate=aggregate
             )
+            record["replay"] = replay_record(cell, cell_cfg, protocol, record["selected"])
             record["preset"] = cfg.preset.name
             record["command"] = command
             record["provenance"] = provenance

@@ -1,6 +1,7 @@
 """Cells on disk: one result file per cell (the envelope of :mod:`topklab.report.schema`, family
 "tabular"), written atomically, so a killed run loses at most the cell in progress and a rerun skips
-every cell already stored with the same fingerprint.
+every cell already stored with the same fingerprint (and, under other training source, the same
+replay: :mod:`topklab.protocol.replay`).
 
 In memory a cell is the flat record of :func:`topklab.protocol.cell.run_cell` plus ``command``,
 ``provenance`` and ``preset``; on disk its ``fingerprint`` is the envelope's ``config`` and the rest
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from topklab.protocol.cell import Cell
+from topklab.protocol.cell import COMMITTED_LOSS, Cell
 from topklab.report.schema import make_result, read_result, write_result
 from topklab.utils.errors import TopklabError
 
@@ -58,6 +59,18 @@ def canonical(obj) -> str:
     return json.dumps(obj, sort_keys=True)
 
 
+def with_defaults(fingerprint: dict, cell: Cell) -> dict:
+    """A stored fingerprint with the fields it predates at their defaults: ``loss`` (the members'
+    loss config) at :data:`~topklab.protocol.cell.COMMITTED_LOSS`, what the cells stored before it ran.
+
+    Examples
+    --------
+    >>> with_defaults({"protocol": {}}, Cell("table3", "d", "logistic", "average"))["loss"]
+    {'_target_': 'topklab.losses.Average'}
+    """
+    return fingerprint if "loss" in fingerprint else {**fingerprint, "loss": COMMITTED_LOSS[cell.aggregate]}
+
+
 class CellStore:
     """``<root>/<table>/<dataset>/<individual>-<aggregate>.json`` under one preset's directory.
 
@@ -78,12 +91,13 @@ class CellStore:
         return from_result(read_result(path, "tabular")) if path.exists() else None
 
     def is_done(self, cell: Cell, fingerprint: dict) -> bool:
-        """True if ``cell`` is stored with this fingerprint; an error if it is stored with another."""
+        """True if ``cell`` is stored with this fingerprint (:func:`with_defaults`); an error if it
+        is stored with another."""
         record = self.load(cell)
         if record is None:
             return False
         # as JSON text, so that k=1 (one sample) and k=1.0 (the whole batch) differ
-        if canonical(record.get("fingerprint")) != canonical(fingerprint):
+        if canonical(with_defaults(record["fingerprint"], cell)) != canonical(fingerprint):
             raise TopklabError(
                 f"{self.path(cell)} was computed with other settings than this run's; "
                 f"delete it (or use another preset name / results dir) to recompute"
