@@ -140,8 +140,7 @@ def train(
     dist = Distributed.from_env(backend="gloo" if cfg.engine.device == "cpu" else None).init()
     logger = record = None
     try:
-        fingerprint = data_fingerprint(cfg)
-        record, planned = open_record(cfg, run_dir, job_name, overrides, dist, fingerprint)
+        record, fingerprint, planned = open_record(cfg, run_dir, job_name, overrides, dist)
         data, model, objective, task, engine = build_run(cfg)
         module = TrainingModule(model, objective)
         optimizer = build(cfg.optim, "optim")(module.parameter_groups())
@@ -184,23 +183,24 @@ def data_fingerprint(cfg: DictConfig) -> str | None:
 
 
 def open_record(
-    cfg: DictConfig, run_dir, job_name, overrides, dist, fingerprint: str | None
-) -> tuple[RunRecord, tuple[Path, dict] | None]:
-    """The run's record (Hydra's run directory under train.py; silent on ranks other than the main one)
-    and where its result goes and what it is filed as (:func:`plan_result`, on data of ``fingerprint``),
-    with every folder the run will write checked first."""
+    cfg: DictConfig, run_dir, job_name, overrides, dist
+) -> tuple[RunRecord, str | None, tuple[Path, dict] | None]:
+    """The run's record (Hydra's run directory under train.py; silent on ranks other than the main one),
+    the fingerprint of its data (:func:`data_fingerprint`), and where its result goes and what it is
+    filed as (:func:`plan_result`), with every folder the run will write checked first."""
     if not dist.is_main:
-        return SilentRecord(run_dir, job_name), None
+        return SilentRecord(run_dir, job_name), data_fingerprint(cfg), None
     check_writable([(Path(run_dir), "hydra.run.dir")])
     record = RunRecord(run_dir, job_name)
     try:
+        fingerprint = data_fingerprint(cfg)
         planned = plan_result(cfg, overrides, record.run_dir, fingerprint)
         folders = [(Path(cfg.paths.checkpoint_dir), "paths.checkpoint_dir")] if cfg.engine.get("checkpoint") else []
         check_writable([*folders, *([(planned[0].parent, "result_file")] if planned is not None else [])])
     except TopklabError:
         record.discard()
         raise
-    return record, planned
+    return record, fingerprint, planned
 
 
 def run_summary(cfg: DictConfig, data, model, seeds: dict, logger_id, result: dict) -> dict:
