@@ -6,6 +6,7 @@ under another thread count are in test_faults.py."""
 import pytest
 
 import topklab.engine.loop as loop
+from helpers.vision_files import write_fashion_mnist
 from helpers.vision_runs import TINY_FMNIST
 from topklab.engine.run import train
 from topklab.engine.run_identity import check_resumable, code_version
@@ -72,10 +73,31 @@ def test_a_finished_run_is_not_reused_under_other_code_unless_forced(
     assert again["metrics"] == first["metrics"] and [s["from_step"] for s in again["segments"]] == [0, first["steps"]]
 
     identity = loop.segment_identity
-    monkeypatch.setattr(loop, "segment_identity", lambda device: {**identity(device), "code": "0" * 16})
+    monkeypatch.setattr(loop, "segment_identity", lambda device, data: {**identity(device, data), "code": "0" * 16})
     with pytest.raises(
         TopklabError, match=f"code {first['segments'][0]['code']}, this run has 0{{16}}.*engine.resume=force"
     ):
         train(compose_cfg(*overrides), tmp_path / "changed")
     forced = train(compose_cfg(*overrides, "engine.resume=force"), tmp_path / "forced")
     assert [segment["code"] for segment in forced["segments"]] == [first["segments"][0]["code"], "0" * 16]
+
+
+def test_a_run_is_not_resumed_on_other_data_and_a_forced_resume_lists_its_segments(compose_cfg, tmp_path, monkeypatch):
+    """Another ``dataset.root`` is the same run key; a checkpoint of it on other files (the training labels
+    permuted) is refused in one line, and a forced resume records both segments with their step ranges."""
+    monkeypatch.setenv("TOPKLAB_CACHE_DIR", str(tmp_path / "cache"))
+    real = write_fashion_mnist(tmp_path / "real", per_class_train=50, per_class_test=6)
+    shuffled = write_fashion_mnist(tmp_path / "shuffled", per_class_train=50, per_class_test=6, seed=1)
+    overrides = [*TINY_FMNIST, "engine.epochs=1", "loss=stk", "result_file=null"]
+    first = train(compose_cfg(*overrides, f"dataset.root={real}"), tmp_path / "first")
+    with pytest.raises(
+        TopklabError, match=rf"data {first['data_fingerprint']}, this run has \w{{16}} \(other data"
+    ) as error:
+        train(compose_cfg(*overrides, f"dataset.root={shuffled}"), tmp_path / "other")
+    assert "\n" not in str(error.value) and not (tmp_path / "other").exists()
+    forced = train(compose_cfg(*overrides, f"dataset.root={shuffled}", "engine.resume=force"), tmp_path / "forced")
+    steps = first["steps"]
+    assert [(s["data"], s["from_step"], s["to_step"], s.get("forced")) for s in forced["segments"]] == [
+        (first["data_fingerprint"], 0, steps, None),
+        (forced["data_fingerprint"], steps, steps, True),
+    ]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from helpers import ROOT
+from topklab.data.fingerprint import DOCUMENTED_DATA
 from topklab.engine.result_guard import changed_settings, check_replaceable, destination, identity
 from topklab.engine.run import train
 from topklab.utils.errors import TopklabError
@@ -87,7 +88,7 @@ def test_another_thread_count_is_another_identity(tmp_path):
             }
         )
     )
-    mine = identity(torch.device("cpu"))
+    mine = identity(torch.device("cpu"), None)
     with pytest.raises(TopklabError, match=f"threads 64 → {mine['threads']}"):
         check_replaceable(path, {"a": 1}, mine, force=False)
     check_replaceable(path, {"a": 1}, mine, force=True)
@@ -136,13 +137,16 @@ def test_a_kernel_choosing_environment_variable_is_part_of_a_results_identity(va
     accepted as it is and refused, in one line naming the variable, under one of them."""
     path = ROOT / "results" / "vision" / "fmnistlt" / "la_stk" / "seed0.json"
     stored = json.loads(path.read_text())
-    mine = {**identity(torch.device("cpu")), "threads": stored["provenance"]["hardware"]["torch_threads"]}
+    mine = {
+        **identity(torch.device("cpu"), DOCUMENTED_DATA["fmnistlt"]),
+        "threads": stored["provenance"]["hardware"]["torch_threads"],
+    }
     mine["cpu_capability"] = stored["provenance"]["hardware"]["torch_cpu_capability"]
     check_replaceable(path, stored["config"], mine, force=False)
     monkeypatch.setenv(variable, "AVX2")
     with pytest.raises(TopklabError, match=f"environment {{}} → {{'{variable}': 'AVX2'}}") as error:
         check_replaceable(
-            path, stored["config"], {**mine, "environment": identity(torch.device("cpu"))["environment"]}, False
+            path, stored["config"], {**mine, "environment": identity(torch.device("cpu"), None)["environment"]}, False
         )
     assert "\n" not in str(error.value)
 
@@ -150,12 +154,12 @@ def test_a_kernel_choosing_environment_variable_is_part_of_a_results_identity(va
 def test_a_resume_under_another_environment_is_refused_and_an_older_checkpoint_ran_under_none(monkeypatch):
     from topklab.engine.run_identity import check_resumable, segment_identity  # noqa: PLC0415
 
-    current = segment_identity(torch.device("cpu"))
+    current = segment_identity(torch.device("cpu"), None)
     older = {key: value for key, value in current.items() if key != "environment"}  # written before the field
     check_resumable(older, current, "ckpt", force=False)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     with pytest.raises(TopklabError, match="environment {}, this run has {'ONEDNN_MAX_CPU_ISA': 'AVX2'}"):
-        check_resumable(older, segment_identity(torch.device("cpu")), "ckpt", force=False)
+        check_resumable(older, segment_identity(torch.device("cpu"), None), "ckpt", force=False)
 
 
 def test_the_reproducibility_page_lists_every_kernel_choosing_variable():

@@ -172,9 +172,11 @@ class Engine:
     checkpoint : bool, keep a resumable checkpoint under the run key (written each epoch end)
     checkpoint_every : int >= 0, also checkpoint every this many steps (0: at epoch ends only)
     resume : bool or "force", continue from the run key's checkpoint when one exists, provided the code
-        that shapes training and the machine settings that change its numbers (device, threads, CPU
-        kernels, torch) are those it was written with (:mod:`~topklab.engine.run_identity`); "force"
-        resumes under other ones. Each segment of a run is kept in the summary's ``segments``
+        that shapes training, the machine settings that change its numbers (device, threads, CPU
+        kernels, kernel-choosing environment variables, torch) and the data files read are those it was
+        written with (:mod:`~topklab.engine.run_identity`); "force" resumes under other ones. Each
+        segment of a run is kept in the summary's ``segments`` with its step range, ``forced`` where
+        it went on under another identity
     max_steps : int >= 1 or None, stop after this many steps (smoke runs, profiling)
     profiler : dict(enabled, wait, warmup, active), torch.profiler over the first steps; the Chrome
         trace goes to ``<run dir>/profile/trace.json``
@@ -252,8 +254,12 @@ class Engine:
         run_dir: str | Path | None = None,
         logger_id: str | None = None,
         dist: Distributed | None = None,
+        data_fingerprint: str | None = None,
     ) -> dict:
         """Train, select, and score the selected states; returns the run's summary fields.
+
+        ``data_fingerprint`` (:mod:`topklab.data.fingerprint`) joins the checkpoint's record of what
+        wrote it, so a resume on other data files is refused.
 
         ``on_eval`` receives each logged row; the rows are kept in the checkpoint, and a resumed run
         hands all of them to ``replay_logged`` first, so a log rebuilt from them equals an
@@ -267,7 +273,7 @@ class Engine:
         run = TrainingRun(
             self, module, optimizer, data, task, seed, dist or Distributed(), (on_epoch_end, on_eval, replay_logged)
         )
-        run.open(workdir, logger_id)
+        run.open(workdir, logger_id, data_fingerprint)
         run.start(run_dir)
         with run.profiler:
             for epoch in run.remaining_epochs():
@@ -309,7 +315,7 @@ class Engine:
             if hasattr(module.objective.aggregate, "monitor")
             else None,
             "train_seconds": state["train_seconds"],
-            "segments": state["segments"],
+            "segments": step_ranges(state["segments"], state["step"]),
             "device": str(device),
             "amp": self.amp,
             "channels_last": channels_last,
@@ -326,6 +332,23 @@ class Engine:
             },
             "history": state["history"],
         }
+
+
+SEGMENT_PLACE = ("from_step", "to_step", "forced")  # a segment's place in its run, beside its identity
+
+
+def step_ranges(segments: list[dict], last_step: int) -> list[dict]:
+    """Each segment of a run with the step it ended at (``to_step``: where the next one took over, or
+    the run's last step); a segment resumed under another identity (``engine.resume=force``) says
+    ``forced``.
+
+    Examples
+    --------
+    >>> step_ranges([{"code": "a", "from_step": 0}, {"code": "b", "from_step": 40, "forced": True}], 90)
+    [{'code': 'a', 'from_step': 0, 'to_step': 40}, {'code': 'b', 'from_step': 40, 'forced': True, 'to_step': 90}]
+    """
+    ends = [segment["from_step"] for segment in segments[1:]] + [last_step]
+    return [{**segment, "to_step": end} for segment, end in zip(segments, ends, strict=True)]
 
 
 class TrainingRun:
@@ -415,10 +438,10 @@ class TrainingRun:
 
     # -- progress, checkpoint and resume ---------------------------------------------------------
 
-    def open(self, workdir, logger_id: str | None) -> None:
+    def open(self, workdir, logger_id: str | None, data_fingerprint: str | None) -> None:
         """Fresh progress, the trackers and the checkpoint store; resumed from it when asked."""
         engine = self.engine
-        self.identity = segment_identity(self.device)
+        self.identity = segment_identity(self.device, data_fingerprint)
         self.state = {
             "epoch": 0,
             "batch": 0,
@@ -469,12 +492,8 @@ class TrainingRun:
         if lacking:
             raise not_this_run(store.path, f"it is not a training checkpoint of this engine: no {', '.join(lacking)}")
         segments = saved["progress"].get("segments")
-        check_resumable(
-            {k: v for k, v in segments[-1].items() if k != "from_step"} if segments else None,
-            self.identity,
-            store.directory,
-            force=self.engine.resume == "force",
-        )
+        previous = {k: v for k, v in segments[-1].items() if k not in SEGMENT_PLACE} if segments else None
+        check_resumable(previous, self.identity, store.directory, force=self.engine.resume == "force")
         mismatch = state_mismatch(saved["module"], self.module.state_dict())
         if mismatch:  # checked before loading: the model is not left half-loaded
             raise not_this_run(store.path, f"another model wrote it: {mismatch}")
@@ -487,7 +506,8 @@ class TrainingRun:
                 ) from None
         set_rng_state(saved["rng"])
         self.state = state = saved["progress"]
-        state["segments"] = [*(segments or []), {**self.identity, "from_step": state["step"]}]
+        forced = {"forced": True} if previous != self.identity else {}  # resumed under another identity
+        state["segments"] = [*(segments or []), {**self.identity, "from_step": state["step"], **forced}]
         state["logger_id"] = logger_id or state.get("logger_id")
         self._restore_progress(state)
 

@@ -8,8 +8,10 @@ the folder being the family's or a study's (``routing``, ``sparsification``). A 
 with the row's own settings: its command-line overrides may choose the row, the seed, the launcher,
 machine paths and the logger, nothing that changes training. A run on another device type writes
 beside the row, in the table ``<table>_<device>`` (so GPU rows get their own files and tables). A
-stored result with other settings (config, thread count, CPU kernels) is replaced only with
-``force_result=true``, checked before training starts. A ``result_file`` path outside ``results/``
+stored result with other settings (config, thread count, CPU kernels, kernel-choosing environment
+variables, data files) is replaced only with ``force_result=true``, checked before training starts;
+a field the stored result predates compares under its default (:func:`stored_identity`,
+:data:`ADDED_FIELDS`). A ``result_file`` path outside ``results/``
 is the caller's own choice.
 """
 
@@ -21,6 +23,7 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
+from topklab.data.fingerprint import DOCUMENTED_DATA
 from topklab.utils.errors import TopklabError
 from topklab.utils.provenance import numerics_environment
 
@@ -135,28 +138,34 @@ def filed_as(filing: dict | None, asked: Path, task: str | None, device: torch.d
     return {"family": family, "table": f"{table}{suffix}", "row": filing.get("row") or asked.parent.name}
 
 
-def identity(device: torch.device) -> dict:
-    """What besides the config shapes a result: device type, torch's thread count and CPU kernels, and
-    the environment variables that choose kernels or precision
-    (:data:`~topklab.utils.provenance.NUMERICS_ENVIRONMENT`)."""
+def identity(device: torch.device, data: str | None) -> dict:
+    """What besides the config shapes a result: device type, torch's thread count and CPU kernels, the
+    environment variables that choose kernels or precision
+    (:data:`~topklab.utils.provenance.NUMERICS_ENVIRONMENT`) and the fingerprint of the data files
+    read (:mod:`topklab.data.fingerprint`; None for data that names no files)."""
     return {
         "device": device.type,
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else None,
         "environment": numerics_environment(),
+        "data": data,
     }
 
 
 def stored_identity(stored: dict) -> dict:
-    """:func:`identity` of a stored result envelope (from its summary and provenance); a result stored
-    before the environment was recorded ran under none of its variables (the field's default)."""
+    """:func:`identity` of a stored result envelope (from its summary and provenance). A result stored
+    before a field was recorded compares under that field's default: it ran under none of the
+    environment's variables, and on its dataset's documented files
+    (:data:`~topklab.data.fingerprint.DOCUMENTED_DATA`; not compared for another dataset)."""
     hardware = stored.get("provenance", {}).get("hardware", {})
-    device = str(stored.get("result", {}).get("summary", {}).get("device", "cpu")).split(":")[0]
+    summary = stored.get("result", {}).get("summary", {})
+    device = str(summary.get("device", "cpu")).split(":")[0]
     return {
         "device": device,
         "threads": hardware.get("torch_threads"),
         "cpu_capability": hardware.get("torch_cpu_capability") if device == "cpu" else None,
         "environment": hardware.get("numerics_environment") or {},
+        "data": summary.get("data_fingerprint") or DOCUMENTED_DATA.get(summary.get("dataset")),
     }
 
 
@@ -201,7 +210,7 @@ def check_replaceable(path: Path, config: dict, mine: dict, force: bool) -> None
     old, new = (
         {k: v for k, v in c.items() if k not in IGNORED_CONFIG_KEYS} for c in (stored.get("config", {}), config)
     )
-    differences += [f"config {key}" for key in _differing_keys(old, new)][:3]
+    differences += [f"config {key}" for key in differing_keys(old, new)][:3]
     if differences:
         raise TopklabError(
             f"{path} holds a result with other settings ({'; '.join(differences)}); rerun with the stored "
@@ -209,8 +218,30 @@ def check_replaceable(path: Path, config: dict, mine: dict, force: bool) -> None
         )
 
 
-def _differing_keys(old, new, prefix: str = "") -> list[str]:
+ADDED_FIELDS = {  # (class, field) added after results were stored: the value under which the code computes what it did before
+    ("topklab.engine.Engine", "deterministic"): False,  # the kernels torch chose by default
+    ("topklab.operators.SinkhornSort", "tol"): 0,  # every iteration ran
+    ("topklab.operators.SinkhornSort", "unconverged"): "warn",  # a warning changes no number
+}
+
+
+def differing_keys(old, new, prefix: str = "") -> list[str]:
+    """The dotted keys where a stored config ``old`` and this run's ``new`` differ. A field that
+    ``old`` lacks and :data:`ADDED_FIELDS` lists for the class (``_target_``) it configures compares
+    under that entry's value: the stored result ran before the field existed.
+
+    Examples
+    --------
+    >>> differing_keys({"engine": {"_target_": "topklab.engine.Engine", "epochs": 2}},
+    ...                {"engine": {"_target_": "topklab.engine.Engine", "epochs": 3, "deterministic": False}})
+    ['engine.epochs']
+    >>> differing_keys({"engine": {"_target_": "topklab.engine.Engine"}},
+    ...                {"engine": {"_target_": "topklab.engine.Engine", "deterministic": True}})
+    ['engine.deterministic']
+    """
     if isinstance(old, dict) and isinstance(new, dict):
+        target = new.get("_target_")
+        old = {**{k: v for (t, k), v in ADDED_FIELDS.items() if t == target and k in new}, **old}
         keys = sorted(set(old) | set(new))
-        return [d for key in keys for d in _differing_keys(old.get(key), new.get(key), f"{prefix}{key}.")]
+        return [d for key in keys for d in differing_keys(old.get(key), new.get(key), f"{prefix}{key}.")]
     return [] if old == new else [prefix.rstrip(".")]

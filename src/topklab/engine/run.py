@@ -15,6 +15,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from topklab.config import override_root
+from topklab.data.fingerprint import dataset_fingerprint
 from topklab.engine.build import build, build_for_data
 from topklab.engine.checkpoint import CheckpointStore, run_key
 from topklab.engine.distributed import Distributed
@@ -139,7 +140,7 @@ def train(
     dist = Distributed.from_env(backend="gloo" if cfg.engine.device == "cpu" else None).init()
     logger = record = None
     try:
-        record, planned = open_record(cfg, run_dir, job_name, overrides, dist)
+        record, fingerprint, planned = open_record(cfg, run_dir, job_name, overrides, dist)
         data, model, objective, task, engine = build_run(cfg)
         module = TrainingModule(model, objective)
         optimizer = build(cfg.optim, "optim")(module.parameter_groups())
@@ -153,7 +154,8 @@ def train(
         hooks = dict(on_epoch_end=record.add_epoch, on_eval=logger.log, replay_logged=logger.replay)
         with deterministic_algorithms(engine.deterministic), deferred_signals():
             result = engine.fit(module, optimizer, data, task, cfg.seed, **hooks, workdir=workdir,
-                                run_dir=record.run_dir, logger_id=logger.id, dist=dist)  # fmt: skip
+                                run_dir=record.run_dir, logger_id=logger.id, dist=dist,
+                                data_fingerprint=fingerprint)  # fmt: skip
         dist.barrier()  # no rank tears the process group down while another still talks to it (gloo aborts then)
     except NonFiniteLossError as err:
         record.discard(keep=("last_good.pt",))
@@ -167,29 +169,38 @@ def train(
         if logger is not None:
             logger.close()
         dist.close()
-    summary = run_summary(cfg, data, model, seeds, logger.id, result)
+    summary = run_summary(cfg, data, model, seeds, logger.id, {"data_fingerprint": fingerprint, **result})
     record.write_summary(summary)
     if planned is not None:
         write_result(cfg, summary, record, *planned)
     return summary
 
 
-def open_record(cfg: DictConfig, run_dir, job_name, overrides, dist) -> tuple[RunRecord, tuple[Path, dict] | None]:
-    """The run's record (Hydra's run directory under train.py; silent on ranks other than the main one)
-    and where its result goes and what it is filed as (:func:`plan_result`), with every folder the run
-    will write checked first."""
+def data_fingerprint(cfg: DictConfig) -> str | None:
+    """The fingerprint of the files the configured dataset reads (:mod:`topklab.data.fingerprint`;
+    None for a dataset that names none): part of the result's and the checkpoint's identity."""
+    return dataset_fingerprint(build(cfg.dataset, "dataset"))
+
+
+def open_record(
+    cfg: DictConfig, run_dir, job_name, overrides, dist
+) -> tuple[RunRecord, str | None, tuple[Path, dict] | None]:
+    """The run's record (Hydra's run directory under train.py; silent on ranks other than the main one),
+    the fingerprint of its data (:func:`data_fingerprint`), and where its result goes and what it is
+    filed as (:func:`plan_result`), with every folder the run will write checked first."""
     if not dist.is_main:
-        return SilentRecord(run_dir, job_name), None
+        return SilentRecord(run_dir, job_name), data_fingerprint(cfg), None
     check_writable([(Path(run_dir), "hydra.run.dir")])
     record = RunRecord(run_dir, job_name)
     try:
-        planned = plan_result(cfg, overrides, record.run_dir)
+        fingerprint = data_fingerprint(cfg)
+        planned = plan_result(cfg, overrides, record.run_dir, fingerprint)
         folders = [(Path(cfg.paths.checkpoint_dir), "paths.checkpoint_dir")] if cfg.engine.get("checkpoint") else []
         check_writable([*folders, *([(planned[0].parent, "result_file")] if planned is not None else [])])
     except TopklabError:
         record.discard()
         raise
-    return record, planned
+    return record, fingerprint, planned
 
 
 def run_summary(cfg: DictConfig, data, model, seeds: dict, logger_id, result: dict) -> dict:
@@ -205,11 +216,16 @@ def run_summary(cfg: DictConfig, data, model, seeds: dict, logger_id, result: di
     }  # fmt: skip
 
 
-def plan_result(cfg: DictConfig, overrides: list[str] | None, run_dir: Path) -> tuple[Path, dict] | None:
+def plan_result(
+    cfg: DictConfig, overrides: list[str] | None, run_dir: Path, fingerprint: str | None
+) -> tuple[Path, dict] | None:
     """``(path, filing)``: where the result will go (said in one line when not where asked) and the
-    ``{family, table, row}`` it is filed as, checked before training so that a refusal costs nothing.
-    None when the run writes none: ``result_file=null``, or ``auto`` for a run that is no experiment row.
-    ``auto`` asks for the row's own file (:func:`~topklab.engine.result_guard.result_path`)."""
+    ``{family, table, row}`` it is filed as, checked before training so that a refusal costs nothing:
+    a stored result there with other settings, another identity or data of another ``fingerprint``
+    (:func:`data_fingerprint`) is refused. None when the run writes none: ``result_file=null``, or
+    ``auto`` for a run that is no experiment row. ``auto`` asks for the row's own file
+    (:func:`~topklab.engine.result_guard.result_path`). It writes nothing: the guard alone, for a
+    composed config."""
     setting = cfg.get("result_file")
     filing = None if setting is None else row_filing(cfg.get("result"), chosen_experiment(overrides))
     if setting is None or (setting == AUTO and filing is None):
@@ -219,7 +235,7 @@ def plan_result(cfg: DictConfig, overrides: list[str] | None, run_dir: Path) -> 
     path, note = destination(str(asked), cfg.paths.root_dir, overrides, run_dir, device)
     if note:
         print(note)
-    check_replaceable(path, portable_config(cfg), identity(device), bool(cfg.get("force_result")))
+    check_replaceable(path, portable_config(cfg), identity(device, fingerprint), bool(cfg.get("force_result")))
     return path, filed_as(filing, asked, OmegaConf.select(cfg, "dataset.task"), device)
 
 

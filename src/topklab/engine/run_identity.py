@@ -1,5 +1,5 @@
-"""What produced a checkpoint: the code that shapes training and the machine settings that change its
-numbers, kept per segment of a run so that a resume under other ones is refused instead of silent.
+"""What produced a checkpoint: the code that shapes training, the machine settings that change its
+numbers and the data it reads, kept per segment of a run so that a resume under other ones is refused instead of silent.
 
 The code version hashes the source of ``src/topklab`` that shapes training (every module but
 ``report`` (renders stored results), ``bench``, ``loggers``, ``launch`` (sweeps) and ``cli``) and the C++ kernels, over a normalised form:
@@ -72,9 +72,10 @@ def _code_version(root: str) -> str:
 UNRECORDED = {"environment": {}}  # what a checkpoint from before a field was recorded ran under
 
 
-def segment_identity(device: torch.device) -> dict:
-    """The code version and the settings of this process that change a run's numbers."""
-    return {"code": code_version(), **identity(device), "torch": torch.__version__}
+def segment_identity(device: torch.device, data: str | None) -> dict:
+    """The code version, the settings of this process that change a run's numbers, and the
+    fingerprint of the data files the run reads (:mod:`topklab.data.fingerprint`)."""
+    return {"code": code_version(), **identity(device, data), "torch": torch.__version__}
 
 
 def check_resumable(saved: dict | None, current: dict, where: str | Path, force: bool) -> None:
@@ -105,6 +106,8 @@ def check_resumable(saved: dict | None, current: dict, where: str | Path, force:
         detail = f"was written with {'; '.join(differences)}"
         if saved.get("cpu_capability") != current.get("cpu_capability"):
             detail += " (pin the CPU kernels with cpu_capability=avx2 on every command line of a campaign)"
+        if saved.get("data") != current.get("data"):
+            detail += " (other data files: check paths.data_dir and dataset.root)"
     raise TopklabError(
         f"the checkpoint in {where} {detail}; start afresh (engine.resume=false, or another "
         "paths.checkpoint_dir) or resume anyway with engine.resume=force"

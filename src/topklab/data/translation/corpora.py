@@ -165,7 +165,15 @@ class ParallelTextFiles(TranslationCorpus):
     def languages(self) -> list[str]:
         return sorted(p.suffix[1:] for p in self.root.glob(f"{self.files['train']}.*") if p.suffix)
 
-    def read(self):
+    def data_files(self) -> dict[str, Path]:
+        """The text files it reads, ``{<split>.<language>: path}`` (:mod:`topklab.data.fingerprint`)."""
+        self._check_pair()
+        languages = dict.fromkeys((self.source_lang, self.target_lang))
+        return {
+            f"{split}.{lang}": self.root / f"{stem}.{lang}" for split, stem in self.files.items() for lang in languages
+        }
+
+    def _check_pair(self) -> None:
         if not self.root.is_dir():
             raise DataUnavailableError(
                 f"dataset {self.name}: folder {self.root} not found; set dataset.root to the "
@@ -181,6 +189,9 @@ class ParallelTextFiles(TranslationCorpus):
                 f"dataset {self.name}: no {self.files['train']}.{missing[0]} under {self.root}; the language pair "
                 f"{self.pair} is not in this corpus (it has {', '.join(self.languages())})"
             )
+
+    def read(self):
+        self._check_pair()
         text = {}
         for split, stem in self.files.items():
             source, target = read_parallel(

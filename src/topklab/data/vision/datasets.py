@@ -9,7 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
-from topklab.data.vision.files import ensure_cifar100, find_fashion_mnist, read_cifar100_split, read_fashion_mnist_split
+from topklab.data.vision.files import (
+    FASHION_MNIST_FILES,
+    ensure_cifar100,
+    find_fashion_mnist,
+    read_cifar100_split,
+    read_fashion_mnist_split,
+)
 from topklab.data.vision.listed import check_resize
 from topklab.data.vision.loaders import LOADERS
 from topklab.data.vision.longtail import exponential_profile, longtail_indices
@@ -200,6 +206,11 @@ class CIFAR100(ImageDataset):
         super().__init__(root, mean, std, **kwargs)
         self.name = "cifar100" if self.imbalance_ratio is None else "cifar100lt"
 
+    def data_files(self) -> dict[str, Path]:
+        """The pickles it reads (:mod:`topklab.data.fingerprint`), downloaded first when asked and missing."""
+        folder = ensure_cifar100(self.root, self.download)
+        return {split: folder / split for split in ("train", "test")}
+
     def read(self):
         folder = ensure_cifar100(self.root, self.download)
         x_train, y_train = read_cifar100_split(folder / "train")
@@ -225,6 +236,11 @@ class FashionMNIST(ImageDataset):
     def __init__(self, root: str, mean, std, **kwargs):
         super().__init__(root, mean, std, **kwargs)
         self.name = "fmnist" if self.imbalance_ratio is None else "fmnistlt"
+
+    def data_files(self) -> dict[str, Path]:
+        """The four IDX files it reads (:mod:`topklab.data.fingerprint`)."""
+        folder = find_fashion_mnist(fashion_mnist_candidates(self.root))
+        return {name: folder / name for name in FASHION_MNIST_FILES}
 
     def read(self):
         folder = find_fashion_mnist(fashion_mnist_candidates(self.root))

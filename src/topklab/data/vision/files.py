@@ -92,13 +92,14 @@ FASHION_MNIST_HINT = (
 )
 
 
+FASHION_MNIST_FILES = tuple(
+    f"{split}-{kind}.gz" for split in ("train", "t10k") for kind in ("images-idx3-ubyte", "labels-idx1-ubyte")
+)
+
+
 def find_fashion_mnist(candidates: list[Path]) -> Path:
     for folder in candidates:
-        if all(
-            (Path(folder) / f"{split}-{kind}.gz").is_file()
-            for split in ("train", "t10k")
-            for kind in ("images-idx3-ubyte", "labels-idx1-ubyte")
-        ):
+        if all((Path(folder) / name).is_file() for name in FASHION_MNIST_FILES):
             return Path(folder)
     raise DataUnavailableError(f"Fashion-MNIST not found in {', '.join(map(str, candidates))}; {FASHION_MNIST_HINT}")
 
