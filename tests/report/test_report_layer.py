@@ -152,3 +152,28 @@ def test_the_routing_table_shows_the_worst_seed_and_marks_a_row_that_did_not_hol
         "‡ Capacity not held: these seeds' routed layers processed a share of the test tokens outside [0.8c, 1.2c]: "
         "STk threshold, c = 0.125: seed 1 layer 1 0.170, seed 1 layer 3 0.098." in routing
     )
+
+
+def test_sampled_threshold_rows_are_named_for_the_rule_their_selector_ran(tmp_path):
+    results = tmp_path / "results"
+    for row, adaptation, stored in (
+        ("sampled_threshold_1pct", "bracketed", "sampled threshold (DGC's rule), 1 %"),
+        ("sampled_threshold_dgc_1pct", "dgc", "sampled threshold, DGC's ×1.3 / ×0.8 rule, 1 %"),
+    ):
+        write_result(
+            results / "sparsification" / "fmnistlt" / row / "seed0.json",
+            run_result(
+                "vision",
+                "fmnistlt",
+                row,
+                stored,
+                {"top1": 41.5, "top5": 85.0},
+                {"top1": 43.0},
+                [{"sent_fraction": 0.01, "selection_s": 0.004}],
+                {"engine": {"gradient_exchange": {"selector": {"adaptation": adaptation}}}},
+            ),
+        )
+    table = render_layer_tables(results)["gradient_sparsification.md"]
+    assert "| sampled threshold, bracketed to k (exact top-k in effect), 1 % | 1.000 |" in table
+    assert "| sampled threshold, DGC's ×1.3 / ×0.8 rule, 1 % | 1.000 |" in table
+    assert "(DGC's rule)" not in table

@@ -17,6 +17,13 @@ from topklab.report.schema import code_versions
 ROUTED_ROWS = [
     f"{router}_{c}" for router in ("top_k", "threshold_p", "stk_threshold") for c in ("c0125", "c025", "c05")
 ]
+# what a sampled-threshold row runs, by its selector's adaptation (configs/gradient_exchange/sampled_threshold.yaml)
+SAMPLED_RULES = {
+    "bracketed": "sampled threshold, bracketed to k (exact top-k in effect)",
+    "dgc": "sampled threshold, DGC's ×1.3 / ×0.8 rule",
+}
+# a selector's name as the benchmark stored it before it was named for its rule (results/bench/sparsification_cpu.json)
+BENCH_SELECTORS = {"sampled threshold (DGC's rule)": "sampled threshold, bracketed to k"}
 CAPACITY_BAND = (0.8, 1.2)  # a routed layer holds capacity c when its test share lies in [0.8c, 1.2c]
 
 
@@ -213,16 +220,32 @@ def render_routing(results: list[dict], bench: dict | None, configs: Path | None
     return "\n".join(lines) + "\n"
 
 
+def _sparsification_label(result: dict) -> str:
+    """A row's label, a sampled-threshold row's named for the rule its selector ran (:data:`SAMPLED_RULES`).
+
+    Examples
+    --------
+    >>> selector = {"engine": {"gradient_exchange": {"selector": {"adaptation": "bracketed"}}}}
+    >>> _sparsification_label({"config": selector, "result": {"label": "sampled threshold (DGC's rule), 1 %"}})
+    'sampled threshold, bracketed to k (exact top-k in effect), 1 %'
+    """
+    exchange = (result["config"].get("engine") or {}).get("gradient_exchange") or {}
+    rule = SAMPLED_RULES.get((exchange.get("selector") or {}).get("adaptation"))
+    label = result["result"]["label"]
+    return f"{rule}, {label.rsplit(', ', 1)[-1]}" if rule else label
+
+
 def render_sparsification(results: list[dict], bench: dict | None, configs: Path | None = None) -> str:
     """Markdown of ``results/tables/gradient_sparsification.md``.
 
     Examples
     --------
-    >>> render_sparsification([], None).splitlines()[0]
-    "# Top-k gradient sparsification with error feedback: exact top-k, sampled threshold (DGC's rule), STk threshold"
+    >>> render_sparsification([], None).splitlines()[0][:75]
+    '# Top-k gradient sparsification with error feedback: exact top-k, sampled t'
     """
     lines = _header(
-        "Top-k gradient sparsification with error feedback: exact top-k, sampled threshold (DGC's rule), STk threshold",
+        "Top-k gradient sparsification with error feedback: exact top-k, sampled threshold (bracketed to k; DGC's "
+        "×1.3 / ×0.8 rule), STk threshold",
         "make reproduce-sparsification",
         results,
         _expected_rows("sparsification", configs),
@@ -232,15 +255,19 @@ def render_sparsification(results: list[dict], bench: dict | None, configs: Path
         "ResNet-32 on fmnistlt (the fmnistlt recipe: 20 epochs, SGD with momentum, batch 128) on 4 simulated",
         "workers of 32 images; each worker sends the given share of its residual per step, error feedback keeps",
         "the rest. *Sent*: the mean share a worker actually sent; *selection*: mean time per worker message",
-        "inside the run. Test top-1 / top-5 (%) at the epoch with the best balanced-validation top-1. Only DGC's",
-        "selection rule is used: no momentum correction, factor masking, local clipping or warm-up, and one",
-        "selection over all parameters (not per tensor).",
+        "inside the run. Test top-1 / top-5 (%) at the epoch with the best balanced-validation top-1. Of DGC only",
+        "the sampled threshold is used: no momentum correction, factor masking, local clipping or warm-up, and one",
+        "selection over all parameters (not per tensor). *Bracketed to k*: the threshold bisected until at least",
+        "k entries pass, trimmed to k, so it sends exactly k and trains as exact top-k; *DGC's ×1.3 / ×0.8 rule*:",
+        "the reference's adaptation, which can stop below k and then sends fewer.",
         "",
         "| row | sent (%) | selection, ms | val top-1 | test top-1 (mean ± sample std, seeds) | test top-5 | train time, s |",
         "|---|---|---|---|---|---|---|",
     ]
     order = ["dense_1worker", "dense"] + [
-        f"{s}_{p}" for p in ("1pct", "01pct") for s in ("exact_topk", "sampled_threshold", "stk_threshold")
+        f"{s}_{p}"
+        for p in ("1pct", "01pct")
+        for s in ("exact_topk", "sampled_threshold", "sampled_threshold_dgc", "stk_threshold")
     ]
     by_row = _by_row(results)
     for row in [r for r in order if r in by_row] + sorted(set(by_row) - set(order)):
@@ -250,7 +277,7 @@ def render_sparsification(results: list[dict], bench: dict | None, configs: Path
         selection = [h["selection_s"] for h in history if h.get("selection_s") is not None]
         mean = statistics.mean
         lines.append(
-            f"| {by_row[row][0]['result']['label']} | {_fmt(mean(sent) if sent else None, 3, 100)} "
+            f"| {_sparsification_label(by_row[row][0])} | {_fmt(mean(sent) if sent else None, 3, 100)} "
             f"| {_fmt(mean(selection) if selection else None, 2, 1e3)} "
             f"| {mean(s['metrics']['val']['top1'] for s in summaries):.2f} "
             f"| {_spread([s['metrics']['test']['top1'] for s in summaries])} "
@@ -276,7 +303,8 @@ def render_sparsification(results: list[dict], bench: dict | None, configs: Path
         for row in bench["result"]["rows"]:
             spread = row.get("sent_over_k_p5_p95")
             lines.append(
-                f"| {row['n']:,} | {row['ratio']:.1%} | {row['selector']} | {row['seconds'] * 1e3:.2f} "
+                f"| {row['n']:,} | {row['ratio']:.1%} | {BENCH_SELECTORS.get(row['selector'], row['selector'])} "
+                f"| {row['seconds'] * 1e3:.2f} "
                 f"| {row['vs_topk']:.2f} | {_fmt(row.get('vs_floor'), 1)} | {_fmt(row.get('ns_per_element'), 2)} "
                 f"| {row.get('passes', '—')} | {_fmt(row['count_over_k'], 3)} "
                 f"| {'—' if spread is None else f'{spread[0]:.3f}–{spread[1]:.3f}'} | {_fmt(row['recall'], 3)} |"
@@ -339,7 +367,7 @@ def plot_sparsification(bench: dict, path: Path) -> None:
             points = sorted(
                 (r["n"], r["seconds"] * 1e3) for r in rows if r["ratio"] == ratio and r["selector"] == selector
             )
-            axis.plot(*zip(*points), marker="o", label=selector)
+            axis.plot(*zip(*points), marker="o", label=BENCH_SELECTORS.get(selector, selector))
         axis.set_xscale("log")
         axis.set_yscale("log")
         axis.set_title(f"keep {ratio:.1%}")
