@@ -391,3 +391,32 @@ def test_the_tables_name_rows_not_stk_and_rows_partly_tracked_from_the_stored_fl
     cells = {row: band_cell([r["result"]["summary"] for r in runs]) for row, runs in rows.items()}
     assert cells == {"a": "0.30 ± 0.30 (flagged)", "b": "0.60 (all steps, partly tracked)", "c": "0.95"}
     assert flag_lines({"c": rows["c"]}, labels) == []
+
+
+def test_the_translation_table_marks_resumed_runs_with_their_segments():
+    import copy
+
+    from topklab.report.translation import render_translation_table
+
+    def load(row, seed):
+        return json.loads((ROOT / "results" / "translation" / "multi30k" / row / f"seed{seed}.json").read_text())
+
+    whole, split = load("average", 0), copy.deepcopy(load("average", 1))
+    identity = {"device": "cpu", "cpu_capability": "AVX512", "threads": 1}
+    split["result"]["summary"]["segments"] = [
+        {**identity, "from_step": 0},
+        {**identity, "cpu_capability": "AVX2", "from_step": 540},
+    ]
+    once = copy.deepcopy(load("average", 2))
+    once["result"]["summary"]["segments"] = [{**identity, "from_step": 0}]  # one segment: not resumed
+    text = render_translation_table("multi30k", {"average": [whole, split, once]})
+    assert "| 37.64, 38.50 §, 38.55 |" in text and text.count("§") == 2
+    assert (
+        "§ Resumed runs: Average seed 1: segments from step 0 (device cpu, cpu_capability AVX512, threads 1); "
+        "from step 540 (device cpu, cpu_capability AVX2, threads 1)." in text
+    )
+    assert "§" not in render_translation_table("multi30k", {"average": [whole, once]})
+    unrecorded = render_translation_table("multi30k", {"atk": [load("atk", 1), load("atk", 2)]})
+    assert "| 37.80, 38.56 § |" in unrecorded
+    assert "ATk seed 2: restarted twice, resumed from its epoch-2 checkpoint" in unrecorded
+    assert "its provenance records CPU capability AVX2, no earlier segment's." in unrecorded
