@@ -144,8 +144,9 @@ reproduce-fmnistlt: setup data
 	OMP_NUM_THREADS=1 $(PY) train.py -m 'experiment=glob(fmnistlt/*)' seed=0,1,2,3,4 hydra/launcher=joblib hydra.launcher.n_jobs=2
 
 # STk as a layer, gradient sparsification: ResNet-32 on fmnistlt with 4 simulated workers, dense and each
-# selector (exact top-k, DGC's sampled threshold, the STk threshold) at 1 % and 0.1 %, plus dense on 1 worker
-# (8 runs of 20 epochs, two jobs of one thread at a time, about 20 min), into results/sparsification/fmnistlt/<row>/seed<k>.json.
+# selector (exact top-k, the sampled threshold bracketed to k and under DGC's own ×1.3 / ×0.8 rule, the STk threshold)
+# at 1 % and 0.1 %, plus dense on 1 worker
+# (10 rows x 3 seeds of 20 epochs, two jobs of one thread at a time), into results/sparsification/fmnistlt/<row>/seed<k>.json.
 SPARSIFICATION_SEEDS ?= 0,1,2
 reproduce-sparsification: setup data
 	OMP_NUM_THREADS=1 $(PY) train.py -m 'experiment=glob(sparsification/*)' seed=$(SPARSIFICATION_SEEDS) hydra/launcher=joblib hydra.launcher.n_jobs=2

@@ -21,7 +21,7 @@ def test_sparsification_benchmark_times_every_selector_and_checks_what_it_sent(t
     rows = result["result"]["rows"]
     assert [r["selector"] for r in rows] == [
         "exact top-k",
-        "sampled threshold (DGC's rule)",
+        "sampled threshold, bracketed to k",
         "STk threshold, cold",
         "STk threshold, warm",
         "STk threshold (native), cold",

@@ -29,3 +29,18 @@ def test_the_readme_counts_the_marked_cells_from_the_band_rows():
     assert f"mark with † the {marked} MATk/STk cells" in readme and f"({not_stk} of them below half" in readme
     tables = "".join((ROOT / "results" / "tables" / f"table{t}.md").read_text() for t in (3, 4, 6))
     assert tables.count(" † |") == marked
+
+
+def test_the_readme_counts_table_2s_marked_columns_from_the_band_rows():
+    stored = json.loads((ROOT / "results" / "bench" / "lambda_band_cpu.json").read_text())
+    shares = {
+        r["row"].removeprefix("table2: "): r["in_band"]
+        for r in stored["result"]["rows"]
+        if r["family"] == "synthetic" and r["in_band"] is not None
+    }
+    marked = [name for name, v in shares.items() if v < 0.9]
+    not_stk = [name for name, v in shares.items() if v < 0.5]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"Table 2 its {len(marked)} such columns ({len(not_stk)} of them below half: {', '.join(not_stk)})" in readme
+    header = (ROOT / "results" / "tables" / "table2.md").read_text().split("\n| | ", 1)[1].split("\n", 1)[0]
+    assert [c.removesuffix(" †") for c in header.rstrip(" |").split(" | ") if c.endswith(" †")] == marked

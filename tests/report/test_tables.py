@@ -310,6 +310,46 @@ def test_tables_1_and_2_beside_the_paper():
     )
 
 
+def test_table_2_marks_the_columns_whose_lambda_left_the_band():
+    import yaml
+
+    from topklab.report.synthetic import column_band, render_table2
+
+    paper = yaml.safe_load((ROOT / "results/paper/stk_neurips2024.yaml").read_text())
+    names = ["Average", "MATk", "STk (SReLU)"]
+    columns = {n: {"test_acc": [70.0, 80.0], "paraf1": [0.5, 0.5], "seconds_single": [1.0], "k": 0.5} for n in names}
+    config = {
+        "task": {"covariance": "printed"},
+        "trainer": {"l1": 0.01, "lam_init": "auto"},
+        "k_grid": [0.5],
+        "support_tol": 0.01,
+        "time_repeats": 1,
+    }
+    table2 = make_result(
+        "synthetic",
+        "table2",
+        {"columns": columns, "order": names, "bayes_accuracy_balanced_test": 96.4},
+        "y",
+        config,
+        {},
+    )
+    band = {
+        "result": {
+            "rows": [
+                {"family": "synthetic", "row": "table2: MATk", "in_band": 0.95},
+                {"family": "synthetic", "row": "table2: STk (SReLU)", "in_band": 0.3},
+                {"family": "tabular", "row": "table3/x/logistic-stk.json", "in_band": 0.1},
+            ]
+        }
+    }
+    text = render_table2(table2, paper, column_band(band, "table2"))
+    assert "| | Average | MATk | STk (SReLU) † |" in text
+    assert "† λ in band on fewer than 90% of the steps when repeat 0 at the column's selected k is retrained" in text
+    assert text.count("†") == 2 and "STk (SReLU) 0.30 (not STk)." in text and "MATk 0.95" not in text
+    unmarked = render_table2(table2, paper, column_band(band, "table2_intended"))  # the band file is Table 2's
+    assert "†" not in unmarked and "| | Average | MATk | STk (SReLU) |" in unmarked
+
+
 def test_dirty_results_are_refused_unless_allowed_and_then_marked(results, capsys):
     path = results / "tabular" / "fake" / "table3" / "australian" / "logistic-stk.json"
     envelope = json.loads(path.read_text())
@@ -351,3 +391,32 @@ def test_the_tables_name_rows_not_stk_and_rows_partly_tracked_from_the_stored_fl
     cells = {row: band_cell([r["result"]["summary"] for r in runs]) for row, runs in rows.items()}
     assert cells == {"a": "0.30 ± 0.30 (flagged)", "b": "0.60 (all steps, partly tracked)", "c": "0.95"}
     assert flag_lines({"c": rows["c"]}, labels) == []
+
+
+def test_the_translation_table_marks_resumed_runs_with_their_segments():
+    import copy
+
+    from topklab.report.translation import render_translation_table
+
+    def load(row, seed):
+        return json.loads((ROOT / "results" / "translation" / "multi30k" / row / f"seed{seed}.json").read_text())
+
+    whole, split = load("average", 0), copy.deepcopy(load("average", 1))
+    identity = {"device": "cpu", "cpu_capability": "AVX512", "threads": 1}
+    split["result"]["summary"]["segments"] = [
+        {**identity, "from_step": 0},
+        {**identity, "cpu_capability": "AVX2", "from_step": 540},
+    ]
+    once = copy.deepcopy(load("average", 2))
+    once["result"]["summary"]["segments"] = [{**identity, "from_step": 0}]  # one segment: not resumed
+    text = render_translation_table("multi30k", {"average": [whole, split, once]})
+    assert "| 37.64, 38.50 §, 38.55 |" in text and text.count("§") == 2
+    assert (
+        "§ Resumed runs: Average seed 1: segments from step 0 (device cpu, cpu_capability AVX512, threads 1); "
+        "from step 540 (device cpu, cpu_capability AVX2, threads 1)." in text
+    )
+    assert "§" not in render_translation_table("multi30k", {"average": [whole, once]})
+    unrecorded = render_translation_table("multi30k", {"atk": [load("atk", 1), load("atk", 2)]})
+    assert "| 37.80, 38.56 § |" in unrecorded
+    assert "ATk seed 2: restarted twice, resumed from its epoch-2 checkpoint" in unrecorded
+    assert "its provenance records CPU capability AVX2, no earlier segment's." in unrecorded

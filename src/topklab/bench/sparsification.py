@@ -5,8 +5,8 @@
 
 For each P and keep ratio (k = ⌈ratio·P⌉) on gradient-like magnitudes (|N(0, 1)|·exp(N(0, 1)), a
 heavy tail), the selectors of ``configs/gradient_exchange/`` at their defaults are timed in turn
-(interleaved, one warm-up call excluded, the median of ``--repeats``): ``torch.topk``, DGC's sampled
-threshold, and the STk threshold twice: cold (no previous λ) and warm (λ from the same vector before a
+(interleaved, one warm-up call excluded, the median of ``--repeats``): ``torch.topk``, the sampled
+threshold (its default adaptation, bracketed to exactly k), and the STk threshold twice: cold (no previous λ) and warm (λ from the same vector before a
 1 % multiplicative perturbation, as between training steps), each with its Newton sums as torch
 operations (the selector's default, ``kernel=eager``) and in one C++ pass (``kernel=native``), and
 ``x.abs().sum()``, one read of the
@@ -71,7 +71,7 @@ def measure(n: int, ratio: float, repeats: int, device) -> list[dict]:
 
     selectors = {
         "exact top-k": lambda: ExactTopK()(values, k),
-        "sampled threshold (DGC's rule)": lambda: SampledThreshold(seed=0)(values, k),
+        "sampled threshold, bracketed to k": lambda: SampledThreshold(seed=0)(values, k),
         **{
             f"STk threshold{label}, {state}": (
                 partial(cold_stk, kernel) if state == "cold" else partial(warm[kernel], values, k)

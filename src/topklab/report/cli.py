@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import yaml
 from topklab.report.experiments import render_index
 from topklab.report.layer import plot_routing, plot_sparsification, render_routing, render_sparsification
 from topklab.report.schema import dirty_result_files, read_result, read_results
-from topklab.report.synthetic import render_table1, render_table2
+from topklab.report.synthetic import column_band, render_table1, render_table2
 from topklab.report.tabular import band_of, render_tabular
 from topklab.report.translation import render_translation
 from topklab.report.vision import render_vision
@@ -45,24 +44,18 @@ class Source:
     producer: str
 
 
-SINGLE_TABLES: dict[str, tuple[Source, Callable[[dict, dict], str]]] = {
-    "table1.md": (Source("bench/table1.json", "bench", "scripts/table1_topk_time.py"), render_table1),
-    "table2.md": (Source("synthetic/table2.json", "synthetic", "scripts/reproduce_synthetic.py"), render_table2),
-    "table2_intended.md": (
-        Source(
-            "synthetic/table2_intended.json",
-            "synthetic",
-            "scripts/reproduce_synthetic.py experiments=[table2] task.covariance=intended suffix=_intended",
-        ),
-        render_table2,
+TABLE1 = Source("bench/table1.json", "bench", "scripts/table1_topk_time.py")
+TABLE2S = {
+    "table2.md": Source("synthetic/table2.json", "synthetic", "scripts/reproduce_synthetic.py"),
+    "table2_intended.md": Source(
+        "synthetic/table2_intended.json",
+        "synthetic",
+        "scripts/reproduce_synthetic.py experiments=[table2] task.covariance=intended suffix=_intended",
     ),
-    "table2_scale_atk.md": (
-        Source(
-            "synthetic/table2_scale_atk.json",
-            "synthetic",
-            "scripts/reproduce_synthetic.py experiments=[table2,figure4] scale=atk suffix=_scale_atk",
-        ),
-        render_table2,
+    "table2_scale_atk.md": Source(
+        "synthetic/table2_scale_atk.json",
+        "synthetic",
+        "scripts/reproduce_synthetic.py experiments=[table2,figure4] scale=atk suffix=_scale_atk",
     ),
 }
 LAYER_BENCH = {
@@ -90,7 +83,8 @@ def _optional(results: Path, source: Source, what: str) -> dict | None:
     return read_result(path, source.family)
 
 
-BAND = Source("bench/lambda_band_cpu.json", "bench", "scripts/lambda_band.py")  # λ in band per full-preset cell
+# λ in band per full-preset cell and Table 2 column
+BAND = Source("bench/lambda_band_cpu.json", "bench", "scripts/lambda_band.py")
 
 
 def render_tables(results: Path, preset: str | None = None, allow_dirty: bool = False) -> dict[str, str]:
@@ -120,6 +114,7 @@ def render_tables(results: Path, preset: str | None = None, allow_dirty: bool = 
     stored = (
         sorted(p.name for p in (results / "tabular").iterdir() if p.is_dir()) if (results / "tabular").is_dir() else []
     )
+    band = _optional(results, BAND, "λ band")
     rendered = {}
     for name in [preset] if preset else stored:
         cells = read_results(results / "tabular" / name, "tabular")
@@ -128,13 +123,16 @@ def render_tables(results: Path, preset: str | None = None, allow_dirty: bool = 
                 f"no cells under {results / 'tabular' / name}; run `make reproduce-tabular PRESET={name}` "
                 "first (or pick another --preset)"
             )
-        rendered.update(render_tabular(name, paper, cells, band_of(_optional(results, BAND, "λ band"), name)))
+        rendered.update(render_tabular(name, paper, cells, band_of(band, name)))
     if not rendered:
         raise TopklabError(f"no cells under {results / 'tabular'}; run `make reproduce-tabular` first")
-    for name, (source, render) in SINGLE_TABLES.items():
+    table1 = _optional(results, TABLE1, "table1.md")
+    if table1 is not None:
+        rendered["table1.md"] = render_table1(table1, paper)
+    for name, source in TABLE2S.items():
         result = _optional(results, source, name)
         if result is not None:
-            rendered[name] = render(result, paper)
+            rendered[name] = render_table2(result, paper, column_band(band, Path(source.path).stem))
     papers = [yaml.safe_load(p.read_text()) for p in sorted((results / "paper").glob("*.yaml"))]
     rendered.update(render_vision(read_results(results / "vision", "vision"), papers))
     rendered.update(render_translation(read_results(results / "translation", "translation"), papers))

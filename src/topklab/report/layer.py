@@ -17,6 +17,14 @@ from topklab.report.schema import code_versions
 ROUTED_ROWS = [
     f"{router}_{c}" for router in ("top_k", "threshold_p", "stk_threshold") for c in ("c0125", "c025", "c05")
 ]
+# what a sampled-threshold row runs, by its selector's adaptation (configs/gradient_exchange/sampled_threshold.yaml)
+SAMPLED_RULES = {
+    "bracketed": "sampled threshold, bracketed to k (exact top-k in effect)",
+    "dgc": "sampled threshold, DGC's ×1.3 / ×0.8 rule",
+}
+# a selector's name as the benchmark stored it before it was named for its rule (results/bench/sparsification_cpu.json)
+BENCH_SELECTORS = {"sampled threshold (DGC's rule)": "sampled threshold, bracketed to k"}
+CAPACITY_BAND = (0.8, 1.2)  # a routed layer holds capacity c when its test share lies in [0.8c, 1.2c]
 
 
 def _expected_rows(group: str, configs: Path | None) -> list[str]:
@@ -76,6 +84,65 @@ def _per_layer(summaries: list[dict], split: str) -> str:
     return " / ".join(f"{statistics.mean(column):.3f}" for column in zip(*layers))
 
 
+def _capacity(result: dict) -> float | None:
+    """The share c of tokens a row's router targets: its ``capacity``, or 1 − p for threshold-p (None: dense)."""
+    router = (result["config"].get("model") or {}).get("router") or {}
+    if "capacity" in router:
+        return router["capacity"]
+    return 1 - router["probability"] if "probability" in router else None
+
+
+def _test_shares(result: dict) -> list[tuple[int, int, float]]:
+    """``(seed, layer, share)`` for each routed layer's test share of one run (layers by their index in
+    the model: ``model.routed_layers``, by default every other one from the second)."""
+    shares = result["result"]["summary"]["metrics"]["test"].get("routed_fraction_per_layer") or []
+    model = result["config"].get("model") or {}
+    layers = model.get("routed_layers") or list(range(1, model.get("layers", 0), 2))
+    if len(layers) != len(shares):
+        layers = list(range(1, len(shares) + 1))
+    return [(result["config"].get("seed", 0), layer, share) for layer, share in zip(layers, shares)]
+
+
+def capacity_check(runs: list[dict]) -> tuple[tuple[int, int, float] | None, list[tuple[int, int, float]], int]:
+    """For one row's runs: the per-seed, per-layer test share farthest from c (relative to c), those
+    outside ``CAPACITY_BAND`` · c, and how many there are in all; ``(None, [], n)`` for a row without c.
+
+    Examples
+    --------
+    >>> run = {"config": {"seed": 1, "model": {"layers": 4, "router": {"capacity": 0.25}}},
+    ...        "result": {"summary": {"metrics": {"test": {"routed_fraction_per_layer": [0.19, 0.26]}}}}}
+    >>> capacity_check([run])
+    ((1, 1, 0.19), [(1, 1, 0.19)], 2)
+    """
+    shares = [share for run in runs for share in _test_shares(run)]
+    c = _capacity(runs[0])
+    if c is None or not shares:
+        return None, [], len(shares)
+    low, high = (factor * c for factor in CAPACITY_BAND)
+    worst = max(shares, key=lambda s: abs(s[2] / c - 1))
+    return worst, [s for s in shares if not low <= s[2] <= high], len(shares)
+
+
+def _capacity_footnote(flagged: dict[str, tuple[list[tuple[int, int, float]], int]]) -> list[str]:
+    """The ‡ footnote: per flagged row, which seed's layer routed a test share outside [0.8c, 1.2c]."""
+    if not flagged:
+        return []
+    named = []
+    for label, (outside, total) in flagged.items():
+        values = [share for _, _, share in outside]
+        named.append(
+            f"{label}: all {total} ({min(values):.3f}–{max(values):.3f})"
+            if len(outside) == total
+            else f"{label}: {', '.join(f'seed {seed} layer {layer} {share:.3f}' for seed, layer, share in outside)}"
+        )
+    low, high = CAPACITY_BAND
+    return [
+        "",
+        f"‡ Capacity not held: these seeds' routed layers processed a share of the test tokens outside "
+        f"[{low}c, {high}c]: {'; '.join(named)}.",
+    ]
+
+
 def render_routing(results: list[dict], bench: dict | None, configs: Path | None = None) -> str:
     """Markdown of ``results/tables/routing.md``.
 
@@ -101,11 +168,12 @@ def render_routing(results: list[dict], bench: dict | None, configs: Path | None
         "side-by-side benchmark below.",
         "",
         "*Routed per layer*: the share of real tokens layers 1 / 3 processed in training (the last epoch, in",
-        "training mode) and on test; the target is c.",
+        "training mode) and on test, means over seeds; the target is c (threshold-p: 1 − p). *Worst seed*: the",
+        "one seed's one layer whose test share is farthest from c; ‡: some seed's layer outside [0.8c, 1.2c].",
         "",
-        "| row | causal | routed (test) | routed per layer, train | routed per layer, test | val ppl | test ppl "
-        "| Δ test ppl vs dense | step (run), s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| row | causal | routed (test) | routed per layer, train | routed per layer, test | worst seed, test "
+        "| val ppl | test ppl | Δ test ppl vs dense | step (run), s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     by_row = _by_row(results)
     mean = statistics.mean
@@ -115,17 +183,24 @@ def render_routing(results: list[dict], bench: dict | None, configs: Path | None
 
     dense_ppl = mean(test_ppl("dense")) if "dense" in by_row else None
     order = ["dense", *ROUTED_ROWS]
+    flagged = {}
     for row in [r for r in order if r in by_row] + sorted(set(by_row) - set(order)):
         summaries = [r["result"]["summary"] for r in by_row[row]]
         routed = [s["metrics"]["test"].get("routed_fraction") for s in summaries]
         routed_cell = "1 (dense)" if None in routed else f"{mean(routed):.3f}"
         delta = "—" if row == "dense" or dense_ppl is None else f"{mean(test_ppl(row)) - dense_ppl:.2f}"
+        label = by_row[row][0]["result"]["label"]
+        worst, outside, total = capacity_check(by_row[row])
+        if outside:
+            flagged[label] = (outside, total)
         lines.append(
-            f"| {by_row[row][0]['result']['label']} | {'yes' if _causal(by_row[row][0]) else 'no'} | {routed_cell} "
+            f"| {label}{' ‡' if outside else ''} | {'yes' if _causal(by_row[row][0]) else 'no'} | {routed_cell} "
             f"| {_per_layer(summaries, 'train')} | {_per_layer(summaries, 'test')} "
+            f"| {'—' if worst is None else f'{worst[2]:.3f} (seed {worst[0]}, layer {worst[1]})'} "
             f"| {mean(s['metrics']['val']['perplexity'] for s in summaries):.2f} | {_spread(test_ppl(row))} "
             f"| {delta} | {mean(s['cost']['step_time_s'] for s in summaries):.3f} |"
         )
+    lines += _capacity_footnote(flagged)
     if bench is not None:
         lines += [
             "",
@@ -145,16 +220,32 @@ def render_routing(results: list[dict], bench: dict | None, configs: Path | None
     return "\n".join(lines) + "\n"
 
 
+def _sparsification_label(result: dict) -> str:
+    """A row's label, a sampled-threshold row's named for the rule its selector ran (:data:`SAMPLED_RULES`).
+
+    Examples
+    --------
+    >>> selector = {"engine": {"gradient_exchange": {"selector": {"adaptation": "bracketed"}}}}
+    >>> _sparsification_label({"config": selector, "result": {"label": "sampled threshold (DGC's rule), 1 %"}})
+    'sampled threshold, bracketed to k (exact top-k in effect), 1 %'
+    """
+    exchange = (result["config"].get("engine") or {}).get("gradient_exchange") or {}
+    rule = SAMPLED_RULES.get((exchange.get("selector") or {}).get("adaptation"))
+    label = result["result"]["label"]
+    return f"{rule}, {label.rsplit(', ', 1)[-1]}" if rule else label
+
+
 def render_sparsification(results: list[dict], bench: dict | None, configs: Path | None = None) -> str:
     """Markdown of ``results/tables/gradient_sparsification.md``.
 
     Examples
     --------
-    >>> render_sparsification([], None).splitlines()[0]
-    "# Top-k gradient sparsification with error feedback: exact top-k, sampled threshold (DGC's rule), STk threshold"
+    >>> render_sparsification([], None).splitlines()[0][:75]
+    '# Top-k gradient sparsification with error feedback: exact top-k, sampled t'
     """
     lines = _header(
-        "Top-k gradient sparsification with error feedback: exact top-k, sampled threshold (DGC's rule), STk threshold",
+        "Top-k gradient sparsification with error feedback: exact top-k, sampled threshold (bracketed to k; DGC's "
+        "×1.3 / ×0.8 rule), STk threshold",
         "make reproduce-sparsification",
         results,
         _expected_rows("sparsification", configs),
@@ -164,15 +255,19 @@ def render_sparsification(results: list[dict], bench: dict | None, configs: Path
         "ResNet-32 on fmnistlt (the fmnistlt recipe: 20 epochs, SGD with momentum, batch 128) on 4 simulated",
         "workers of 32 images; each worker sends the given share of its residual per step, error feedback keeps",
         "the rest. *Sent*: the mean share a worker actually sent; *selection*: mean time per worker message",
-        "inside the run. Test top-1 / top-5 (%) at the epoch with the best balanced-validation top-1. Only DGC's",
-        "selection rule is used: no momentum correction, factor masking, local clipping or warm-up, and one",
-        "selection over all parameters (not per tensor).",
+        "inside the run. Test top-1 / top-5 (%) at the epoch with the best balanced-validation top-1. Of DGC only",
+        "the sampled threshold is used: no momentum correction, factor masking, local clipping or warm-up, and one",
+        "selection over all parameters (not per tensor). *Bracketed to k*: the threshold bisected until at least",
+        "k entries pass, trimmed to k, so it sends exactly k and trains as exact top-k; *DGC's ×1.3 / ×0.8 rule*:",
+        "the reference's adaptation, which can stop below k and then sends fewer.",
         "",
         "| row | sent (%) | selection, ms | val top-1 | test top-1 (mean ± sample std, seeds) | test top-5 | train time, s |",
         "|---|---|---|---|---|---|---|",
     ]
     order = ["dense_1worker", "dense"] + [
-        f"{s}_{p}" for p in ("1pct", "01pct") for s in ("exact_topk", "sampled_threshold", "stk_threshold")
+        f"{s}_{p}"
+        for p in ("1pct", "01pct")
+        for s in ("exact_topk", "sampled_threshold", "sampled_threshold_dgc", "stk_threshold")
     ]
     by_row = _by_row(results)
     for row in [r for r in order if r in by_row] + sorted(set(by_row) - set(order)):
@@ -182,7 +277,7 @@ def render_sparsification(results: list[dict], bench: dict | None, configs: Path
         selection = [h["selection_s"] for h in history if h.get("selection_s") is not None]
         mean = statistics.mean
         lines.append(
-            f"| {by_row[row][0]['result']['label']} | {_fmt(mean(sent) if sent else None, 3, 100)} "
+            f"| {_sparsification_label(by_row[row][0])} | {_fmt(mean(sent) if sent else None, 3, 100)} "
             f"| {_fmt(mean(selection) if selection else None, 2, 1e3)} "
             f"| {mean(s['metrics']['val']['top1'] for s in summaries):.2f} "
             f"| {_spread([s['metrics']['test']['top1'] for s in summaries])} "
@@ -208,7 +303,8 @@ def render_sparsification(results: list[dict], bench: dict | None, configs: Path
         for row in bench["result"]["rows"]:
             spread = row.get("sent_over_k_p5_p95")
             lines.append(
-                f"| {row['n']:,} | {row['ratio']:.1%} | {row['selector']} | {row['seconds'] * 1e3:.2f} "
+                f"| {row['n']:,} | {row['ratio']:.1%} | {BENCH_SELECTORS.get(row['selector'], row['selector'])} "
+                f"| {row['seconds'] * 1e3:.2f} "
                 f"| {row['vs_topk']:.2f} | {_fmt(row.get('vs_floor'), 1)} | {_fmt(row.get('ns_per_element'), 2)} "
                 f"| {row.get('passes', '—')} | {_fmt(row['count_over_k'], 3)} "
                 f"| {'—' if spread is None else f'{spread[0]:.3f}–{spread[1]:.3f}'} | {_fmt(row['recall'], 3)} |"
@@ -271,7 +367,7 @@ def plot_sparsification(bench: dict, path: Path) -> None:
             points = sorted(
                 (r["n"], r["seconds"] * 1e3) for r in rows if r["ratio"] == ratio and r["selector"] == selector
             )
-            axis.plot(*zip(*points), marker="o", label=selector)
+            axis.plot(*zip(*points), marker="o", label=BENCH_SELECTORS.get(selector, selector))
         axis.set_xscale("log")
         axis.set_yscale("log")
         axis.set_title(f"keep {ratio:.1%}")

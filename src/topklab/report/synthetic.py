@@ -7,6 +7,7 @@ import statistics
 
 from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
+from topklab.report.tabular import band_note, below_band
 
 # what each Table 1 row is, by the "origin" the bench script records per algorithm
 TABLE1_ORIGINS = {"paper": "paper's algorithm", "ours": "ours", "reference": "reference"}
@@ -76,7 +77,7 @@ def render_table1(result: dict, paper: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_table2(result: dict, paper: dict) -> str:
+def render_table2(result: dict, paper: dict, band: dict | None = None) -> str:
     """Markdown of Table 2 (accuracy, ParaF1, time on the Gaussian task) from its synthetic result.
 
     Parameters
@@ -85,6 +86,7 @@ def render_table2(result: dict, paper: dict) -> str:
         ``order``, ``columns[name] = {test_acc, paraf1, seconds_single, k}``,
         ``bayes_accuracy_balanced_test``)
     paper : ``results/paper/stk_neurips2024.yaml`` loaded
+    band : λ in band per column (:func:`column_band`); a column below 0.9 is marked † and named under the table
 
     Examples
     --------
@@ -119,7 +121,12 @@ def render_table2(result: dict, paper: dict) -> str:
             f"differ, so by the paper's definition a model that drops a coordinate the Bayes rule uses scores "
             f"higher: its claim does not hold for its own Σ. Both are shown."
         )
-    lines += ["", "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    band = band or {}
+    lines += [
+        "",
+        "| | " + " | ".join(n + (" †" if below_band(band.get(n)) else "") for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
 
     def row(label, key, values_of, fmt, median: bool = True):
         present = [n for n in names if values_of(columns[n]) is not None]
@@ -174,12 +181,35 @@ def render_table2(result: dict, paper: dict) -> str:
             + " | ".join(str(sum(s <= 200 for s in columns[n]["best_step"])) for n in names)
             + " |"
         )
+    footnote = band_note({n: band.get(n) for n in names}, "repeat 0 at the column's selected k")
+    if footnote:
+        lines += ["", footnote]
     lines += [
         "",
         "Accuracy and ParaF1 are bimodal over repeats for some columns (a repeat that stops early keeps a "
         "near-initial model): read the medians, quartiles and the step rows beside the means.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def column_band(stored: dict | None, table: str) -> dict[str, float | None]:
+    """``{column: λ in band}`` of the Table 2 result ``synthetic/<table>.json`` from the stored
+    ``results/bench/lambda_band_cpu.json`` (its synthetic rows are named ``<table>: <column>``); none for
+    another table or without the file.
+
+    Examples
+    --------
+    >>> stored = {"result": {"rows": [{"family": "synthetic", "row": "table2: MATk", "in_band": 1.0}]}}
+    >>> column_band(stored, "table2"), column_band(stored, "table2_intended")
+    ({'MATk': 1.0}, {})
+    """
+    rows = (stored or {}).get("result", {}).get("rows", [])
+    prefix = f"{table}: "
+    return {
+        r["row"].removeprefix(prefix): r["in_band"]
+        for r in rows
+        if r.get("family") == "synthetic" and r["row"].startswith(prefix)
+    }
 
 
 def _span(indices: list[int]) -> str:

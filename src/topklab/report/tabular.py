@@ -141,28 +141,49 @@ def build_lines(table: str, paper: dict, results: list[dict], band: dict | None 
     return lines
 
 
+def below_band(share: float | None) -> bool:
+    """Whether a MATk/STk cell's λ was in band on fewer than :data:`PARTLY_BELOW` of its steps (None: k = n,
+    or no record)."""
+    return share is not None and share < PARTLY_BELOW
+
+
 def band_mark(line: Line) -> str:
     """ " †" on a MATk/STk line whose λ was in band on fewer than :data:`PARTLY_BELOW` of its steps."""
-    return " †" if line.in_band is not None and line.in_band < PARTLY_BELOW else ""
+    return " †" if below_band(line.in_band) else ""
 
 
 def _tex_mark(line: Line) -> str:
     return r"$^\dagger$" if band_mark(line) else ""
 
 
-def band_footnote(lines: list[Line]) -> str | None:
-    """The footnote naming the marked lines (:func:`band_mark`) with their shares, or None."""
-    marked = [line for line in lines if band_mark(line)]
+def band_note(shares: dict[str, float | None], retrained: str) -> str | None:
+    """The † footnote naming every entry of ``{name: λ in band}`` below :data:`PARTLY_BELOW` with its share
+    (below :data:`FLAG_BELOW`: "not STk"), or None when none is; ``retrained``: what the band file retrained.
+
+    Examples
+    --------
+    >>> band_note({"a": 0.95, "b": 0.6, "c": 0.1}, "repeat 0")[-30:]
+    'so): b 0.60, c 0.10 (not STk).'
+    >>> band_note({"a": 0.95, "k = n": None}, "repeat 0") is None
+    True
+    """
+    marked = {name: share for name, share in shares.items() if below_band(share)}
     if not marked:
         return None
     named = ", ".join(
-        f"{line.dataset} {line.individual} {AGGREGATE_NAMES[line.aggregate]} {line.in_band:.2f}"
-        + (" (not STk)" if line.in_band < FLAG_BELOW else "")
-        for line in marked
+        f"{name} {share:.2f}" + (" (not STk)" if share < FLAG_BELOW else "") for name, share in marked.items()
     )
     return (
-        f"† λ in band on fewer than {PARTLY_BELOW:.0%} of the steps when split 0's selected setting is retrained "
+        f"† λ in band on fewer than {PARTLY_BELOW:.0%} of the steps when {retrained} is retrained "
         f"(`results/bench/lambda_band_cpu.md`; below {FLAG_BELOW:.0%}: the row is not STk, only named so): {named}."
+    )
+
+
+def band_footnote(lines: list[Line]) -> str | None:
+    """The footnote naming the marked lines (:func:`band_mark`) with their shares, or None."""
+    return band_note(
+        {f"{line.dataset} {line.individual} {AGGREGATE_NAMES[line.aggregate]}": line.in_band for line in lines},
+        "split 0's selected setting",
     )
 
 
