@@ -12,6 +12,7 @@ from topklab.data.fingerprint import DOCUMENTED_DATA
 from topklab.engine.result_guard import changed_settings, check_replaceable, destination, identity
 from topklab.engine.run import train
 from topklab.utils.errors import TopklabError
+from topklab.utils.provenance import NUMERICS_ENVIRONMENT
 
 
 def test_only_row_seed_launcher_paths_and_logger_keep_a_row_s_settings():
@@ -131,7 +132,7 @@ def test_every_make_reproduce_target_keeps_the_row_s_settings():
         assert changed_settings(overrides) == [], line
 
 
-@pytest.mark.parametrize("variable", ["ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_CBWR"])
+@pytest.mark.parametrize("variable", sorted(NUMERICS_ENVIRONMENT))
 def test_a_kernel_choosing_environment_variable_is_part_of_a_results_identity(variable, monkeypatch):
     """A committed result (stored before the environment was recorded: under none of its variables) is
     accepted as it is and refused, in one line naming the variable, under one of them."""
@@ -163,7 +164,5 @@ def test_a_resume_under_another_environment_is_refused_and_an_older_checkpoint_r
 
 
 def test_the_reproducibility_page_lists_every_kernel_choosing_variable():
-    from topklab.utils.provenance import NUMERICS_ENVIRONMENT  # noqa: PLC0415
-
     page = (ROOT / "docs" / "reproducibility.md").read_text()
     assert [name for name in NUMERICS_ENVIRONMENT if f"| `{name}` |" not in page] == []

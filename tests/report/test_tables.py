@@ -420,3 +420,27 @@ def test_the_translation_table_marks_resumed_runs_with_their_segments():
     assert "| 37.80, 38.56 § |" in unrecorded
     assert "ATk seed 2: restarted twice, resumed from its epoch-2 checkpoint" in unrecorded
     assert "its provenance records CPU capability AVX2, no earlier segment's." in unrecorded
+
+
+def test_a_vision_table_marks_a_resumed_run_with_its_segments():
+    import copy
+
+    from topklab.report.vision import render_vision_table
+
+    def load(seed):
+        return json.loads((ROOT / "results" / "vision" / "fmnistlt" / "la" / f"seed{seed}.json").read_text())
+
+    identity = {"device": "cpu", "cpu_capability": "AVX512", "threads": 1, "data": "abc"}
+    split = copy.deepcopy(load(1))
+    split["result"]["summary"]["segments"] = [
+        {**identity, "from_step": 0, "to_step": 100},
+        {**identity, "from_step": 100, "to_step": 200, "forced": True, "threads": 2},
+    ]
+    text = render_vision_table("fmnistlt", {"la": [load(0), split, load(2)]})
+    assert text.count("§") == 2, text
+    assert (
+        "§ Resumed runs: " in text
+        and "seed 1: segments from step 0" in text
+        and "threads 2, data abc, forced True" in text
+    )
+    assert "§" not in render_vision_table("fmnistlt", {"la": [load(0), load(1), load(2)]})

@@ -7,6 +7,7 @@ translation table by its ``translation_table`` field in ``results/paper/*.yaml``
 from __future__ import annotations
 
 from topklab.losses.aggregate.lambda_monitor import ALL_STEPS
+from topklab.report.resumed import resumed, resumed_footnote
 from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
 from topklab.report.tracking import band_cell, flag_lines
@@ -21,13 +22,6 @@ DIAGNOSTICS = (
     ("hard_share", "hard share > λ"),
     ("lam_minus_kth", "λ − ℓ_[k]"),
 )  # summary["lambda_tracking"], last epoch
-# runs resumed before a result recorded its segments, as their run records say: (experiment, seed, commit) → how
-RESUMED_UNRECORDED = {
-    ("multi30k/atk", 2, "89409505e3"): "restarted twice, resumed from its epoch-2 checkpoint (docs/translation.md)",
-    ("multi30k/stk_paper_update", 2, "89409505e3"): (
-        "restarted twice, resumed from its epoch-2 checkpoint (docs/translation.md)"
-    ),
-}
 
 
 def _cell(values, digits: int = 2) -> str:
@@ -40,66 +34,11 @@ def _cell(values, digits: int = 2) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def segments(result: dict) -> list[dict]:
-    """The training segments a result records (a resumed run has more than one): the payload's ``segments``
-    or its summary's; none for a result stored before they were recorded."""
-    return result["result"].get("segments") or result["result"]["summary"].get("segments") or []
-
-
-def resumed(result: dict) -> str | None:
-    """How a run was resumed: its segments (each from its first step, under its identity), or what its
-    run records say for a run stored before segments were recorded (:data:`RESUMED_UNRECORDED`); None
-    for a run trained in one go.
-
-    Examples
-    --------
-    >>> segment = {"device": "cpu", "cpu_capability": "AVX512", "threads": 1}
-    >>> run = {"config": {"seed": 0}, "experiment": "multi30k/stk", "provenance": {"git": {"sha": "abc"}},
-    ...        "result": {"summary": {"segments": [{**segment, "from_step": 0}, {**segment, "from_step": 540}]}}}
-    >>> resumed(run)
-    'segments from steps 0, 540 under one identity (device cpu, cpu_capability AVX512, threads 1)'
-    """
-    parts = segments(result)
-    if len(parts) > 1:
-        identities = [{k: v for k, v in part.items() if k != "from_step"} for part in parts]
-        steps = ", ".join(str(part["from_step"]) for part in parts)
-        if all(identity == identities[0] for identity in identities):
-            return f"segments from steps {steps} under one identity ({_identity(identities[0])})"
-        return "segments " + "; ".join(
-            f"from step {part['from_step']} ({_identity(identity)})" for part, identity in zip(parts, identities)
-        )
-    if parts:
-        return None
-    key = (result["experiment"], result["config"]["seed"], result["provenance"]["git"].get("sha", "")[:10])
-    if key not in RESUMED_UNRECORDED:
-        return None
-    capability = result["provenance"].get("hardware", {}).get("torch_cpu_capability")
-    return (
-        f"{RESUMED_UNRECORDED[key]}; stored before a result recorded its segments: its provenance records CPU "
-        f"capability {capability}, no earlier segment's"
-    )
-
-
-def _identity(identity: dict) -> str:
-    return ", ".join(f"{key} {value}" for key, value in identity.items())
-
-
 def _seeds(results: list[dict]) -> str:
     """Each seed's test sacreBLEU, § after a resumed run's."""
     return ", ".join(
         f"{r['result']['summary']['metrics']['test']['bleu']:.2f}" + (" §" if resumed(r) else "") for r in results
     )
-
-
-def _resumed_footnote(present, rows, labels) -> list[str]:
-    """The § footnote: each resumed run and how (:func:`resumed`)."""
-    named = [
-        f"{labels[row]} seed {r['config']['seed']}: {how}"
-        for row in present
-        for r in sorted(rows[row], key=lambda r: r["config"]["seed"])
-        if (how := resumed(r))
-    ]
-    return ["", f"§ Resumed runs: {'; '.join(named)}."] if named else []
 
 
 def _per_epoch(summaries: list[dict], key: str) -> list[float | None]:
@@ -207,7 +146,7 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
         if has_paper:
             cells.append(f"{published[row]['bleu']:.2f}" if row in published else "—")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += _resumed_footnote(present, rows, labels)
+    lines += resumed_footnote(present, rows, labels)
     lines += flag_lines({row: rows[row] for row in present}, labels)
     lines += _tracking_section(present, rows, labels) + _paired_section(present, rows, labels)
     curves = {row: [r["result"]["summary"] for r in rows[row]] for row in present}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 
+from topklab.report.resumed import resumed, resumed_footnote, seed_of
 from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
 from topklab.report.tracking import band_cell, flag_lines
@@ -150,7 +151,8 @@ def per_seed_table(
     present: list[str], rows: dict[str, list[dict]], labels: dict[str, str], most: int = 10
 ) -> list[str]:
     """Markdown lines of each row's top-1 seed by seed, with its median and range: the distribution
-    behind mean ± std, which on a chaotic set can be bimodal; nothing when no row has two seeds or
+    behind mean ± std, which on a chaotic set can be bimodal, § after a resumed run's (named in a
+    footnote, :func:`~topklab.report.resumed.resumed_footnote`); nothing when no row has two seeds or
     the runs span more than ``most`` seeds.
 
     Examples
@@ -160,10 +162,6 @@ def per_seed_table(
     >>> print(per_seed_table(["a"], {"a": [run(0, 60.0), run(1, 70.0), run(2, 61.0)]}, {"a": "A"})[-1])
     | A | 60.00 | 70.00 | 61.00 | 61.00 | 60.00–70.00 |
     """
-
-    def seed_of(run: dict):
-        return run["provenance"].get("seeds", {}).get("seed")
-
     seeds = sorted({seed_of(r) for row in present for r in rows[row]}, key=lambda s: (s is None, s))
     if max(len(rows[row]) for row in present) < 2 or len(seeds) > most:
         return []
@@ -176,13 +174,14 @@ def per_seed_table(
     ]
     for row in present:
         by_seed = {seed_of(r): selected_test(r["result"]["summary"], "top1") for r in rows[row]}
+        marks = {seed_of(r): " §" for r in rows[row] if resumed(r)}
         values = sorted(v for v in by_seed.values() if v is not None)
         lines.append(
             f"| {labels[row]} | "
-            + " | ".join("—" if by_seed.get(s) is None else f"{by_seed[s]:.2f}" for s in seeds)
+            + " | ".join("—" if by_seed.get(s) is None else f"{by_seed[s]:.2f}{marks.get(s, '')}" for s in seeds)
             + (f" | {statistics.median(values):.2f} | {values[0]:.2f}–{values[-1]:.2f} |" if values else " | — | — |")
         )
-    return lines
+    return lines + resumed_footnote(present, rows, labels)
 
 
 def render_pending_table(name: str, paper: dict) -> str:

@@ -149,6 +149,7 @@ NUMERICS_ENVIRONMENT = {  # variables that choose CPU or GPU kernels or their pr
     "MKL_CBWR": "MKL: conditional numerical reproducibility (the code branch its kernels take)",
     "MKL_ENABLE_INSTRUCTIONS": "MKL: the highest instruction set its kernels use",
     "MKL_DEBUG_CPU_TYPE": "MKL (older releases): the CPU type its kernels are chosen for",
+    "KMP_DETERMINISTIC_REDUCTION": "Intel OpenMP: reductions in a fixed order (the order of a parallel sum)",
     "NVIDIA_TF32_OVERRIDE": "CUDA libraries (cuBLAS, cuDNN): TF32 off (0) whatever the framework asks",
     "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "torch: TF32 in cuBLAS matrix products",
 }  # CUBLAS_WORKSPACE_CONFIG is left out: engine.deterministic sets it in the process (utils/seed.py), the config decides
