@@ -438,8 +438,9 @@ class TrainingRun:
 
     # -- progress, checkpoint and resume ---------------------------------------------------------
 
-    def open(self, workdir, logger_id: str | None, data_fingerprint: str | None) -> None:
-        """Fresh progress, the trackers and the checkpoint store; resumed from it when asked."""
+    def open(self, workdir, logger_id: str | None, data_fingerprint: str | None = None) -> None:
+        """Fresh progress, the trackers and the checkpoint store; resumed from it when asked. ``data_fingerprint``:
+        the data the run reads (:func:`~topklab.engine.run.data_fingerprint`; None: files not named), in its identity."""
         engine = self.engine
         self.identity = segment_identity(self.device, data_fingerprint)
         self.state = {

@@ -45,10 +45,25 @@ def available() -> bool:
 @cache
 def kernels():
     """The kernels (:mod:`~topklab.losses.aggregate.triton_kernels`) by name, imported on first use."""
-    from topklab.losses.aggregate import triton_kernels  # noqa: PLC0415
+    from topklab.losses.aggregate.triton_kernels import (  # noqa: PLC0415
+        relu_value_kernel,
+        scale_kernel,
+        select_pass_kernel,
+        solve_pass_kernel,
+        solved_row_kernel,
+        threshold_gradient_kernel,
+        tracked_row_kernel,
+    )
 
-    names = ("tracked_row", "scale", "solved_row", "solve_pass", "select_pass", "relu_value", "threshold_gradient")
-    return {name: getattr(triton_kernels, f"{name}_kernel") for name in names}
+    return {
+        "tracked_row": tracked_row_kernel,
+        "scale": scale_kernel,
+        "solved_row": solved_row_kernel,
+        "solve_pass": solve_pass_kernel,
+        "select_pass": select_pass_kernel,
+        "relu_value": relu_value_kernel,
+        "threshold_gradient": threshold_gradient_kernel,
+    }
 
 
 def launch_shape(n: int, rows: int = 1) -> tuple[int, int]:
