@@ -1,4 +1,4 @@
-"""Which temperatures are scale-free and which are in score units (issue 31 item 6), for every
+"""Which temperatures are scale-free and which are in score units, for every
 configured operator (``configs/operator/*.yaml``) on seeded float64 scores (batch 4, n = 12, k = 3).
 
 For c in {0.1, 10} and p = ``soft_topk(scores, k)`` at the config's temperature T:
