@@ -5,12 +5,14 @@ in 150 lines; docs/layout.md gives every top-level folder and every package of s
 
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from helpers import ROOT
 
 DOCS = ROOT / "docs"
+SELF = Path(__file__).resolve()  # holds the examples the pattern must catch
 MAX_PAGE_LINES = 150
 
 # A word for a working period or a work item, then a number: "session 23", "Session 28's",
@@ -37,7 +39,7 @@ def test_no_prose_or_comment_names_a_numbered_working_period():
     found = []
     for name in tracked_files():
         path = ROOT / name
-        if path.suffix in DATA_SUFFIXES or not path.is_file():
+        if path.suffix in DATA_SUFFIXES or not path.is_file() or path == SELF:
             continue
         try:
             text = path.read_text(encoding="utf-8")
@@ -63,3 +65,37 @@ def test_every_page_fits_in_150_lines():
         if (n := len(p.read_text().splitlines())) > MAX_PAGE_LINES
     }
     assert not long, f"split these pages into sub-pages of at most {MAX_PAGE_LINES} lines: {long}"
+
+
+def layout_block() -> str:
+    text = (DOCS / "layout.md").read_text(encoding="utf-8")
+    return text.split("```\n", 2)[1]  # the page's first block: the tree
+
+
+def test_every_top_level_folder_has_its_line_in_the_layout():
+    folders = sorted({name.split("/", 1)[0] for name in tracked_files() if "/" in name})
+    block = layout_block()
+    missing = [f for f in folders if not re.search(rf"^{re.escape(f)}/\S*\s", block, re.MULTILINE)]
+    assert not missing, f"docs/layout.md's tree has no line starting with {missing}"
+
+
+def test_every_package_of_topklab_has_its_line_in_the_layout():
+    src = ROOT / "src" / "topklab"
+    packages = sorted(p.name for p in src.iterdir() if (p / "__init__.py").is_file())
+    block = layout_block()
+    missing = [p for p in packages if not re.search(rf"^\s+{re.escape(p)}/\s", block, re.MULTILINE)]
+    assert not missing, f"docs/layout.md's tree has no line for src/topklab/{missing}"
+
+
+def experiment_groups() -> list[str]:
+    """Each folder of configs/experiment/ holding row yamls: stk/table3, fmnistlt, ..."""
+    root = ROOT / "configs" / "experiment"
+    return sorted({str(p.parent.relative_to(root)) for p in root.rglob("*.yaml")})
+
+
+def test_results_at_a_glance_lists_every_row_group_and_table():
+    page = (DOCS / "results.md").read_text(encoding="utf-8")
+    groups = [g for g in experiment_groups() if f"`{g}/`" not in page and f"{g}/" not in page]
+    tables = [t.name for t in sorted((ROOT / "results" / "tables").glob("*.md")) if t.name not in page]
+    assert not groups, f"docs/results.md names no row of the experiment groups {groups}"
+    assert not tables, f"docs/results.md does not list results/tables/{tables}"
