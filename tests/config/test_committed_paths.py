@@ -1,5 +1,5 @@
 """The rows with committed results keep composing the loss they ran: a default that moves (here MATk/STk's
-``compile_min_n``, the library's C++ kernel at every n on a CPU since session 25) must not move them."""
+``compile_min_n``, the library's C++ kernel at every n on a CPU) must not move them."""
 
 import json
 import re

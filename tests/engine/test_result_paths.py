@@ -1,4 +1,4 @@
-"""Where an experiment row's result goes (issue 30, item 2): no row yaml names a file; a row's group
+"""Where an experiment row's result goes: no row yaml names a file; a row's group
 says what the result is (``result.family``, ``result.table``, a study's ``result.folder``), the row is
 its yaml stem unless it sets ``result.row``, and :func:`~topklab.engine.result_guard.result_path`
 derives ``results/<folder>/<table>/<row>/seed<k>.json``; a tabular row's cells lie in

@@ -1,5 +1,5 @@
 """Models whose loss is STk, MATk or a top-k cross-entropy over a sorting network, under
-``torch.compile(model, fullgraph=True)`` with dynamo's default configuration (issue 31): no
+``torch.compile(model, fullgraph=True)`` with dynamo's default configuration: no
 ``capture_scalar_outputs``, no ``torch.compiler.disable`` around the loss. The default tier checks
 with ``torch._dynamo.explain`` that the forward (with DiffSortNet's hand-written backward, which
 dynamo traces with it) is captured as one graph without a break; the slow tier trains 10 SGD steps

@@ -1,4 +1,4 @@
-"""The library installs on its own (issue 31 item 1): the wheel built from pyproject.toml and
+"""The library installs on its own: the wheel built from pyproject.toml and
 setup.py requires torch and numpy only and carries its C++ kernels compiled; in a fresh venv that
 holds nothing else (torch, numpy and torch's own runtime dependencies, linked offline from this
 project's .venv; no download) the README's library example and a top-k operator run with no Hydra,

@@ -1,4 +1,4 @@
-"""A trial run cannot overwrite a row's committed result (issue 28 item 2)."""
+"""A trial run cannot overwrite a row's committed result."""
 
 import json
 import subprocess

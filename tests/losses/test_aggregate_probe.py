@@ -1,4 +1,4 @@
-"""Every aggregate on extreme losses (issue 29 item 5): a table of inputs — ordinary, negative, huge
+"""Every aggregate on extreme losses: a table of inputs — ordinary, negative, huge
 (squares overflow), near the dtype's maximum (sums overflow), tiny, ±inf alone and together, more
 +inf than k, fewer finite losses than k, ties, NaN, n = 1 — run through each aggregate and kernel in
 float32 and float64, against a 60-digit mpmath reference of the aggregate's formula at the λ the

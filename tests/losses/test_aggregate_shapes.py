@@ -1,4 +1,4 @@
-"""Aggregates on losses of any shape (issue 31 item 4): ``(..., n)`` reduced over ``dim``, batched over
+"""Aggregates on losses of any shape: ``(..., n)`` reduced over ``dim``, batched over
 the other axes, against a per-row float64 reference built from the 1-D call in a Python loop; k as an
 int, a fraction or a tensor (one per row); float64 gradcheck on a small batched input; float16 and
 bfloat16 aggregated in float32 (k included) and returned in their dtype; bad input one line each."""

@@ -1,4 +1,4 @@
-"""λ of MATk/STk tracks the k-th largest loss (issue 28): the library's defaults in a user's
+"""λ of MATk/STk tracks the k-th largest loss: the library's defaults in a user's
 single-group Adam, the per-batch solver against a float64 root, and the diagnostic that flags
 a λ which does not track (the paper's update from λ₀ = 0 or auto at the translation rows' rate)."""
 

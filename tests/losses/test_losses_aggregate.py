@@ -435,7 +435,7 @@ def test_atk_in_bfloat16_averages_exactly_k_losses():
 
 
 def test_atk_batched_in_bfloat16_averages_exactly_k_losses():
-    """The batched path and 2-D input too (issue 31): bfloat16 rows are summed in float32 with k = 257 exact."""
+    """The batched path and 2-D input too: bfloat16 rows are summed in float32 with k = 257 exact."""
     losses = torch.cat([torch.zeros(256), torch.full((744,), -256.0)])
     expected = losses.topk(257).values.mean().to(torch.bfloat16).expand(2)  # -256/257 rounded once
     rows = torch.stack([losses, losses.flip(0)]).to(torch.bfloat16)

@@ -1,4 +1,4 @@
-"""The probe of bad and extreme inputs, operator half (issue 29 item 5): every configured operator
+"""The probe of bad and extreme inputs, operator half: every configured operator
 (``configs/operator/*.yaml``) × float32/float64 × a table of inputs, each row of the table with its
 expected outcome. The expected values are computed here in float64, never typed in: the operator
 itself on the same scores, or, for infinite scores, the rule of :mod:`topklab.operators.base`

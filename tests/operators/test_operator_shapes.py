@@ -1,5 +1,5 @@
 """Every configured operator takes scores of any shape with ``dim`` (the axis of n; the other axes a
-batch of rows) and k as an int, a fraction of n, or a tensor of one k per row (issue 31 item 4). The reference is the operator on
+batch of rows) and k as an int, a fraction of n, or a tensor of one k per row. The reference is the operator on
 (batch, n) rows laid out by hand, and, where rows do not interact (all but SOFT top-k, which
 normalises by the batch maximum, and the seeded Monte-Carlo operator), each row alone in float64."""
 

@@ -1,4 +1,4 @@
-"""Which temperatures are scale-free and which are in score units (issue 31 item 6), for every
+"""Which temperatures are scale-free and which are in score units, for every
 configured operator (``configs/operator/*.yaml``) on seeded float64 scores (batch 4, n = 12, k = 3).
 
 For c in {0.1, 10} and p = ``soft_topk(scores, k)`` at the config's temperature T:
@@ -11,7 +11,7 @@ For c in {0.1, 10} and p = ``soft_topk(scores, k)`` at the config's temperature 
   ≠ p(s) and no power of c on ε restores it. Tested instead: its exact invariance (s → −1 − s with
   k → n − k gives 1 − p) and its two limits (ε ∝ the scale for |s| ≪ 1, ∝ 1/scale for |s| ≫ 1).
 
-The table in ``docs/operators.md`` ("Temperatures: scale and n") states the same classes."""
+The table in ``docs/operators-measured.md`` ("Temperatures: scale and n") states the same classes."""
 
 import pytest
 import torch

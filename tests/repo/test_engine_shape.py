@@ -1,5 +1,5 @@
 """The engine stays readable: every function in ``src/topklab/engine/`` fits one screen (at most
-60 lines) and nests at most 3 compound statements deep (issue 30, item 3). Capabilities go into
+60 lines) and nests at most 3 compound statements deep. Capabilities go into
 hooks beside the loop (:mod:`topklab.engine.hooks`), not into ``Engine.fit``."""
 
 from __future__ import annotations

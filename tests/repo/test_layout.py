@@ -1,4 +1,4 @@
-"""The tests mirror src/ (issue 30, item 7): every test module lies in ``tests/<folder>/test_*.py``, where
+"""The tests mirror src/: every test module lies in ``tests/<folder>/test_*.py``, where
 <folder> names a package or top-level module of ``src/topklab`` (``tests/config/`` holds config.py's and
 cli.py's tests), or is ``integration`` (end to end across packages: train.py, sweeps, torchrun, faults, the
 library wheel, experiment rows) or ``repo`` (repository-wide checks: lint, docs, imports, doctests, this

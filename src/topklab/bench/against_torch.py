@@ -1,5 +1,5 @@
 """The aggregates as a user gets them (the library's defaults) against the plain torch expression a
-user would otherwise write, forward + backward, measured side by side (issue 31's speed target).
+user would otherwise write, forward + backward, measured side by side.
 
     python scripts/bench_topk.py --against-torch [--sizes 16 64 ...] [--k 0.1] [--dtype float32] [--rounds 15]
 

@@ -1,7 +1,7 @@
-"""Where STk's and MATk's calls synchronise with the host on CUDA (session 27, call 2): the warnings
+"""Where STk's and MATk's calls synchronise with the host on CUDA (the 2026-11-27 H200 check, call 2): the warnings
 120 calls of each default aggregate raise under ``set_sync_debug_mode("warn")``, then, on a fresh
 module, the stack of each call that synchronises under ``"error"``. Run from the repository root with
-``src`` on the path: ``python3 experiments/device_runs/h200_2026-11-27_session27/sync_where.py``."""
+``src`` on the path: ``python3 experiments/device_runs/h200_2026-11-27_operators/sync_where.py``."""
 
 import traceback
 import warnings

@@ -1,8 +1,8 @@
-"""Where STk's and MATk's training calls synchronise with the host on CUDA (session 28): for a few
+"""Where STk's and MATk's training calls synchronise with the host on CUDA (the 2026-11-27 H200 check): for a few
 seeds, 120 calls of a fresh module on one batch of 1e5 uniform losses after its first call, under
 ``set_sync_debug_mode("warn")``; each synchronising warning is printed with the call's index and the
 Python stack that raised it, then the λ monitor's band counts. Run from the repository root:
-``PYTHONPATH=src python3 experiments/device_runs/h200_2026-11-27_session28/sync_sites.py``."""
+``PYTHONPATH=src python3 experiments/device_runs/h200_2026-11-27_sync_sites/sync_sites.py``."""
 
 import traceback
 import warnings

@@ -1,0 +1,101 @@
+"""The pages and files a reader meets say what is true now: no tracked file's prose, comments or path
+names date things by numbered working periods or work items (``session <n>``, ``_session<n>``,
+``issue <n>``; pytest's ``scope="session"`` carries no number and passes); every page under docs/ fits
+in 150 lines; docs/layout.md gives every top-level folder and every package of src/topklab its line."""
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT
+
+DOCS = ROOT / "docs"
+SELF = Path(__file__).resolve()  # holds the examples the pattern must catch
+MAX_PAGE_LINES = 150
+
+# A word for a working period or a work item, then a number: "session 23", "Session 28's",
+# "_session27", "issue 31 item 2", "issues 28 and 31".
+NUMBERED = re.compile(r"(?i)(?:\b|_)(?:sessions?|issues?)[ _#-]*\d")
+# Data, logs and recorded results keep what the machine wrote; prose, code and configs are checked.
+DATA_SUFFIXES = {".json", ".jsonl", ".log", ".txt", ".csv", ".tsv", ".npz", ".npy", ".pt", ".png", ".pdf", ".gz"}
+
+
+def tracked_files() -> list[str]:
+    try:
+        done = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    return [name for name in done.stdout.decode().split("\0") if name]
+
+
+def test_no_path_names_a_numbered_working_period():
+    named = [name for name in tracked_files() if NUMBERED.search(name)]
+    assert not named, f"rename these by date and machine (or by what they hold): {named}"
+
+
+def test_no_prose_or_comment_names_a_numbered_working_period():
+    found = []
+    for name in tracked_files():
+        path = ROOT / name
+        if path.suffix in DATA_SUFFIXES or not path.is_file() or path == SELF:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        found += [
+            f"{name}:{n}: {line.strip()[:100]}" for n, line in enumerate(text.splitlines(), 1) if NUMBERED.search(line)
+        ]
+    assert not found, "say what is true now (what changed when goes to CHANGELOG.md by date):\n" + "\n".join(found)
+
+
+def test_the_pattern_tells_a_numbered_period_from_pytest_scope():
+    for numbered in ("session 23", "Session 28's machine", "h200_2026-11-26_session23", "issue 31 item 2", "issues 28"):
+        assert NUMBERED.search(numbered), numbered
+    for fine in ('@pytest.fixture(scope="session")', "a session's device time", "the issues of a loss"):
+        assert not NUMBERED.search(fine), fine
+
+
+def test_every_page_fits_in_150_lines():
+    long = {
+        str(p.relative_to(DOCS)): n
+        for p in sorted(DOCS.rglob("*.md"))
+        if (n := len(p.read_text().splitlines())) > MAX_PAGE_LINES
+    }
+    assert not long, f"split these pages into sub-pages of at most {MAX_PAGE_LINES} lines: {long}"
+
+
+def layout_block() -> str:
+    text = (DOCS / "layout.md").read_text(encoding="utf-8")
+    return text.split("```\n", 2)[1]  # the page's first block: the tree
+
+
+def test_every_top_level_folder_has_its_line_in_the_layout():
+    folders = sorted({name.split("/", 1)[0] for name in tracked_files() if "/" in name})
+    block = layout_block()
+    missing = [f for f in folders if not re.search(rf"^{re.escape(f)}/\S*\s", block, re.MULTILINE)]
+    assert not missing, f"docs/layout.md's tree has no line starting with {missing}"
+
+
+def test_every_package_of_topklab_has_its_line_in_the_layout():
+    src = ROOT / "src" / "topklab"
+    packages = sorted(p.name for p in src.iterdir() if (p / "__init__.py").is_file())
+    block = layout_block()
+    missing = [p for p in packages if not re.search(rf"^\s+{re.escape(p)}/\s", block, re.MULTILINE)]
+    assert not missing, f"docs/layout.md's tree has no line for src/topklab/{missing}"
+
+
+def experiment_groups() -> list[str]:
+    """Each folder of configs/experiment/ holding row yamls: stk/table3, fmnistlt, ..."""
+    root = ROOT / "configs" / "experiment"
+    return sorted({str(p.parent.relative_to(root)) for p in root.rglob("*.yaml")})
+
+
+def test_results_at_a_glance_lists_every_row_group_and_table():
+    page = (DOCS / "results.md").read_text(encoding="utf-8")
+    groups = [g for g in experiment_groups() if f"`{g}/`" not in page and f"{g}/" not in page]
+    tables = [t.name for t in sorted((ROOT / "results" / "tables").glob("*.md")) if t.name not in page]
+    assert not groups, f"docs/results.md names no row of the experiment groups {groups}"
+    assert not tables, f"docs/results.md does not list results/tables/{tables}"
