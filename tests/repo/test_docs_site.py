@@ -118,7 +118,15 @@ def test_every_page_is_in_the_nav():
 
 
 @pytest.mark.parametrize(
-    "path", ["README.md", "docs/library.md", "docs/operators.md", "docs/layout.md", "docs/use-in-your-model.md"]
+    "path",
+    [
+        "README.md",
+        "docs/library.md",
+        "docs/operators.md",
+        "docs/layout.md",
+        "docs/use-in-your-model.md",
+        "docs/contracts.md",
+    ],
 )
 def test_the_shown_code_runs(path):
     """Each ```python block runs in order in one namespace; `x`, `y` stand for the reader's batch."""
