@@ -287,7 +287,7 @@ bench-topk: setup
 bench-step-share: setup data
 	$(PY) scripts/bench_step_share.py
 
-# results/figures/figure{2,3,4}.png from results/synthetic/ (reads only results/).
+# results/figures/*.png (Figures 2-4 and the pictures the docs pages embed) from results/ alone.
 figures: setup
 	$(PY) scripts/make_figures.py
 

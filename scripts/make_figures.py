@@ -1,8 +1,10 @@
-"""Write the STk paper's Figures 2-4 to results/figures/ from results/ only: `python -m topklab.report figures`.
+"""Write the STk paper's Figures 2-4 and the pictures the docs pages embed to results/figures/ from results/ only:
+`python -m topklab.report figures`.
 
     python scripts/make_figures.py [--results results] [--out results/figures]
 
-Figures 3 and 4 come from results/synthetic/figure{3,4}.json; see topklab.report.figures.
+Figures 3 and 4 come from results/synthetic/figure{3,4}.json (topklab.report.figures), the pictures
+from the results beside their tables (topklab.report.charts).
 """
 
 import os

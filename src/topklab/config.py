@@ -7,7 +7,8 @@ engine and the command line that both use it.
 - ``group=glob(...)`` matched against a group's options in its subfolders too, as the sweeper that
   ``configs/hydra/default.yaml`` chooses (``hydra_plugins.topklab_sweeper.RowSweeper``) matches it;
 - one composition of a run, whose dataset chooses the recipe inside Hydra's own composition
-  (:func:`compose_run`).
+  (:func:`compose_run`);
+- the loss configs by name (:func:`aggregate_config`), whose ``_target_`` names each aggregate's class.
 
 Overrides are read by Hydra's own parser, so every form Hydra accepts is read the way Hydra will
 read it: ``key=a,b``, ``range()``, ``glob()``, ``choice()``, ``interval()``, ``+key=``, ``~key``,
@@ -158,3 +159,24 @@ def compose_run(overrides: list[str], config_name: str = "train", return_hydra_c
             "recipe: add `defaults: [override /recipe@_group_: <task>]` to its yaml, or pass recipe=<name> (none: no recipe)"
         )
     return cfg
+
+
+def loss_config_dir() -> Path:
+    """``$TOPKLAB_ROOT/configs/loss``; without TOPKLAB_ROOT, the checkout this package lies in."""
+    root = os.environ.get("TOPKLAB_ROOT") or Path(__file__).resolve().parents[2]
+    return Path(root) / "configs" / "loss"
+
+
+def aggregate_names() -> list[str]:
+    """The loss-config names, sorted (``atk``, ``average``, …)."""
+    return sorted(p.stem for p in loss_config_dir().glob("*.yaml"))
+
+
+def aggregate_config(name: str) -> DictConfig:
+    """The loss config ``configs/loss/<name>.yaml`` (unresolved)."""
+    path = loss_config_dir() / f"{name}.yaml"
+    if not path.is_file():
+        raise TopklabError(f"unknown aggregate {name!r}; choose one of: {', '.join(aggregate_names())}")
+    config = OmegaConf.load(path)
+    config.pop("defaults", None)
+    return config

@@ -1,7 +1,8 @@
 """Documentation that cannot go stale: the MkDocs site (mkdocs.yml, docs/) builds with --strict (a
-broken link or anchor, a page left out of the nav, a docstring the API pages cannot read fail it);
-the README stays a short front page whose links resolve; every section the long README had lives on
-in docs/; and the code the README and the pages show runs as shown."""
+broken link or anchor, a page left out of the nav, a docstring the API pages cannot read fail it) and
+shows at least eight figures drawn from results/; the README stays a short front page whose links
+resolve; every section the long README had lives on in docs/; and the code the README and the pages
+show runs as shown."""
 
 import importlib.util
 import os
@@ -37,6 +38,7 @@ OLD_README_SECTIONS = [
 ]
 HEADING = re.compile(r"^#{1,6} +(.+?) *$", re.MULTILINE)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
+FIGURE = re.compile(r"!\[[^\]]*\]\((?:\.\./)*figures/([^)\s]+\.png)\)")
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
@@ -69,6 +71,19 @@ def test_the_site_builds_with_strict(tmp_path):
     )
     assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stderr[-4000:]}"
     assert (tmp_path / "site" / "api" / "losses" / "index.html").read_text().count("STk") > 5
+    pages = [page.read_text(encoding="utf-8") for page in (tmp_path / "site").rglob("*.html")]
+    shown = {src for page in pages for src in re.findall(r'<img [^>]*src="(?:\.\./)*figures/([^"]+)"', page)}
+    assert len(shown) >= 8, f"the site shows {len(shown)} figures: {sorted(shown)}"
+    assert all((tmp_path / "site" / "figures" / name).is_file() for name in shown)
+
+
+def test_the_pages_embed_committed_figures():
+    """Each `![...](figures/<name>.png)` names a PNG `make figures` drew into results/figures/ (the site
+    serves them as figures/, docs/hooks/figures.py), and at least eight are shown."""
+    embedded = {name for page in doc_pages() for name in FIGURE.findall(page.read_text(encoding="utf-8"))}
+    missing = sorted(name for name in embedded if not (ROOT / "results" / "figures" / name).is_file())
+    assert not missing, f"pages embed figures that results/figures/ lacks (run `make figures`): {missing}"
+    assert len(embedded) >= 8, f"the pages embed {len(embedded)} figures: {sorted(embedded)}"
 
 
 def test_the_readme_is_a_front_page():
@@ -111,6 +126,7 @@ def test_every_page_is_in_the_nav():
         "docs/layout.md",
         "docs/use-in-your-model.md",
         "docs/in-a-model.md",
+        "docs/contracts.md",
     ],
 )
 def test_the_shown_code_runs(path):

@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+import yaml
 from scipy.stats import wilcoxon
 
 from helpers import ROOT
@@ -444,3 +445,37 @@ def test_a_vision_table_marks_a_resumed_run_with_its_segments():
         and "threads 2, data abc, forced True" in text
     )
     assert "§" not in render_vision_table("fmnistlt", {"la": [load(0), load(1), load(2)]})
+
+
+def test_a_new_aggregate_renders_in_a_tabular_table_with_no_report_edit(results, tmp_path, monkeypatch):
+    """An aggregate added as docs/layout.md says (a class in its own module, a yaml in configs/loss/)
+    gets its line and its name in Tables 3 and 4: the report takes the name from the aggregate."""
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / "bottomk_aggregate.py").write_text(
+        "import torch\n"
+        "from topklab.losses.aggregate.base import Aggregate\n\n\n"
+        "class BottomK(Aggregate):\n"
+        "    hyperparameters = ('k',)\n\n"
+        "    def __init__(self, k):\n"
+        "        super().__init__()\n"
+        "        self.k = k\n\n"
+        "    def batched(self, losses, k, lam, delta):\n"
+        "        keep = torch.arange(losses.shape[1]) < k[:, None]\n"
+        "        return (torch.sort(losses, dim=1).values * keep).sum(1) / k\n"
+    )
+    monkeypatch.syspath_prepend(str(modules))
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    (tmp_path / "configs" / "loss" / "bottomk.yaml").write_text("_target_: bottomk_aggregate.BottomK\nk: 0.5\n")
+    monkeypatch.setenv("TOPKLAB_ROOT", str(tmp_path))
+    paper = tmp_path / "paper" / "stk_neurips2024.yaml"
+    spec = yaml.safe_load(paper.read_text())
+    spec["table3"]["rows"]["australian"]["logistic/bottomk"] = [15.0, 1.0]
+    paper.write_text(yaml.safe_dump(spec, allow_unicode=True, sort_keys=False))
+    hyper = {"k": 0.5, "C": 100.0, "lr": 0.01, "delta": 0.001}
+    fake_cell(results, "table3", "australian", "logistic", "bottomk", [15.5, 14.5, 15.0, 15.0, 16.0, 14.0], hyper)
+
+    rendered = render_tables(results, "fake")
+    line = next(row for row in rendered["table3_fake.md"].splitlines() if "| BottomK" in row)
+    assert line.startswith("| australian | logistic | BottomK |") and "15.00" in line
+    assert "BottomK" in rendered["table3_fake.tex"]

@@ -1,40 +1,17 @@
-"""Aggregates by their loss-config name: ``configs/loss/<name>.yaml`` names the class in ``_target_``,
-so a new aggregate is one class and one yaml, and every consumer (the grid, the population
-executor, the tables) finds it here. It reads the repository's configs with Hydra and OmegaConf, so
-it lives with the engine: ``import topklab.losses`` imports neither."""
+"""Aggregates by their loss-config name: ``configs/loss/<name>.yaml`` names the class in ``_target_``
+(:func:`topklab.config.aggregate_config` reads it), so a new aggregate is one class and one yaml,
+and every consumer (the grid, the population executor, the tables) finds it by that name. It
+instantiates with Hydra, so it lives with the engine: ``import topklab.losses`` imports neither."""
 
 from __future__ import annotations
-
-import os
-from pathlib import Path
 
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from topklab.config import aggregate_config, aggregate_names
 from topklab.losses.aggregate.base import Aggregate
 from topklab.losses.aggregate.lambda_rules import PAPER
 from topklab.utils.errors import TopklabError
-
-
-def loss_config_dir() -> Path:
-    """``$TOPKLAB_ROOT/configs/loss``; without TOPKLAB_ROOT, the checkout this package lies in."""
-    root = os.environ.get("TOPKLAB_ROOT") or Path(__file__).resolve().parents[3]
-    return Path(root) / "configs" / "loss"
-
-
-def aggregate_names() -> list[str]:
-    """The loss-config names, sorted (``atk``, ``average``, …)."""
-    return sorted(p.stem for p in loss_config_dir().glob("*.yaml"))
-
-
-def aggregate_config(name: str) -> DictConfig:
-    """The loss config ``configs/loss/<name>.yaml`` (unresolved)."""
-    path = loss_config_dir() / f"{name}.yaml"
-    if not path.is_file():
-        raise TopklabError(f"unknown aggregate {name!r}; choose one of: {', '.join(aggregate_names())}")
-    config = OmegaConf.load(path)
-    config.pop("defaults", None)
-    return config
 
 
 def aggregate_class(name: str) -> type[Aggregate]:

@@ -12,9 +12,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from topklab.config import override_root
+from topklab.data.contract import PAGE, check_data
 from topklab.data.fingerprint import dataset_fingerprint
 from topklab.engine.build import build, build_for_data
 from topklab.engine.checkpoint import CheckpointStore, run_key
@@ -104,9 +106,14 @@ def build_run(cfg: DictConfig):
     check_cpu_capability(cfg.get("cpu_capability"))
     seed_everything(cfg.seed)
     data = build(cfg.dataset, "dataset").splits()
+    check_data(data, cfg.dataset._target_)
     check_splits(data, ["train", "val", *(cfg.engine.get("final_splits") or ["test"])], cfg.dataset)
     provided = data.provides()
     model = build_for_data(cfg.model, "model", provided)
+    if not isinstance(model, torch.nn.Module):
+        raise TopklabError(
+            f"model {cfg.model._target_} gives a {type(model).__name__}, not a torch.nn.Module; see {PAGE}"
+        )
     individual = build_for_data(cfg.individual, "individual", provided)
     aggregate = build(cfg.loss, "loss")
     engine = build(cfg.engine, "engine")

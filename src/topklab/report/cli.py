@@ -8,7 +8,8 @@
 table under ``vision/`` and every translation table under ``translation/`` (paper values from
 ``paper/*.yaml``), and ``routing.md`` / ``gradient_sparsification.md`` from ``routing/``,
 ``sparsification/`` and their benchmarks. ``figures``: Figures 2-4 (Figures 3 and 4 from
-``synthetic/figure{3,4}.json``), ``routing.png`` and ``gradient_sparsification.png``. A missing optional source is skipped with a note; a
+``synthetic/figure{3,4}.json``), ``routing.png``, ``gradient_sparsification.png`` and the pictures beside the
+tables (:func:`render_charts`). A missing optional source is skipped with a note; a
 corrupt or old-format result is a one-line error and nothing is written.
 """
 
@@ -18,6 +19,7 @@ import argparse
 import os
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import yaml
@@ -28,7 +30,7 @@ from topklab.report.schema import dirty_result_files, read_result, read_results
 from topklab.report.synthetic import column_band, render_table1, render_table2
 from topklab.report.tabular import band_of, render_tabular
 from topklab.report.translation import render_translation
-from topklab.report.vision import render_vision
+from topklab.report.vision import by_table, render_vision, selected_test
 from topklab.utils.errors import TopklabError
 from topklab.utils.io import atomic_write_text
 
@@ -61,6 +63,12 @@ TABLE2S = {
 LAYER_BENCH = {
     "routing": Source("bench/routing_cpu.json", "bench", "scripts/bench_routing.py"),
     "sparsification": Source("bench/sparsification_cpu.json", "bench", "scripts/bench_sparsification.py"),
+}
+CHART_SOURCES = {
+    "topk_cpu": Source("bench/topk_cpu.json", "bench", "scripts/bench_topk.py --device cpu"),
+    "topk_cuda": Source("bench/topk_cuda.json", "bench", "scripts/bench_topk.py --device cuda"),
+    "tracked_cuda": Source("bench/tracked_cuda.json", "bench", "scripts/bench_tracked_cuda.py"),
+    "operators_cpu": Source("bench/operators_cpu.json", "bench", "scripts/bench_operators.py --device cpu"),
 }
 FIGURE_SOURCES = {
     name: Source(f"synthetic/{name}.json", "synthetic", "scripts/reproduce_synthetic.py")
@@ -193,7 +201,51 @@ def render_figures(results: Path, out: Path) -> list[str]:
             read_result(results / LAYER_BENCH["sparsification"].path, "bench"), out / "gradient_sparsification.png"
         )
         written.append("gradient_sparsification.png")
-    return written
+    return written + render_charts(results, out)
+
+
+def render_charts(results: Path, out: Path) -> list[str]:
+    """Draw the pictures beside the result tables into ``out`` (see :mod:`topklab.report.charts`): λ
+    against the k-th loss and the per-seed strips of every translation and vision table with several
+    seeds, the routed share per layer, cost against n and the operators' times; return the names
+    written (a picture without its results is skipped).
+
+    Examples
+    --------
+    >>> render_charts(Path("results"), Path("/tmp/figures"))[:2]  # doctest: +SKIP
+    ['lambda_multi30k.png', 'seeds_multi30k.png']
+    """
+    from topklab.report import charts  # matplotlib only here
+
+    drawn = {}
+    for folder, metric, unit in (
+        ("translation", lambda r: r["result"]["summary"]["metrics"]["test"]["bleu"], "test sacreBLEU"),
+        ("vision", lambda r: selected_test(r["result"]["summary"], "top1"), "test top-1 accuracy (%)"),
+    ):
+        for table, rows in by_table(read_results(results / folder, folder)).items():
+            if charts.lambda_rows(rows):
+                drawn[f"lambda_{table}.png"] = partial(charts.lambda_against_kth, rows, table)
+            if max(map(len, rows.values())) > 1:
+                drawn[f"seeds_{table}.png"] = partial(charts.seed_strips, rows, metric, unit, table)
+    for table, rows in by_table(read_results(results / "routing", "language_modeling")).items():
+        if charts.routed_shares(rows):
+            drawn[f"routing_layers_{table}.png"] = partial(charts.routed_share_per_layer, rows)
+    sources = {name: _optional(results, source, f"{name} in a figure") for name, source in CHART_SOURCES.items()}
+    topk = {
+        title: sources[f"topk_{device}"]
+        for device, title in (("cpu", "CPU"), ("cuda", "GPU"))
+        if sources[f"topk_{device}"]
+    }
+    if topk or sources["tracked_cuda"]:
+        drawn["cost_against_n.png"] = partial(charts.cost_against_n, topk, sources["tracked_cuda"])
+    if sources["operators_cpu"]:
+        drawn["operators.png"] = partial(charts.operator_times, sources["operators_cpu"])
+    out.mkdir(parents=True, exist_ok=True)
+    for name, draw in drawn.items():
+        tmp = out / f".{name}.tmp.png"
+        draw(tmp)
+        tmp.replace(out / name)
+    return list(drawn)
 
 
 def _results_dir() -> Path:

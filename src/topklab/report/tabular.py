@@ -12,16 +12,28 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import wilcoxon
 
+from topklab.config import aggregate_config
 from topklab.losses.aggregate.lambda_monitor import FLAG_BELOW, PARTLY_BELOW
 from topklab.report.schema import code_versions
 from topklab.utils.errors import TopklabError
 
 TABLES = ("table3", "table4", "table6")
 PAPER_PRESET = "full"  # the paper's protocol: its tables are results/tables/table{3,4,6}.*; other presets' get a suffix
-AGGREGATE_NAMES = {"average": "Average", "maximum": "Maximum", "atk": "ATk", "matk": "MATk", "stk": "STk"}
 METRIC_NAMES = {"error_pct": "test misclassification (%)", "rmse": "test RMSE"}
 PAIRED_BASELINES = ("atk", "matk", "average")  # STk is tested against those of these a row has
 HYPER_NAMES = {"C": "C", "lr": "η", "k": "k", "delta": "δ"}  # grid axes, in the order printed
+
+
+def aggregate_label(name: str) -> str:
+    """An aggregate's name in the tables: its class's, as its loss config ``configs/loss/<name>.yaml``
+    names it in ``_target_`` (a new aggregate's class and yaml are all a table needs).
+
+    Examples
+    --------
+    >>> aggregate_label("stk"), aggregate_label("average")
+    ('STk', 'Average')
+    """
+    return aggregate_config(name)._target_.rpartition(".")[2]
 
 
 @dataclass
@@ -182,7 +194,7 @@ def band_note(shares: dict[str, float | None], retrained: str) -> str | None:
 def band_footnote(lines: list[Line]) -> str | None:
     """The footnote naming the marked lines (:func:`band_mark`) with their shares, or None."""
     return band_note(
-        {f"{line.dataset} {line.individual} {AGGREGATE_NAMES[line.aggregate]}": line.in_band for line in lines},
+        {f"{line.dataset} {line.individual} {aggregate_label(line.aggregate)}": line.in_band for line in lines},
         "split 0's selected setting",
     )
 
@@ -300,7 +312,7 @@ def render_markdown(table: str, paper: dict, lines: list[Line], tests: list[dict
     for line in lines:
         mark = {True: "✓", False: "", None: "—"}[line.within_paper_std]
         out.append(
-            f"| {line.dataset} | {line.individual} | {AGGREGATE_NAMES[line.aggregate]}{band_mark(line)} | "
+            f"| {line.dataset} | {line.individual} | {aggregate_label(line.aggregate)}{band_mark(line)} | "
             f"{_pm(line.paper, digits)} | {_pm(line.ours, digits)} | {_num(line.sample_std, digits)} | "
             f"{_num(line.difference, digits)} | "
             f"{mark} | {_hyper(line)} | {_tied(line, digits)} |"
@@ -319,7 +331,7 @@ def render_markdown(table: str, paper: dict, lines: list[Line], tests: list[dict
         ]
         for t in tests:
             out.append(
-                f"| {t['dataset']} | {t['individual']} | {AGGREGATE_NAMES[t['baseline']]} | {t['n']} | "
+                f"| {t['dataset']} | {t['individual']} | {aggregate_label(t['baseline'])} | {t['n']} | "
                 f"{_num(t['mean_difference'], digits, '+')} | {_wtl(t)} | {t['p']:.3g} |"
             )
     return "\n".join(out) + "\n"
@@ -353,7 +365,7 @@ def render_latex(table: str, paper: dict, lines: list[Line], tests: list[dict], 
     for line in lines:
         mark = r"\checkmark" if line.within_paper_std else ""
         out.append(
-            f"{_tex(line.dataset)} & {_tex(line.individual)} & {AGGREGATE_NAMES[line.aggregate]}{_tex_mark(line)} & "
+            f"{_tex(line.dataset)} & {_tex(line.individual)} & {aggregate_label(line.aggregate)}{_tex_mark(line)} & "
             f"{_tex_pm(line.paper, digits)} & {_tex_pm(line.ours, digits)} & {_num(line.difference, digits)} & "
             f"{mark} \\\\"
         )
@@ -371,7 +383,7 @@ def render_latex(table: str, paper: dict, lines: list[Line], tests: list[dict], 
         ]
         for t in tests:
             out.append(
-                f"{_tex(t['dataset'])} & {_tex(t['individual'])} & {AGGREGATE_NAMES[t['baseline']]} & {t['n']} & "
+                f"{_tex(t['dataset'])} & {_tex(t['individual'])} & {aggregate_label(t['baseline'])} & {t['n']} & "
                 f"{_num(t['mean_difference'], digits, '+')} & {_wtl(t)} & {t['p']:.3g} \\\\"
             )
         out += [r"\bottomrule", r"\end{tabular}"]
