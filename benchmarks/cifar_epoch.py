@@ -22,8 +22,8 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.harness.isolation import project_root
+from topklab.report.outputs import write_outputs
 from topklab.utils.errors import TopklabError
-from topklab.utils.outputs import write_outputs
 
 ROOT = project_root()
 RECIPE_EPOCHS = 200

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from benchmarks.harness import bench_device, project_root
-from topklab.utils import outputs
+from topklab.report import outputs
 from topklab.utils.errors import TopklabError
 
 ROOT = project_root()

@@ -69,8 +69,8 @@ from benchmarks.harness.memory import (
     reset_peak_rss,
 )
 from benchmarks.harness.timing import Timer, is_cuda, median
+from topklab.report.outputs import write_outputs
 from topklab.utils.errors import TopklabError
-from topklab.utils.outputs import write_outputs
 
 ROOT = project_root()
 CONFIGS = ROOT / "configs" / "operator"

@@ -37,8 +37,8 @@ from benchmarks.harness import bench_device
 from benchmarks.harness.isolation import WorkerFailed, project_root, run_isolated
 from benchmarks.harness.memory import cuda_peak_bytes, max_rss_bytes, reset_cuda_peak
 from benchmarks.harness.timing import timed
+from topklab.report.outputs import write_outputs
 from topklab.utils.errors import TopklabError
-from topklab.utils.outputs import write_outputs
 
 ROOT = project_root()
 CONFIGS = ROOT / "configs"

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.harness.isolation import WorkerFailed, project_root, run_isolated
-from topklab.utils.outputs import machine_label, write_outputs
+from topklab.report.outputs import machine_label, write_outputs
 
 ROOT = project_root()
 

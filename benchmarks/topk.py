@@ -36,8 +36,8 @@ from benchmarks.harness.memory import (
     reset_peak_rss,
 )
 from benchmarks.harness.timing import Timer, repeat_until, upper_median
+from topklab.report.outputs import machine_label, write_outputs
 from topklab.utils.errors import TopklabError
-from topklab.utils.outputs import machine_label, write_outputs
 
 ROOT = project_root()
 

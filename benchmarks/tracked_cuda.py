@@ -17,7 +17,7 @@ import torch
 
 from benchmarks.harness import bench_device
 from topklab.losses import ATk, MATk, STk
-from topklab.utils.outputs import write_outputs
+from topklab.report.outputs import write_outputs
 
 
 def timed(step, x, calls: int) -> float:

@@ -35,8 +35,8 @@ os.environ.setdefault("TOPKLAB_ROOT", str(ROOT))
 import torch  # noqa: E402
 
 from topklab.losses import MATk, STk  # noqa: E402
+from topklab.report.outputs import machine_label, script_command, write_outputs  # noqa: E402
 from topklab.utils.k import resolve_k  # noqa: E402
-from topklab.utils.outputs import machine_label, script_command, write_outputs  # noqa: E402
 from topklab.utils.provenance import git_info  # noqa: E402
 
 FALLBACK_RULES = ("track", "solve", "gradient")  # lam_update's names before lambda_rules.RULES

@@ -35,8 +35,8 @@ from benchmarks.harness.memory import (
 )
 from benchmarks.harness.output import write_bench
 from benchmarks.harness.timing import Timer, median, repeat_until, timed, upper_median
+from topklab.report.outputs import machine_label, write_outputs
 from topklab.utils.errors import TopklabError
-from topklab.utils.outputs import machine_label, write_outputs
 
 __all__ = [
     "Timer",

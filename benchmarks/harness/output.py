@@ -1,5 +1,5 @@
 """Writing a benchmark's rows as ``results/bench/<name>_<cpu|cuda>.json``; the envelope writer and the
-machine label are the package's (:mod:`topklab.utils.outputs`)."""
+machine label are the package's (:mod:`topklab.report.outputs`)."""
 
 from __future__ import annotations
 
