@@ -59,8 +59,8 @@ TABLE2S = {
     ),
 }
 LAYER_BENCH = {
-    "routing": Source("bench/routing_cpu.json", "bench", "scripts/bench_routing.py"),
-    "sparsification": Source("bench/sparsification_cpu.json", "bench", "scripts/bench_sparsification.py"),
+    "routing": Source("bench/routing_cpu.json", "bench", "python -m benchmarks routing"),
+    "sparsification": Source("bench/sparsification_cpu.json", "bench", "python -m benchmarks sparsification"),
 }
 FIGURE_SOURCES = {
     name: Source(f"synthetic/{name}.json", "synthetic", "scripts/reproduce_synthetic.py")
