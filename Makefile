@@ -129,7 +129,7 @@ tables: setup
 	$(PY) scripts/make_tables.py $(if $(TABLES_PRESET),--preset $(TABLES_PRESET))
 
 bench-population: setup
-	$(PY) scripts/bench_population.py
+	$(PY) -m benchmarks population
 
 # STk §4.2 into results/synthetic/*.json, one row of configs/experiment/stk/synthetic/ per file (50 repeats, one
 # thread, one after the other): Table 2, Figures 3 and 4 (about 45 min here), Table 2 with the intended covariance
@@ -209,7 +209,7 @@ reproduce-vision-table8: setup
 # (fp16 autocast, channels-last, PEFT_BATCH=128).
 PEFT_BATCH ?= $(if $(filter cuda,$(BENCH_DEVICE)),128,4)
 bench-peft: setup
-	$(PY) scripts/bench_peft.py --device $(BENCH_DEVICE) --batch $(PEFT_BATCH) $(if $(filter cuda,$(BENCH_DEVICE)),--amp fp16 --channels-last)
+	$(PY) -m benchmarks peft --device $(BENCH_DEVICE) --batch $(PEFT_BATCH) $(if $(filter cuda,$(BENCH_DEVICE)),--amp fp16 --channels-last)
 
 # Every differentiable top-k operator side by side (time and memory against n, exactness, a short fmnistlt
 # run each), and against every installed peer: results/bench/operators_<device>.{json,md,png}, 11-21 min on
@@ -225,15 +225,15 @@ peers: setup
 		echo "note: $(TORCHSORT) did not build here; the operator benchmark leaves its row out"
 
 bench-operators: setup data peers
-	$(PY) scripts/bench_operators.py --device $(BENCH_DEVICE)
+	$(PY) -m benchmarks operators --device $(BENCH_DEVICE)
 
 # STk as a layer: selection time of each gradient sparsifier against the parameter count (1e5 ... 1e8), and the
 # training-step time of the routed language models against dense, side by side (one thread; a few minutes each).
 bench-sparsification: setup
-	OMP_NUM_THREADS=1 $(PY) scripts/bench_sparsification.py --device $(BENCH_DEVICE)
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks sparsification --device $(BENCH_DEVICE)
 
 bench-routing: setup
-	OMP_NUM_THREADS=1 $(PY) scripts/bench_routing.py --device $(BENCH_DEVICE)
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks routing --device $(BENCH_DEVICE)
 
 # Petersen et al.'s ImageNet tables (README, 'ImageNet fine-tuning'): embeddings of frozen backbones, then linear heads.
 # IMAGENET_DIR holds train/<wnid>/*.JPEG and val/<wnid>/*.JPEG; IMAGENET21KP_DIR holds imagenet21k_train/ and
@@ -268,7 +268,7 @@ reproduce-petersen-table5: setup   # the L2 rows; Table 5's WSL entries are the 
 # Cost of the ImageNet path on this machine: extraction images/s of each backbone (random weights, a few images),
 # and head training at full ImageNet-1K / 21K-P shape on random float16 embeddings: results/bench/embeddings_<device>.*
 bench-embeddings: setup
-	$(PY) scripts/bench_embeddings.py --device $(BENCH_DEVICE)
+	$(PY) -m benchmarks embeddings --device $(BENCH_DEVICE)
 
 # STk Table 1 (top-5 of 10,000, 50 runs) into results/synthetic/table1.json (a few minutes).
 table1: setup
@@ -279,13 +279,13 @@ table1: setup
 BENCH_DEVICE  ?= cpu
 BENCH_MAX_EXP ?= 7
 bench-topk: setup
-	$(PY) scripts/bench_topk.py --device $(BENCH_DEVICE) --max-exp $(BENCH_MAX_EXP)
+	$(PY) -m benchmarks topk --device $(BENCH_DEVICE) --max-exp $(BENCH_MAX_EXP)
 
 # The aggregate loss's share of real training steps (tabular MLP, ResNet-32 on fmnistlt, Transformer on Multi30k;
 # Average, ATk, STk), the engine's step timed in pairs beside Average's: results/bench/step_share_cpu.{json,md}
 # (about 8 minutes at 1 thread).
 bench-step-share: setup data
-	$(PY) scripts/bench_step_share.py
+	$(PY) -m benchmarks step_share
 
 # results/figures/*.png (Figures 2-4 and the pictures the docs pages embed) from results/ alone.
 figures: setup

@@ -5,13 +5,13 @@
 #   scripts/gpu_check.sh STAGE [STAGE ...]   with OUT=<folder> (default results/bench)
 #   tests     the gpu-marked tests, then the default suite (16 workers, one thread each)
 #   gpu       the gpu-marked tests, then the default suite's losses and engine tests (a few minutes less)
-#   topk      bench_topk, n = 1e5 … 1e8
-#   against   the library's defaults against the plain torch expressions (bench_topk --against-torch), n = 1e3 … 1e8
+#   topk      python -m benchmarks topk, n = 1e5 … 1e8
+#   against   the library's defaults against the plain torch expressions (topk --against-torch), n = 1e3 … 1e8
 #   compiled  the same with Average, STk and MATk also under torch.compile, n = 1e3, 1e6, 1e8
 #   cifar     the ResNet-32 CIFAR-100-LT epoch, the device loader against a DataLoader
-#   peft      bench_peft, batch 128, fp16 and bf16 (channels-last)
+#   peft      python -m benchmarks peft, batch 128, fp16 and bf16 (channels-last)
 #   multi30k  the Multi30k Average / ATk / STk rows, seed 0, side by side on the GPU
-#   triton    the Triton training calls: their tests on CUDA, then bench_tracked_cuda, tracked and solved (n = 1e3 … 1e8)
+#   triton    the Triton training calls: their tests on CUDA, then the tracked_cuda benchmark, tracked and solved (n = 1e3 … 1e8)
 # Logs and written results go to a scratch folder, packed into OUT/<stages>.tar.gz.
 set -uo pipefail
 stages="tests | gpu | topk | against | compiled | cifar | peft | multi30k | triton"
@@ -42,23 +42,23 @@ gpu)
         tests/integration/test_sweeps.py >"$out/tests-losses-engine.log" 2>&1
     grep -E "^(FAILED|ERROR) " "$out/tests-losses-engine.log" | head -40; tail -2 "$out/tests-losses-engine.log" ;;
 topk)
-    timeout 170 python3 scripts/bench_topk.py --device cuda --min-exp 5 --max-exp 8 --min-time 0.2 --out-dir "$out" \
+    timeout 170 python3 -m benchmarks topk --device cuda --min-exp 5 --max-exp 8 --min-time 0.2 --out-dir "$out" \
         --losses Average "ATk (topk)" "MATk (eager)" "MATk (compiled)" "STk (eager)" "STk (compiled)" 2>&1 | tail -30 ;;
 against)
-    timeout 200 python3 scripts/bench_topk.py --device cuda --against-torch --sizes 1000 100000 1000000 10000000 100000000 \
+    timeout 200 python3 -m benchmarks topk --device cuda --against-torch --sizes 1000 100000 1000000 10000000 100000000 \
         --out-dir "$out" 2>&1 | tail -12 ;;
 compiled)
-    timeout 240 python3 scripts/bench_topk.py --device cuda --against-torch --compiled --sizes 1000 1000000 100000000 \
+    timeout 240 python3 -m benchmarks topk --device cuda --against-torch --compiled --sizes 1000 1000000 100000000 \
         --out-dir "$out" 2>&1 | tail -12 ;;
 cifar)
-    timeout 130 python3 scripts/bench_cifar_epoch.py --device cuda --epochs 3 --workers 8 --out-dir "$out" 2>&1 | tail -12 ;;
+    timeout 130 python3 -m benchmarks cifar_epoch --device cuda --epochs 3 --workers 8 --out-dir "$out" 2>&1 | tail -12 ;;
 peft)
     for amp in fp16 bf16; do
-        timeout 140 python3 scripts/bench_peft.py --device cuda --batch 128 --steps 20 --amp $amp --channels-last \
+        timeout 140 python3 -m benchmarks peft --device cuda --batch 128 --steps 20 --amp $amp --channels-last \
             --tuners adaptformer lora vpt_deep full --out-dir "$out" --tag "cuda_$amp" 2>&1 | tail -25
     done
     # the objective's share with Average beside STk's
-    timeout 140 python3 scripts/bench_peft.py --device cuda --batch 128 --steps 20 --amp bf16 --channels-last \
+    timeout 140 python3 -m benchmarks peft --device cuda --batch 128 --steps 20 --amp bf16 --channels-last \
         --tuners adaptformer lora vpt_deep full --objective average --out-dir "$out" --tag cuda_bf16_average 2>&1 | tail -25 ;;
 multi30k)
     # the rows read ../shared/data/multi30k (their config's root), so a copy carried in .gpu_data goes there
@@ -72,7 +72,7 @@ multi30k)
     cp -r results/translation "$out/" 2>/dev/null ;;
 triton)
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/losses/test_triton_pass.py 2>&1 | tee "$out/tests-triton.log" | tail -15
-    timeout 300 python3 scripts/bench_tracked_cuda.py --rules track solve --out "$out" 2>&1 | tee "$out/bench-tracked.log" | tail -40 ;;
+    timeout 300 python3 -m benchmarks tracked_cuda --rules track solve --out "$out" 2>&1 | tee "$out/bench-tracked.log" | tail -40 ;;
 *) echo "error: unknown stage $stage ($stages)" >&2; exit 2 ;;
 esac
 done

@@ -34,8 +34,8 @@ os.environ.setdefault("TOPKLAB_ROOT", str(ROOT))
 
 import torch  # noqa: E402
 
-from topklab.bench.output import command_line, machine_label, write_outputs  # noqa: E402
 from topklab.losses import MATk, STk  # noqa: E402
+from topklab.report.outputs import machine_label, script_command, write_outputs  # noqa: E402
 from topklab.utils.k import resolve_k  # noqa: E402
 from topklab.utils.provenance import git_info  # noqa: E402
 
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     elapsed = time.perf_counter() - started
 
-    command = command_line("lambda_rules_band.py", argv)
+    command = script_command("lambda_rules_band.py", argv)
     git = git_info(ROOT)
     meta = {
         "command": command,

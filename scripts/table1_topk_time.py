@@ -9,7 +9,7 @@ STk iterate on λ (Adam on Eq. 1 / Eq. 3, vectorised torch, until the top-k sum 
 numpy (arrays made from the same float64 samples outside the timer): STk by safeguarded Newton on
 Eq. 3, ATk by bisection on λ and by one selection of the k-th largest. "sort (torch)" is torch.sort,
 for reference. Each row records its "origin" (paper / ours / reference) and its λ iterations. See
-topklab.bench.topk_sum. `make tables` renders results/tables/table1.md.
+topklab.synthetic.topk_sum. `make tables` renders results/tables/table1.md.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-from topklab.bench.topk_sum import (  # noqa: E402
+from topklab.report import make_result, write_result  # noqa: E402
+from topklab.synthetic.topk_sum import (  # noqa: E402
     atk_bisection,
     atk_selection,
     bubble_sort_topk_sum,  # noqa: E402
@@ -40,7 +41,6 @@ from topklab.bench.topk_sum import (  # noqa: E402
     sort_topk_sum,
     stk_newton,
 )
-from topklab.report import make_result, write_result  # noqa: E402
 from topklab.utils.provenance import collect  # noqa: E402
 
 

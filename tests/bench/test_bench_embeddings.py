@@ -1,18 +1,16 @@
-"""scripts/bench_embeddings.py in its quick mode: extraction throughput through the real extractor,
+"""``python -m benchmarks embeddings`` in its quick mode: extraction throughput through the real extractor,
 head steps of two rows through the rows' own seams, and the epoch arithmetic of its table."""
 
 import json
 
 import pytest
 
-from topklab.bench import embeddings as bench_embeddings
+from benchmarks.harness import main
 
 
 @pytest.mark.integration
 def test_the_quick_benchmark_writes_its_rows_and_table(tmp_path):
-    assert (
-        bench_embeddings.main(["--quick", "--out", str(tmp_path / "embeddings_cpu.json"), "--work", str(tmp_path)]) == 0
-    )
+    assert main(["embeddings", "--quick", "--out", str(tmp_path / "embeddings_cpu.json"), "--work", str(tmp_path)]) == 0
     envelope = json.loads((tmp_path / "embeddings_cpu.json").read_text())
     rows = envelope["result"]["rows"]
     extraction = [r for r in rows if r["part"] == "extraction"]
@@ -29,4 +27,6 @@ def test_the_quick_benchmark_writes_its_rows_and_table(tmp_path):
         "| stand-in: test_efficientnet | 224 px, fp32 |" in text
         and "| imagenet1k | bitonic_uniform | 100 | 16 |" in text
     )
-    assert envelope["provenance"]["git"]["sha"] and envelope["command"].startswith("python scripts/bench_embeddings.py")
+    assert envelope["provenance"]["git"]["sha"] and envelope["command"].startswith(
+        "python -m benchmarks embeddings --quick"
+    )

@@ -1,4 +1,4 @@
-"""topklab.bench's harness: the timer's median of repeats, process isolation, the peak-RSS measure and
+"""The benchmarks' harness: the timer's median of repeats, process isolation, the peak-RSS measure and
 side-by-side ratios (no timed assertions: only bounds loose enough not to flake on a busy machine)."""
 
 import subprocess
@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from topklab.bench import compare, timing
-from topklab.bench.isolation import WorkerFailed, failure_line, run_isolated
+from benchmarks.harness import compare, timing
+from benchmarks.harness.isolation import WorkerFailed, failure_line, run_isolated
 from topklab.utils.errors import TopklabError
 
 # ---------- workers for the isolation tests (run in a child process) ----------
@@ -72,7 +72,7 @@ def test_failure_line_without_stderr_names_the_exit():
 PEAK_RSS_CHECK = """
 import numpy as np
 import pytest
-from topklab.bench import memory
+from benchmarks.harness import memory
 
 memory.reset_peak_rss()
 baseline = memory.current_rss_bytes()

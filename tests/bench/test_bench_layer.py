@@ -1,21 +1,15 @@
 """The selection and routing benchmarks run end to end and write result envelopes the tables read."""
 
-import importlib
 import json
 
 import pytest
 
-
-def load(name):
-    return importlib.import_module(f"topklab.bench.{name.removeprefix('bench_')}")
+from benchmarks.harness import main
 
 
 def test_sparsification_benchmark_times_every_selector_and_checks_what_it_sent(tmp_path):
     out = tmp_path / "sparsification_cpu.json"
-    assert (
-        load("bench_sparsification").main(["--sizes", "20000", "--ratios", "0.01", "--repeats", "1", "--out", str(out)])
-        == 0
-    )
+    assert main(["sparsification", "--sizes", "20000", "--ratios", "0.01", "--repeats", "1", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["family"] == "bench"
     rows = result["result"]["rows"]
@@ -42,14 +36,14 @@ def test_benchmarks_refuse_a_missing_gpu_with_one_line(capsys):
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    assert load("bench_sparsification").main(["--device", "cuda"]) == 2
+    assert main(["sparsification", "--device", "cuda"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
 
 
 @pytest.mark.slow
 def test_routing_benchmark_routes_the_asked_fraction(tmp_path):
     out = tmp_path / "routing_cpu.json"
-    assert load("bench_routing").main(["--capacities", "0.5", "--repeats", "1", "--out", str(out)]) == 0
+    assert main(["routing", "--capacities", "0.5", "--repeats", "1", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["result"]["rows"]
     top_k = [r for r in rows if r["variant"].startswith("top-k")]
     assert len(rows) == 6 and all(r["routed_fraction"] == 0.5 for r in top_k)

@@ -1,4 +1,4 @@
-"""scripts/bench_operators.py runs end to end on tiny sizes (its numbers are not asserted: speed is
+"""``python -m benchmarks operators`` runs end to end on tiny sizes (its numbers are not asserted: speed is
 checked by running the benchmark, never by a timed unit test); its memory guard stops an allocation
 past the limit; the peer table renders every state of a pair."""
 
@@ -10,18 +10,19 @@ import textwrap
 
 import pytest
 
+from benchmarks.harness import main
+from benchmarks.harness.isolation import run_isolated
+from benchmarks.operators import OVER_MEMORY, PEERS, render_peers
 from helpers import ROOT
-from topklab.bench.isolation import run_isolated
-from topklab.bench.operators import OVER_MEMORY, PEERS, render_peers
 
-SCRIPT = ROOT / "scripts" / "bench_operators.py"
+BENCHMARK = [sys.executable, "-m", "benchmarks", "operators"]
 
 
 @pytest.mark.slow
 @pytest.mark.integration
 def test_quick_mode_ends_with_the_speedup_line():
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--quick-rounds", "1"], capture_output=True, text=True, check=True
+        [*BENCHMARK, "--quick", "--quick-rounds", "1"], capture_output=True, text=True, check=True, cwd=ROOT
     )
     last = done.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"speedup vs difftopk: \d+\.\d", last)
@@ -32,10 +33,10 @@ def test_quick_mode_on_small_logits_ends_with_the_speedup_line(monkeypatch, caps
     """The fast counterpart of the slow test above: the same --quick run on (8, 12) logits, in process
     (difftopk's dense path on the CIFAR-100 shape takes most of a minute)."""
     pytest.importorskip("difftopk")
-    from topklab.bench import operators
+    from benchmarks import operators
 
     monkeypatch.setattr(operators, "QUICK", {**operators.QUICK, "batch": 8, "classes": 12})
-    assert operators.main(["--quick", "--quick-rounds", "1"]) == 0
+    assert main(["operators", "--quick", "--quick-rounds", "1"]) == 0
     out = capsys.readouterr().out
     assert "top-k CE (P_K = [.2]*5, batch 8, n = 12)" in out and "max |P_topk difference|" in out
     assert re.fullmatch(r"speedup vs difftopk: \d+\.\d", out.strip().splitlines()[-1])
@@ -45,8 +46,7 @@ def test_quick_mode_on_small_logits_ends_with_the_speedup_line(monkeypatch, caps
 def test_full_mode_writes_the_table_json_and_plot(tmp_path):
     done = subprocess.run(
         [
-            sys.executable,
-            str(SCRIPT),
+            *BENCHMARK,
             "--operators",
             "dftopk",
             "odd_even",
@@ -70,6 +70,7 @@ def test_full_mode_writes_the_table_json_and_plot(tmp_path):
         capture_output=True,
         text=True,
         check=True,
+        cwd=ROOT,
     )
     assert done.stdout.strip().splitlines()[-1].startswith("speedup vs difftopk: ")
     table = (tmp_path / "operators_test.md").read_text()
@@ -87,20 +88,21 @@ def test_full_mode_writes_the_table_json_and_plot(tmp_path):
     assert (tmp_path / "operators_test.png").stat().st_size > 0
     (tmp_path / "operators_test.md").unlink()
     subprocess.run(
-        [sys.executable, str(SCRIPT), "--render", str(tmp_path / "operators_test.json")],
+        [*BENCHMARK, "--render", str(tmp_path / "operators_test.json")],
         check=True,
         capture_output=True,
+        cwd=ROOT,
     )
     assert (tmp_path / "operators_test.md").read_text() == table  # redrawn from the JSON alone
     bad = subprocess.run(
-        [sys.executable, str(SCRIPT), "--render", str(tmp_path / "missing.json")], capture_output=True, text=True
+        [*BENCHMARK, "--render", str(tmp_path / "missing.json")], capture_output=True, text=True, cwd=ROOT
     )
     assert bad.returncode == 2 and "is not a result JSON" in bad.stderr
 
 
 def test_unknown_operator_is_a_one_line_error():
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--operators", "quicksort", "--no-train"], capture_output=True, text=True
+        [*BENCHMARK, "--operators", "quicksort", "--no-train"], capture_output=True, text=True, cwd=ROOT
     )
     assert done.returncode == 2 and "unknown operator(s) quicksort" in done.stderr
 
@@ -110,7 +112,7 @@ def test_the_memory_guard_turns_an_allocation_past_the_limit_into_a_skipped_row(
     script = textwrap.dedent(
         """
         import json, torch
-        from topklab.bench.operators import failed_row, guard_memory
+        from benchmarks.operators import failed_row, guard_memory
 
         guard_memory(0.25, "cpu")
         small = torch.ones(2**24)  # 64 MiB: inside the limit
@@ -120,7 +122,9 @@ def test_the_memory_guard_turns_an_allocation_past_the_limit_into_a_skipped_row(
             print(json.dumps({"row": failed_row(err), "small": float(small.sum())}))
         """
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120, cwd=ROOT
+    )
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"row": {"skipped": OVER_MEMORY}, "small": 2.0**24}
 
 
@@ -128,7 +132,7 @@ def test_the_memory_guard_turns_an_allocation_past_the_limit_into_a_skipped_row(
 def test_a_pair_is_measured_side_by_side_in_its_own_process():
     options = {"operator": "sparse_topk", "peer": "python_pav", "sizes": [5, 40], "device": "cpu", "repeats": 3}
     options.update(warmup=1, max_seconds=5.0, memory_limit_gb=2.0, peer_batch=3)
-    result = run_isolated("topklab.bench.operators:measure_peer_options", options)
+    result = run_isolated("benchmarks.operators:measure_peer_options", options)
     assert result["output"] == "soft_topk" and [(s["n"], s["batch"]) for s in result["sizes"]] == [(5, 3), (40, 3)]
     for size in result["sizes"]:
         assert size["max_abs_difference"] == 0.0  # the C++ and the Python PAV give the same bits
@@ -156,10 +160,9 @@ def test_the_peer_table_renders_every_state_of_a_pair():
 def test_the_k_sweep_times_each_operator_against_k_at_one_n(tmp_path, capsys):
     """``--k-sweep``: per operator (each in its own process) the time and peak memory at k = 1 and fractions of n
     of one row; a table with a column per k, its own file beside the full table's."""
-    from topklab.bench import operators
 
     argv = ["--k-sweep", "--k-n", "40", "--operators", "softsort", "--max-seconds", "0.5"]
-    assert operators.main([*argv, "--repeats", "3", "--warmup", "1", "--out-dir", str(tmp_path)]) == 0
+    assert main(["operators", *argv, "--repeats", "3", "--warmup", "1", "--out-dir", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "operators_k_cpu.json").read_text())["result"]
     assert result["n"] == 40 and [row["operator"] for row in result["rows"]] == ["softsort"]
     for row in result["rows"]:

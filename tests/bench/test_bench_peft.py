@@ -1,19 +1,21 @@
-"""scripts/bench_peft.py: one process per branch, the branch's real trainable-parameter count, and the
+"""``python -m benchmarks peft``: one process per branch, the branch's real trainable-parameter count, and the
 GPU-hour estimate's arithmetic."""
 
 import json
 
 import pytest
 
-from topklab.bench import peft as bench_peft
+from benchmarks import peft as bench_peft
+from benchmarks.harness import main
 
 
 @pytest.mark.integration
 def test_the_benchmark_measures_each_branch_and_writes_its_table(tmp_path):
     from topklab.models.peft import LinearProbe, PeftViT
 
-    code = bench_peft.main(
+    code = main(
         [
+            "peft",
             "--backbone",
             "vit_tiny_patch16_224",
             "--img-size",
@@ -59,7 +61,7 @@ def test_gpu_hours_are_images_times_flops_over_the_rate():
 
 def test_the_objective_option_measures_average_in_place_of_stk(tmp_path):
     argv = ["--backbone", "vit_tiny_patch16_224", "--img-size", "32", "--batch", "4", "--steps", "1"]
-    code = bench_peft.main([*argv, "--tuners", "linear_probe", "--objective", "average", "--out-dir", str(tmp_path)])
+    code = main(["peft", *argv, "--tuners", "linear_probe", "--objective", "average", "--out-dir", str(tmp_path)])
     out = json.loads((tmp_path / "peft_cpu.json").read_text())["result"]
     assert code == 0 and out["objective"] == "average" and 0 < out["rows"][0]["loss_share"] < 1
     assert "objective: LA + Average;" in (tmp_path / "peft_cpu.md").read_text()

@@ -1,4 +1,4 @@
-"""scripts/bench_step_share.py: the loss's share of a training step from the engine's cost columns."""
+"""``python -m benchmarks step_share``: the loss's share of a training step from the engine's cost columns."""
 
 import json
 import math
@@ -8,16 +8,17 @@ import sys
 import pytest
 import torch
 
+from benchmarks import step_share as bench_step_share
+from benchmarks.harness import main
 from helpers import ROOT
 from helpers.translation_files import write_text_corpus
 from helpers.vision_files import write_fashion_mnist
-from topklab.bench import step_share as bench_step_share
-
-SCRIPT = ROOT / "scripts" / "bench_step_share.py"
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", "step_share", *args], capture_output=True, text=True, cwd=ROOT
+    )
 
 
 def check_result(out_dir) -> dict:
@@ -118,7 +119,7 @@ def test_script_reports_each_losss_median_paired_ratio_and_ends_with_the_verdict
         return {"workload": workload, "steps": steps, "loss_share": shares}
 
     monkeypatch.setattr(bench_step_share, "run_worker", fake_run)
-    bench_step_share.main(["--tabular-steps", "3", "--out-dir", str(tmp_path)])
+    main(["step_share", "--tabular-steps", "3", "--out-dir", str(tmp_path)])
     assert calls == [(workload, 3) for workload in bench_step_share.WORKLOADS]
     result = check_result(tmp_path)
     assert result["result"]["worst_stk"] == {

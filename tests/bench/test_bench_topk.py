@@ -1,4 +1,4 @@
-"""scripts/bench_topk.py: one worker measures its points, the report's ratios and headline."""
+"""``python -m benchmarks topk``: one worker measures its points, the report's ratios and headline."""
 
 import subprocess
 import sys
@@ -10,7 +10,7 @@ from helpers import ROOT
 
 @pytest.fixture(scope="module")
 def bench_topk():
-    from topklab.bench import topk as bench_topk
+    from benchmarks import topk as bench_topk
 
     return bench_topk
 
@@ -63,7 +63,7 @@ def test_headline_is_the_worst_compiled_stk_ratio_from_1e5(bench_topk):
 
     rows = fake_results(bench_topk, [10**4, 10**5, 10**6], seconds)
     assert bench_topk.headline(rows, "STk (native)") == pytest.approx(1.4)  # n = 1e4's 7.0 does not count
-    text = bench_topk.render(rows, "cpu", "test machine", "python scripts/bench_topk.py --quick")
+    text = bench_topk.render(rows, "cpu", "test machine", "python -m benchmarks topk --quick")
     assert "| STk (native) | 0.1n | 7e+03 ms | 1.4e+03 ms | 1.4e+03 ms |" in text
     assert "| 1e+05 | 9.00 | 2.00 | 1.40 | 0.42, 0.36, 2.73 |" in text
     assert "- STk (native) is faster at: (n=1e5, k=0.9n); (n=1e6, k=0.9n)." in text
@@ -73,9 +73,7 @@ def test_headline_is_the_worst_compiled_stk_ratio_from_1e5(bench_topk):
 
 
 def run(*args):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_topk.py"), *args], capture_output=True, text=True, cwd=ROOT
-    )
+    return subprocess.run([sys.executable, "-m", "benchmarks", "topk", *args], capture_output=True, text=True, cwd=ROOT)
 
 
 def test_bad_exponents_fail_in_one_line(tmp_path):
@@ -102,7 +100,7 @@ def test_script_writes_the_table_and_ends_with_the_headline(tmp_path):
 
 
 def test_the_against_torch_worker_times_every_pair_side_by_side():
-    from topklab.bench import against_torch
+    from benchmarks import against_torch
 
     row = against_torch.worker(64, 0.1, rounds=2, min_time=0.02, threads=1)
     assert row["n"] == 64 and row["k"] == 6 and row["loops"] >= 1
@@ -115,7 +113,7 @@ def test_the_against_torch_worker_times_every_pair_side_by_side():
 
 
 def test_the_against_torch_table_ends_with_the_worst_ratio_against_its_target():
-    from topklab.bench import against_torch
+    from benchmarks import against_torch
 
     plain = {"x.mean()": 1.0, "x.max()": 2.0, "x.topk(k).values.mean()": 4.0}
     rows = [
@@ -126,7 +124,7 @@ def test_the_against_torch_table_ends_with_the_worst_ratio_against_its_target():
             "seconds": {**plain, "Average": 1.0, "Maximum": 1.0, "ATk": 4.6, "STk": 1.2, "MATk": 1.2},
         },
     ]
-    text = against_torch.render(rows, "test machine", "python scripts/bench_topk.py --against-torch", 0.1)
+    text = against_torch.render(rows, "test machine", "python -m benchmarks topk --against-torch", 0.1)
     assert "| ATk | `x.topk(k).values.mean()` | ≤ 1.1 | 1.00 | 1.15 |" in text
     assert text.rstrip().splitlines()[-1] == (
         "worst ratio to the plain torch expression: 1.30 (MATk / `x.mean()` at n=16; target 1.2); "
@@ -169,9 +167,11 @@ def test_the_against_torch_options_reach_its_workers(bench_topk, monkeypatch, tm
 
     monkeypatch.setattr(bench_topk, "run_isolated", fake_run_isolated)
     argv = ["--against-torch", "--sizes", "16", "64", "--against-time", "0.7", "--rounds", "3", "--k", "0.25"]
-    bench_topk.main([*argv, "--compiled", "--dtype", "bfloat16", "--out-dir", str(tmp_path)])
+    from benchmarks.harness import main
+
+    main(["topk", *argv, "--compiled", "--dtype", "bfloat16", "--out-dir", str(tmp_path)])
     assert calls == [
-        ("topklab.bench.against_torch:workers", [16], 0.25, 3, 0.7, "cpu", True, "bfloat16"),
-        ("topklab.bench.against_torch:workers", [64], 0.25, 3, 0.7, "cpu", True, "bfloat16"),
+        ("benchmarks.against_torch:workers", [16], 0.25, 3, 0.7, "cpu", True, "bfloat16"),
+        ("benchmarks.against_torch:workers", [64], 0.25, 3, 0.7, "cpu", True, "bfloat16"),
     ]
     assert (tmp_path / "topk_against_torch_cpu_bfloat16.md").read_text().count("on bfloat16 losses") == 1

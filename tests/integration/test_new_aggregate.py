@@ -77,6 +77,6 @@ def test_a_new_aggregate_works_everywhere_by_name(root_with_bottomk, tmp_path):
     record = run_cell(Cell("table3", "wisconsin", "logistic", "bottomk"), dataset, Logistic(), protocol)
     assert record["combos"]["k"] == [1, 0.5] and len(record["per_split"]["test"]) == 2
 
-    from topklab.bench import topk as bench_topk
+    from benchmarks import topk as bench_topk
 
     assert bench_topk.benched_losses()["BottomK"] == ("bottomk", True)

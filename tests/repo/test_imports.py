@@ -35,7 +35,7 @@ LAYERS = (
     ("data",),  # datasets and loaders (embedding extraction uses models)
     ("tasks", "report"),  # what a model is trained for; result envelopes and tables
     ("engine",),  # build objects from a config, the training loop, the run record
-    ("synthetic", "bench", "protocol"),  # experiments and benchmarks built on the engine
+    ("synthetic", "protocol"),  # experiments built on the engine
     ("launch",),  # Hydra's job callback, failure records, GPU pinning, resolver
     ("cli",),  # the checks train.py runs before Hydra starts
 )
@@ -174,3 +174,16 @@ def test_the_checks_see_imports_inside_functions_and_circles():
     assert imported_names(tree, "topklab.launch.callback", False) >= {"topklab.engine.loop", "topklab.launch.gpu"}
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_package_imports_no_benchmark():
+    """benchmarks/ lies beside the package, outside its wheel: nothing in src/topklab may import it."""
+    importing = sorted(
+        module
+        for module, (path, is_package) in module_files().items()
+        if any(
+            name == "benchmarks" or name.startswith("benchmarks.")
+            for name in imported_names(ast.parse(path.read_text()), module, is_package)
+        )
+    )
+    assert importing == []

@@ -2,13 +2,15 @@
 <folder> names a package or top-level module of ``src/topklab`` (``tests/config/`` holds config.py's and
 cli.py's tests), or is ``integration`` (end to end across packages: train.py, sweeps, torchrun, faults, the
 library wheel, experiment rows) or ``repo`` (repository-wide checks: lint, docs, imports, doctests, this
-file). ``tests/helpers/`` holds what several folders share, ``tests/fixtures/`` recorded data; neither holds
-tests. `make test-unit` runs the mirrored folders, so a folder that names no package would fall out of it."""
+file); ``tests/bench/`` tests ``benchmarks/``, beside the package. ``tests/helpers/`` holds what
+several folders share, ``tests/fixtures/`` recorded data; neither holds tests. `make test-unit` runs the
+mirrored folders, so a folder that names no package would fall out of it."""
 
 from helpers import ROOT
 
 TESTS = ROOT / "tests"
 CROSS_CUTTING = {"integration", "repo"}
+BESIDE = {"bench"}  # the tests of benchmarks/, the package beside src/topklab
 NOT_TESTS = {"helpers", "fixtures"}  # shared helper modules, recorded data
 
 
@@ -32,7 +34,7 @@ def test_no_test_module_lies_directly_in_tests():
 
 
 def test_every_test_folder_mirrors_a_src_package_or_is_integration_or_repo():
-    allowed = src_names() | CROSS_CUTTING
+    allowed = src_names() | CROSS_CUTTING | BESIDE
     stray = [p.name for p in folders() if p.name not in allowed]
     assert not stray, f"tests/{stray} name no package of src/topklab (nor integration/repo): rename or merge them"
 

@@ -98,7 +98,7 @@ def test_layer_tables_render_rows_benchmarks_and_missing_rows(tmp_path):
             "bench",
             "sparsification_cpu",
             bench,
-            command="python scripts/bench_sparsification.py",
+            command="python -m benchmarks sparsification",
             config={},
             provenance=PROVENANCE,
         ),

@@ -10,16 +10,16 @@ import pytest
 import torch
 
 from helpers import ROOT
-from topklab.bench.topk_sum import (
+from topklab.engine.aggregates import build_paper_update_aggregate
+from topklab.engine.population import initial_threshold
+from topklab.synthetic import GaussianTask, lda_boundary, para_f1
+from topklab.synthetic.topk_sum import (
     bubble_sort_topk_sum,
     exact_objective,
     heap_sort_topk_sum,
     lambda_iteration,
     sort_topk_sum,
 )
-from topklab.engine.aggregates import build_paper_update_aggregate
-from topklab.engine.population import initial_threshold
-from topklab.synthetic import GaussianTask, lda_boundary, para_f1
 from topklab.synthetic.train import BinaryCrossEntropy, Column, SyntheticTrainer, accuracy, train_logistic
 from topklab.utils.errors import TopklabError
 from topklab.utils.k import resolve_k

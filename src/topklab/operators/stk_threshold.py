@@ -49,7 +49,7 @@ def solve_threshold(
     G decreases in λ (``G' = −Σ ½δ²/r_i³ < 0``). The bracket starts as ``[min x − δ√(n/(p − k)),
     max x + δ√(n/(k − m))]`` over the finite scores, with m scores at +inf and p above −inf (G > 0 at
     its left end, G < 0 at its right end: ``SReLU'(z) <= δ²/(4z²)`` for z < 0, the argument of
-    :func:`topklab.bench.topk_sum.stk_newton`), and λ starts halfway between the k-th and (k+1)-th
+    :func:`topklab.synthetic.topk_sum.stk_newton`), and λ starts halfway between the k-th and (k+1)-th
     largest scores. Each step moves the bracket end on λ's side to λ, then takes Newton's point where
     it lies strictly inside the bracket and the last step at least halved |G|, and the bracket's
     midpoint otherwise (so a stalling Newton is followed by a bisection). A row stops once

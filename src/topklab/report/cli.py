@@ -61,14 +61,14 @@ TABLE2S = {
     ),
 }
 LAYER_BENCH = {
-    "routing": Source("bench/routing_cpu.json", "bench", "scripts/bench_routing.py"),
-    "sparsification": Source("bench/sparsification_cpu.json", "bench", "scripts/bench_sparsification.py"),
+    "routing": Source("bench/routing_cpu.json", "bench", "python -m benchmarks routing"),
+    "sparsification": Source("bench/sparsification_cpu.json", "bench", "python -m benchmarks sparsification"),
 }
 CHART_SOURCES = {
-    "topk_cpu": Source("bench/topk_cpu.json", "bench", "scripts/bench_topk.py --device cpu"),
-    "topk_cuda": Source("bench/topk_cuda.json", "bench", "scripts/bench_topk.py --device cuda"),
-    "tracked_cuda": Source("bench/tracked_cuda.json", "bench", "scripts/bench_tracked_cuda.py"),
-    "operators_cpu": Source("bench/operators_cpu.json", "bench", "scripts/bench_operators.py --device cpu"),
+    "topk_cpu": Source("bench/topk_cpu.json", "bench", "python -m benchmarks topk --device cpu"),
+    "topk_cuda": Source("bench/topk_cuda.json", "bench", "python -m benchmarks topk --device cuda"),
+    "tracked_cuda": Source("bench/tracked_cuda.json", "bench", "python -m benchmarks tracked_cuda"),
+    "operators_cpu": Source("bench/operators_cpu.json", "bench", "python -m benchmarks operators --device cpu"),
 }
 FIGURE_SOURCES = {
     name: Source(f"synthetic/{name}.json", "synthetic", "scripts/reproduce_synthetic.py")

@@ -216,7 +216,7 @@ def render_routing(results: list[dict], bench: dict | None, configs: Path | None
                 f"| {row['vs_dense']:.2f} |"
             )
     else:
-        lines += ["", "Step-time benchmark missing: run `python scripts/bench_routing.py`."]
+        lines += ["", "Step-time benchmark missing: run `python -m benchmarks routing`."]
     return "\n".join(lines) + "\n"
 
 
@@ -310,7 +310,7 @@ def render_sparsification(results: list[dict], bench: dict | None, configs: Path
                 f"| {'—' if spread is None else f'{spread[0]:.3f}–{spread[1]:.3f}'} | {_fmt(row['recall'], 3)} |"
             )
     else:
-        lines += ["", "Selection benchmark missing: run `python scripts/bench_sparsification.py`."]
+        lines += ["", "Selection benchmark missing: run `python -m benchmarks sparsification`."]
     return "\n".join(lines) + "\n"
 
 

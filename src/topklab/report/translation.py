@@ -104,7 +104,7 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
         f"(tokenize=none: fairseq-style tokenised BLEU for pre-tokenised corpora). avg-last is the test sacreBLEU of "
         f"the mean of the last {engine.get('average_last') or 0} epoch weights. *s / epoch* and *target tokens / s* are "
         f"each run's own wall time while it shared {shared}: not a "
-        f"benchmark; `scripts/bench_step_share.py` compares the aggregates' cost side by side.",
+        f"benchmark; `python -m benchmarks step_share` compares the aggregates' cost side by side.",
         "",
     ]
     has_paper = any(published.get(r) for r in present)

@@ -1,18 +1,15 @@
-"""Writing a benchmark's results: the result envelope (``topklab.report``) with the command line and the
-provenance, a markdown table beside it, and optionally a plot."""
+"""Writing a measured result: the result envelope (``topklab.report``) with the command line and the
+provenance, a markdown table beside it and optionally a plot; and the label of the machine it ran on."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 
-from topklab.bench.isolation import project_root
-
-
-def command_line(script: str, argv: list[str] | None = None) -> str:
+def script_command(script: str, argv: list[str] | None = None) -> str:
     """``python scripts/<script> <argv>`` (``argv``: default this process's arguments)."""
     return " ".join(["python", f"scripts/{script}", *(sys.argv[1:] if argv is None else argv)])
 
@@ -25,47 +22,24 @@ def write_outputs(
     config: dict,
     markdown: str | None = None,
     plot: Callable[[Path], None] | None = None,
+    root: Path | None = None,
 ) -> Path:
     """``<stem>.json`` (a ``bench`` result envelope), ``<stem>.md`` if ``markdown`` is given, and
-    ``plot(<stem>.png)`` if ``plot`` is, under ``out_dir``; returns the JSON's path."""
+    ``plot(<stem>.png)`` if ``plot`` is, under ``out_dir``; returns the JSON's path. The provenance is
+    that of the checkout ``root`` (default ``$TOPKLAB_ROOT``, else the working folder)."""
     from topklab.report import make_result, write_result
     from topklab.utils.io import atomic_write_text
     from topklab.utils.provenance import collect
 
+    root = Path(root or os.environ.get("TOPKLAB_ROOT", "."))
     out_dir = Path(out_dir)
     path = out_dir / f"{stem}.json"
-    write_result(
-        path, make_result("bench", stem, payload, command=command, config=config, provenance=collect(project_root()))
-    )
+    write_result(path, make_result("bench", stem, payload, command=command, config=config, provenance=collect(root)))
     if markdown is not None:
         atomic_write_text(out_dir / f"{stem}.md", markdown)
     if plot is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         plot(out_dir / f"{stem}.png")
-    return path
-
-
-def write_bench(
-    root: Path,
-    name: str,
-    device: torch.device,
-    rows: list[dict],
-    config: dict,
-    out: Path | None = None,
-    argv: list[str] | None = None,
-) -> Path:
-    """Write ``rows`` (with the device, thread count and the command line) as a bench result envelope,
-    ``results/bench/<name>_<cpu|cuda>.json`` under ``root`` unless ``out`` names the file."""
-    from topklab.report import make_result, write_result
-    from topklab.utils.provenance import collect
-
-    tag = "cuda" if device.type == "cuda" else "cpu"
-    path = out or root / "results" / "bench" / f"{name}_{tag}.json"
-    payload = {"rows": rows, "device": str(device), "threads": torch.get_num_threads(), **config}
-    command = command_line(f"bench_{name}.py", argv)
-    write_result(
-        path, make_result("bench", f"{name}_{tag}", payload, command=command, config=config, provenance=collect(root))
-    )
     return path
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from topklab.bench.topk_sum import atk_bisection, atk_selection, lambda_iteration, stk_newton
+from topklab.synthetic.topk_sum import atk_bisection, atk_selection, lambda_iteration, stk_newton
 
 SOLVERS = {
     "stk_newton": lambda values, k, target, **kw: stk_newton(values, k, target, **kw),

@@ -1,6 +1,6 @@
-"""``scripts/bench_population.py``: model-steps per second of the population executor against the per-model engine, same work.
+"""Model-steps per second of the population executor against the per-model engine, same work.
 
-    .venv/bin/python scripts/bench_population.py [--dataset australian] [--preset full] [--members 5280]
+    python -m benchmarks population [--dataset australian] [--preset full] [--members 5280]
 
 Both train the same kind of member (2-layer MLP, AdaGrad, STk, logistic loss; batch size and
 validation interval from configs/preset/<preset>.yaml) for the same number of epochs with early
@@ -14,14 +14,12 @@ and last the gathered population's ratio to the engine as ``speedup: N``.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
-import sys
 import time
 
-from topklab.bench.isolation import project_root
-from topklab.bench.memory import max_rss_mb as peak_rss_mb
+from benchmarks.harness.isolation import project_root
+from benchmarks.harness.memory import max_rss_mb as peak_rss_mb
 
 ROOT = project_root()
 
@@ -46,7 +44,16 @@ def grid_members(n: int, n_splits: int):
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def arguments(parser) -> None:
+    parser.add_argument("--dataset", default="australian")
+    parser.add_argument("--members", type=int, default=5280, help="population size (5280 = the STk grid x 4 splits)")
+    parser.add_argument("--loop-members", type=int, default=12)
+    parser.add_argument("--splits", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--preset", default="full", help="configs/preset/<preset>.yaml: batch size, eval_every")
+
+
+def run(args) -> None:
     import torch
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
@@ -63,14 +70,6 @@ def main(argv: list[str] | None = None) -> None:
     from topklab.tasks import TabularTask
     from topklab.tasks.metrics import TASK_METRIC
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset", default="australian")
-    parser.add_argument("--members", type=int, default=5280, help="population size (5280 = the STk grid x 4 splits)")
-    parser.add_argument("--loop-members", type=int, default=12)
-    parser.add_argument("--splits", type=int, default=4)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--preset", default="full", help="configs/preset/<preset>.yaml: batch size, eval_every")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     torch.set_num_threads(os.cpu_count() or 1)
 
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):

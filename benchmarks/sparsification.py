@@ -1,7 +1,7 @@
-"""``scripts/bench_sparsification.py``: how long each gradient-sparsification selector takes to pick k of P entries, side by side.
+"""How long each gradient-sparsification selector takes to pick k of P entries, side by side.
 
-    python scripts/bench_sparsification.py [--sizes 100000 1000000 10000000 100000000] [--ratios 0.01 0.001]
-                                           [--repeats 5] [--device cpu|cuda] [--out results/bench/sparsification_cpu.json]
+    python -m benchmarks sparsification [--sizes 100000 1000000 10000000 100000000] [--ratios 0.01 0.001]
+                                        [--repeats 5] [--device cpu|cuda] [--out results/bench/sparsification_cpu.json]
 
 For each P and keep ratio (k = ⌈ratio·P⌉) on gradient-like magnitudes (|N(0, 1)|·exp(N(0, 1)), a
 heavy tail), the selectors of ``configs/gradient_exchange/`` at their defaults are timed in turn
@@ -20,14 +20,12 @@ renders it into results/tables/gradient_sparsification.md.
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
-import sys
 from functools import partial
 from pathlib import Path
 
-from topklab.bench.isolation import project_root
+from benchmarks.harness.isolation import project_root
 
 ROOT = project_root()
 SENT_DRAWS = 20  # sampled-threshold messages drawn per size (each on a 1 %-perturbed vector) for the sent/k percentiles
@@ -47,8 +45,8 @@ def magnitudes(n: int, seed: int, device):
 def measure(n: int, ratio: float, repeats: int, device) -> list[dict]:
     import torch
 
-    from topklab.bench.compare import interleaved, ratios
-    from topklab.bench.timing import timed
+    from benchmarks.harness.compare import interleaved, ratios
+    from benchmarks.harness.timing import timed
     from topklab.sparsification import ExactTopK, SampledThreshold, STkThresholdSelector
 
     k = max(1, math.ceil(ratio * n))
@@ -133,23 +131,18 @@ def measure(n: int, ratio: float, repeats: int, device) -> list[dict]:
     return rows
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(parser) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000, 100_000_000])
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.01, 0.001])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=None, help="default: results/bench/sparsification_<device>.json")
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
-    from topklab.bench.harness import bench_device, write_bench
-    from topklab.utils.errors import TopklabError
 
-    try:
-        device = bench_device(args.device)
-    except TopklabError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+
+def run(args) -> int:
+    from benchmarks.harness import bench_device, write_bench
+
+    device = bench_device(args.device)
     rows = []
     for n in args.sizes:
         for ratio in args.ratios:
@@ -170,8 +163,8 @@ def main(argv=None) -> int:
         device,
         rows,
         {"sizes": args.sizes, "ratios": args.ratios, "repeats": args.repeats},
+        args.command,
         args.out,
-        argv=argv,
     )
     print(f"wrote {out}")
     return 0

@@ -1,13 +1,13 @@
-"""``scripts/bench_operators.py``: every differentiable top-k operator of ``configs/operator/`` side by side: speed, memory,
+"""Every differentiable top-k operator of ``configs/operator/`` side by side: speed, memory,
 exactness and quality, measured in one run.
 
-    python scripts/bench_operators.py --quick                    # < 1 min: our odd-even network vs difftopk's dense odd-even path
-    python scripts/bench_operators.py [--device cpu|cuda] [--operators NAME ...] [--sizes 5 10 ...]
-                                      [--large-sizes 10000 ...] [--repeats 20] [--memory-limit-gb 4]
-                                      [--peer-batch 1] [--train-epochs 10] [--no-train]
-                                      [--out-dir results/bench] [--tag NAME]
-    python scripts/bench_operators.py --render results/bench/operators_cpu.json   # redraw table + plot only
-    python scripts/bench_operators.py --k-sweep [--k-n 1000] [--operators NAME ...]  # only time and memory against k
+    python -m benchmarks operators --quick                    # < 1 min: our odd-even network vs difftopk's dense odd-even path
+    python -m benchmarks operators [--device cpu|cuda] [--operators NAME ...] [--sizes 5 10 ...]
+                                   [--large-sizes 10000 ...] [--repeats 20] [--memory-limit-gb 4]
+                                   [--peer-batch 1] [--train-epochs 10] [--no-train]
+                                   [--out-dir results/bench] [--tag NAME]
+    python -m benchmarks operators --render results/bench/operators_cpu.json   # redraw table + plot only
+    python -m benchmarks operators --k-sweep [--k-n 1000] [--operators NAME ...]  # only time and memory against k
 
 ``--quick`` times the forward+backward of the top-k cross-entropy with P_K = [.2]*5 on logits of
 shape (128, 100) (the CIFAR-100 setting: logistic_phi, β = 0.5, λ_ART = 0.5) through this package's
@@ -57,9 +57,10 @@ import time
 from functools import cache, partial
 from pathlib import Path
 
-from topklab.bench.compare import interleaved, medians
-from topklab.bench.isolation import WorkerFailed, project_root, run_isolated
-from topklab.bench.memory import (
+from benchmarks.harness import bench_device
+from benchmarks.harness.compare import interleaved, medians
+from benchmarks.harness.isolation import WorkerFailed, project_root, run_isolated
+from benchmarks.harness.memory import (
     cuda_peak_bytes,
     current_rss_bytes,
     max_rss_mb,
@@ -67,8 +68,9 @@ from topklab.bench.memory import (
     reset_cuda_peak,
     reset_peak_rss,
 )
-from topklab.bench.output import command_line, write_outputs
-from topklab.bench.timing import Timer, is_cuda, median
+from benchmarks.harness.timing import Timer, is_cuda, median
+from topklab.report.outputs import write_outputs
+from topklab.utils.errors import TopklabError
 
 ROOT = project_root()
 CONFIGS = ROOT / "configs" / "operator"
@@ -496,7 +498,7 @@ def compare_peers(args, names: list[str]) -> list[dict]:
             continue
         try:
             result = run_isolated(
-                "topklab.bench.operators:measure_peer_options", {**vars(args), "operator": name, "peer": peer}
+                "benchmarks.operators:measure_peer_options", {**vars(args), "operator": name, "peer": peer}
             )
         except WorkerFailed as err:  # recorded; the other pairs still run
             pairs.append({**pair, "error": str(err)})
@@ -531,8 +533,7 @@ def train_quality(name: str, epochs: int, threads: int) -> dict:
         return {"top1": test["top1"], "top5": test["top5"], "epochs": epochs, "wall_s": time.perf_counter() - began}
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(parser) -> None:
     parser.add_argument("--quick", action="store_true", help="only our odd-even network against difftopk's")
     parser.add_argument("--quick-rounds", type=int, default=7)
     parser.add_argument("--device", default="cpu")
@@ -557,31 +558,24 @@ def main(argv=None) -> int:
     parser.add_argument("--render", metavar="JSON", help="only redraw the table and plot of a result JSON")
     parser.add_argument("--k-sweep", action="store_true", help="only time and memory against k at n = --k-n")
     parser.add_argument("--k-n", type=int, default=1000, help="the row length of --k-sweep")
-    parser.add_argument("--operator", help=argparse.SUPPRESS)  # one operator, in a child process
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
+
+
+def run(args) -> int:
     if args.render:
         return render_saved(Path(args.render))
     if args.memory_limit_gb <= 0:
-        parser.error(f"--memory-limit-gb {args.memory_limit_gb} must be > 0")
+        raise TopklabError(f"--memory-limit-gb {args.memory_limit_gb} must be > 0")
     if args.peer_batch < 1:
-        parser.error(f"--peer-batch {args.peer_batch} must be >= 1")
-    if args.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            parser.error("--device cuda but no CUDA device is visible; use --device cpu")
+        raise TopklabError(f"--peer-batch {args.peer_batch} must be >= 1")
+    bench_device(args.device)
     known = operator_names()
     unknown = sorted(set(args.operators or []) - set(known))
     if unknown:
-        parser.error(f"unknown operator(s) {', '.join(unknown)}; choose from {', '.join(known)}")
-    if args.operator:
-        print(json.dumps(measure(args)))
-        return 0
+        raise TopklabError(f"unknown operator(s) {', '.join(unknown)}; choose from {', '.join(known)}")
     import torch
 
     if args.k_sweep:
-        return k_sweep(args, argv)
+        return k_sweep(args)
     if args.quick:
         result = quick(args)
         print(
@@ -596,7 +590,7 @@ def main(argv=None) -> int:
     names = args.operators or known
     for name in names:
         try:  # each operator in its own process
-            row = run_isolated("topklab.bench.operators:measure_options", {**vars(args), "operator": name})
+            row = run_isolated("benchmarks.operators:measure_options", {**vars(args), "operator": name})
         except WorkerFailed as err:  # recorded; the other operators still run
             print(f"error: operator {name} failed: {err}", file=sys.stderr)
             failed.append({"operator": name, "error": str(err)})
@@ -608,7 +602,7 @@ def main(argv=None) -> int:
     peers = compare_peers(args, names)
     head_to_head = quick(argparse.Namespace(device=args.device, quick_rounds=args.quick_rounds))
     out = {
-        "command": command_line("bench_operators.py", argv),
+        "command": args.command,
         "device": device_name(args.device),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
@@ -629,7 +623,7 @@ def main(argv=None) -> int:
         f"operators_{tag}",
         out,
         out["command"],
-        {k: v for k, v in vars(args).items() if k not in ("out_dir", "operator")},
+        {k: v for k, v in vars(args).items() if k not in ("out_dir", "operator", "command")},
         markdown=render(out, f"operators_{tag}.png"),
     )
     print(f"wrote {out_dir / f'operators_{tag}.md'}")
@@ -637,21 +631,21 @@ def main(argv=None) -> int:
     return 0
 
 
-def k_sweep(args, argv) -> int:
+def k_sweep(args) -> int:
     """``--k-sweep``: every operator against k at one n, each in its own process; writes operators_k_<tag>."""
     import torch
 
     rows = []
     for name in args.operators or operator_names():
         try:
-            row = run_isolated("topklab.bench.operators:measure_k_options", {**vars(args), "operator": name})
+            row = run_isolated("benchmarks.operators:measure_k_options", {**vars(args), "operator": name})
         except WorkerFailed as err:  # recorded; the other operators still run
             print(f"error: operator {name} failed: {err}", file=sys.stderr)
             continue
         rows.append(row)
         print(f"{name:20s} " + ", ".join(f"k={s['k']}: {speed_cell(s)} ms" for s in row["speed"]), flush=True)
     out = {
-        "command": command_line("bench_operators.py", argv),
+        "command": args.command,
         "device": device_name(args.device),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
@@ -661,24 +655,22 @@ def k_sweep(args, argv) -> int:
     tag = args.tag or ("cuda" if args.device.startswith("cuda") else "cpu")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    settings = {k: v for k, v in vars(args).items() if k not in ("out_dir", "operator")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("out_dir", "operator", "command")}
     write_outputs(out_dir, f"operators_k_{tag}", out, out["command"], settings, markdown=render_k(out))
     print(f"wrote {out_dir / f'operators_k_{tag}.md'}")
     return 0
 
 
 def render_saved(path: Path) -> int:
-    """Redraw ``operators_<tag>.{md,png}`` beside a result JSON this script wrote (no measuring)."""
+    """Redraw ``operators_<tag>.{md,png}`` beside a result JSON this benchmark wrote (no measuring)."""
     from topklab.utils.io import atomic_write_text
 
     try:
         out = json.loads(path.read_text())["result"]
     except (OSError, ValueError, KeyError) as err:
-        print(
-            f"error: {path} is not a result JSON of this script ({err}); pass results/bench/operators_<tag>.json",
-            file=sys.stderr,
-        )
-        return 2
+        raise TopklabError(
+            f"{path} is not a result JSON of this benchmark ({err}); pass results/bench/operators_<tag>.json"
+        ) from None
     plot(out["rows"], path.with_suffix(".png"), out["device"])
     atomic_write_text(path.with_suffix(".md"), render(out, path.with_suffix(".png").name))
     print(f"wrote {path.with_suffix('.md')} and {path.with_suffix('.png').name}")

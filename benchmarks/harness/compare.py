@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from topklab.bench.timing import median as statistics_median
+from benchmarks.harness.timing import median as statistics_median
 
 Clock = Callable[[Callable], tuple[float, object]]  # call -> (seconds, what it returned)
 

@@ -1,11 +1,11 @@
-"""``scripts/bench_step_share.py``: the aggregate loss's share of a real training step: Average, ATk and STk (as the
+"""The aggregate loss's share of a real training step: Average, ATk and STk (as the
 configs run it, λ solved per batch; with ``loss.kernel=native``; and with the paper's gradient update of λ,
 ``loss.lam_update=gradient``, λ a parameter of the optimizer) inside the engine.
 
-    python scripts/bench_step_share.py [--tabular-steps 2000] [--vision-steps 24] [--translation-steps 16]
-                                       [--threads 1] [--workloads tabular vision translation]
-                                       [--quick] [--data-dir .data] [--translation-override KEY=VALUE ...]
-                                       [--out-dir results/bench]
+    python -m benchmarks step_share [--tabular-steps 2000] [--vision-steps 24] [--translation-steps 16]
+                                    [--threads 1] [--workloads tabular vision translation]
+                                    [--quick] [--data-dir .data] [--translation-override KEY=VALUE ...]
+                                    [--out-dir results/bench]
 
 Workloads: ``tabular``, the STk paper's 2-layer MLP on australian (its recipe: logistic loss,
 AdaGrad, batch 16; ``loss=stk`` as the loss group gives it: the C++ kernel at every n);
@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from topklab.bench.isolation import WorkerFailed, project_root, run_isolated
-from topklab.bench.output import command_line, machine_label, write_outputs
+from benchmarks.harness.isolation import WorkerFailed, project_root, run_isolated
+from topklab.report.outputs import machine_label, write_outputs
 
 ROOT = project_root()
 
@@ -200,7 +200,7 @@ def worker(
         module = TrainingModule(model, objective)
         optimizer = build(cfg.optim, "optim")(module.parameter_groups())
         run = TrainingRun(engine, module, optimizer, data, task, cfg.seed, Distributed(), (None, None, None))
-        run.open(None, None)
+        run.open(None, None, None)
         run.start(None)
         runs[loss], batches[loss] = run, batch_stream(run)
 
@@ -328,8 +328,7 @@ def verdict(table: dict) -> str:
     return "worst STk step overhead vs Average: " + "; ".join(parts)
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser) -> None:
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), help=f"of {', '.join(WORKLOADS)}")
     for workload in WORKLOADS:
         default = DEFAULTS[f"{workload}_steps"]
@@ -351,7 +350,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="a Hydra override for the translation runs (repeatable), e.g. dataset.root=DIR",
     )
     parser.add_argument("--out-dir", default=str(ROOT / "results" / "bench"))
-    args = parser.parse_args(argv)
+
+
+def check(args) -> None:
+    """Fill the step counts left unset (``--quick``'s or the defaults) and refuse what cannot run."""
     for name, default in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, QUICK[name] if args.quick else default)
@@ -361,7 +363,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name in (*DEFAULTS, "threads"):
         if getattr(args, name) < 1:
             fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    return args
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -370,10 +371,10 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def run_worker(args: argparse.Namespace, workload: str) -> dict:
-    """One workload's timed steps in a fresh process, or this script's exit with its error."""
+    """One workload's timed steps in a fresh process, or the benchmark's exit with its error."""
     try:
         return run_isolated(
-            "topklab.bench.step_share:worker",
+            "benchmarks.step_share:worker",
             workload,
             getattr(args, f"{workload}_steps"),
             1 if args.quick else WORKLOADS[workload]["warmup_steps"],
@@ -385,9 +386,8 @@ def run_worker(args: argparse.Namespace, workload: str) -> dict:
         fail(f"{workload} failed: {err}", code=err.returncode)
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
+def run(args) -> None:
+    check(args)
     results = []
     for workload in args.workloads:
         results.append(run_worker(args, workload))
@@ -403,7 +403,6 @@ def main(argv: list[str] | None = None) -> None:
         "quick": args.quick,
         "device": "cpu",
     }
-    command = command_line("bench_step_share.py", argv)
     description = f"cpu: {machine_label('cpu')}, {args.threads} torch thread(s)"
     payload = {
         "workloads": table,
@@ -413,8 +412,8 @@ def main(argv: list[str] | None = None) -> None:
         "worst_stk_gradient": worst_stk(table, "stk_gradient"),
     }
     out_dir = Path(args.out_dir)
-    text = render(table, command, description)
-    write_outputs(out_dir, "step_share_cpu", payload, command, settings, markdown=text)
+    text = render(table, args.command, description)
+    write_outputs(out_dir, "step_share_cpu", payload, args.command, settings, markdown=text)
     print(text)
     print(f"wrote {out_dir}/step_share_cpu.{{json,md}}")
     print(verdict(table))

@@ -1,6 +1,6 @@
-"""``scripts/bench_topk.py``: forward + backward time and peak memory of the aggregate losses on n per-sample losses.
+"""Forward + backward time and peak memory of the aggregate losses on n per-sample losses.
 
-    python scripts/bench_topk.py [--quick] [--device cpu|cuda] [--max-exp 7] [--out-dir results/bench]
+    python -m benchmarks topk [--quick] [--device cpu|cuda] [--max-exp 7] [--out-dir results/bench]
 
 Losses: Average, Maximum, ATk (sort), ATk (torch.topk), and MATk and STk through the three paths
 of their fused kernel (eager, ``torch.compile``-d, native C++; see topklab.losses.aggregate.kernels), on a
@@ -15,23 +15,29 @@ process per loss and no memory column, in about a minute. Writes ``topk_<device>
 
 Then (after a CPU sweep, or alone with ``--against-torch`` on any device) every aggregate as the library
 gives it by default against the plain torch expression, side by side
-(:mod:`topklab.bench.against_torch`; n = 16 … 1e7), written to ``topk_against_torch_<cpu|cuda>.{json,md}``;
+(:mod:`benchmarks.against_torch`; n = 16 … 1e7), written to ``topk_against_torch_<cpu|cuda>.{json,md}``;
 the last line printed is its worst ratio against its target.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from functools import partial
 from pathlib import Path
 
-from topklab.bench import against_torch
-from topklab.bench.isolation import WorkerFailed, project_root, run_isolated
-from topklab.bench.memory import cuda_peak_bytes, current_rss_bytes, peak_rss_bytes, reset_cuda_peak, reset_peak_rss
-from topklab.bench.output import command_line, write_outputs
-from topklab.bench.timing import Timer, repeat_until, upper_median
+from benchmarks import against_torch
+from benchmarks.harness import bench_device
+from benchmarks.harness.isolation import WorkerFailed, project_root, run_isolated
+from benchmarks.harness.memory import (
+    cuda_peak_bytes,
+    current_rss_bytes,
+    peak_rss_bytes,
+    reset_cuda_peak,
+    reset_peak_rss,
+)
+from benchmarks.harness.timing import Timer, repeat_until, upper_median
+from topklab.report.outputs import machine_label, write_outputs
+from topklab.utils.errors import TopklabError
 
 ROOT = project_root()
 
@@ -250,15 +256,14 @@ def run_worker(name: str, points: list[tuple[int, int]], args, measure_memory: b
     """:func:`worker` in a fresh process (its peak memory its own); a failure ends the benchmark in one line."""
     try:
         return run_isolated(
-            "topklab.bench.topk:worker", name, points, args.device, args.min_time, args.threads, measure_memory
+            "benchmarks.topk:worker", name, points, args.device, args.min_time, args.threads, measure_memory
         )
     except WorkerFailed as err:
         print(f"error: {name} at {points} failed: {err}", file=sys.stderr)
         raise SystemExit(1) from None
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="n = 1e5, 1e6; Average, ATk (topk), STk; no memory")
     parser.add_argument("--min-exp", type=int, default=3)
@@ -290,45 +295,26 @@ def main(argv: list[str] | None = None) -> None:
         default=4.0,
         help="seconds of all rounds together, per n, in the against-torch table",
     )
-    parser.add_argument("--worker", nargs=2, metavar=("LOSS", "POINTS"), help=argparse.SUPPRESS)
-    parser.add_argument("--no-memory", action="store_true", help=argparse.SUPPRESS)
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
-    if args.worker:
-        name, points = args.worker
-        pairs = [tuple(int(v) for v in point.split(":")) for point in points.split(",")]
-        print(json.dumps(worker(name, pairs, args.device, args.min_time, args.threads, not args.no_memory)))
-        return
-    if args.device.startswith("cuda"):
-        import torch
 
-        if not torch.cuda.is_available():
-            print("error: --device cuda but no CUDA device is available here; use --device cpu", file=sys.stderr)
-            raise SystemExit(2)
+
+def run(args) -> None:
+    bench_device(args.device)
     if args.quick:
         args.min_exp, args.max_exp = 5, 6
     if not 1 <= args.min_exp <= args.max_exp <= 9:
-        print(f"error: need 1 <= --min-exp <= --max-exp <= 9, got {args.min_exp}, {args.max_exp}", file=sys.stderr)
-        raise SystemExit(2)
+        raise TopklabError(f"need 1 <= --min-exp <= --max-exp <= 9, got {args.min_exp}, {args.max_exp}")
     if args.compiled and args.device.startswith("cuda") and not args.against_torch:
-        print(
-            "error: --compiled times the against-torch table, which runs on a GPU only with --against-torch",
-            file=sys.stderr,
-        )
-        raise SystemExit(2)
+        raise TopklabError("--compiled times the against-torch table, which runs on a GPU only with --against-torch")
     if not args.against_torch:
-        sweep(args, argv)
+        sweep(args)
     if args.against_torch or not args.device.startswith("cuda"):
-        compare_with_torch(args, argv)
+        compare_with_torch(args)
 
 
-def compare_with_torch(args, argv: list[str]) -> None:
+def compare_with_torch(args) -> None:
     """The against-torch table (one process per n on a CPU, one in all on a GPU); its headline is the last line printed."""
-    from topklab.bench.output import machine_label
-
     if any(n < 1 for n in args.sizes) or not 0 < args.k <= 1 or args.rounds < 1 or not args.against_time > 0:
-        print("error: need --sizes >= 1, 0 < --k <= 1, --rounds >= 1 and --against-time > 0", file=sys.stderr)
-        raise SystemExit(2)
+        raise TopklabError("need --sizes >= 1, 0 < --k <= 1, --rounds >= 1 and --against-time > 0")
     on_gpu = args.device.startswith("cuda")
     # on a CPU each n in its own process (its own heap); on a GPU all in one, so that inductor compiles once
     groups = [args.sizes] if on_gpu else [[n] for n in args.sizes]
@@ -336,7 +322,7 @@ def compare_with_torch(args, argv: list[str]) -> None:
     for sizes in groups:
         try:
             found = run_isolated(
-                "topklab.bench.against_torch:workers",
+                "benchmarks.against_torch:workers",
                 sizes,
                 args.k,
                 args.rounds,
@@ -356,7 +342,6 @@ def compare_with_torch(args, argv: list[str]) -> None:
             mine = ", ".join(f"{r['loss']} {r['ratio']:.2f}" for r in against_torch.ratios([row]))
             print(f"against torch n={row['n']:,}: {mine}", flush=True)
         rows += found
-    command = command_line("bench_topk.py", argv)
     settings = {
         "sizes": args.sizes,
         "k": args.k,
@@ -368,15 +353,15 @@ def compare_with_torch(args, argv: list[str]) -> None:
         "dtype": args.dtype,
     }
     hardware = machine_label(args.device, None if on_gpu else args.threads or None)
-    text = against_torch.render(rows, hardware, command, args.k, one_process=on_gpu, dtype=args.dtype)
+    text = against_torch.render(rows, hardware, args.command, args.k, one_process=on_gpu, dtype=args.dtype)
     suffix = "" if args.dtype == "float32" else f"_{args.dtype}"
     out_dir, name = Path(args.out_dir), f"topk_against_torch_{'cuda' if on_gpu else 'cpu'}{suffix}"
-    write_outputs(out_dir, name, {"rows": rows}, command, settings, markdown=text)
+    write_outputs(out_dir, name, {"rows": rows}, args.command, settings, markdown=text)
     print(f"wrote {out_dir}/{name}.{{json,md}}")
     print(against_torch.headline(rows))
 
 
-def sweep(args, argv: list[str]) -> None:
+def sweep(args) -> None:
     """The per-loss sweep over n = 10^min-exp … 10^max-exp and k (time and peak memory)."""
     from topklab.utils.provenance import hardware
 
@@ -407,7 +392,7 @@ def sweep(args, argv: list[str]) -> None:
         "threads": args.threads,
         "losses": args.losses,
     }
-    command = command_line("bench_topk.py", argv)
+    command = args.command
     threads = args.threads or machine["torch_threads"]
     text = render(results, device, f"{label}, {machine['cpu_count']} cores, {threads} torch threads", command)
     write_outputs(

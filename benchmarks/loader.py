@@ -1,8 +1,8 @@
-"""``scripts/bench_loader.py``: images per second of the two vision data paths on CIFAR-sized data, measured side by side; with
+"""Images per second of the two vision data paths on CIFAR-sized data, measured side by side; with
 ``--vit``, of the ViT-resolution pipeline (decoding and resizing to 224) instead.
 
-    python scripts/bench_loader.py [--device cpu|cuda] [--images 50000] [--workers 0 2] [--out-dir results/bench]
-    python scripts/bench_loader.py --vit [--images 1024] [--workers 0 2]
+    python -m benchmarks loader [--device cpu|cuda] [--images 50000] [--workers 0 2] [--out-dir results/bench]
+    python -m benchmarks loader --vit [--images 1024] [--workers 0 2]
 
 Both paths deliver the same thing to the training step: a shuffled, augmented (zero-padded random
 crop 32 / 4, horizontal flip), normalised float batch of 128 on ``--device``. ``device`` is
@@ -22,13 +22,12 @@ CIFAR-sized in-memory images through the same training pipeline (``dataset=cifar
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from pathlib import Path
 
-from topklab.bench import output
-from topklab.bench.isolation import project_root
+from benchmarks.harness import bench_device, project_root
+from topklab.report import outputs
+from topklab.utils.errors import TopklabError
 
 ROOT = project_root()
 
@@ -51,28 +50,23 @@ def images_per_second(loader, epochs: int, device) -> float:
 def where_and_kind(device, torch) -> tuple[str, str]:
     """The machine's description for a table header and the file-name tag (cpu | cuda)."""
     kind = "cuda" if device.type == "cuda" else "cpu"
-    return output.machine_label(device, None if kind == "cuda" else torch.get_num_threads()), kind
+    return outputs.machine_label(device, None if kind == "cuda" else torch.get_num_threads()), kind
 
 
 def write_outputs(out_dir: Path, name: str, payload: dict, args, lines: list[str]) -> None:
     """``<name>.json`` (the result envelope, with provenance) and ``<name>.md`` under ``out_dir``."""
-    output.write_outputs(
+    outputs.write_outputs(
         out_dir,
         name,
         payload,
-        command_line(args.argv),
+        args.command,
         {"images": args.images, "batch_size": args.batch_size, "epochs": args.epochs},
         markdown="\n".join(lines),
     )
     print(f"wrote {out_dir}/{name}.{{json,md}}")
 
 
-def command_line(argv: list[str] | None = None) -> str:
-    return output.command_line("bench_loader.py", argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(parser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--images", type=int, default=50_000)
     parser.add_argument("--batch-size", type=int, default=128)
@@ -81,9 +75,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--out-dir", default=str(ROOT / "results" / "bench"))
     parser.add_argument("--vit", action="store_true", help="time the ViT-resolution pipeline instead")
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
-    args.argv = argv
+
+
+def run(args) -> int:
     if args.vit:
         return vit_pipeline(args)
 
@@ -92,15 +86,11 @@ def main(argv: list[str] | None = None) -> None:
     import topklab  # noqa: F401  (torchvision shim)
     from topklab.data.vision import DeviceLoader, TorchvisionLoader
 
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("error: --device cuda but no CUDA device is available here; use --device cpu", file=sys.stderr)
-        raise SystemExit(2)
+    device = bench_device(args.device)
     if args.images < args.batch_size or args.epochs < 1 or any(w < 0 for w in args.workers):
-        print("error: need --images >= --batch-size, --epochs >= 1 and --workers >= 0", file=sys.stderr)
-        raise SystemExit(2)
+        raise TopklabError("need --images >= --batch-size, --epochs >= 1 and --workers >= 0")
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
     images = torch.randint(
         0, 256, (args.images, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
     )
@@ -129,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     lines = [
         f"# Vision data paths: images/s ({kind}: {where})",
         "",
-        f"Produced by: `{command_line(args.argv)}`.  ",
+        f"Produced by: `{args.command}`.  ",
         f"{args.images:,} CIFAR-sized uint8 images, batch {args.batch_size}, random crop 32/4 + flip + normalise, "
         f"delivered on `{device}`; {args.epochs} timed epoch(s) after one warm-up epoch.",
         "",
@@ -157,8 +147,7 @@ def vit_pipeline(args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.images < args.batch_size or any(w < 0 for w in args.workers):
-        print("error: need --images >= --batch-size and --workers >= 0", file=sys.stderr)
-        raise SystemExit(2)
+        raise TopklabError("need --images >= --batch-size and --workers >= 0")
     device = torch.device(args.device)
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 365, args.images)
@@ -197,7 +186,7 @@ def vit_pipeline(args) -> None:
     lines = [
         f"# ViT-resolution data pipeline: images/s ({kind}: {where})",
         "",
-        f"Produced by: `{command_line(args.argv)}`.  ",
+        f"Produced by: `{args.command}`.  ",
         f"{args.images:,} images, batch {args.batch_size}, delivered as normalised 224 × 224 float batches on `{device}`; "
         f"{args.epochs} timed epoch(s) after one warm-up epoch; bilinear resizes (PIL).",
         "",

@@ -1,7 +1,7 @@
-"""``scripts/bench_routing.py``: wall time of a training step of the routing rows' language model, dense against routed, side by side.
+"""Wall time of a training step of the routing rows' language model, dense against routed, side by side.
 
-    python scripts/bench_routing.py [--capacities 0.125 0.25 0.5] [--repeats 10] [--device cpu|cuda]
-                                    [--out results/bench/routing_cpu.json]
+    python -m benchmarks routing [--capacities 0.125 0.25 0.5] [--repeats 10] [--device cpu|cuda]
+                             [--out results/bench/routing_cpu.json]
 
 The model of ``experiment=routing/*`` (4 layers, d 256, FFN 1024, 5,000 pieces, layers 1 and 3
 routed) takes forward + backward + AdamW steps on two batch shapes of 2,048 tokens: Multi30k-like
@@ -13,12 +13,10 @@ threshold-p router at that fraction costs the same) are timed in turn with the d
 
 from __future__ import annotations
 
-import argparse
-import sys
 from functools import partial
 from pathlib import Path
 
-from topklab.bench.isolation import project_root
+from benchmarks.harness.isolation import project_root
 
 ROOT = project_root()
 SHAPES = {"multi30k-like (128 x 16)": (128, 16), "long (16 x 128)": (16, 128)}
@@ -57,27 +55,21 @@ def routed_fraction(model, tokens) -> float:
     return float(model.last_routed.sum()) / (tokens[:, :-1].numel() * max(model.last_routed.shape[1], 1))
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(parser) -> None:
     parser.add_argument("--capacities", type=float, nargs="+", default=[0.125, 0.25, 0.5])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=None, help="default: results/bench/routing_<device>.json")
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
+
+
+def run(args) -> int:
     import torch
 
-    from topklab.bench.compare import interleaved, medians, ratios
-    from topklab.bench.harness import bench_device, timed, write_bench
+    from benchmarks.harness import bench_device, interleaved, medians, ratios, timed, write_bench
     from topklab.data.translation import PairBatch
     from topklab.models import STkThresholdRouter, TopKRouter
-    from topklab.utils.errors import TopklabError
 
-    try:
-        device = bench_device(args.device)
-    except TopklabError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    device = bench_device(args.device)
     rows = []
     for shape, (sentences, length) in SHAPES.items():
         generator = torch.Generator().manual_seed(0)
@@ -116,7 +108,7 @@ def main(argv=None) -> int:
                 flush=True,
             )
     out = write_bench(
-        ROOT, "routing", device, rows, {"capacities": args.capacities, "repeats": args.repeats}, args.out, argv=argv
+        ROOT, "routing", device, rows, {"capacities": args.capacities, "repeats": args.repeats}, args.command, args.out
     )
     print(f"wrote {out}")
     return 0

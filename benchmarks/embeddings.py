@@ -1,6 +1,6 @@
-"""``scripts/bench_embeddings.py``: what Petersen et al.'s ImageNet tables cost on this machine: embedding extraction and head training.
+"""What Petersen et al.'s ImageNet tables cost on this machine: embedding extraction and head training.
 
-    python scripts/bench_embeddings.py [--device cpu|cuda] [--quick] [--out results/bench/embeddings_cpu.json]
+    python -m benchmarks embeddings [--device cpu|cuda] [--quick] [--out results/bench/embeddings_cpu.json]
 
 1. Extraction: images/s of each backbone through ``topklab.data.embeddings.extract`` (JPEG decode,
    timm's transform, forward, memory-mapped write; one process) on a generated tree of ImageNet-sized
@@ -21,16 +21,14 @@ Absolute times: run it on a quiet machine. Writes a result envelope; ``--render`
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from topklab.bench.isolation import project_root
-from topklab.bench.memory import max_rss_mb as peak_rss_mb
+from benchmarks.harness.isolation import project_root
+from benchmarks.harness.memory import max_rss_mb as peak_rss_mb
 
 ROOT = project_root()
 CONFIGS = ROOT / "configs"
@@ -354,58 +352,52 @@ def render(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="stand-ins and two methods only (a test of the script)")
     parser.add_argument("--steps", type=int, default=30, help="training steps timed per method")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one; 6 GB)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--render", type=Path, default=None, help="redraw the markdown of this result JSON and stop")
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
 
-    from topklab.bench.harness import bench_device, write_bench
+
+def run(args) -> int:
+    from benchmarks.harness import bench_device, write_bench
     from topklab.report.schema import read_result
-    from topklab.utils.errors import TopklabError
     from topklab.utils.io import atomic_write_text
 
-    try:
-        if args.render:
-            atomic_write_text(args.render.with_suffix(".md"), render(read_result(args.render, "bench")))
-            return 0
-        device = bench_device(args.device)
-        recorded = list(argv)
-        if "--work" in recorded:  # a scratch folder is a machine path: kept out of the recorded command
-            at = recorded.index("--work")
-            recorded[at : at + 2] = []
-        load = os.getloadavg()[0]
-        with tempfile.TemporaryDirectory(dir=args.work) as scratch:
-            work = Path(scratch)
-            backbones = BACKBONES[:1] if args.quick else BACKBONES
-            rows = bench_extraction(device, work, backbones)
-            if args.quick:
-                shape = {**IMAGENET_1K, "classes": 100, "dim": 64}
-                root = random_embeddings(work / "emb1k", shape, 20_000, 1_000)
-                rows += bench_heads(device, "imagenet1k", shape, root, 20_000, 4, METHODS[:3:2])
-            else:
-                root = random_embeddings(work / "emb1k", IMAGENET_1K, IMAGENET_1K["train"], IMAGENET_1K["test"])
-                rows += bench_heads(device, "imagenet1k", IMAGENET_1K, root, IMAGENET_1K["train"], args.steps, METHODS)
-                root = random_embeddings(work / "emb21k", IMAGENET_21KP, 200_000, 1_000)
-                rows += bench_heads(
-                    device,
-                    "imagenet21kp",
-                    IMAGENET_21KP,
-                    root,
-                    200_000,
-                    max(args.steps // 3, 5),
-                    ["softmax_ce", "bitonic_uniform", "neuralsort_uniform"],
-                )
-        config = {"quick": args.quick, "steps": args.steps, "load_average": round(load, 2)}
-        path = write_bench(ROOT, "embeddings", device, rows, config, args.out, argv=recorded)
-        atomic_write_text(path.with_suffix(".md"), render(read_result(path, "bench")))
-    except TopklabError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    if args.render:
+        atomic_write_text(args.render.with_suffix(".md"), render(read_result(args.render, "bench")))
+        return 0
+    device = bench_device(args.device)
+    recorded = args.command.split(" ")
+    if "--work" in recorded:  # a scratch folder is a machine path: kept out of the recorded command
+        at = recorded.index("--work")
+        recorded[at : at + 2] = []
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(dir=args.work) as scratch:
+        work = Path(scratch)
+        backbones = BACKBONES[:1] if args.quick else BACKBONES
+        rows = bench_extraction(device, work, backbones)
+        if args.quick:
+            shape = {**IMAGENET_1K, "classes": 100, "dim": 64}
+            root = random_embeddings(work / "emb1k", shape, 20_000, 1_000)
+            rows += bench_heads(device, "imagenet1k", shape, root, 20_000, 4, METHODS[:3:2])
+        else:
+            root = random_embeddings(work / "emb1k", IMAGENET_1K, IMAGENET_1K["train"], IMAGENET_1K["test"])
+            rows += bench_heads(device, "imagenet1k", IMAGENET_1K, root, IMAGENET_1K["train"], args.steps, METHODS)
+            root = random_embeddings(work / "emb21k", IMAGENET_21KP, 200_000, 1_000)
+            rows += bench_heads(
+                device,
+                "imagenet21kp",
+                IMAGENET_21KP,
+                root,
+                200_000,
+                max(args.steps // 3, 5),
+                ["softmax_ce", "bitonic_uniform", "neuralsort_uniform"],
+            )
+    config = {"quick": args.quick, "steps": args.steps, "load_average": round(load, 2)}
+    path = write_bench(ROOT, "embeddings", device, rows, config, " ".join(recorded), args.out)
+    atomic_write_text(path.with_suffix(".md"), render(read_result(path, "bench")))
     print(f"wrote {path} and {path.with_suffix('.md')}")
     return 0

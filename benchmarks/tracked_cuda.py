@@ -1,23 +1,23 @@
 """The tracked call of STk and MATk through its one Triton launch against ``x.mean()`` and ATk (topk) on
 a CUDA device: forward + backward per call, CUDA events, the median of interleaved rounds.
 
-    python scripts/bench_tracked_cuda.py [--sizes 1e3 1e4 …] [--dtype float32 bfloat16] [--rules track solve] [--out DIR]
+    python -m benchmarks tracked_cuda [--sizes 1e3 1e4 …] [--dtype float32 bfloat16] [--rules track solve] [--out DIR]
 
-Writes ``tracked_cuda.{json,md}`` to ``--out`` (default ``results/bench``): per dtype, k and n the time of
+Needs a CUDA device. Writes ``tracked_cuda.{json,md}`` to ``--out`` (default ``results/bench``): per dtype, k and n the time of
 each and its ratio to ``x.mean()``'s. STk and MATk run under each of ``--rules`` (default ``track``; their
 first call, which starts λ, is a warm-up call) with ``kernel="triton"``.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from pathlib import Path
 
 import torch
 
-from topklab.bench.output import command_line, write_outputs
+from benchmarks.harness import bench_device
 from topklab.losses import ATk, MATk, STk
+from topklab.report.outputs import write_outputs
 
 
 def timed(step, x, calls: int) -> float:
@@ -45,15 +45,17 @@ def steps(k: int, rules: list[str]):
     return functions
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser) -> None:
     parser.add_argument("--sizes", type=float, nargs="+", default=[1e3, 1e4, 1e5, 1e6, 1e7, 1e8])
     parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--ks", nargs="+", default=["5", "0.1", "0.9"], help="counts or fractions of n")
     parser.add_argument("--rules", nargs="+", default=["track"], help="λ rules (track, solve, adaptive)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", default="results/bench")
-    args = parser.parse_args(argv)
+
+
+def run(args) -> None:
+    bench_device("cuda")
     rows = []
     for dtype in args.dtype:
         for n in (int(size) for size in args.sizes):
@@ -86,7 +88,7 @@ def main(argv=None) -> None:
         f"# The tracked STk/MATk call (one Triton launch) against x.mean() on {meta['device']}",
         "",
         f"Forward + backward per call, CUDA events, median of {args.rounds} interleaved rounds; torch {meta['torch']}. "
-        "Produced by `python scripts/bench_tracked_cuda.py`. Ratio to `x.mean()` (µs of `x.mean()` in the last column).",
+        f"Produced by `{args.command}`. Ratio to `x.mean()` (µs of `x.mean()` in the last column).",
         "",
         "| dtype | n | k | " + " | ".join(names) + " | x.mean() µs |",
         "|---|---|---|" + "---|" * (len(names) + 1),
@@ -95,9 +97,5 @@ def main(argv=None) -> None:
         cells = " | ".join(f"{row['ratio'][name]:.2f}" for name in names)
         lines.append(f"| {row['dtype']} | {row['n']:.0e} | {row['k']} | {cells} | {row['us']['x.mean()']:.1f} |")
     config = {"sizes": args.sizes, "dtype": args.dtype, "ks": args.ks, "rules": args.rules, "rounds": args.rounds}
-    write_outputs(Path(args.out), "tracked_cuda", {"meta": meta, "rows": rows}, command_line("bench_tracked_cuda.py", argv),
+    write_outputs(Path(args.out), "tracked_cuda", {"meta": meta, "rows": rows}, args.command,
                   config, markdown="\n".join(lines) + "\n")  # fmt: skip
-
-
-if __name__ == "__main__":
-    main()

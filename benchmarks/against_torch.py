@@ -1,7 +1,7 @@
 """The aggregates as a user gets them (the library's defaults) against the plain torch expression a
-user would otherwise write, forward + backward, measured side by side.
+user would otherwise write, forward + backward, measured side by side against their speed target.
 
-    python scripts/bench_topk.py --against-torch [--sizes 16 64 ...] [--k 0.1] [--dtype float32] [--rounds 15]
+    python -m benchmarks topk --against-torch [--sizes 16 64 ...] [--k 0.1] [--dtype float32] [--rounds 15]
 
 Pairs (library module in training mode : plain expression), on a float32 leaf of n losses:
 ``Average()`` : ``x.mean()``, ``Maximum()`` : ``x.max()``, ``ATk(k)`` : ``x.topk(k).values.mean()``,

@@ -1,11 +1,11 @@
-"""``scripts/bench_cifar_epoch.py``: epoch time of the CIFAR-100-LT ResNet-32 rows (stk/cifar100lt/*) with each data path, measured side by
+"""Epoch time of the CIFAR-100-LT ResNet-32 rows (stk/cifar100lt/*) with each data path, measured side by
 side in one run, and the 200-epoch recipe's time projected from it.
 
-    python scripts/bench_cifar_epoch.py --device cuda [--epochs 3] [--workers 8] [--out-dir results/bench]
+    python -m benchmarks cifar_epoch --device cuda [--epochs 3] [--workers 8] [--out-dir results/bench]
 
 The files are CIFAR-100 in torchvision's on-disk format (500 training and 100 test images per class,
 random class-coloured pixels; the timing does not depend on them) written by the test helper
-``tests/vision_files.write_cifar100``, then cut to the row's ρ = 100 long tail (10,847 images) as a
+``tests/helpers/vision_files.write_cifar100``, then cut to the row's ρ = 100 long tail (10,847 images) as a
 real run would. Each path (``dataset.loader=device``: the uint8 set on the device, augmented there;
 ``torchvision``: a DataLoader with ``--workers`` workers) trains the la_stk row for ``--epochs`` epochs
 (training and validation, from the engine's ``elapsed_s``); the first epoch (cuDNN autotuning, the C++
@@ -15,15 +15,15 @@ line is ``ratio torchvision/device epoch time: N``.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from topklab.bench.isolation import project_root
-from topklab.bench.output import command_line, write_outputs
+from benchmarks.harness.isolation import project_root
+from topklab.report.outputs import write_outputs
+from topklab.utils.errors import TopklabError
 
 ROOT = project_root()
 RECIPE_EPOCHS = 200
@@ -35,8 +35,7 @@ def epoch_seconds(run_dir: Path) -> list[float]:
     return [b - a for a, b in zip([0.0, *elapsed], elapsed)]
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=8, help="DataLoader workers of the torchvision path")
@@ -44,11 +43,11 @@ def main(argv: list[str] | None = None) -> None:
         "--per-class", type=int, default=500, help="training images per class before the long-tail cut (CIFAR: 500)"
     )
     parser.add_argument("--out-dir", default=str(ROOT / "results" / "bench"))
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
+
+
+def run(args) -> int:
     if args.epochs < 2 or args.workers < 0:
-        print("error: need --epochs >= 2 (the first is left out) and --workers >= 0", file=sys.stderr)
-        sys.exit(2)
+        raise TopklabError("need --epochs >= 2 (the first is left out) and --workers >= 0")
 
     from hydra import initialize_config_dir
 
@@ -57,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
 
     sys.path.insert(0, str(ROOT / "tests"))  # the CIFAR-100 file writer is the tests' helper
     try:
-        from vision_files import write_cifar100
+        from helpers.vision_files import write_cifar100
     finally:
         sys.path.remove(str(ROOT / "tests"))
 
@@ -104,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
                     "projected_recipe_hours": steady * RECIPE_EPOCHS / 3600,
                 }
             )
-    command = command_line("bench_cifar_epoch.py", argv)
+    command = args.command
     ratio = rows[1]["median_epoch_s"] / rows[0]["median_epoch_s"]
     lines = [
         f"# ResNet-32 CIFAR-100-LT epoch time ({args.device})",

@@ -1,7 +1,7 @@
 """Run a benchmark's worker in a fresh Python process, so that its time and peak memory are its own.
 
 :func:`run_isolated` calls ``module:function(*args, **kwargs)`` (JSON-ready arguments) in a child
-``python -m topklab.bench.isolation`` and returns what the function returned, sent back as the last
+``python -m benchmarks.harness.isolation`` and returns what the function returned, sent back as the last
 line of the child's stdout. A failing child is a :class:`WorkerFailed` with one line: the child's last
 line on stderr (a :class:`~topklab.utils.errors.TopklabError` as ``error: <message>``, else the
 exception's line of the traceback).
@@ -29,7 +29,7 @@ class WorkerFailed(TopklabError):
 
 def project_root() -> Path:
     """``$TOPKLAB_ROOT``, else the checkout this package lies in."""
-    return Path(os.environ.get("TOPKLAB_ROOT") or Path(__file__).resolve().parents[3])
+    return Path(os.environ.get("TOPKLAB_ROOT") or Path(__file__).resolve().parents[2])
 
 
 def failure_line(stderr: str, returncode: int) -> str:
@@ -44,13 +44,16 @@ def failure_line(stderr: str, returncode: int) -> str:
 def run_isolated(target: str, *args, env: dict | None = None, **kwargs):
     """``module:function(*args, **kwargs)`` in a fresh process; its JSON-decoded return value.
 
-    ``env``: extra environment variables of the child (``TOPKLAB_ROOT`` is always passed on).
+    ``env``: extra environment variables of the child (``TOPKLAB_ROOT`` is always passed on, and the
+    checkout of :mod:`benchmarks` leads its ``PYTHONPATH``).
     Raises :class:`WorkerFailed` with a one-line message when the child fails.
     """
     call = json.dumps({"target": target, "args": list(args), "kwargs": kwargs})
     environment = {**os.environ, "TOPKLAB_ROOT": str(project_root()), **(env or {})}
+    checkout = str(Path(__file__).resolve().parents[2])  # where the child imports ``benchmarks`` from
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [checkout, environment.get("PYTHONPATH")]))
     done = subprocess.run(
-        [sys.executable, "-m", "topklab.bench.isolation", call], capture_output=True, text=True, env=environment
+        [sys.executable, "-m", "benchmarks.harness.isolation", call], capture_output=True, text=True, env=environment
     )
     if done.returncode != 0:
         raise WorkerFailed(failure_line(done.stderr, done.returncode), done.returncode)

@@ -1,9 +1,9 @@
-"""``scripts/bench_peft.py``: cost of PEL/LIFT's parameter-efficient ViT per branch type, measured, and the GPU-hours of the
+"""Cost of PEL/LIFT's parameter-efficient ViT per branch type, measured, and the GPU-hours of the
 vision tables estimated from it.
 
-    python scripts/bench_peft.py [--device cpu|cuda] [--batch 4] [--steps 3] [--amp none|fp16|bf16]
-                                 [--channels-last] [--tuners adaptformer lora ...] [--backbone NAME]
-                                 [--img-size 224] [--classes 100] [--out-dir results/bench] [--tag NAME]
+    python -m benchmarks peft [--device cpu|cuda] [--batch 4] [--steps 3] [--amp none|fp16|bf16]
+                          [--channels-last] [--tuners adaptformer lora ...] [--backbone NAME]
+                          [--img-size 224] [--classes 100] [--out-dir results/bench] [--tag NAME]
 
 For each branch (``configs/tuner/<name>.yaml``) a ViT-B/16 with random weights (``pretrained=false``)
 and a cosine head is built in its own process and trained for ``--steps`` SGD steps on random images
@@ -27,17 +27,18 @@ command, the arguments and the provenance (git SHA and dirty flag, packages, har
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
 from functools import cache
 from pathlib import Path
 
-from topklab.bench.isolation import WorkerFailed, project_root, run_isolated
-from topklab.bench.memory import cuda_peak_bytes, max_rss_bytes, reset_cuda_peak
-from topklab.bench.output import command_line, write_outputs
-from topklab.bench.timing import timed
+from benchmarks.harness import bench_device
+from benchmarks.harness.isolation import WorkerFailed, project_root, run_isolated
+from benchmarks.harness.memory import cuda_peak_bytes, max_rss_bytes, reset_cuda_peak
+from benchmarks.harness.timing import timed
+from topklab.report.outputs import write_outputs
+from topklab.utils.errors import TopklabError
 
 ROOT = project_root()
 CONFIGS = ROOT / "configs"
@@ -224,8 +225,7 @@ def table_hours(rows: dict, sustained_tflops: dict) -> list[dict]:
     return estimates
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(parser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
@@ -244,23 +244,16 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--out-dir", default=str(ROOT / "results" / "bench"))
     parser.add_argument("--tag", default=None)
-    parser.add_argument("--tuner", help=argparse.SUPPRESS)  # one branch, in a child process
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
-    if args.batch < 2 or args.steps < 1:
-        parser.error("--batch must be >= 2 (STk's k = 0.9 × batch) and --steps >= 1")
-    if args.device.startswith("cuda"):
-        import torch
 
-        if not torch.cuda.is_available():
-            parser.error("--device cuda but no CUDA device is visible; use --device cpu")
-    if args.tuner:
-        print(json.dumps(measure(args)))
-        return 0
+
+def run(args) -> int:
+    if args.batch < 2 or args.steps < 1:
+        raise TopklabError("--batch must be >= 2 (STk's k = 0.9 × batch) and --steps >= 1")
+    bench_device(args.device)
     rows = {}
     for tuner in args.tuners:
         try:  # each branch in its own process
-            rows[tuner] = run_isolated("topklab.bench.peft:measure_options", {**vars(args), "tuner": tuner})
+            rows[tuner] = run_isolated("benchmarks.peft:measure_options", {**vars(args), "tuner": tuner})
         except WorkerFailed as err:
             print(f"error: branch {tuner} failed: {err}", file=sys.stderr)
             return 1
@@ -280,7 +273,7 @@ def main(argv=None) -> int:
 
     device_name = torch.cuda.get_device_name(0) if measured else f"{platform.machine()} CPU, {os.cpu_count()} cores"
     out = {
-        "command": command_line("bench_peft.py", argv),
+        "command": args.command,
         "device": device_name,
         "batch": args.batch,
         "steps": args.steps,
@@ -306,7 +299,7 @@ def main(argv=None) -> int:
         f"peft_{tag}",
         out,
         out["command"],
-        {k: v for k, v in vars(args).items() if k not in ("out_dir", "tuner")},  # no machine paths
+        {k: v for k, v in vars(args).items() if k not in ("out_dir", "tuner", "command")},  # no machine paths
         markdown=render(out),
     )
     print(f"wrote {out_dir / f'peft_{tag}.md'}")

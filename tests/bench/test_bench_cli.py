@@ -1,0 +1,45 @@
+"""``python -m benchmarks``: the harness lists every benchmark module and runs each tiny configuration."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from benchmarks.harness import benchmarks, main
+from helpers import ROOT
+
+
+def test_help_lists_every_benchmark():
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--help"], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    names = set(benchmarks())
+    assert names == {
+        *("cifar_epoch", "embeddings", "loader", "operators", "peft", "population"),
+        *("routing", "sparsification", "step_share", "topk", "tracked_cuda"),
+    }
+    assert all(f"    {name}" in done.stdout for name in names)
+
+
+def test_the_package_holds_no_benchmark():
+    from setuptools import find_packages
+
+    assert not [name for name in find_packages(ROOT / "src") if "bench" in name]
+    assert not (ROOT / "src" / "topklab" / "bench").exists()
+
+
+def test_the_loader_benchmark_writes_its_table(tmp_path):
+    args = ["--images", "128", "--batch-size", "64", "--workers", "0", "--threads", "1"]
+    assert main(["loader", *args, "--out-dir", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "loader_cpu.json").read_text())
+    assert result["command"] == "python -m benchmarks loader " + " ".join([*args, "--out-dir", str(tmp_path)])
+    assert (tmp_path / "loader_cpu.md").read_text().count("Produced by: `python -m benchmarks loader") == 1
+
+
+def test_the_tracked_benchmark_refuses_a_missing_gpu_in_one_line(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert main(["tracked_cuda", "--sizes", "1000"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
