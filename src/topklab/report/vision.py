@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 
+from topklab.report.divergence import diverged, divergence_lines
 from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
 from topklab.report.tracking import band_cell, flag_lines
@@ -70,6 +71,8 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
     labels = {row: rows[row][0]["result"]["label"] for row in present}
     commands = sorted({r["command"] for r in runs})
     trainer = first["config"].get("engine") or first["config"]["trainer"]  # results before the engine: trainer
+    task = first["config"].get("task") or {}
+    many, few = task.get("many_shot", 100), task.get("few_shot", 20)
     lines = [
         f"# {name}: test accuracy (%), mean ± std over seeds (population std; the sample std is √(n/(n − 1)) times it)",
         "",
@@ -92,7 +95,7 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
         f"Each row: `python train.py experiment=<row> seed=<k>` (experiments/README.md; {trainer['epochs']} epochs, batch "
         f"{trainer['batch_size']}, test numbers from {reported}); code {code_versions(runs)}. Then `make tables`.  ",
         f"Commands: {'; '.join(f'`{c}`' for c in commands[:3])}{' …' if len(commands) > 3 else ''}.  ",
-        "Many / medium / few: classes with more than 100, 20–100, fewer than 20 training images "
+        f"Many / medium / few: classes with more than {many:,}, {few:,}–{many:,}, fewer than {few:,} training images "
         "(mean of their per-class accuracies).",
         "",
     ]
@@ -108,16 +111,20 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
         + (["paper top-1", "paper top-5"] if has_paper else [])
     )
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    kept = {row: [r for r in rows[row] if not diverged(r)] for row in present}
     for row in present:
-        summaries = [r["result"]["summary"] for r in rows[row]]
-        cells = [labels[row], str(len(summaries))] + [cell(selected_test(s, m) for s in summaries) for m in metrics]
+        summaries = [r["result"]["summary"] for r in kept[row]]
+        dropped = len(rows[row]) - len(summaries)
+        cells = [labels[row], str(len(summaries)) + (f" (+{dropped} diverged)" if dropped else "")]
+        cells += [cell(selected_test(s, m) for s in summaries) for m in metrics]
         if thresholded:
-            cells.append(band_cell(summaries))
+            cells.append(band_cell([r["result"]["summary"] for r in rows[row]]))
         if has_paper:
             values = published.get(row, {})
             cells += [f"{values[m]:.2f}" if m in values else "—" for m in ("top1", "top5")]
         lines.append("| " + " | ".join(cells) + " |")
     lines += flag_lines({row: rows[row] for row in present}, labels)
+    lines += divergence_lines({row: rows[row] for row in present}, labels, seed_of)
     lines += per_seed_table(present, rows, labels)
     counts = first["result"]["summary"].get("class_counts")
     if counts and len(counts) <= 20:
@@ -130,7 +137,7 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
         ]
         for row in present:
             per_class = [
-                [r["result"]["summary"]["metrics"]["test"]["per_class"][c] for r in rows[row]]
+                [r["result"]["summary"]["metrics"]["test"]["per_class"][c] for r in kept[row]]
                 for c in range(len(counts))
             ]
             lines.append(
@@ -146,11 +153,17 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
     return "\n".join(lines) + "\n"
 
 
+def seed_of(run: dict):
+    """A stored run's training seed (None for results that did not record it)."""
+    return run["provenance"].get("seeds", {}).get("seed")
+
+
 def per_seed_table(
     present: list[str], rows: dict[str, list[dict]], labels: dict[str, str], most: int = 10
 ) -> list[str]:
     """Markdown lines of each row's top-1 seed by seed, with its median and range: the distribution
-    behind mean ± std, which on a chaotic set can be bimodal; nothing when no row has two seeds or
+    behind mean ± std, which on a chaotic set can be bimodal (a diverged run marked, and counted in the
+    median and range); nothing when no row has two seeds or
     the runs span more than ``most`` seeds.
 
     Examples
@@ -160,9 +173,6 @@ def per_seed_table(
     >>> print(per_seed_table(["a"], {"a": [run(0, 60.0), run(1, 70.0), run(2, 61.0)]}, {"a": "A"})[-1])
     | A | 60.00 | 70.00 | 61.00 | 61.00 | 60.00–70.00 |
     """
-
-    def seed_of(run: dict):
-        return run["provenance"].get("seeds", {}).get("seed")
 
     seeds = sorted({seed_of(r) for row in present for r in rows[row]}, key=lambda s: (s is None, s))
     if max(len(rows[row]) for row in present) < 2 or len(seeds) > most:
@@ -176,10 +186,11 @@ def per_seed_table(
     ]
     for row in present:
         by_seed = {seed_of(r): selected_test(r["result"]["summary"], "top1") for r in rows[row]}
+        marks = {seed_of(r): " (diverged)" if diverged(r) else "" for r in rows[row]}
         values = sorted(v for v in by_seed.values() if v is not None)
         lines.append(
             f"| {labels[row]} | "
-            + " | ".join("—" if by_seed.get(s) is None else f"{by_seed[s]:.2f}" for s in seeds)
+            + " | ".join("—" if by_seed.get(s) is None else f"{by_seed[s]:.2f}{marks[s]}" for s in seeds)
             + (f" | {statistics.median(values):.2f} | {values[0]:.2f}–{values[-1]:.2f} |" if values else " | — | — |")
         )
     return lines
