@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 
+from topklab.report.divergence import diverged, divergence_lines
 from topklab.report.resumed import resumed, resumed_footnote, seed_of
 from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
@@ -71,6 +72,8 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
     labels = {row: rows[row][0]["result"]["label"] for row in present}
     commands = sorted({r["command"] for r in runs})
     trainer = first["config"].get("engine") or first["config"]["trainer"]  # results before the engine: trainer
+    task = first["config"].get("task") or {}
+    many, few = task.get("many_shot", 100), task.get("few_shot", 20)
     lines = [
         f"# {name}: test accuracy (%), mean ± std over seeds (population std; the sample std is √(n/(n − 1)) times it)",
         "",
@@ -93,7 +96,7 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
         f"Each row: `python train.py experiment=<row> seed=<k>` (experiments/README.md; {trainer['epochs']} epochs, batch "
         f"{trainer['batch_size']}, test numbers from {reported}); code {code_versions(runs)}. Then `make tables`.  ",
         f"Commands: {'; '.join(f'`{c}`' for c in commands[:3])}{' …' if len(commands) > 3 else ''}.  ",
-        "Many / medium / few: classes with more than 100, 20–100, fewer than 20 training images "
+        f"Many / medium / few: classes with more than {many:,}, {few:,}–{many:,}, fewer than {few:,} training images "
         "(mean of their per-class accuracies).",
         "",
     ]
@@ -109,16 +112,20 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
         + (["paper top-1", "paper top-5"] if has_paper else [])
     )
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    kept = {row: [r for r in rows[row] if not diverged(r)] for row in present}
     for row in present:
-        summaries = [r["result"]["summary"] for r in rows[row]]
-        cells = [labels[row], str(len(summaries))] + [cell(selected_test(s, m) for s in summaries) for m in metrics]
+        summaries = [r["result"]["summary"] for r in kept[row]]
+        dropped = len(rows[row]) - len(summaries)
+        cells = [labels[row], str(len(summaries)) + (f" (+{dropped} diverged)" if dropped else "")]
+        cells += [cell(selected_test(s, m) for s in summaries) for m in metrics]
         if thresholded:
-            cells.append(band_cell(summaries))
+            cells.append(band_cell([r["result"]["summary"] for r in rows[row]]))
         if has_paper:
             values = published.get(row, {})
             cells += [f"{values[m]:.2f}" if m in values else "—" for m in ("top1", "top5")]
         lines.append("| " + " | ".join(cells) + " |")
     lines += flag_lines({row: rows[row] for row in present}, labels)
+    lines += divergence_lines({row: rows[row] for row in present}, labels, seed_of)
     lines += per_seed_table(present, rows, labels)
     counts = first["result"]["summary"].get("class_counts")
     if counts and len(counts) <= 20:
@@ -131,7 +138,7 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
         ]
         for row in present:
             per_class = [
-                [r["result"]["summary"]["metrics"]["test"]["per_class"][c] for r in rows[row]]
+                [r["result"]["summary"]["metrics"]["test"]["per_class"][c] for r in kept[row]]
                 for c in range(len(counts))
             ]
             lines.append(
@@ -151,8 +158,9 @@ def per_seed_table(
     present: list[str], rows: dict[str, list[dict]], labels: dict[str, str], most: int = 10
 ) -> list[str]:
     """Markdown lines of each row's top-1 seed by seed, with its median and range: the distribution
-    behind mean ± std, which on a chaotic set can be bimodal, § after a resumed run's (named in a
-    footnote, :func:`~topklab.report.resumed.resumed_footnote`); nothing when no row has two seeds or
+    behind mean ± std, which on a chaotic set can be bimodal (a diverged run marked, and counted in the
+    median and range), § after a resumed run's (named in a footnote,
+    :func:`~topklab.report.resumed.resumed_footnote`); nothing when no row has two seeds or
     the runs span more than ``most`` seeds.
 
     Examples
@@ -162,6 +170,7 @@ def per_seed_table(
     >>> print(per_seed_table(["a"], {"a": [run(0, 60.0), run(1, 70.0), run(2, 61.0)]}, {"a": "A"})[-1])
     | A | 60.00 | 70.00 | 61.00 | 61.00 | 60.00–70.00 |
     """
+
     seeds = sorted({seed_of(r) for row in present for r in rows[row]}, key=lambda s: (s is None, s))
     if max(len(rows[row]) for row in present) < 2 or len(seeds) > most:
         return []
@@ -174,11 +183,11 @@ def per_seed_table(
     ]
     for row in present:
         by_seed = {seed_of(r): selected_test(r["result"]["summary"], "top1") for r in rows[row]}
-        marks = {seed_of(r): " §" for r in rows[row] if resumed(r)}
+        marks = {seed_of(r): (" (diverged)" if diverged(r) else "") + (" §" if resumed(r) else "") for r in rows[row]}
         values = sorted(v for v in by_seed.values() if v is not None)
         lines.append(
             f"| {labels[row]} | "
-            + " | ".join("—" if by_seed.get(s) is None else f"{by_seed[s]:.2f}{marks.get(s, '')}" for s in seeds)
+            + " | ".join("—" if by_seed.get(s) is None else f"{by_seed[s]:.2f}{marks[s]}" for s in seeds)
             + (f" | {statistics.median(values):.2f} | {values[0]:.2f}–{values[-1]:.2f} |" if values else " | — | — |")
         )
     return lines + resumed_footnote(present, rows, labels)
