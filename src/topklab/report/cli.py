@@ -144,7 +144,9 @@ def render_tables(results: Path, preset: str | None = None, allow_dirty: bool = 
             rendered[name] = render_table2(result, paper, column_band(band, Path(source.path).stem))
     papers = [yaml.safe_load(p.read_text()) for p in sorted((results / "paper").glob("*.yaml"))]
     rendered.update(render_vision(read_results(results / "vision", "vision"), papers, results.parent / "configs"))
-    rendered.update(render_translation(read_results(results / "translation", "translation"), papers))
+    rendered.update(
+        render_translation(read_results(results / "translation", "translation"), papers, results.parent / "configs")
+    )
     rendered.update(render_layer_tables(results))
     return rendered
 
