@@ -6,6 +6,7 @@
 - :func:`cost_against_n`: forward + backward time against n, one panel per benchmark file.
 - :func:`operator_times`: the soft top-k operators' time against n.
 - :func:`routed_share_per_layer`: the share of tokens each routed layer processed, per row.
+- :func:`difference_against_k`: a k sweep's paired difference from its baseline against k/n.
 """
 
 from __future__ import annotations
@@ -196,4 +197,39 @@ def routed_share_per_layer(rows: dict[str, list[dict]], path: Path) -> None:
     axis.set_title("routed share per layer, mean over seeds")
     axis.grid(True, axis="x", alpha=0.3)
     axis.legend(fontsize=7)
+    _save(figure, path)
+
+
+def difference_against_k(series: dict[str, list[dict]], baseline: str, title: str, path: Path) -> None:
+    """The mean paired difference from ``baseline`` against k/n, one line per series, with its 95 %
+    t-interval as an error bar (none for a single seed) and each point's number of seeds beside it.
+
+    Parameters
+    ----------
+    series : ``{name: [{"k", "pairs": [(seed, difference), ...]}, ...]}``
+        (:func:`topklab.report.paired.sweep_points`); points without pairs are left out
+    """
+    from topklab.report.paired import t_interval
+
+    figure, axis = plt.subplots(figsize=(6.5, 4.2))
+    for index, (name, points) in enumerate(series.items()):
+        drawn = [(p["k"], *t_interval([d for _, d in p["pairs"]]), len(p["pairs"])) for p in points if p["pairs"]]
+        if not drawn:
+            continue
+        offset = (index - (len(series) - 1) / 2) * 0.006  # side by side at a shared k
+        ks = [k + offset for k, *_ in drawn]
+        means = [mean for _, mean, _, _ in drawn]
+        errors = [0.0 if half is None else half for _, _, half, _ in drawn]
+        axis.errorbar(ks, means, yerr=errors, marker=MARKERS[index], capsize=4, color=f"C{index}", label=name)
+        for k, mean, n in zip(ks, means, (n for *_, n in drawn)):
+            axis.annotate(f"n = {n}", (k, mean), textcoords="offset points", xytext=(6, 4), fontsize=7)
+    axis.axhline(0.0, color="gray", lw=0.8)
+    axis.set_xlim(0.45, 1.0)
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=8)
+    axis.set(
+        xlabel="k/n (share of the batch's losses kept)",
+        ylabel=f"test top-1 minus {baseline}'s (points)",
+        title=f"{title}: difference from {baseline}, paired by seed (95 % t-interval)",
+    )
     _save(figure, path)

@@ -26,11 +26,12 @@ import yaml
 
 from topklab.report.experiments import render_index
 from topklab.report.layer import plot_routing, plot_sparsification, render_routing, render_sparsification
+from topklab.report.paired import sweep_points, table_groups
 from topklab.report.schema import dirty_result_files, read_result, read_results
 from topklab.report.synthetic import column_band, render_table1, render_table2
 from topklab.report.tabular import band_of, render_tabular
 from topklab.report.translation import render_translation
-from topklab.report.vision import by_table, render_vision, selected_test
+from topklab.report.vision import by_table, render_vision, selected_test, top1
 from topklab.utils.errors import TopklabError
 from topklab.utils.io import atomic_write_text
 
@@ -142,8 +143,10 @@ def render_tables(results: Path, preset: str | None = None, allow_dirty: bool = 
         if result is not None:
             rendered[name] = render_table2(result, paper, column_band(band, Path(source.path).stem))
     papers = [yaml.safe_load(p.read_text()) for p in sorted((results / "paper").glob("*.yaml"))]
-    rendered.update(render_vision(read_results(results / "vision", "vision"), papers))
-    rendered.update(render_translation(read_results(results / "translation", "translation"), papers))
+    rendered.update(render_vision(read_results(results / "vision", "vision"), papers, results.parent / "configs"))
+    rendered.update(
+        render_translation(read_results(results / "translation", "translation"), papers, results.parent / "configs")
+    )
     rendered.update(render_layer_tables(results))
     return rendered
 
@@ -207,8 +210,9 @@ def render_figures(results: Path, out: Path) -> list[str]:
 def render_charts(results: Path, out: Path) -> list[str]:
     """Draw the pictures beside the result tables into ``out`` (see :mod:`topklab.report.charts`): λ
     against the k-th loss and the per-seed strips of every translation and vision table with several
-    seeds, the routed share per layer, cost against n and the operators' times; return the names
-    written (a picture without its results is skipped).
+    seeds, a k sweep's paired difference from its baseline against k (``k_sweep_<table>.png``, once a
+    swept row has a result paired with the baseline's), the routed share per layer, cost against n and
+    the operators' times; return the names written (a picture without its results is skipped).
 
     Examples
     --------
@@ -227,6 +231,12 @@ def render_charts(results: Path, out: Path) -> list[str]:
                 drawn[f"lambda_{table}.png"] = partial(charts.lambda_against_kth, rows, table)
             if max(map(len, rows.values())) > 1:
                 drawn[f"seeds_{table}.png"] = partial(charts.seed_strips, rows, metric, unit, table)
+    vision = by_table(read_results(results / "vision", "vision"))
+    for table, settings in table_groups(results.parent / "configs", "vision").items():
+        points = sweep_points(settings, vision.get(table, {}), top1) if settings.get("baseline") else {}
+        if any(p["pairs"] for series in points.values() for p in series):
+            baseline = settings["rows"][settings["baseline"]]["label"]
+            drawn[f"k_sweep_{table}.png"] = partial(charts.difference_against_k, points, baseline, table)
     for table, rows in by_table(read_results(results / "routing", "language_modeling")).items():
         if charts.routed_shares(rows):
             drawn[f"routing_layers_{table}.png"] = partial(charts.routed_share_per_layer, rows)

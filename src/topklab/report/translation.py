@@ -6,7 +6,10 @@ translation table by its ``translation_table`` field in ``results/paper/*.yaml``
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from topklab.losses.aggregate.lambda_monitor import ALL_STEPS
+from topklab.report.paired import table_groups
 from topklab.report.resumed import resumed, resumed_footnote
 from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
@@ -48,7 +51,9 @@ def _per_epoch(summaries: list[dict], key: str) -> list[float | None]:
     return [None if any(v is None for v in column) else sum(column) / len(column) for column in columns]
 
 
-def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict | None = None) -> str:
+def render_translation_table(
+    name: str, rows: dict[str, list[dict]], paper: dict | None = None, configured: list[str] = ()
+) -> str:
     """Markdown for one translation table.
 
     Parameters
@@ -56,6 +61,8 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
     name : the table id (payload ``table``: multi30k, iwslt14, wmt17)
     rows : ``{row: [result, ...]}`` of that table
     paper : ``{"caption", "note", "rows": {row: {"bleu": value}}}`` from results/paper, or None
+    configured : the rows of the table's experiment group (:func:`~topklab.report.paired.table_groups`):
+        those without a result are listed as missing after the paper's and Table 5's
 
     Examples
     --------
@@ -63,7 +70,7 @@ def render_translation_table(name: str, rows: dict[str, list[dict]], paper: dict
     >>> text = render_translation_table("multi30k", by_table(read_results("results/translation"))["multi30k"])  # doctest: +SKIP
     """
     published = (paper or {}).get("rows", {})
-    order = list(dict.fromkeys([*published, *TABLE5_ROWS]))
+    order = list(dict.fromkeys([*published, *TABLE5_ROWS, *configured]))
     present = [r for r in order if r in rows] + sorted(set(rows) - set(order))
     if not present:
         raise TopklabError(f"no results for the {name} table; run its rows first (docs/translation.md)")
@@ -233,8 +240,10 @@ def _paired_section(present, rows, labels) -> list[str]:
     ]
 
 
-def render_translation(results: list[dict], papers: list[dict]) -> dict[str, str]:
-    """``{"<table>.md": text}`` for every translation table with results (``results/translation``).
+def render_translation(results: list[dict], papers: list[dict], configs: Path | None = None) -> dict[str, str]:
+    """``{"<table>.md": text}`` for every translation table with results (``results/translation``);
+    ``configs`` names the rows each table's experiment group configures, so that those not run yet are
+    listed as missing.
 
     Examples
     --------
@@ -247,7 +256,8 @@ def render_translation(results: list[dict], papers: list[dict]) -> dict[str, str
         for spec in paper.values()
         if isinstance(spec, dict) and "translation_table" in spec
     }
+    groups = table_groups(configs, "translation")
     return {
-        f"{name}.md": render_translation_table(name, rows, specs.get(name))
+        f"{name}.md": render_translation_table(name, rows, specs.get(name), list(groups.get(name, {}).get("rows", {})))
         for name, rows in sorted(by_table(results).items())
     }

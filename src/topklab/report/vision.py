@@ -7,8 +7,10 @@ per-class accuracy. A paper table is matched to a vision table by its ``vision_t
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 from topklab.report.divergence import diverged, divergence_lines
+from topklab.report.paired import missing_runs, paired_lines, render_sweep_table, sweep_points, table_groups
 from topklab.report.resumed import resumed, resumed_footnote, seed_of
 from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
@@ -50,7 +52,14 @@ def selected_test(summary: dict, metric: str):
     return summary["metrics"]["test"].get(metric)
 
 
-def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | None = None) -> str:
+def top1(result: dict):
+    """A run's test top-1 at its selected epoch (the value the tables and their pairs compare)."""
+    return selected_test(result["result"]["summary"], "top1")
+
+
+def render_vision_table(
+    name: str, rows: dict[str, list[dict]], paper: dict | None = None, settings: dict | None = None
+) -> str:
     """Markdown for one vision table.
 
     Parameters
@@ -58,6 +67,9 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
     name : the table id (payload ``table``)
     rows : ``{row: [result, ...]}`` of that table (:func:`by_table`)
     paper : ``{"caption", "note", "rows": {row: {metric: value}}}`` from results/paper, or None
+    settings : what the table's experiment group declares (:func:`~topklab.report.paired.table_groups`),
+        or None: its ``superseded_by`` heads the table; with a ``baseline``, the rows and seeds not yet run
+        head it and the rows' paired differences from the baseline follow it
 
     Examples
     --------
@@ -78,6 +90,21 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
         f"# {name}: test accuracy (%), mean ± std over seeds (population std; the sample std is √(n/(n − 1)) times it)",
         "",
     ]
+    settings = settings or {}
+    if settings.get("superseded_by"):
+        lines += [
+            f"**Superseded by `{settings['superseded_by']}`** (docs/evidence.md): kept as committed; its seeds "
+            "spread too widely for its rows to be told apart.",
+            "",
+        ]
+    if settings.get("baseline"):
+        left = missing_runs(settings, rows)
+        if left:
+            lines += [
+                f"**Still missing** (`python scripts/run_sweep.py '{settings['group']}/*' --seeds <k> …`, then "
+                f"`make tables`): {', '.join(left)}.",
+                "",
+            ]
     missing = [r for r in published if r not in rows]
     if missing:
         lines += [
@@ -126,6 +153,8 @@ def render_vision_table(name: str, rows: dict[str, list[dict]], paper: dict | No
         lines.append("| " + " | ".join(cells) + " |")
     lines += flag_lines({row: rows[row] for row in present}, labels)
     lines += divergence_lines({row: rows[row] for row in present}, labels, seed_of)
+    if settings.get("baseline"):
+        lines += paired_lines(present, rows, labels, settings["baseline"], top1, "test top-1")
     lines += per_seed_table(present, rows, labels)
     counts = first["result"]["summary"].get("class_counts")
     if counts and len(counts) <= 20:
@@ -221,7 +250,7 @@ def render_pending_table(name: str, paper: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_vision(results: list[dict], papers: list[dict]) -> dict[str, str]:
+def render_vision(results: list[dict], papers: list[dict], configs: Path | None = None) -> dict[str, str]:
     """``{"<table>.md": text}`` for every vision table with results.
 
     Parameters
@@ -231,6 +260,9 @@ def render_vision(results: list[dict], papers: list[dict]) -> dict[str, str]:
         gives that table's caption, note, row order and published values; a table with such an entry
         and no result yet is rendered as pending (what to run, the published values); its ``aliases``
         ({row: "<table>/<row>"}) show another table's runs as rows of this one
+    configs : the config folder whose experiment groups declare a table's baseline, seeds and successor
+        (:func:`~topklab.report.paired.table_groups`); a table whose group declares a baseline and has
+        rows at several k also gets ``<table>_k.md``, the k sweep, rendered before any of its runs exist
 
     Examples
     --------
@@ -249,9 +281,14 @@ def render_vision(results: list[dict], papers: list[dict]) -> dict[str, str]:
             table, row = source.split("/")
             if row in tables.get(table, {}):
                 tables.setdefault(name, {})[alias] = tables[table][row]
-    return {
-        f"{name.replace('/', '_')}.md": render_vision_table(name, tables[name], specs.get(name))
+    groups = table_groups(configs, "vision")
+    rendered = {
+        f"{name.replace('/', '_')}.md": render_vision_table(name, tables[name], specs.get(name), groups.get(name))
         if name in tables
         else render_pending_table(name, specs[name])
         for name in sorted(set(tables) | set(specs))
     }
+    for name, settings in sorted(groups.items()):
+        if settings.get("baseline") and sweep_points(settings, {}, top1):
+            rendered[f"{name}_k.md"] = render_sweep_table(name, tables.get(name, {}), settings, top1, "test top-1")
+    return dict(sorted(rendered.items()))

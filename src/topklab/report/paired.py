@@ -1,0 +1,287 @@
+"""Paired differences from a table's baseline, by seed, with a 95 % t-interval; and the k sweep.
+
+A table's experiment group declares its baseline, its seed count and what supersedes it in the
+``result`` block of its ``_common.yaml`` (``configs/experiment/<group>/_common.yaml``:
+``result: {table: ..., baseline: <row>, seeds: <n>, superseded_by: <table>}``). The ``result`` block
+says what a row's result is and where it is filed; a stored result drops it from its config, so these
+keys never change a run's identity. The report reads the group's yaml files as written (no Hydra
+composition): the rows are the group's yaml files not starting with ``_``, each row's aggregate is its
+``override /loss`` and its k its ``loss.k``.
+
+A row's difference from the baseline pairs the seeds both have, leaving out a diverged run on either
+side (:mod:`topklab.report.divergence`); its interval is mean ± t₀.₉₇₅,ₙ₋₁ · sd / √n over the n pairs
+(sd the sample standard deviation).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+import yaml
+from scipy.stats import t as student_t
+
+from topklab.report.divergence import diverged
+from topklab.report.resumed import seed_of
+from topklab.report.tracking import band_cell
+
+LEVEL = 0.95
+
+
+def t_quantile(df: int, level: float = LEVEL) -> float:
+    """The two-sided ``level`` quantile of Student's t with ``df`` degrees of freedom, t₍₁₊ₗₑᵥₑₗ₎/₂,df.
+
+    Examples
+    --------
+    >>> round(t_quantile(4), 3), round(t_quantile(1), 3), round(t_quantile(30), 3)
+    (2.776, 12.706, 2.042)
+    """
+    return float(student_t.ppf((1 + level) / 2, df))
+
+
+def t_interval(values, level: float = LEVEL) -> tuple[float, float | None]:
+    """Mean and the half-width of its two-sided ``level`` t-interval (None for a single value).
+
+    Parameters
+    ----------
+    values : the paired differences (at least one)
+
+    Examples
+    --------
+    >>> mean, half = t_interval([-0.11, -0.12, 0.53, 0.14, 0.31])
+    >>> round(mean, 3), round(half, 3)
+    (0.15, 0.346)
+    >>> t_interval([1.0])
+    (1.0, None)
+    """
+    values = [float(v) for v in values]
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, None
+    return mean, t_quantile(len(values) - 1, level) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def paired(baseline: list[dict], runs: list[dict], value) -> list[tuple[int, float]]:
+    """``[(seed, value(run) − value(baseline run)), ...]`` over the seeds both have, by seed; a
+    diverged run on either side, or a missing value, leaves its seed out.
+
+    Examples
+    --------
+    >>> run = lambda seed, v: {"provenance": {"seeds": {"seed": seed}}, "result": {"summary": {"v": v}}}
+    >>> paired([run(0, 1.0), run(1, 2.0)], [run(1, 2.5), run(2, 9.0)], lambda r: r["result"]["summary"]["v"])
+    [(1, 0.5)]
+    """
+    base = {seed_of(r): value(r) for r in baseline if not diverged(r)}
+    pairs = []
+    for run in runs:
+        seed = seed_of(run)
+        if diverged(run) or base.get(seed) is None or value(run) is None:
+            continue
+        pairs.append((seed, value(run) - base[seed]))
+    return sorted(pairs)
+
+
+def signed(value: float) -> str:
+    """A difference with its sign and a true minus.
+
+    Examples
+    --------
+    >>> signed(0.15), signed(-0.114), signed(0.0)
+    ('+0.15', '−0.11', '+0.00')
+    """
+    return f"{value:+.2f}".replace("-", "−")
+
+
+def interval_cells(pairs: list[tuple[int, float]]) -> list[str]:
+    """``[mean, 95 % interval, half-width, per seed]`` cells of a row's paired differences.
+
+    Examples
+    --------
+    >>> interval_cells([(0, 1.0), (1, 3.0)])
+    ['+2.00', '[−10.71, +14.71]', '12.71', '+1.00 (seed 0), +3.00 (seed 1)']
+    >>> interval_cells([(0, 1.0)])[1:3]
+    ['— (one seed)', '—']
+    """
+    mean, half = t_interval([d for _, d in pairs])
+    per_seed = ", ".join(f"{signed(d)} (seed {s})" for s, d in pairs)
+    if half is None:
+        return [signed(mean), "— (one seed)", "—", per_seed]
+    return [signed(mean), f"[{signed(mean - half)}, {signed(mean + half)}]", f"{half:.2f}", per_seed]
+
+
+def paired_lines(
+    present: list[str], rows: dict[str, list[dict]], labels: dict[str, str], baseline: str, value, what: str
+) -> list[str]:
+    """The table under a main table: each row's ``what`` minus the baseline's, paired by seed, with
+    the mean, its 95 % t-interval and half-width, and the per-seed differences; nothing without the
+    baseline's results.
+
+    Examples
+    --------
+    >>> run = lambda seed, v: {"provenance": {"seeds": {"seed": seed}}, "result": {"summary": {"v": v}}}
+    >>> rows = {"la": [run(0, 1.0), run(1, 2.0)], "stk": [run(0, 1.5), run(1, 2.0)]}
+    >>> print(paired_lines(["la", "stk"], rows, {"la": "LA", "stk": "STk"}, "la", lambda r: r["result"]["summary"]["v"], "top-1")[-1])
+    | STk | 2 | +0.25 | [−2.93, +3.43] | 3.18 | +0.50 (seed 0), +0.00 (seed 1) |
+    """
+    if baseline not in rows:
+        return []
+    lines = []
+    for row in (r for r in present if r != baseline):
+        pairs = paired(rows[baseline], rows[row], value)
+        if pairs:
+            lines.append(f"| {labels[row]} | {len(pairs)} | " + " | ".join(interval_cells(pairs)) + " |")
+    if not lines:
+        return []
+    return [
+        "",
+        f"Paired by seed: {what} minus {labels[baseline]}'s over the seeds both rows have (a diverged run leaves its "
+        "seed out): the mean, its 95 % t-interval (mean ± t₀.₉₇₅,ₙ₋₁ · sd / √n, sample sd) and half-width.",
+        "",
+        "| row | seeds | mean difference | 95 % interval | half-width | per seed |",
+        "|---|---|---|---|---|---|",
+        *lines,
+    ]
+
+
+def table_groups(configs: Path | None, folder: str) -> dict[str, dict]:
+    """``{table: settings}`` for every experiment group whose ``_common.yaml`` files its rows into a
+    table under ``results/<folder>/``, read from the yaml files as written: ``{"group", "baseline",
+    "seeds", "superseded_by", "rows": {row: {"label", "loss", "k"}}}`` (empty when ``configs`` is None).
+
+    Examples
+    --------
+    >>> table_groups(Path("configs"), "vision")["fmnistlt_full"]["baseline"]  # doctest: +SKIP
+    'la'
+    >>> table_groups(Path("configs"), "vision")["fmnistlt"]["superseded_by"]  # doctest: +SKIP
+    'fmnistlt_full'
+    >>> table_groups(None, "vision")
+    {}
+    """
+    if configs is None:
+        return {}
+    root = configs / "experiment"
+    groups = {}
+    for common in sorted(root.rglob("_common.yaml")):
+        block = (yaml.safe_load(common.read_text()) or {}).get("result") or {}
+        if not block.get("table") or (block.get("folder") or block.get("family")) != folder:
+            continue
+        rows = {}
+        for path in sorted(common.parent.glob("*.yaml")):
+            if path.name.startswith("_"):
+                continue
+            spec = yaml.safe_load(path.read_text()) or {}
+            overrides = [d for d in spec.get("defaults", []) if isinstance(d, dict) and "override /loss" in d]
+            rows[path.stem] = {
+                "label": spec.get("row") or path.stem,
+                "loss": overrides[0]["override /loss"] if overrides else None,
+                "k": (spec.get("loss") or {}).get("k"),
+            }
+        groups[block["table"]] = {
+            "group": common.parent.relative_to(root).as_posix(),
+            "baseline": block.get("baseline"),
+            "seeds": block.get("seeds"),
+            "superseded_by": block.get("superseded_by"),
+            "rows": rows,
+        }
+    return groups
+
+
+def _seed_list(seeds: list[int]) -> str:
+    return ", ".join(map(str, seeds))
+
+
+def missing_runs(settings: dict, rows: dict[str, list[dict]]) -> list[str]:
+    """Each configured row with seeds still to run (of ``range(settings["seeds"])``, or the rows without
+    any result when no seed count is declared), as ``<row> (seeds …)``.
+
+    Examples
+    --------
+    >>> run = lambda seed: {"provenance": {"seeds": {"seed": seed}}}
+    >>> missing_runs({"seeds": 3, "rows": {"la": {}, "stk": {}}}, {"la": [run(0), run(2)]})
+    ['`la` (seed 1)', '`stk` (seeds 0, 1, 2)']
+    """
+    expected = list(range(settings["seeds"])) if settings.get("seeds") else None
+    missing = []
+    for row in settings["rows"]:
+        have = {seed_of(r) for r in rows.get(row, [])}
+        if expected is None:
+            if not have:
+                missing.append(f"`{row}`")
+            continue
+        left = [s for s in expected if s not in have]
+        if left:
+            missing.append(f"`{row}` (seed{'s' if len(left) > 1 else ''} {_seed_list(left)})")
+    return missing
+
+
+def sweep_points(settings: dict, rows: dict[str, list[dict]], value) -> dict[str, list[dict]]:
+    """``{series: [{"row", "k", "pairs", "runs"}, ...]}``: the group's rows that set a fractional k and
+    another loss than the baseline's, by series (the row label up to its first comma, e.g. "LA + STk")
+    and k; ``pairs`` their differences from the baseline (:func:`paired`, empty without results).
+
+    Examples
+    --------
+    >>> settings = {"baseline": "la", "rows": {"la": {"label": "LA", "loss": "average", "k": None},
+    ...     "s9": {"label": "LA + STk, k/n = 0.9", "loss": "stk", "k": 0.9},
+    ...     "s5": {"label": "LA + STk, k/n = 0.5", "loss": "stk", "k": 0.5}}}
+    >>> [(p["row"], p["k"]) for p in sweep_points(settings, {}, None)["LA + STk"]]
+    [('s5', 0.5), ('s9', 0.9)]
+    """
+    baseline = settings["baseline"]
+    base_loss = settings["rows"].get(baseline, {}).get("loss")
+    series: dict[str, list[dict]] = {}
+    for row, spec in settings["rows"].items():
+        k = spec.get("k")
+        if row == baseline or spec.get("loss") == base_loss or not isinstance(k, float) or not 0 < k < 1:
+            continue
+        runs = rows.get(row, [])
+        pairs = paired(rows[baseline], runs, value) if baseline in rows and runs else []
+        name = spec["label"].split(",")[0]
+        series.setdefault(name, []).append({"row": row, "k": k, "pairs": pairs, "runs": runs})
+    return {name: sorted(points, key=lambda p: p["k"]) for name, points in series.items()}
+
+
+def render_sweep_table(name: str, rows: dict[str, list[dict]], settings: dict, value, what: str) -> str:
+    """Markdown for the k sweep of a table whose group declares a baseline: per series and k, the
+    difference from the baseline paired by seed with its 95 % interval, and λ in band per row; the
+    header lists the rows and seeds not yet run.
+
+    Parameters
+    ----------
+    name : the table id
+    rows : ``{row: [result, ...]}`` of that table (may be empty)
+    settings : the table's entry of :func:`table_groups`
+    value : a result's value (e.g. its selected test top-1)
+    what : the value's name in the header
+    """
+    baseline = settings["baseline"]
+    base_label = settings["rows"][baseline]["label"]
+    group = settings["group"]
+    points = sweep_points(settings, rows, value)
+    seeds = settings.get("seeds")
+    lines = [f"# {name}: the k sweep, {what} minus {base_label}'s paired by seed", ""]
+    missing = missing_runs(settings, rows)
+    if missing:
+        lines += [
+            f"**Still missing** ({f'{seeds} seeds per row, ' if seeds else ''}"
+            f"`python scripts/run_sweep.py '{group}/*' --seeds <k> …`, then `make tables`): {', '.join(missing)}.",
+            "",
+        ]
+    lines += [
+        f"Each row: `python train.py experiment={group}/<row> seed=<k>`. A difference pairs the seeds the row and "
+        f"{base_label} both have (a diverged run leaves its seed out); the interval is the mean ± t₀.₉₇₅,ₙ₋₁ · sd / √n "
+        "(sample sd). λ in band: the share of a run's training steps at which λ tracked the batch's k-th largest "
+        "loss, mean ± std over the row's seeds.",
+        "",
+        "| series | k/n | row | seeds | mean difference | 95 % interval | half-width | per seed | λ in band |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for series, entries in points.items():
+        for p in entries:
+            band = band_cell([r["result"]["summary"] for r in p["runs"]]) if p["runs"] else "—"
+            cells = interval_cells(p["pairs"]) if p["pairs"] else ["not run" if not p["runs"] else "—", "—", "—", "—"]
+            lines.append(
+                f"| {series} | {p['k']:g} | `{p['row']}` | {len(p['pairs'])} | " + " | ".join(cells) + f" | {band} |"
+            )
+    return "\n".join(lines) + "\n"
