@@ -71,7 +71,8 @@ multi30k)
     tail -3 "$out"/multi30k-*.log
     cp -r results/translation "$out/" 2>/dev/null ;;
 triton)
-    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/losses/test_triton_pass.py 2>&1 | tee "$out/tests-triton.log" | tail -15
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/losses/test_triton_pass.py \
+        tests/integration/test_cuda.py -k "triton or cuda_graph" 2>&1 | tee "$out/tests-triton.log" | tail -15
     timeout 300 python3 -m benchmarks tracked_cuda --rules track solve --out "$out" 2>&1 | tee "$out/bench-tracked.log" | tail -40 ;;
 *) echo "error: unknown stage $stage ($stages)" >&2; exit 2 ;;
 esac

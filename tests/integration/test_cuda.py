@@ -204,3 +204,35 @@ def test_every_operator_on_cuda_matches_the_cpu_in_float64(name, extremes):
         results.append([out.detach().cpu() for out in outputs] + [x.grad.cpu()])
     for on_cpu, on_cuda in zip(*results):
         torch.testing.assert_close(on_cuda, on_cpu, rtol=1e-9, atol=1e-9, equal_nan=True)
+
+
+@pytest.mark.parametrize(("lam_update", "n"), [("track", 100_000), ("solve", 2_000), ("solve", 100_000)])
+@pytest.mark.parametrize("cls", [STk, MATk])
+def test_a_triton_training_call_is_captured_in_a_cuda_graph(cls, lam_update, n):
+    """The Triton training calls read nothing on the host: a forward + backward captured in a CUDA graph
+    replays on new losses, λ moving on the device, its value Eq. 5/6 at the λ it used (the monitor's
+    sample, a host-side selection every 50th call, left out)."""
+    loss = cls(k=0.1, lam_update=lam_update, kernel="triton").cuda()
+    loss.monitor.sample_every = 10**9
+    static = torch.rand(n, device="cuda", requires_grad=True)
+    loss(static).backward()  # the first call starts λ on the torch path
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            static.grad = None
+            loss(static).backward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    static.grad = None
+    with torch.cuda.graph(graph):
+        value = loss(static)
+        value.backward()
+    for scale in (2.0, 0.5):
+        before = loss.lam_last.clone()
+        with torch.no_grad():
+            static.copy_(torch.rand(n, device="cuda") * scale)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.isfinite(value) and torch.isfinite(static.grad).all()
+        assert not torch.equal(loss.lam_last, before)
