@@ -43,3 +43,12 @@ def test_the_tracked_benchmark_refuses_a_missing_gpu_in_one_line(capsys):
         pytest.skip("a GPU is visible")
     assert main(["tracked_cuda", "--sizes", "1000"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_population_benchmark_runs_a_small_population(capsys):
+    args = ["--members", "24", "--loop-members", "2", "--splits", "1", "--epochs", "1", "--preset", "quick"]
+    assert main(["population", *args]) == 0
+    printed = capsys.readouterr().out
+    assert "population (grouped ):     24 members" in printed and printed.strip().splitlines()[-1].startswith(
+        "speedup: "
+    )
