@@ -69,7 +69,7 @@ def run_job(row: str, seed: int, threads: int, logs: Path) -> tuple[int, float]:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))  # train.py runs torch at this many threads
     start = time.perf_counter()
     with log.open("w") as out:
-        command = [sys.executable, str(ROOT / "train.py"), f"experiment={row}", f"seed={seed}"]
+        command = [sys.executable, "train.py", f"experiment={row}", f"seed={seed}"]  # run in ROOT: a portable argv
         status = subprocess.run(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
     return status, time.perf_counter() - start
 

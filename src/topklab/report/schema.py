@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from topklab.utils.errors import TopklabError
 from topklab.utils.io import atomic_write_text
@@ -76,6 +76,21 @@ def without_local_paths(text: str) -> str:
     return LOCAL_PATH.sub("=<path>", text)
 
 
+def portable_argv(argv: list[str]) -> list[str]:
+    """A process's ``sys.argv`` without one machine's folders: the program by its file name (a launcher
+    may give it as an absolute path), each override's absolute path as ``<path>``.
+
+    Examples
+    --------
+    >>> portable_argv(["/work/checkout/train.py", "seed=0", "paths.log_dir=/tmp/x"])
+    ['train.py', 'seed=0', 'paths.log_dir=<path>']
+    """
+    if not argv:
+        return []
+    program, *rest = argv
+    return [PurePath(program).name if program.startswith("/") else program, *map(without_local_paths, rest)]
+
+
 def make_result(family: str, experiment: str, payload: dict, command: str, config: dict, provenance: dict) -> dict:
     """The envelope of one result, checked.
 
@@ -96,7 +111,7 @@ def make_result(family: str, experiment: str, payload: dict, command: str, confi
     """
     portable_provenance = dict(provenance)
     if "argv" in portable_provenance:
-        portable_provenance["argv"] = [without_local_paths(arg) for arg in portable_provenance["argv"]]
+        portable_provenance["argv"] = portable_argv(portable_provenance["argv"])
     return _check(
         {
             "schema": SCHEMA,
