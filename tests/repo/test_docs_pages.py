@@ -1,6 +1,6 @@
 """The pages and files a reader meets say what is true now: no tracked file's prose, comments or path
-names date things by numbered working periods or work items (``session <n>``, ``_session<n>``,
-``issue <n>``; pytest's ``scope="session"`` carries no number and passes); every page under docs/ fits
+names date things by numbered working periods or work items (a word for one of them, then a number;
+pytest's fixture scopes carry no number and pass); every page under docs/ fits
 in 150 lines; docs/layout.md gives every top-level folder and every package of src/topklab its line."""
 
 import re
@@ -15,9 +15,9 @@ DOCS = ROOT / "docs"
 SELF = Path(__file__).resolve()  # holds the examples the pattern must catch
 MAX_PAGE_LINES = 150
 
-# A word for a working period or a work item, then a number: "session 23", "Session 28's",
-# "_session27", "issue 31 item 2", "issues 28 and 31".
-NUMBERED = re.compile(r"(?i)(?:\b|_)(?:sessions?|issues?)[ _#-]*\d")
+PERIOD, ITEM = "session", "issue"  # the words for a working period and a work item
+# one of them, then a number, in any case, after a word boundary or an underscore (as in a folder name)
+NUMBERED = re.compile(rf"(?i)(?:\b|_)(?:{PERIOD}s?|{ITEM}s?)[ _#-]*\d")
 # Data, logs and recorded results keep what the machine wrote; prose, code and configs are checked.
 DATA_SUFFIXES = {".json", ".jsonl", ".log", ".txt", ".csv", ".tsv", ".npz", ".npy", ".pt", ".png", ".pdf", ".gz"}
 
@@ -52,9 +52,15 @@ def test_no_prose_or_comment_names_a_numbered_working_period():
 
 
 def test_the_pattern_tells_a_numbered_period_from_pytest_scope():
-    for numbered in ("session 23", "Session 28's machine", "h200_2026-11-26_session23", "issue 31 item 2", "issues 28"):
+    numbered_ones = (
+        f"{PERIOD} 23",
+        f"{PERIOD.title()} 28's machine",
+        f"h200_2026-11-26_{PERIOD}23",
+        f"{ITEM} 31 item 2",
+    )
+    for numbered in (*numbered_ones, f"{ITEM}s 28"):
         assert NUMBERED.search(numbered), numbered
-    for fine in ('@pytest.fixture(scope="session")', "a session's device time", "the issues of a loss"):
+    for fine in (f'@pytest.fixture(scope="{PERIOD}")', f"a {PERIOD}'s device time", f"the {ITEM}s of a loss"):
         assert not NUMBERED.search(fine), fine
 
 
