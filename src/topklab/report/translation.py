@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from topklab.losses.aggregate.lambda_monitor import ALL_STEPS
-from topklab.report.paired import table_groups
+from topklab.report.paired import paired, table_groups
 from topklab.report.resumed import resumed, resumed_footnote
 from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
@@ -210,23 +210,22 @@ def _tracking_section(present, rows, labels) -> list[str]:
     return lines
 
 
+def _test_bleu(result: dict) -> float:
+    return result["result"]["summary"]["metrics"]["test"]["bleu"]
+
+
 def _paired_section(present, rows, labels) -> list[str]:
     """Test sacreBLEU minus Average's, seed by seed, for every other row sharing seeds with Average."""
     if "average" not in rows:
         return []
-    baseline = {r["config"]["seed"]: r["result"]["summary"]["metrics"]["test"]["bleu"] for r in rows["average"]}
     lines = []
     for row in (r for r in present if r != "average"):
-        paired = sorted(
-            (r["config"]["seed"], r["result"]["summary"]["metrics"]["test"]["bleu"] - baseline[r["config"]["seed"]])
-            for r in rows[row]
-            if r["config"]["seed"] in baseline
-        )
-        if paired:
+        pairs = paired(rows["average"], rows[row], _test_bleu)
+        if pairs:
             lines.append(
-                f"| {labels[row]} | {len(paired)} | "
-                + ", ".join(f"{d:+.2f} (seed {s})" for s, d in paired)
-                + f" | {_cell([d for _, d in paired])} |"
+                f"| {labels[row]} | {len(pairs)} | "
+                + ", ".join(f"{d:+.2f} (seed {s})" for s, d in pairs)
+                + f" | {_cell([d for _, d in pairs])} |"
             )
     if not lines:
         return []
