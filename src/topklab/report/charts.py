@@ -200,7 +200,9 @@ def routed_share_per_layer(rows: dict[str, list[dict]], path: Path) -> None:
     _save(figure, path)
 
 
-def difference_against_k(series: dict[str, list[dict]], baseline: str, title: str, path: Path) -> None:
+def difference_against_k(
+    series: dict[str, list[dict]], baseline: str, title: str, what: str, unit: str, path: Path
+) -> None:
     """The mean paired difference from ``baseline`` against k/n, one line per series, with its 95 %
     t-interval as an error bar (none for a single seed) and each point's number of seeds beside it.
 
@@ -208,6 +210,7 @@ def difference_against_k(series: dict[str, list[dict]], baseline: str, title: st
     ----------
     series : ``{name: [{"k", "pairs": [(seed, difference), ...]}, ...]}``
         (:func:`topklab.report.paired.sweep_points`); points without pairs are left out
+    what, unit : the value differenced and its unit ("test top-1", "points")
     """
     from topklab.report.paired import t_interval
 
@@ -229,7 +232,7 @@ def difference_against_k(series: dict[str, list[dict]], baseline: str, title: st
     axis.legend(fontsize=8)
     axis.set(
         xlabel="k/n (share of the batch's losses kept)",
-        ylabel=f"test top-1 minus {baseline}'s (points)",
+        ylabel=f"{what} minus {baseline}'s ({unit})",
         title=f"{title}: difference from {baseline}, paired by seed (95 % t-interval)",
     )
     _save(figure, path)

@@ -30,7 +30,7 @@ from topklab.report.paired import sweep_points, table_groups
 from topklab.report.schema import dirty_result_files, read_result, read_results
 from topklab.report.synthetic import column_band, render_table1, render_table2
 from topklab.report.tabular import band_of, render_tabular
-from topklab.report.translation import render_translation
+from topklab.report.translation import render_translation, test_bleu
 from topklab.report.vision import by_table, render_vision, selected_test, top1
 from topklab.utils.errors import TopklabError
 from topklab.utils.io import atomic_write_text
@@ -223,7 +223,7 @@ def render_charts(results: Path, out: Path) -> list[str]:
 
     drawn = {}
     for folder, metric, unit in (
-        ("translation", lambda r: r["result"]["summary"]["metrics"]["test"]["bleu"], "test sacreBLEU"),
+        ("translation", test_bleu, "test sacreBLEU"),
         ("vision", lambda r: selected_test(r["result"]["summary"], "top1"), "test top-1 accuracy (%)"),
     ):
         for table, rows in by_table(read_results(results / folder, folder)).items():
@@ -231,12 +231,18 @@ def render_charts(results: Path, out: Path) -> list[str]:
                 drawn[f"lambda_{table}.png"] = partial(charts.lambda_against_kth, rows, table)
             if max(map(len, rows.values())) > 1:
                 drawn[f"seeds_{table}.png"] = partial(charts.seed_strips, rows, metric, unit, table)
-    vision = by_table(read_results(results / "vision", "vision"))
-    for table, settings in table_groups(results.parent / "configs", "vision").items():
-        points = sweep_points(settings, vision.get(table, {}), top1) if settings.get("baseline") else {}
-        if any(p["pairs"] for series in points.values() for p in series):
-            baseline = settings["rows"][settings["baseline"]]["label"]
-            drawn[f"k_sweep_{table}.png"] = partial(charts.difference_against_k, points, baseline, table)
+    for folder, value, what, unit in (
+        ("vision", top1, "test top-1", "points"),
+        ("translation", test_bleu, "test sacreBLEU", "BLEU"),
+    ):
+        tables = by_table(read_results(results / folder, folder))
+        for table, settings in table_groups(results.parent / "configs", folder).items():
+            points = sweep_points(settings, tables.get(table, {}), value) if settings.get("baseline") else {}
+            if any(p["pairs"] for series in points.values() for p in series):
+                baseline = settings["rows"][settings["baseline"]]["label"]
+                drawn[f"k_sweep_{table}.png"] = partial(
+                    charts.difference_against_k, points, baseline, table, what, unit
+                )
     for table, rows in by_table(read_results(results / "routing", "language_modeling")).items():
         if charts.routed_shares(rows):
             drawn[f"routing_layers_{table}.png"] = partial(charts.routed_share_per_layer, rows)

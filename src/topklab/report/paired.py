@@ -217,16 +217,18 @@ def missing_runs(settings: dict, rows: dict[str, list[dict]]) -> list[str]:
 
 def sweep_points(settings: dict, rows: dict[str, list[dict]], value) -> dict[str, list[dict]]:
     """``{series: [{"row", "k", "pairs", "runs"}, ...]}``: the group's rows that set a fractional k and
-    another loss than the baseline's, by series (the row label up to its first comma, e.g. "LA + STk")
-    and k; ``pairs`` their differences from the baseline (:func:`paired`, empty without results).
+    another loss than the baseline's, by series (the row label before ``", k/n = "``, e.g. "LA + STk")
+    and k; ``pairs`` their differences from the baseline (:func:`paired`, empty without results). A
+    series at one k only (a row beside the sweep, such as a flagged variant) is no sweep and is left out.
 
     Examples
     --------
     >>> settings = {"baseline": "la", "rows": {"la": {"label": "LA", "loss": "average", "k": None},
     ...     "s9": {"label": "LA + STk, k/n = 0.9", "loss": "stk", "k": 0.9},
     ...     "s5": {"label": "LA + STk, k/n = 0.5", "loss": "stk", "k": 0.5}}}
-    >>> [(p["row"], p["k"]) for p in sweep_points(settings, {}, None)["LA + STk"]]
-    [('s5', 0.5), ('s9', 0.9)]
+    >>> settings["rows"]["v"] = {"label": "LA + STk (λ₀ = 0), k/n = 0.9", "loss": "stk", "k": 0.9}
+    >>> {name: [(p["row"], p["k"]) for p in points] for name, points in sweep_points(settings, {}, None).items()}
+    {'LA + STk': [('s5', 0.5), ('s9', 0.9)]}
     """
     baseline = settings["baseline"]
     base_loss = settings["rows"].get(baseline, {}).get("loss")
@@ -237,9 +239,13 @@ def sweep_points(settings: dict, rows: dict[str, list[dict]], value) -> dict[str
             continue
         runs = rows.get(row, [])
         pairs = paired(rows[baseline], runs, value) if baseline in rows and runs else []
-        name = spec["label"].split(",")[0]
+        name = spec["label"].split(", k/n = ")[0]
         series.setdefault(name, []).append({"row": row, "k": k, "pairs": pairs, "runs": runs})
-    return {name: sorted(points, key=lambda p: p["k"]) for name, points in series.items()}
+    return {
+        name: sorted(points, key=lambda p: p["k"])
+        for name, points in series.items()
+        if len({p["k"] for p in points}) > 1
+    }
 
 
 def render_sweep_table(name: str, rows: dict[str, list[dict]], settings: dict, value, what: str) -> str:

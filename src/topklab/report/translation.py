@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from topklab.losses.aggregate.lambda_monitor import ALL_STEPS
-from topklab.report.paired import paired, table_groups
+from topklab.report.paired import paired_lines, render_sweep_table, sweep_points, table_groups
 from topklab.report.resumed import resumed, resumed_footnote
 from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
@@ -18,6 +18,7 @@ from topklab.report.vision import by_table
 from topklab.utils.errors import TopklabError
 
 TABLE5_ROWS = ("average", "atk", "stk")  # every translation table compares these (STk paper Table 5)
+BASELINE = "average"  # the row every other is paired with, seed by seed
 DIAGNOSTICS = (
     ("in_band", "λ in band"),
     ("in_band_all", "in band (all steps)"),
@@ -155,7 +156,8 @@ def render_translation_table(
         lines.append("| " + " | ".join(cells) + " |")
     lines += resumed_footnote(present, rows, labels)
     lines += flag_lines({row: rows[row] for row in present}, labels)
-    lines += _tracking_section(present, rows, labels) + _paired_section(present, rows, labels)
+    lines += _tracking_section(present, rows, labels)
+    lines += paired_lines(present, rows, labels, BASELINE, test_bleu, "test sacreBLEU")
     curves = {row: [r["result"]["summary"] for r in rows[row]] for row in present}
     epochs = max(len(_per_epoch(s, "val_bleu")) for s in curves.values())
     thresholded = [row for row in present if any(v is not None for v in _per_epoch(curves[row], "lambda"))]
@@ -210,33 +212,9 @@ def _tracking_section(present, rows, labels) -> list[str]:
     return lines
 
 
-def _test_bleu(result: dict) -> float:
+def test_bleu(result: dict) -> float:
+    """A translation result's test sacreBLEU (of the selected state)."""
     return result["result"]["summary"]["metrics"]["test"]["bleu"]
-
-
-def _paired_section(present, rows, labels) -> list[str]:
-    """Test sacreBLEU minus Average's, seed by seed, for every other row sharing seeds with Average."""
-    if "average" not in rows:
-        return []
-    lines = []
-    for row in (r for r in present if r != "average"):
-        pairs = paired(rows["average"], rows[row], _test_bleu)
-        if pairs:
-            lines.append(
-                f"| {labels[row]} | {len(pairs)} | "
-                + ", ".join(f"{d:+.2f} (seed {s})" for s, d in pairs)
-                + f" | {_cell([d for _, d in pairs])} |"
-            )
-    if not lines:
-        return []
-    return [
-        "",
-        "Paired by seed: test sacreBLEU minus Average's.",
-        "",
-        "| row | seeds | per seed | mean ± std |",
-        "|---|---|---|---|",
-        *lines,
-    ]
 
 
 def render_translation(results: list[dict], papers: list[dict], configs: Path | None = None) -> dict[str, str]:
@@ -256,7 +234,14 @@ def render_translation(results: list[dict], papers: list[dict], configs: Path | 
         if isinstance(spec, dict) and "translation_table" in spec
     }
     groups = table_groups(configs, "translation")
-    return {
+    tables = by_table(results)
+    rendered = {
         f"{name}.md": render_translation_table(name, rows, specs.get(name), list(groups.get(name, {}).get("rows", {})))
-        for name, rows in sorted(by_table(results).items())
+        for name, rows in sorted(tables.items())
     }
+    for name, settings in sorted(groups.items()):
+        if settings.get("baseline") and sweep_points(settings, {}, test_bleu):
+            rendered[f"{name}_k.md"] = render_sweep_table(
+                name, tables.get(name, {}), settings, test_bleu, "test sacreBLEU"
+            )
+    return dict(sorted(rendered.items()))
