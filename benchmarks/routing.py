@@ -1,7 +1,7 @@
 """Wall time of a training step of the routing rows' language model, dense against routed, side by side.
 
     python -m benchmarks routing [--capacities 0.125 0.25 0.5] [--repeats 10] [--device cpu|cuda]
-                             [--out results/bench/routing_cpu.json]
+                             [--out results/bench/routing_cpu.json] [--quick]
 
 The model of ``experiment=routing/*`` (4 layers, d 256, FFN 1024, 5,000 pieces, layers 1 and 3
 routed) takes forward + backward + AdamW steps on two batch shapes of 2,048 tokens: Multi30k-like
@@ -9,6 +9,8 @@ routed) takes forward + backward + AdamW steps on two batch shapes of 2,048 toke
 threshold router (λ set to the (1 − c)-quantile of its scores, so that the same fraction passes; a
 threshold-p router at that fraction costs the same) are timed in turn with the dense model
 (interleaved, warm-up excluded, median of ``--repeats``); the ratio to dense is measured in the same run.
+``--quick`` runs the same comparison on a 2-layer d-64 model and one 8 × 16 batch: a check that the
+benchmark runs and routes, not a measurement.
 """
 
 from __future__ import annotations
@@ -17,18 +19,22 @@ from functools import partial
 from pathlib import Path
 
 from benchmarks.harness.isolation import project_root
+from topklab.utils.errors import TopklabError
 
 ROOT = project_root()
 SHAPES = {"multi30k-like (128 x 16)": (128, 16), "long (16 x 128)": (16, 128)}
+MODEL = {"vocab_size": 5000, "d_model": 256, "ffn_dim": 1024, "heads": 4, "layers": 4, "dropout": 0.1}
+QUICK_SHAPES = {"quick (8 x 16)": (8, 16)}
+QUICK_MODEL = {**MODEL, "d_model": 64, "ffn_dim": 128, "heads": 2, "layers": 2}
 
 
-def make_model(router, device):
+def make_model(router, device, sizes: dict = MODEL):
     import torch
 
     from topklab.models import TransformerLM
 
     torch.manual_seed(0)
-    model = TransformerLM(vocab_size=5000, d_model=256, ffn_dim=1024, heads=4, layers=4, dropout=0.1, router=router)
+    model = TransformerLM(**sizes, router=router)
     return model.to(device), torch.optim.AdamW(
         model.parameters(), lr=0.0
     )  # full AdamW work, weights fixed: λ stays calibrated
@@ -60,6 +66,9 @@ def arguments(parser) -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=None, help="default: results/bench/routing_<device>.json")
+    parser.add_argument(
+        "--quick", action="store_true", help="a small model and batch: checks the run, measures nothing"
+    )
 
 
 def run(args) -> int:
@@ -70,15 +79,18 @@ def run(args) -> int:
     from topklab.models import STkThresholdRouter, TopKRouter
 
     device = bench_device(args.device)
+    if args.quick and args.out is None:
+        raise TopklabError("--quick measures nothing, so it needs --out <file> (results/bench/ keeps measurements)")
+    shapes, sizes = (QUICK_SHAPES, QUICK_MODEL) if args.quick else (SHAPES, MODEL)
     rows = []
-    for shape, (sentences, length) in SHAPES.items():
+    for shape, (sentences, length) in shapes.items():
         generator = torch.Generator().manual_seed(0)
-        tokens = torch.randint(4, 5000, (sentences, length + 1), generator=generator).to(device)
+        tokens = torch.randint(4, sizes["vocab_size"], (sentences, length + 1), generator=generator).to(device)
         batch, target = PairBatch(tokens[:, :0], tokens[:, :-1]), tokens[:, 1:]
-        variants = {"dense": make_model(None, device)}
+        variants = {"dense": make_model(None, device, sizes)}
         for c in args.capacities:
-            variants[f"top-k, c = {c}"] = make_model(partial(TopKRouter, capacity=c), device)
-            model, optimizer = make_model(partial(STkThresholdRouter, capacity=c), device)
+            variants[f"top-k, c = {c}"] = make_model(partial(TopKRouter, capacity=c), device, sizes)
+            model, optimizer = make_model(partial(STkThresholdRouter, capacity=c), device, sizes)
             for router in model.routers.values():  # in order: λ at the (1 − c)-quantile of its scores on this batch
                 seen = []
                 hook = router.score.register_forward_hook(
@@ -108,7 +120,13 @@ def run(args) -> int:
                 flush=True,
             )
     out = write_bench(
-        ROOT, "routing", device, rows, {"capacities": args.capacities, "repeats": args.repeats}, args.command, args.out
+        ROOT,
+        "routing",
+        device,
+        rows,
+        {"capacities": args.capacities, "repeats": args.repeats, "quick": args.quick},
+        args.command,
+        args.out,
     )
     print(f"wrote {out}")
     return 0

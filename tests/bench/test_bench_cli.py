@@ -1,5 +1,6 @@
 """``python -m benchmarks``: the harness lists every benchmark module and runs each tiny configuration."""
 
+import ast
 import json
 import subprocess
 import sys
@@ -21,6 +22,36 @@ def test_help_lists_every_benchmark():
         *("routing", "sparsification", "step_share", "topk", "tracked_cuda"),
     }
     assert all(f"    {name}" in done.stdout for name in names)
+
+
+def _slow(function: ast.FunctionDef) -> bool:
+    return any("slow" in ast.unparse(decorator) for decorator in function.decorator_list)
+
+
+def benchmarks_run_by_default_tests() -> set[str]:
+    """The benchmarks that a test outside the slow tier runs through the harness (``main(["<name>", …])``)."""
+    run = set()
+    for path in (ROOT / "tests" / "bench").glob("test_*.py"):
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, ast.FunctionDef) or not function.name.startswith("test_") or _slow(function):
+                continue
+            for call in ast.walk(function):
+                if (
+                    isinstance(call, ast.Call)
+                    and ast.unparse(call.func) == "main"
+                    and call.args
+                    and isinstance(call.args[0], ast.List)
+                    and call.args[0].elts
+                    and isinstance(call.args[0].elts[0], ast.Constant)
+                ):
+                    run.add(call.args[0].elts[0].value)
+    return run
+
+
+def test_every_benchmark_runs_in_the_default_tier():
+    """Each benchmark's command line runs end to end in some test that ``make test`` runs (a GPU
+    benchmark on a machine without one: its one-line refusal)."""
+    assert set(benchmarks()) - benchmarks_run_by_default_tests() == set()
 
 
 def test_the_package_holds_no_benchmark():

@@ -47,3 +47,19 @@ def test_routing_benchmark_routes_the_asked_fraction(tmp_path):
     rows = json.loads(out.read_text())["result"]["rows"]
     top_k = [r for r in rows if r["variant"].startswith("top-k")]
     assert len(rows) == 6 and all(r["routed_fraction"] == 0.5 for r in top_k)
+
+
+def test_routing_benchmark_quick_mode_routes_the_asked_fraction(tmp_path):
+    """The fast counterpart of the slow test above: the same comparison on the small model and batch."""
+    out = tmp_path / "routing_cpu.json"
+    assert main(["routing", "--quick", "--capacities", "0.5", "--repeats", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())["result"]
+    top_k = [r for r in result["rows"] if r["variant"].startswith("top-k")]
+    assert result["quick"] is True and len(result["rows"]) == 3
+    assert [r["routed_fraction"] for r in top_k] == [0.5]
+    assert [r["routed_fraction"] for r in result["rows"] if r["variant"] == "dense"] == [1.0]
+
+
+def test_routing_quick_mode_without_a_file_is_refused_in_one_line(capsys):
+    assert main(["routing", "--quick"]) == 2
+    assert "--quick measures nothing" in capsys.readouterr().err
