@@ -187,6 +187,32 @@ def table_groups(configs: Path | None, folder: str) -> dict[str, dict]:
     return groups
 
 
+def row_order(settings: dict | None) -> list[str]:
+    """A group's rows in reading order: the baseline first, then each series (the label before
+    ``", k/n = "``) by increasing k.
+
+    Examples
+    --------
+    >>> row_order({"baseline": "la", "rows": {"a9": {"label": "LA + ATk, k/n = 0.9", "k": 0.9},
+    ...     "a5": {"label": "LA + ATk, k/n = 0.5", "k": 0.5}, "la": {"label": "LA", "k": None}}})
+    ['la', 'a5', 'a9']
+    """
+    if not settings:
+        return []
+    rows = settings["rows"]
+
+    def key(row: str) -> tuple:
+        k = rows[row].get("k")
+        return (
+            row != settings.get("baseline"),
+            rows[row]["label"].split(", k/n = ")[0],
+            k if isinstance(k, float) else 0.0,
+            row,
+        )
+
+    return sorted(rows, key=key)
+
+
 def _seed_list(seeds: list[int]) -> str:
     return ", ".join(map(str, seeds))
 

@@ -2,7 +2,8 @@
 run with payload ``{table, row, label, summary}``): mean ± std over seeds of top-1, top-5 and the
 many / medium / few-shot accuracies, the paper's value beside ours where it has one, and the
 per-class accuracy. A paper table is matched to a vision table by its ``vision_table`` field in
-``results/paper/*.yaml``; its row order is the table's order, other rows follow by id."""
+``results/paper/*.yaml``; its row order is the table's order, then the experiment group's rows (the
+baseline, then each series by k: :func:`~topklab.report.paired.row_order`), other rows by id."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ import statistics
 from pathlib import Path
 
 from topklab.report.divergence import diverged, divergence_lines
-from topklab.report.paired import missing_runs, paired_lines, render_sweep_table, sweep_points, table_groups
+from topklab.report.paired import (
+    missing_runs,
+    paired_lines,
+    render_sweep_table,
+    row_order,
+    sweep_points,
+    table_groups,
+)
 from topklab.report.resumed import resumed, resumed_footnote, seed_of
 from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
@@ -76,7 +84,8 @@ def render_vision_table(
     >>> text = render_vision_table("fmnistlt", by_table(read_results("results/vision"))["fmnistlt"])  # doctest: +SKIP
     """
     published = (paper or {}).get("rows", {})
-    present = [r for r in published if r in rows] + sorted(set(rows) - set(published))
+    order = list(dict.fromkeys([*published, *row_order(settings)]))
+    present = [r for r in order if r in rows] + sorted(set(rows) - set(order))
     if not present:
         raise TopklabError(f"no results for the {name} table; run its rows first (docs/vision.md)")
     runs = [r for row in present for r in rows[row]]
