@@ -30,3 +30,15 @@ def test_a_diverged_seed_is_left_out_of_the_means_and_named(tmp_path):
     assert "STk seed 2 (epoch 3: 3.50 after 1.40; top-1 30.00)" in text
     assert "| STk | 70.00 | 72.00 | 30.00 (diverged) |" in text
     assert "| STk | 80.0 | 60.0 | 40.0 |" in text  # per-class means without the diverged seed
+
+
+def test_the_seed_strip_draws_a_diverged_seed_apart_and_leaves_it_out_of_the_mean(tmp_path):
+    from topklab.report.charts import strip_values
+    from topklab.report.vision import top1
+
+    for seed, value in enumerate([70.0, 72.0]):
+        fake_vision_run(tmp_path, "t", "stk", "STk", seed, value, 95.0, [80.0, 60.0, 40.0], [2.0, 1.2, 0.8, 0.6])
+    fake_vision_run(tmp_path, "t", "stk", "STk", 2, 30.0, 90.0, [50.0, 20.0, 0.0], [2.0, 1.4, 3.5, 0.9])
+    runs = by_table(read_results(tmp_path / "vision", "vision"))["t"]["stk"]
+    kept, dropped = strip_values(runs, top1)
+    assert sorted(kept) == [70.0, 72.0] and dropped == [30.0]

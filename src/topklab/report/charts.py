@@ -83,8 +83,20 @@ def lambda_against_kth(rows: dict[str, list[dict]], title: str, path: Path) -> N
     _save(figure, path)
 
 
+def strip_values(runs: list[dict], value) -> tuple[list[float], list[float]]:
+    """A row's values as its strip draws them: (the runs the mean counts, the diverged runs), each
+    without the runs whose ``value`` is None."""
+    from topklab.report.divergence import diverged
+
+    kept = [v for v in (value(r) for r in runs if not diverged(r)) if v is not None]
+    dropped = [v for v in (value(r) for r in runs if diverged(r)) if v is not None]
+    return kept, dropped
+
+
 def seed_strips(rows: dict[str, list[dict]], value, unit: str, title: str, path: Path) -> None:
-    """One strip per row: each seed's ``value(result)`` as a dot, the mean as a bar.
+    """One strip per row: each seed's ``value(result)`` as a dot, the mean as a bar; a diverged run
+    (:func:`topklab.report.divergence.diverged`) is a red cross, left out of the mean as the tables
+    leave it out.
 
     Parameters
     ----------
@@ -94,16 +106,21 @@ def seed_strips(rows: dict[str, list[dict]], value, unit: str, title: str, path:
     """
     figure, axis = plt.subplots(figsize=(6.5, 0.5 * len(rows) + 1.2))
     names = []
+    any_diverged = False
     for position, runs in enumerate(reversed(list(rows.values()))):
-        values = [v for v in map(value, runs) if v is not None]
+        kept, dropped = strip_values(runs, value)
         names.append(_label(runs))
-        axis.scatter(values, [position] * len(values), color="C0", alpha=0.7, zorder=3)
-        if values:
-            axis.plot([sum(values) / len(values)] * 2, [position - 0.3, position + 0.3], color="k", lw=2)
+        axis.scatter(kept, [position] * len(kept), color="C0", alpha=0.7, zorder=3)
+        if dropped:
+            any_diverged = True
+            axis.scatter(dropped, [position] * len(dropped), color="C3", marker="x", zorder=3)
+        if kept:
+            axis.plot([sum(kept) / len(kept)] * 2, [position - 0.3, position + 0.3], color="k", lw=2)
     axis.set_yticks(range(len(names)), names, fontsize=8)
     axis.set_ylim(-0.6, len(names) - 0.4)
     axis.grid(True, axis="x", alpha=0.3)
-    axis.set(xlabel=unit, title=f"{title}: each seed (dots) and the mean (bar)")
+    crosses = "\n(a cross: a diverged run, left out of the mean)" if any_diverged else ""
+    axis.set(xlabel=unit, title=f"{title}: each seed (dots) and the mean (bar){crosses}")
     _save(figure, path)
 
 
