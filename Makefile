@@ -132,8 +132,9 @@ bench-population: setup
 	$(PY) -m benchmarks population
 
 # STk §4.2 into results/synthetic/*.json, one row of configs/experiment/stk/synthetic/ per file (50 repeats, one
-# thread, one after the other): Table 2, Figures 3 and 4 (about 45 min here), Table 2 with the intended covariance
-# 0.5^|j-k| (about 20 min), Table 2 and Figure 4 with MATk/STk at ATk's scale (about 40 min).
+# thread, one after the other). The wall times the files record (their `seconds`): Table 2, Figures 3 and 4 about
+# 16 min (396 + 2 + 549 s), Table 2 with the intended covariance 0.5^|j-k| about 7 min (399 s), Table 2 and Figure 4
+# with MATk/STk at ATk's scale about 16 min (373 + 572 s): about 38 min in all, start-up not counted.
 reproduce-synthetic: setup
 	$(PY) train.py -m 'experiment=glob(stk/synthetic/*)'
 
@@ -277,7 +278,7 @@ reproduce-petersen-table5: setup   # the L2 rows; Table 5's WSL entries are the 
 bench-embeddings: setup
 	$(PY) -m benchmarks embeddings --device $(BENCH_DEVICE)
 
-# STk Table 1 (top-5 of 10,000, 50 runs) into results/synthetic/table1.json (a few minutes).
+# STk Table 1 (top-5 of 10,000, 50 runs) into results/bench/table1.json (a few minutes).
 table1: setup
 	$(PY) scripts/table1_topk_time.py
 

@@ -42,13 +42,16 @@ class MATk(ThresholdedTopK):
         "gradient" only: how λ >= 0 is kept (not given by the paper); see :mod:`topklab.losses.threshold`.
     scale : {"paper", "atk"}
         ``paper`` = Eq. 5 as printed; ``atk`` multiplies by n/k.
-    kernel : {"auto", "native", "compiled", "eager"}
-        ``auto`` = on rows of >= ``compile_min_n`` losses the C++ kernel on a CPU and the
-        ``torch.compile``-d one on a GPU, falling back where they cannot be built; below that the
-        eager kernel. All agree to float32 rounding.
+    kernel : {"auto", "native", "compiled", "eager", "triton"}
+        ``auto`` = on CUDA wherever Triton imports, a started training call under a rule that sets λ
+        runs as Triton launches at every n (:func:`~topklab.losses.aggregate.triton_pass.row_call`
+        lists the calls it leaves out); every other call, on rows of >= ``compile_min_n`` losses, the
+        C++ kernel on a CPU and the ``torch.compile``-d one on a GPU, falling back where they cannot
+        be built; below that the eager kernel. ``triton`` = the launch wherever Triton runs, ``auto``'s
+        path for the calls it leaves out. All agree to float32 rounding.
     compile_min_n : int >= 1 or None
-        The shortest row that ``auto`` sends to the native or compiled kernel. None (default):
-        every row on a CPU, rows of at least 16,384 losses on a GPU.
+        The shortest row that ``auto`` sends to the native or compiled kernel (the Triton launch has
+        no minimum). None (default): every row on a CPU, rows of at least 16,384 losses on a GPU.
     dim : int
         The axis of the losses to aggregate (default -1); the other axes are rows.
     rows : int >= 1 or None

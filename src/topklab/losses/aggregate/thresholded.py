@@ -21,7 +21,7 @@ MIN_DELTA = 1e-15  # r(r − z) >= δ² stays a normal float32 (the C++ pass div
 
 SCALES = ("paper", "atk")
 NATIVE_DTYPES = (torch.float32, torch.float64)
-GPU_COMPILE_MIN_N = 16384  # compile_min_n=None: the shortest row kernel="auto" compiles on a GPU
+GPU_COMPILE_MIN_N = 16384  # compile_min_n=None: the shortest row kernel="auto" compiles on a GPU (no Triton launch)
 
 
 _wrapped = torch._C._functorch.is_functorch_wrapped_tensor
@@ -78,10 +78,15 @@ class ThresholdedTopK(HoldsRule, Aggregate):
     consecutive out-of-band calls the module warns once.
 
     Value and gradients come from the fused kernels of :mod:`topklab.losses.aggregate.kernels`:
-    ``kernel="auto"`` runs the C++ one on a CPU (prebuilt with the package) and the
-    ``torch.compile``-d one on a GPU for rows of at least ``compile_min_n`` losses (None: every row
-    on a CPU, from 16,384 on a GPU), the eager one below; ``"native"``, ``"compiled"`` and
-    ``"eager"`` force one. A module call on 1-D float32/float64 CPU losses on the C++ path is one C++
+    ``kernel="auto"`` runs the C++ one on a CPU (prebuilt with the package). On CUDA, wherever Triton
+    imports, a started training call under a rule that sets λ (not a trained λ) on one row or up to
+    1,024 contiguous rows runs as Triton launches at every n
+    (:func:`~topklab.losses.aggregate.triton_pass.row_call`, which lists the calls it leaves out);
+    every other call on a GPU takes the ``torch.compile``-d kernel. Either device uses its fused
+    kernel for rows of at least ``compile_min_n`` losses (None: every row on a CPU, from 16,384 on a
+    GPU) and the eager one below. ``"native"``, ``"compiled"`` and ``"eager"`` force one;
+    ``"triton"`` takes the launch wherever Triton runs, and ``auto``'s path for the calls it leaves
+    out. A module call on 1-D float32/float64 CPU losses on the C++ path is one C++
     call (:meth:`_one_row`), which costs about what ``losses.mean()`` does. Under ``torch.func``
     transforms the formula runs on torch operations (the fused node has no functorch rule).
 
@@ -352,7 +357,8 @@ class ThresholdedTopK(HoldsRule, Aggregate):
         kernel ("native": the C++ one on a CPU, which :func:`thresholded` turns into the compiled one
         on a GPU) for rows of at least ``compile_min_n`` losses and the eager kernel for shorter rows
         (``compile_min_n=None``: every row on a CPU, rows of at least :data:`GPU_COMPILE_MIN_N` on a
-        GPU). Inside a user's ``torch.compile`` always eager."""
+        GPU). Inside a user's ``torch.compile`` always eager. On CUDA under ``auto`` a training call
+        that the Triton launch takes (:meth:`forward`) never reaches this choice."""
         if torch.compiler.is_compiling() or _transformed(losses):
             return "eager"
         return self._chosen_path(losses.shape[1], losses.device.type)
