@@ -25,6 +25,8 @@ from __future__ import annotations
 import statistics
 import time
 
+from topklab.report.outputs import machine_label
+
 TARGETS = {"Average": 1.1, "Maximum": 1.1, "ATk": 1.1, "STk": 1.2, "MATk": 1.2}
 PLAIN = {
     "Average": "x.mean()",
@@ -185,11 +187,19 @@ def defaults(rows: list[dict]) -> list[dict]:
     return [r for r in ratios(rows) if r["loss"] in TARGETS]
 
 
-def render(
-    rows: list[dict], hardware: str, command: str, k_fraction: float, one_process: bool = False, dtype: str = "float32"
-) -> str:
+def render(result: dict) -> str:
+    """The against-torch table of a stored result (``topk_against_torch_<device>``)."""
+    rows, config = result["result"]["rows"], result["config"]
+    one_process = config["device"].startswith("cuda")
+    hardware = machine_label(
+        config["device"], None if one_process else config["threads"] or None, result["provenance"]["hardware"]
+    )
+    command, k_fraction, dtype = result["command"], config["k"], config.get("dtype", "float32")
     ns = [row["n"] for row in rows]
-    labels = [label for label in rows[0]["seconds"] if base_label(label) in TARGETS]
+    labels = sorted(
+        (label for label in rows[0]["seconds"] if base_label(label) in TARGETS),
+        key=lambda label: (list(TARGETS).index(base_label(label)), label != base_label(label)),
+    )
     table = {(r["loss"], r["n"]): r for r in ratios(rows)}
     lines = [
         f"# The aggregates as the library gives them against the plain torch expression ({hardware})",

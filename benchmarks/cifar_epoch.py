@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.harness.isolation import project_root
-from topklab.report.outputs import write_outputs
+from benchmarks.harness.output import Measured
 from topklab.utils.errors import TopklabError
 
 ROOT = project_root()
@@ -45,7 +45,7 @@ def arguments(parser) -> None:
     parser.add_argument("--out-dir", default=str(ROOT / "results" / "bench"))
 
 
-def run(args) -> int:
+def measure(args) -> Measured:
     if args.epochs < 2 or args.workers < 0:
         raise TopklabError("need --epochs >= 2 (the first is left out) and --workers >= 0")
 
@@ -103,13 +103,30 @@ def run(args) -> int:
                     "projected_recipe_hours": steady * RECIPE_EPOCHS / 3600,
                 }
             )
-    command = args.command
     ratio = rows[1]["median_epoch_s"] / rows[0]["median_epoch_s"]
+    return Measured(
+        f"cifar_epoch_{args.device}",
+        {"rows": rows, "ratio": ratio},
+        {
+            "device": args.device,
+            "epochs": args.epochs,
+            "workers": args.workers,
+            "per_class": args.per_class,
+            "row": "stk/cifar100lt/la_stk",
+        },
+        Path(args.out_dir),
+        summary=f"ratio torchvision/device epoch time: {ratio:.2f}",
+    )
+
+
+def render(result: dict) -> str:
+    """The epoch times per data path and the projected recipe time, from a stored result."""
+    rows, settings, per_class = result["result"]["rows"], result["config"], result["config"]["per_class"]
     lines = [
-        f"# ResNet-32 CIFAR-100-LT epoch time ({args.device})",
+        f"# ResNet-32 CIFAR-100-LT epoch time ({settings['device']})",
         "",
-        f"`{command}` on {rows[0]['device']}: row stk/cifar100lt/la_stk (batch 128"
-        f"{', ρ = 100, 10,847 training images' if args.per_class == 500 else f', {args.per_class} images per class before a ρ = 2 cut'}),"
+        f"`{result['command']}` on {rows[0]['device']}: row {settings['row']} (batch 128"
+        f"{', ρ = 100, 10,847 training images' if per_class == 500 else f', {per_class} images per class before a ρ = 2 cut'}),"
         f" training + validation per epoch, the first epoch left out of the median;"
         f" {RECIPE_EPOCHS}-epoch time projected from the median.",
         "",
@@ -121,14 +138,5 @@ def run(args) -> int:
             f"| {row['loader']} | {row['workers']} | {', '.join(f'{s:.1f}' for s in row['epoch_seconds'])} |"
             f" {row['median_epoch_s']:.2f} | {row['projected_recipe_hours']:.2f} |"
         )
-    lines += ["", f"ratio torchvision/device epoch time: {ratio:.2f}"]
-    out_dir, name = Path(args.out_dir), f"cifar_epoch_{args.device}"
-    write_outputs(
-        out_dir,
-        name,
-        {"rows": rows, "ratio": ratio},
-        command,
-        {"epochs": args.epochs, "workers": args.workers, "per_class": args.per_class, "row": "stk/cifar100lt/la_stk"},
-        markdown="\n".join(lines),
-    )
-    print("\n".join(lines))
+    lines += ["", f"ratio torchvision/device epoch time: {result['result']['ratio']:.2f}"]
+    return "\n".join(lines)

@@ -16,7 +16,8 @@
 The paper's backbones (timm architecture, resolution, GPU precision) come from ``configs/backbone/``;
 the hold-out, epochs and m of each dataset from ``configs/dataset/*_embeddings.yaml`` and the
 ``experiment=petersen/<dataset>`` rows; image counts, classes and widths are not in the configs and are kept here.
-Absolute times: run it on a quiet machine. Writes a result envelope; ``--render`` redraws the markdown.
+Absolute times: run it on a quiet machine. Writes a result envelope and its table;
+``python -m benchmarks render results/bench/embeddings_cpu.json`` draws the table again.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from benchmarks.harness.isolation import project_root
 from benchmarks.harness.memory import max_rss_mb as peak_rss_mb
+from benchmarks.harness.output import Measured
 
 ROOT = project_root()
 CONFIGS = ROOT / "configs"
@@ -358,17 +360,11 @@ def arguments(parser) -> None:
     parser.add_argument("--steps", type=int, default=30, help="training steps timed per method")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one; 6 GB)")
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--render", type=Path, default=None, help="redraw the markdown of this result JSON and stop")
 
 
-def run(args) -> int:
-    from benchmarks.harness import bench_device, write_bench
-    from topklab.report.schema import read_result
-    from topklab.utils.io import atomic_write_text
+def measure(args) -> Measured:
+    from benchmarks.harness import bench_device, device_rows
 
-    if args.render:
-        atomic_write_text(args.render.with_suffix(".md"), render(read_result(args.render, "bench")))
-        return 0
     device = bench_device(args.device)
     recorded = args.command.split(" ")
     if "--work" in recorded:  # a scratch folder is a machine path: kept out of the recorded command
@@ -397,7 +393,6 @@ def run(args) -> int:
                 ["softmax_ce", "bitonic_uniform", "neuralsort_uniform"],
             )
     config = {"quick": args.quick, "steps": args.steps, "load_average": round(load, 2)}
-    path = write_bench(ROOT, "embeddings", device, rows, config, " ".join(recorded), args.out)
-    atomic_write_text(path.with_suffix(".md"), render(read_result(path, "bench")))
-    print(f"wrote {path} and {path.with_suffix('.md')}")
-    return 0
+    measured = device_rows(ROOT, "embeddings", device, rows, config, args.out)
+    measured.command = " ".join(recorded)
+    return measured

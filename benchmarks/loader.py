@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 from benchmarks.harness import bench_device, project_root
-from topklab.report import outputs
+from benchmarks.harness.output import Measured
+from topklab.report.outputs import machine_label
 from topklab.utils.errors import TopklabError
 
 ROOT = project_root()
@@ -47,23 +48,25 @@ def images_per_second(loader, epochs: int, device) -> float:
     return count / (time.perf_counter() - start)
 
 
-def where_and_kind(device, torch) -> tuple[str, str]:
-    """The machine's description for a table header and the file-name tag (cpu | cuda)."""
-    kind = "cuda" if device.type == "cuda" else "cpu"
-    return outputs.machine_label(device, None if kind == "cuda" else torch.get_num_threads()), kind
+def tag(device: str) -> str:
+    """The file-name tag of a device: cpu or cuda."""
+    return "cuda" if device.startswith("cuda") else "cpu"
 
 
-def write_outputs(out_dir: Path, name: str, payload: dict, args, lines: list[str]) -> None:
-    """``<name>.json`` (the result envelope, with provenance) and ``<name>.md`` under ``out_dir``."""
-    outputs.write_outputs(
-        out_dir,
-        name,
-        payload,
-        args.command,
-        {"images": args.images, "batch_size": args.batch_size, "epochs": args.epochs},
-        markdown="\n".join(lines),
-    )
-    print(f"wrote {out_dir}/{name}.{{json,md}}")
+def device_of(result: dict) -> str:
+    """The device a stored result's images were delivered on: its file name's tag."""
+    return "cuda" if result["experiment"].endswith("_cuda") else "cpu"
+
+
+def where(result: dict) -> str:
+    """The machine of a stored result, for its table's title."""
+    device = device_of(result)
+    threads = None if device == "cuda" else result["provenance"]["hardware"]["torch_threads"]
+    return machine_label(device, threads, result["provenance"]["hardware"])
+
+
+def settings(args) -> dict:
+    return {"images": args.images, "batch_size": args.batch_size, "epochs": args.epochs}
 
 
 def arguments(parser) -> None:
@@ -77,7 +80,7 @@ def arguments(parser) -> None:
     parser.add_argument("--vit", action="store_true", help="time the ViT-resolution pipeline instead")
 
 
-def run(args) -> int:
+def measure(args) -> Measured:
     if args.vit:
         return vit_pipeline(args)
 
@@ -115,13 +118,28 @@ def run(args) -> int:
         print(f"torchvision loader, {workers} workers: {rows[-1]['images_per_s']:,.0f} images/s", flush=True)
     best = max(r["images_per_s"] for r in rows[1:])
     ratio = rows[0]["images_per_s"] / best
-    where, kind = where_and_kind(device, torch)
+    return Measured(
+        f"loader_{tag(str(device))}",
+        {"results": rows, "ratio": ratio},
+        settings(args),
+        Path(args.out_dir),
+        summary=f"ratio device/torchvision: {ratio:.2f}",
+    )
+
+
+def render(result: dict) -> str:
+    """The images/s table of a stored result (either mode)."""
+    return (render_vit if result["experiment"].startswith("loader_vit") else render_paths)(result)
+
+
+def render_paths(result: dict) -> str:
+    rows, config, device = result["result"]["results"], result["config"], device_of(result)
     lines = [
-        f"# Vision data paths: images/s ({kind}: {where})",
+        f"# Vision data paths: images/s ({device}: {where(result)})",
         "",
-        f"Produced by: `{args.command}`.  ",
-        f"{args.images:,} CIFAR-sized uint8 images, batch {args.batch_size}, random crop 32/4 + flip + normalise, "
-        f"delivered on `{device}`; {args.epochs} timed epoch(s) after one warm-up epoch.",
+        f"Produced by: `{result['command']}`.  ",
+        f"{config['images']:,} CIFAR-sized uint8 images, batch {config['batch_size']}, random crop 32/4 + flip + "
+        f"normalise, delivered on `{device}`; {config['epochs']} timed epoch(s) after one warm-up epoch.",
         "",
         "| path | workers | images/s |",
         "|---|---|---|",
@@ -129,12 +147,11 @@ def run(args) -> int:
     lines += [
         f"| {r['path']} | {'-' if r['workers'] is None else r['workers']} | {r['images_per_s']:,.0f} |" for r in rows
     ]
-    lines += ["", f"Ratio device / fastest torchvision: **{ratio:.1f}×**", ""]
-    write_outputs(Path(args.out_dir), f"loader_{kind}", {"results": rows, "ratio": ratio}, args, lines)
-    print(f"ratio device/torchvision: {ratio:.2f}")
+    lines += ["", f"Ratio device / fastest torchvision: **{result['result']['ratio']:.1f}×**", ""]
+    return "\n".join(lines)
 
 
-def vit_pipeline(args) -> None:
+def vit_pipeline(args) -> Measured:
     import tempfile
 
     import numpy as np
@@ -176,19 +193,30 @@ def vit_pipeline(args) -> None:
                     {"source": name, "workers": workers, "images_per_s": images_per_second(loader, args.epochs, device)}
                 )
                 print(f"{name}, {workers} workers: {rows[-1]['images_per_s']:,.0f} images/s", flush=True)
-    where, kind = where_and_kind(device, torch)
     most, fewest = max(args.workers), min(args.workers)
     speedup = {
         name: next(r["images_per_s"] for r in rows if r["source"] == name and r["workers"] == most)
         / next(r["images_per_s"] for r in rows if r["source"] == name and r["workers"] == fewest)
         for name, _, _ in sources
     }
+    return Measured(
+        f"loader_vit_{tag(str(device))}",
+        {"results": rows, "speedup": speedup},
+        settings(args),
+        Path(args.out_dir),
+        summary=f"speed-up {most} workers / {fewest}: " + ", ".join(f"{v:.2f}" for v in speedup.values()),
+    )
+
+
+def render_vit(result: dict) -> str:
+    rows, config, speedup = result["result"]["results"], result["config"], result["result"]["speedup"]
+    most, fewest, device = max(r["workers"] for r in rows), min(r["workers"] for r in rows), device_of(result)
     lines = [
-        f"# ViT-resolution data pipeline: images/s ({kind}: {where})",
+        f"# ViT-resolution data pipeline: images/s ({device}: {where(result)})",
         "",
-        f"Produced by: `{args.command}`.  ",
-        f"{args.images:,} images, batch {args.batch_size}, delivered as normalised 224 × 224 float batches on `{device}`; "
-        f"{args.epochs} timed epoch(s) after one warm-up epoch; bilinear resizes (PIL).",
+        f"Produced by: `{result['command']}`.  ",
+        f"{config['images']:,} images, batch {config['batch_size']}, delivered as normalised 224 × 224 float batches "
+        f"on `{device}`; {config['epochs']} timed epoch(s) after one warm-up epoch; bilinear resizes (PIL).",
         "",
         "| source | workers | images/s |",
         "|---|---|---|",
@@ -196,8 +224,8 @@ def vit_pipeline(args) -> None:
     lines += [f"| {r['source']} | {r['workers']} | {r['images_per_s']:,.0f} |" for r in rows]
     lines += [
         "",
-        f"Speed-up of {most} workers over {fewest}: " + "; ".join(f"{k}: **{v:.2f}×**" for k, v in speedup.items()),
+        f"Speed-up of {most} workers over {fewest}: "
+        + "; ".join(f"{name}: **{speedup[name]:.2f}×**" for name in dict.fromkeys(r["source"] for r in rows)),
         "",
     ]
-    write_outputs(Path(args.out_dir), f"loader_vit_{kind}", {"results": rows, "speedup": speedup}, args, lines)
-    print(f"speed-up {most} workers / {fewest}: " + ", ".join(f"{v:.2f}" for v in speedup.values()))
+    return "\n".join(lines)

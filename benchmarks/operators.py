@@ -6,7 +6,7 @@ exactness and quality, measured in one run.
                                    [--large-sizes 10000 ...] [--repeats 20] [--memory-limit-gb 4]
                                    [--peer-batch 1] [--train-epochs 10] [--no-train]
                                    [--out-dir results/bench] [--tag NAME]
-    python -m benchmarks operators --render results/bench/operators_cpu.json   # redraw table + plot only
+    python -m benchmarks render results/bench/operators_cpu.json   # draw the table + plot again, measuring nothing
     python -m benchmarks operators --k-sweep [--k-n 1000] [--operators NAME ...]  # only time and memory against k
 
 ``--quick`` times the forward+backward of the top-k cross-entropy with P_K = [.2]*5 on logits of
@@ -68,8 +68,8 @@ from benchmarks.harness.memory import (
     reset_cuda_peak,
     reset_peak_rss,
 )
+from benchmarks.harness.output import Measured
 from benchmarks.harness.timing import Timer, is_cuda, median
-from topklab.report.outputs import write_outputs
 from topklab.utils.errors import TopklabError
 
 ROOT = project_root()
@@ -194,7 +194,7 @@ def quick(args) -> dict:
     }
 
 
-def measure(args) -> dict:
+def measure_operator(args) -> dict:
     """One operator's rows (runs in its own process)."""
     import torch
 
@@ -300,8 +300,9 @@ def measure_k_options(options: dict) -> dict:
     return measure_k(argparse.Namespace(**options))
 
 
-def render_k(out: dict) -> str:
+def render_k(result: dict) -> str:
     """The table of ``--k-sweep``: time and peak memory of each operator against k at one n."""
+    out = result["result"]
     ks = sorted({s["k"] for r in out["rows"] for s in r["speed"]})
     n = out["n"]
     head = "| operator | " + " | ".join(f"k={k:,}" for k in ks) + " |"
@@ -316,7 +317,7 @@ def render_k(out: dict) -> str:
         [
             f"# Differentiable top-k operators against k ({out['device']}, {out['threads']} torch threads)",
             "",
-            f"Produced by `{out['command']}` (torch {out['torch']}); each operator at its `configs/operator/` defaults, "
+            f"Produced by `{result['command']}` (torch {out['torch']}); each operator at its `configs/operator/` defaults, "
             f"`soft_topk` forward+backward of one row of n = {n:,} N(0, 1) scores, median after warm-up (an operator "
             "stops at the first k whose one call takes longer than its budget: (stopped)).",
             "",
@@ -332,9 +333,9 @@ def render_k(out: dict) -> str:
     )
 
 
-def measure_options(options: dict) -> dict:
+def measure_operator_options(options: dict) -> dict:
     """:func:`measure` with the command line's options as a dict (the isolated worker's entry)."""
-    return measure(argparse.Namespace(**options))
+    return measure_operator(argparse.Namespace(**options))
 
 
 @cache
@@ -555,14 +556,11 @@ def arguments(parser) -> None:
     parser.add_argument("--no-train", action="store_true")
     parser.add_argument("--out-dir", default=str(ROOT / "results" / "bench"))
     parser.add_argument("--tag", default=None)
-    parser.add_argument("--render", metavar="JSON", help="only redraw the table and plot of a result JSON")
     parser.add_argument("--k-sweep", action="store_true", help="only time and memory against k at n = --k-n")
     parser.add_argument("--k-n", type=int, default=1000, help="the row length of --k-sweep")
 
 
-def run(args) -> int:
-    if args.render:
-        return render_saved(Path(args.render))
+def measure(args) -> Measured | int:
     if args.memory_limit_gb <= 0:
         raise TopklabError(f"--memory-limit-gb {args.memory_limit_gb} must be > 0")
     if args.peer_batch < 1:
@@ -590,7 +588,7 @@ def run(args) -> int:
     names = args.operators or known
     for name in names:
         try:  # each operator in its own process
-            row = run_isolated("benchmarks.operators:measure_options", {**vars(args), "operator": name})
+            row = run_isolated("benchmarks.operators:measure_operator_options", {**vars(args), "operator": name})
         except WorkerFailed as err:  # recorded; the other operators still run
             print(f"error: operator {name} failed: {err}", file=sys.stderr)
             failed.append({"operator": name, "error": str(err)})
@@ -602,7 +600,6 @@ def run(args) -> int:
     peers = compare_peers(args, names)
     head_to_head = quick(argparse.Namespace(device=args.device, quick_rounds=args.quick_rounds))
     out = {
-        "command": args.command,
         "device": device_name(args.device),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
@@ -614,25 +611,22 @@ def run(args) -> int:
         "head_to_head": head_to_head,
         "train_epochs": None if args.no_train else args.train_epochs,
     }
-    tag = args.tag or ("cuda" if args.device.startswith("cuda") else "cpu")
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    plot(rows, out_dir / f"operators_{tag}.png", out["device"])
-    write_outputs(
-        out_dir,
-        f"operators_{tag}",
+    return Measured(
+        f"operators_{args.tag or ('cuda' if args.device.startswith('cuda') else 'cpu')}",
         out,
-        out["command"],
-        {k: v for k, v in vars(args).items() if k not in ("out_dir", "operator", "command")},
-        markdown=render(out, f"operators_{tag}.png"),
+        settings(args),
+        Path(args.out_dir),
+        summary=f"speedup vs difftopk: {head_to_head['speedup']:.1f}",
     )
-    print(f"wrote {out_dir / f'operators_{tag}.md'}")
-    print(f"speedup vs difftopk: {head_to_head['speedup']:.1f}")
-    return 0
 
 
-def k_sweep(args) -> int:
-    """``--k-sweep``: every operator against k at one n, each in its own process; writes operators_k_<tag>."""
+def settings(args) -> dict:
+    """The options that determine the numbers (no machine paths)."""
+    return {k: v for k, v in vars(args).items() if k not in ("out_dir", "operator", "command")}
+
+
+def k_sweep(args) -> Measured:
+    """``--k-sweep``: every operator against k at one n, each in its own process (``operators_k_<tag>``)."""
     import torch
 
     rows = []
@@ -645,7 +639,6 @@ def k_sweep(args) -> int:
         rows.append(row)
         print(f"{name:20s} " + ", ".join(f"k={s['k']}: {speed_cell(s)} ms" for s in row["speed"]), flush=True)
     out = {
-        "command": args.command,
         "device": device_name(args.device),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
@@ -653,28 +646,14 @@ def k_sweep(args) -> int:
         "rows": rows,
     }
     tag = args.tag or ("cuda" if args.device.startswith("cuda") else "cpu")
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    settings = {k: v for k, v in vars(args).items() if k not in ("out_dir", "operator", "command")}
-    write_outputs(out_dir, f"operators_k_{tag}", out, out["command"], settings, markdown=render_k(out))
-    print(f"wrote {out_dir / f'operators_k_{tag}.md'}")
-    return 0
+    return Measured(f"operators_k_{tag}", out, settings(args), Path(args.out_dir))
 
 
-def render_saved(path: Path) -> int:
-    """Redraw ``operators_<tag>.{md,png}`` beside a result JSON this benchmark wrote (no measuring)."""
-    from topklab.utils.io import atomic_write_text
-
-    try:
-        out = json.loads(path.read_text())["result"]
-    except (OSError, ValueError, KeyError) as err:
-        raise TopklabError(
-            f"{path} is not a result JSON of this benchmark ({err}); pass results/bench/operators_<tag>.json"
-        ) from None
-    plot(out["rows"], path.with_suffix(".png"), out["device"])
-    atomic_write_text(path.with_suffix(".md"), render(out, path.with_suffix(".png").name))
-    print(f"wrote {path.with_suffix('.md')} and {path.with_suffix('.png').name}")
-    return 0
+def render(result: dict) -> str:
+    """The table of a stored result: the k sweep (``operators_k_<tag>``) or the full benchmark."""
+    if result["experiment"].startswith("operators_k_"):
+        return render_k(result)
+    return render_full(result)
 
 
 def device_name(device: str) -> str:
@@ -779,7 +758,8 @@ def speed_cell(size: dict | None) -> str:
     return f">{size['ms']:.0f} (stopped)" if size.get("stopped") else f"{size['ms']:.3g}"
 
 
-def render(out: dict, plot_name: str) -> str:
+def render_full(result: dict) -> str:
+    out, plot_name = result["result"], f"{result['experiment']}.png"
     rows = out["rows"]
     sizes = sorted({s["n"] for r in rows for s in r["speed"]})
     h = out["head_to_head"]
@@ -791,7 +771,7 @@ def render(out: dict, plot_name: str) -> str:
     lines = [
         f"# Differentiable top-k operators side by side ({out['device']}, {out['threads']} torch threads)",
         "",
-        f"Produced by `{out['command']}` (torch {out['torch']}); each operator at its `configs/operator/` defaults.",
+        f"Produced by `{result['command']}` (torch {out['torch']}); each operator at its `configs/operator/` defaults.",
         "",
         "## Our odd-even DiffSortNet against difftopk's dense odd-even path",
         "",
@@ -858,7 +838,11 @@ def render(out: dict, plot_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict], path: Path, device: str) -> None:
+def plot(result: dict, path: Path) -> bool:
+    """Time and peak memory against n of every operator (the full benchmark; none for the k sweep)."""
+    if result["experiment"].startswith("operators_k_"):
+        return False
+    rows, device = result["result"]["rows"], result["result"]["device"]
     import matplotlib
 
     matplotlib.use("Agg")
@@ -886,3 +870,4 @@ def plot(rows: list[dict], path: Path, device: str) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+    return True

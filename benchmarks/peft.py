@@ -36,8 +36,8 @@ from pathlib import Path
 from benchmarks.harness import bench_device
 from benchmarks.harness.isolation import WorkerFailed, project_root, run_isolated
 from benchmarks.harness.memory import cuda_peak_bytes, max_rss_bytes, reset_cuda_peak
+from benchmarks.harness.output import Measured
 from benchmarks.harness.timing import timed
-from topklab.report.outputs import write_outputs
 from topklab.utils.errors import TopklabError
 
 ROOT = project_root()
@@ -123,7 +123,7 @@ TABLES = tables()
 OBJECTIVES = {"stk": "LA + STk (k = 0.9 × batch, δ = 0.01)", "average": "LA + Average"}
 
 
-def measure(args) -> dict:
+def measure_branch(args) -> dict:
     """One branch's numbers (runs in its own process)."""
     import torch
     from hydra.utils import instantiate
@@ -198,9 +198,9 @@ def measure(args) -> dict:
     }
 
 
-def measure_options(options: dict) -> dict:
+def measure_branch_options(options: dict) -> dict:
     """:func:`measure` with the command line's options as a dict (the isolated worker's entry)."""
-    return measure(argparse.Namespace(**options))
+    return measure_branch(argparse.Namespace(**options))
 
 
 def table_hours(rows: dict, sustained_tflops: dict) -> list[dict]:
@@ -246,14 +246,14 @@ def arguments(parser) -> None:
     parser.add_argument("--tag", default=None)
 
 
-def run(args) -> int:
+def measure(args) -> Measured | int:
     if args.batch < 2 or args.steps < 1:
         raise TopklabError("--batch must be >= 2 (STk's k = 0.9 × batch) and --steps >= 1")
     bench_device(args.device)
     rows = {}
     for tuner in args.tuners:
         try:  # each branch in its own process
-            rows[tuner] = run_isolated("benchmarks.peft:measure_options", {**vars(args), "tuner": tuner})
+            rows[tuner] = run_isolated("benchmarks.peft:measure_branch_options", {**vars(args), "tuner": tuner})
         except WorkerFailed as err:
             print(f"error: branch {tuner} failed: {err}", file=sys.stderr)
             return 1
@@ -273,7 +273,6 @@ def run(args) -> int:
 
     device_name = torch.cuda.get_device_name(0) if measured else f"{platform.machine()} CPU, {os.cpu_count()} cores"
     out = {
-        "command": args.command,
         "device": device_name,
         "batch": args.batch,
         "steps": args.steps,
@@ -292,25 +291,21 @@ def run(args) -> int:
         if measured
         else f"assumed {args.assumed_tflops:g} TFLOP/s sustained",
     }
-    tag = args.tag or ("cuda" if measured else "cpu")
-    out_dir = Path(args.out_dir)
-    write_outputs(
-        out_dir,
-        f"peft_{tag}",
+    return Measured(
+        f"peft_{args.tag or ('cuda' if measured else 'cpu')}",
         out,
-        out["command"],
         {k: v for k, v in vars(args).items() if k not in ("out_dir", "tuner", "command")},  # no machine paths
-        markdown=render(out),
+        Path(args.out_dir),
     )
-    print(f"wrote {out_dir / f'peft_{tag}.md'}")
-    return 0
 
 
-def render(out: dict) -> str:
+def render(result: dict) -> str:
+    """The per-branch cost table and the GPU-hour estimates of a stored result."""
+    out = result["result"]
     lines = [
         f"# PEFT ViT cost per branch ({out['device']}, {out['threads']} torch threads)",
         "",
-        f"Produced by `{out['command']}`: {out['backbone']} at {out['img_size']} px with random weights, "
+        f"Produced by `{result['command']}`: {out['backbone']} at {out['img_size']} px with random weights, "
         f"{out['classes']} classes, batch {out['batch']}, {out['steps']} timed steps after a warm-up, amp {out['amp']}, "
         f"channels-last {out['channels_last']}; objective: {OBJECTIVES[out.get('objective', 'stk')]}; torch {out['torch']}.",
         "",

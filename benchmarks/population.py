@@ -53,7 +53,7 @@ def arguments(parser) -> None:
     parser.add_argument("--preset", default="full", help="configs/preset/<preset>.yaml: batch size, eval_every")
 
 
-def run(args) -> None:
+def measure(args) -> None:
     import torch
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate

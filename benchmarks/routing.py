@@ -19,6 +19,7 @@ from functools import partial
 from pathlib import Path
 
 from benchmarks.harness.isolation import project_root
+from benchmarks.harness.output import Measured
 from topklab.utils.errors import TopklabError
 
 ROOT = project_root()
@@ -71,10 +72,10 @@ def arguments(parser) -> None:
     )
 
 
-def run(args) -> int:
+def measure(args) -> Measured:
     import torch
 
-    from benchmarks.harness import bench_device, interleaved, medians, ratios, timed, write_bench
+    from benchmarks.harness import bench_device, device_rows, interleaved, medians, ratios, timed
     from topklab.data.translation import PairBatch
     from topklab.models import STkThresholdRouter, TopKRouter
 
@@ -119,14 +120,5 @@ def run(args) -> int:
                 f"{shape:<26} {name:<26} {seconds[name] * 1e3:8.1f} ms  {ratio:.2f}x dense  routed {routed[name]:.3f}",
                 flush=True,
             )
-    out = write_bench(
-        ROOT,
-        "routing",
-        device,
-        rows,
-        {"capacities": args.capacities, "repeats": args.repeats, "quick": args.quick},
-        args.command,
-        args.out,
-    )
-    print(f"wrote {out}")
-    return 0
+    settings = {"capacities": args.capacities, "repeats": args.repeats, "quick": args.quick}
+    return device_rows(ROOT, "routing", device, rows, settings, args.out)

@@ -26,6 +26,7 @@ from functools import partial
 from pathlib import Path
 
 from benchmarks.harness.isolation import project_root
+from benchmarks.harness.output import Measured
 
 ROOT = project_root()
 SENT_DRAWS = 20  # sampled-threshold messages drawn per size (each on a 1 %-perturbed vector) for the sent/k percentiles
@@ -42,7 +43,7 @@ def magnitudes(n: int, seed: int, device):
     return (torch.randn(n, generator=generator).abs() * torch.randn(n, generator=generator).exp()).to(device)
 
 
-def measure(n: int, ratio: float, repeats: int, device) -> list[dict]:
+def measure_point(n: int, ratio: float, repeats: int, device) -> list[dict]:
     import torch
 
     from benchmarks.harness.compare import interleaved, ratios
@@ -139,14 +140,14 @@ def arguments(parser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="default: results/bench/sparsification_<device>.json")
 
 
-def run(args) -> int:
-    from benchmarks.harness import bench_device, write_bench
+def measure(args) -> Measured:
+    from benchmarks.harness import bench_device, device_rows
 
     device = bench_device(args.device)
     rows = []
     for n in args.sizes:
         for ratio in args.ratios:
-            for row in measure(n, ratio, args.repeats, device):
+            for row in measure_point(n, ratio, args.repeats, device):
                 rows.append(row)
                 quality = (
                     "" if row["recall"] is None else f"  sent/k {row['count_over_k']:.3f}  recall {row['recall']:.3f}"
@@ -157,14 +158,5 @@ def run(args) -> int:
                     f"{'' if 'passes' not in row else ', ' + str(row['passes']) + ' passes'}){quality}",
                     flush=True,
                 )
-    out = write_bench(
-        ROOT,
-        "sparsification",
-        device,
-        rows,
-        {"sizes": args.sizes, "ratios": args.ratios, "repeats": args.repeats},
-        args.command,
-        args.out,
-    )
-    print(f"wrote {out}")
-    return 0
+    settings = {"sizes": args.sizes, "ratios": args.ratios, "repeats": args.repeats}
+    return device_rows(ROOT, "sparsification", device, rows, settings, args.out)

@@ -39,7 +39,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.harness.isolation import WorkerFailed, project_root, run_isolated
-from topklab.report.outputs import machine_label, write_outputs
+from benchmarks.harness.output import Measured
+from topklab.report.outputs import machine_label
 
 ROOT = project_root()
 
@@ -273,19 +274,22 @@ def percent(value: float) -> str:
     return f"{value * 100:+.1f} %"
 
 
-def render(table: dict, command: str, machine: str) -> str:
+def render(result: dict) -> str:
+    """The step-time table of a stored result."""
+    table = result["result"]["workloads"]
+    machine = machine_label("cpu", None, result["provenance"]["hardware"])
     lines = [
-        f"# Aggregate loss inside a training step ({machine})",
+        f"# Aggregate loss inside a training step (cpu: {machine}, {result['config']['threads']} torch thread(s))",
         "",
-        f"Produced by `{command}`: each workload in one process, the engine's training step timed alone "
+        f"Produced by `{result['command']}`: each workload in one process, the engine's training step timed alone "
         "after warm-up steps, each loss's step next to one of Average's on the same batch (who goes first balanced).",
         "",
         "| workload | batch | pairs per loss | loss | step time (ms) | loss share | added vs Average "
         "| middle half of the pairs | forward added, from the shares |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for spec in table.values():
-        for loss, cell in spec["losses"].items():
+    for spec in (table[w] for w in WORKLOADS if w in table):
+        for loss, cell in ((loss, spec["losses"][loss]) for loss in LOSSES if loss in spec["losses"]):
             quantiles = cell["added_vs_average_quantiles"]
             added = (
                 ["baseline", "–", "–"]
@@ -386,7 +390,7 @@ def run_worker(args: argparse.Namespace, workload: str) -> dict:
         fail(f"{workload} failed: {err}", code=err.returncode)
 
 
-def run(args) -> None:
+def measure(args) -> Measured:
     check(args)
     results = []
     for workload in args.workloads:
@@ -403,7 +407,6 @@ def run(args) -> None:
         "quick": args.quick,
         "device": "cpu",
     }
-    description = f"cpu: {machine_label('cpu')}, {args.threads} torch thread(s)"
     payload = {
         "workloads": table,
         "target": TARGET,
@@ -411,9 +414,4 @@ def run(args) -> None:
         "worst_stk_native": worst_stk(table, "stk_native"),
         "worst_stk_gradient": worst_stk(table, "stk_gradient"),
     }
-    out_dir = Path(args.out_dir)
-    text = render(table, args.command, description)
-    write_outputs(out_dir, "step_share_cpu", payload, args.command, settings, markdown=text)
-    print(text)
-    print(f"wrote {out_dir}/step_share_cpu.{{json,md}}")
-    print(verdict(table))
+    return Measured("step_share_cpu", payload, settings, Path(args.out_dir), summary=verdict(table))

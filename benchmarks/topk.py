@@ -35,8 +35,8 @@ from benchmarks.harness.memory import (
     reset_cuda_peak,
     reset_peak_rss,
 )
+from benchmarks.harness.output import Measured
 from benchmarks.harness.timing import Timer, repeat_until, upper_median
-from topklab.report.outputs import machine_label, write_outputs
 from topklab.utils.errors import TopklabError
 
 ROOT = project_root()
@@ -187,7 +187,19 @@ def winners(results, ns, fast: str) -> list[str]:
     ]
 
 
-def render(results: list[dict], device: str, hardware: str, command: str) -> str:
+def render(result: dict) -> str:
+    """The table of a stored result: the against-torch table or the sweep over n and k."""
+    if result["experiment"].startswith("topk_against_torch"):
+        return against_torch.render(result)
+    return render_sweep(result)
+
+
+def render_sweep(result: dict) -> str:
+    results, config = result["result"]["results"], result["config"]
+    device, machine = ("cuda" if config["device"].startswith("cuda") else "cpu"), result["provenance"]["hardware"]
+    label = ", ".join(machine["gpus"]) if device == "cuda" else (machine.get("processor") or machine["machine"])
+    hardware = f"{label}, {machine['cpu_count']} cores, {config['threads'] or machine['torch_threads']} torch threads"
+    command = result["command"]
     fast = headline_loss(device)
     lines = [
         f"# Aggregate losses: forward + backward on n float32 losses ({device}; {hardware})",
@@ -230,7 +242,11 @@ def render(results: list[dict], device: str, hardware: str, command: str) -> str
     return "\n".join(lines) + "\n"
 
 
-def plot(results: list[dict], path: Path, device: str) -> None:
+def plot(result: dict, path: Path) -> bool:
+    """Time and peak memory against n of a stored sweep (none for the quick sweep or the against-torch table)."""
+    if result["experiment"].startswith("topk_against_torch") or result["config"].get("quick"):
+        return False
+    results, device = result["result"]["results"], "cuda" if result["config"]["device"].startswith("cuda") else "cpu"
     import matplotlib
 
     matplotlib.use("Agg")
@@ -250,6 +266,8 @@ def plot(results: list[dict], path: Path, device: str) -> None:
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
 
 
 def run_worker(name: str, points: list[tuple[int, int]], args, measure_memory: bool) -> list[dict]:
@@ -297,7 +315,7 @@ def arguments(parser) -> None:
     )
 
 
-def run(args) -> None:
+def measure(args) -> list[Measured]:
     bench_device(args.device)
     if args.quick:
         args.min_exp, args.max_exp = 5, 6
@@ -305,13 +323,15 @@ def run(args) -> None:
         raise TopklabError(f"need 1 <= --min-exp <= --max-exp <= 9, got {args.min_exp}, {args.max_exp}")
     if args.compiled and args.device.startswith("cuda") and not args.against_torch:
         raise TopklabError("--compiled times the against-torch table, which runs on a GPU only with --against-torch")
+    measured = []
     if not args.against_torch:
-        sweep(args)
+        measured.append(sweep(args))
     if args.against_torch or not args.device.startswith("cuda"):
-        compare_with_torch(args)
+        measured.append(compare_with_torch(args))
+    return measured
 
 
-def compare_with_torch(args) -> None:
+def compare_with_torch(args) -> Measured:
     """The against-torch table (one process per n on a CPU, one in all on a GPU); its headline is the last line printed."""
     if any(n < 1 for n in args.sizes) or not 0 < args.k <= 1 or args.rounds < 1 or not args.against_time > 0:
         raise TopklabError("need --sizes >= 1, 0 < --k <= 1, --rounds >= 1 and --against-time > 0")
@@ -352,19 +372,18 @@ def compare_with_torch(args) -> None:
         "compiled": args.compiled,
         "dtype": args.dtype,
     }
-    hardware = machine_label(args.device, None if on_gpu else args.threads or None)
-    text = against_torch.render(rows, hardware, args.command, args.k, one_process=on_gpu, dtype=args.dtype)
     suffix = "" if args.dtype == "float32" else f"_{args.dtype}"
-    out_dir, name = Path(args.out_dir), f"topk_against_torch_{'cuda' if on_gpu else 'cpu'}{suffix}"
-    write_outputs(out_dir, name, {"rows": rows}, args.command, settings, markdown=text)
-    print(f"wrote {out_dir}/{name}.{{json,md}}")
-    print(against_torch.headline(rows))
+    return Measured(
+        f"topk_against_torch_{'cuda' if on_gpu else 'cpu'}{suffix}",
+        {"rows": rows},
+        settings,
+        Path(args.out_dir),
+        summary=against_torch.headline(rows),
+    )
 
 
-def sweep(args) -> None:
+def sweep(args) -> Measured:
     """The per-loss sweep over n = 10^min-exp … 10^max-exp and k (time and peak memory)."""
-    from topklab.utils.provenance import hardware
-
     ns = [10**exponent for exponent in range(args.min_exp, args.max_exp + 1)]
     results = []
     for name in QUICK_LOSSES if args.quick else args.losses or LOSSES:
@@ -378,11 +397,7 @@ def sweep(args) -> None:
                 results.append(row)
                 memory = "" if row["peak_bytes"] is None else f"  peak {row['peak_bytes'] / 2**20:8.2f} MiB"
                 print(f"{name:>15} n={n:.0e} k={label:>4}: {row['seconds'] * 1e3:9.3f} ms{memory}", flush=True)
-    out_dir = Path(args.out_dir)
     device = "cuda" if args.device.startswith("cuda") else "cpu"
-    stem = f"topk_{device}" + ("_quick" if args.quick else "")
-    machine = hardware()
-    label = ", ".join(machine["gpus"]) if device == "cuda" else (machine.get("processor") or machine["machine"])
     settings = {
         "device": args.device,
         "quick": args.quick,
@@ -392,19 +407,11 @@ def sweep(args) -> None:
         "threads": args.threads,
         "losses": args.losses,
     }
-    command = args.command
-    threads = args.threads or machine["torch_threads"]
-    text = render(results, device, f"{label}, {machine['cpu_count']} cores, {threads} torch threads", command)
-    write_outputs(
-        out_dir,
-        stem,
-        {"results": results},
-        command,
-        settings,
-        markdown=text,
-        plot=None if args.quick else lambda path: plot(results, path, device),
+    fast = headline_loss(device)
+    summary = (
+        f"worst STk/Average ratio (n >= 1e5): {headline(results, fast):.2f}"
+        if fast in {r["loss"] for r in results} and any(n >= HEADLINE_MIN_N for n in ns)
+        else ""
     )
-    written = "json,md" + ("" if args.quick else ",png")
-    print(f"wrote {out_dir}/{stem}.{{{written}}}")
-    if headline_loss(device) in {r["loss"] for r in results} and any(n >= HEADLINE_MIN_N for n in ns):
-        print(f"worst STk/Average ratio (n >= 1e5): {headline(results, headline_loss(device)):.2f}")
+    stem = f"topk_{device}" + ("_quick" if args.quick else "")
+    return Measured(stem, {"results": results}, settings, Path(args.out_dir), summary=summary)

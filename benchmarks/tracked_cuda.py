@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.harness import bench_device
+from benchmarks.harness.output import Measured
 from topklab.losses import ATk, MATk, STk
-from topklab.report.outputs import write_outputs
 
 
 def timed(step, x, calls: int) -> float:
@@ -28,6 +28,17 @@ def timed(step, x, calls: int) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) * 1e3 / calls  # µs
+
+
+def column_names(rules: list[str]) -> list[str]:
+    """The timed calls in table order: ``x.mean()``, ATk, then STk and MATk under each rule.
+
+    Examples
+    --------
+    >>> column_names(["track"])
+    ['x.mean()', 'ATk (topk)', 'STk (track, triton)', 'MATk (track, triton)']
+    """
+    return ["x.mean()", "ATk (topk)", *(f"{loss} ({rule}, triton)" for rule in rules for loss in ("STk", "MATk"))]
 
 
 def steps(k: int, rules: list[str]):
@@ -54,7 +65,7 @@ def arguments(parser) -> None:
     parser.add_argument("--out", default="results/bench")
 
 
-def run(args) -> None:
+def measure(args) -> Measured:
     bench_device("cuda")
     rows = []
     for dtype in args.dtype:
@@ -83,12 +94,20 @@ def run(args) -> None:
                     flush=True,
                 )
     meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
-    names = list(rows[0]["ratio"]) if rows else []
+    config = {"sizes": args.sizes, "dtype": args.dtype, "ks": args.ks, "rules": args.rules, "rounds": args.rounds}
+    return Measured("tracked_cuda", {"meta": meta, "rows": rows}, config, Path(args.out))
+
+
+def render(result: dict) -> str:
+    """The ratio table of a stored result."""
+    meta, rows = result["result"]["meta"], result["result"]["rows"]
+    rules = result["config"].get("rules", ["track"])  # a result from before --rules timed the tracked rule only
+    names = [name for name in column_names(rules) if rows and name in rows[0]["ratio"]]
     lines = [
         f"# The tracked STk/MATk call (one Triton launch) against x.mean() on {meta['device']}",
         "",
-        f"Forward + backward per call, CUDA events, median of {args.rounds} interleaved rounds; torch {meta['torch']}. "
-        f"Produced by `{args.command}`. Ratio to `x.mean()` (µs of `x.mean()` in the last column).",
+        f"Forward + backward per call, CUDA events, median of {result['config']['rounds']} interleaved rounds; torch "
+        f"{meta['torch']}. Produced by `{result['command']}`. Ratio to `x.mean()` (µs of `x.mean()` in the last column).",
         "",
         "| dtype | n | k | " + " | ".join(names) + " | x.mean() µs |",
         "|---|---|---|" + "---|" * (len(names) + 1),
@@ -96,6 +115,4 @@ def run(args) -> None:
     for row in rows:
         cells = " | ".join(f"{row['ratio'][name]:.2f}" for name in names)
         lines.append(f"| {row['dtype']} | {row['n']:.0e} | {row['k']} | {cells} | {row['us']['x.mean()']:.1f} |")
-    config = {"sizes": args.sizes, "dtype": args.dtype, "ks": args.ks, "rules": args.rules, "rounds": args.rounds}
-    write_outputs(Path(args.out), "tracked_cuda", {"meta": meta, "rows": rows}, args.command,
-                  config, markdown="\n".join(lines) + "\n")  # fmt: skip
+    return "\n".join(lines) + "\n"

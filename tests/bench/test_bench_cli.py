@@ -10,6 +10,7 @@ import torch
 
 from benchmarks.harness import benchmarks, main
 from helpers import ROOT
+from topklab.utils.errors import TopklabError
 
 
 def test_help_lists_every_benchmark():
@@ -83,3 +84,62 @@ def test_the_population_benchmark_runs_a_small_population(capsys):
     assert "population (grouped ):     24 members" in printed and printed.strip().splitlines()[-1].startswith(
         "speedup: "
     )
+
+
+def test_a_stored_result_is_drawn_again_from_the_file_alone(tmp_path, capsys):
+    args = ["--images", "128", "--batch-size", "64", "--workers", "0", "--threads", "1", "--out-dir", str(tmp_path)]
+    assert main(["loader", *args]) == 0
+    table = (tmp_path / "loader_cpu.md").read_text()
+    (tmp_path / "loader_cpu.md").unlink()
+    assert main(["render", str(tmp_path / "loader_cpu.json")]) == 0
+    assert (tmp_path / "loader_cpu.md").read_text() == table
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("results/bench/table1.json", "is not a `python -m benchmarks <name>` command"),
+        ("results/bench/no_such.json", "does not exist"),
+    ],
+)
+def test_drawing_what_no_benchmark_wrote_is_one_line(path, message, capsys):
+    assert main(["render", str(ROOT / path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_only_the_harness_writes_files():
+    """A benchmark returns what it measured and the harness writes it (benchmarks/harness/output.py): no
+    benchmark module calls a result writer (its ``plot`` draws to the path the harness gives it)."""
+    writers = ("write_outputs(", "write_result(", "make_result(", "atomic_write_text(", '.with_suffix(".md")')
+    found = [
+        f"{path.name}: {writer}"
+        for path in (ROOT / "benchmarks").glob("*.py")
+        for writer in writers
+        if writer in path.read_text()
+    ]
+    assert found == []
+
+
+def committed_benchmark_results() -> list:
+    """The committed results/bench/*.json that a benchmark wrote and whose table is committed beside them."""
+    from benchmarks.harness.output import benchmark_of
+
+    found = []
+    for path in sorted((ROOT / "results" / "bench").glob("*.json")):
+        try:
+            benchmark_of(json.loads(path.read_text()))
+        except TopklabError:  # a script's result (table1, thread_probe, …): not drawn by a benchmark
+            continue
+        if path.with_suffix(".md").exists():
+            found.append(path)
+    return found
+
+
+@pytest.mark.parametrize("path", committed_benchmark_results(), ids=lambda path: path.stem)
+def test_every_committed_benchmark_table_is_drawn_from_its_result_file(path, tmp_path, capsys):
+    """The committed table is what the benchmark's renderer draws from the committed result alone."""
+    copy = tmp_path / path.name
+    copy.write_text(path.read_text())
+    assert main(["render", str(copy)]) == 0
+    assert copy.with_suffix(".md").read_text() == path.with_suffix(".md").read_text()

@@ -39,6 +39,20 @@ def test_worker_measures_each_point(bench_topk):
     assert quiet["peak_bytes"] is None
 
 
+MACHINE = {"processor": None, "machine": "test machine", "cpu_count": 2, "torch_threads": 1, "gpus": ["GPU"]}
+
+
+def stored(experiment: str, payload: dict, config: dict, command: str = "python -m benchmarks topk") -> dict:
+    """A result envelope as the harness stores it, for a renderer (which reads nothing else)."""
+    return {
+        "experiment": experiment,
+        "result": payload,
+        "config": config,
+        "command": command,
+        "provenance": {"hardware": MACHINE},
+    }
+
+
 def fake_results(bench_topk, ns, seconds):
     rows = []
     for n in ns:
@@ -63,7 +77,11 @@ def test_headline_is_the_worst_compiled_stk_ratio_from_1e5(bench_topk):
 
     rows = fake_results(bench_topk, [10**4, 10**5, 10**6], seconds)
     assert bench_topk.headline(rows, "STk (native)") == pytest.approx(1.4)  # n = 1e4's 7.0 does not count
-    text = bench_topk.render(rows, "cpu", "test machine", "python -m benchmarks topk --quick")
+    config = {"device": "cpu", "threads": 1, "quick": True}
+    text = bench_topk.render(stored("topk_cpu_quick", {"results": rows}, config, "python -m benchmarks topk --quick"))
+    assert text.startswith(
+        "# Aggregate losses: forward + backward on n float32 losses (cpu; test machine, 2 cores, 1 torch"
+    )
     assert "| STk (native) | 0.1n | 7e+03 ms | 1.4e+03 ms | 1.4e+03 ms |" in text
     assert "| 1e+05 | 9.00 | 2.00 | 1.40 | 0.42, 0.36, 2.73 |" in text
     assert "- STk (native) is faster at: (n=1e5, k=0.9n); (n=1e6, k=0.9n)." in text
@@ -124,7 +142,9 @@ def test_the_against_torch_table_ends_with_the_worst_ratio_against_its_target():
             "seconds": {**plain, "Average": 1.0, "Maximum": 1.0, "ATk": 4.6, "STk": 1.2, "MATk": 1.2},
         },
     ]
-    text = against_torch.render(rows, "test machine", "python -m benchmarks topk --against-torch", 0.1)
+    cpu = {"device": "cpu", "threads": 1, "k": 0.1, "dtype": "float32"}
+    text = against_torch.render(stored("topk_against_torch_cpu", {"rows": rows}, cpu, "python -m benchmarks topk"))
+    assert "(test machine, 2 cores, 1 torch threads)" in text
     assert "| ATk | `x.topk(k).values.mean()` | ≤ 1.1 | 1.00 | 1.15 |" in text
     assert text.rstrip().splitlines()[-1] == (
         "worst ratio to the plain torch expression: 1.30 (MATk / `x.mean()` at n=16; target 1.2); "
@@ -133,12 +153,13 @@ def test_the_against_torch_table_ends_with_the_worst_ratio_against_its_target():
     inside = [{**row, "seconds": {**row["seconds"], "MATk": 1.0, "ATk": 4.0}} for row in rows]
     assert against_torch.headline(inside).endswith("every ratio within its target")
     compiled = [{**row, "seconds": {**row["seconds"], "STk compiled": 9.0}} for row in inside]  # --compiled
-    text = against_torch.render(compiled, "GPU", "…", 0.1, one_process=True)
+    text = against_torch.render(stored("topk_against_torch_cuda", {"rows": compiled}, {**cpu, "device": "cuda"}))
+    assert "(GPU)" in text
     assert "| STk compiled | `x.mean()` | ≤ 1.2 | 9.00 | 9.00 |" in text and "all n in one process" in text
     assert "control" not in text  # rows measured before the control had none
     paired = {"Average": 1.3, "Maximum": 1.0, "ATk": 1.0, "STk": 1.0, "MATk": 1.0, against_torch.CONTROL: 1.06}
     controlled = [{**row, "ratios": paired} for row in inside]  # a worker's rows: the paired ratios rule
-    text = against_torch.render(controlled, "test machine", "…", 0.1)
+    text = against_torch.render(stored("topk_against_torch_cpu", {"rows": controlled}, cpu))
     assert f"| control: {against_torch.CONTROL} | `x.mean()` | none | 1.06 | 1.06 |" in text
     assert "| Average | `x.mean()` | ≤ 1.1 | 1.30 | 1.30 |" in text
     assert against_torch.headline(controlled).startswith("worst ratio to the plain torch expression: 1.30 (Average")

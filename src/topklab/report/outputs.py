@@ -43,11 +43,18 @@ def write_outputs(
     return path
 
 
-def machine_label(device, threads: int | None = None) -> str:
-    """The GPUs on CUDA; else the processor, its cores and (if given) the torch threads."""
+def machine_label(device, threads: int | None = None, machine: dict | None = None) -> str:
+    """The GPUs on CUDA; else the processor, its cores and (if given) the torch threads; of this machine,
+    or of ``machine`` (a stored result's ``provenance.hardware``).
+
+    Examples
+    --------
+    >>> machine_label("cpu", 1, {"processor": None, "machine": "x86_64", "cpu_count": 2, "gpus": []})
+    'x86_64, 2 cores, 1 torch threads'
+    """
     from topklab.utils.provenance import hardware
 
-    machine = hardware()
+    machine = machine or hardware()
     if str(device).startswith("cuda"):
         return ", ".join(machine["gpus"])
     label = f"{machine.get('processor') or machine['machine']}, {machine['cpu_count']} cores"
