@@ -1,6 +1,7 @@
 """The pages and files a reader meets say what is true now: no tracked file's prose, comments or path
 names date things by numbered working periods or work items (a word for one of them, then a number;
-pytest's fixture scopes carry no number and pass); every page under docs/ fits
+pytest's fixture scopes carry no number and pass); no page names a commit (a result's file records
+its own; the README names the one its test time was measured at); every page under docs/ fits
 in 150 lines; docs/layout.md gives every top-level folder and every package of src/topklab its line."""
 
 import re
@@ -49,6 +50,30 @@ def test_no_prose_or_comment_names_a_numbered_working_period():
             f"{name}:{n}: {line.strip()[:100]}" for n, line in enumerate(text.splitlines(), 1) if NUMBERED.search(line)
         ]
     assert not found, "say what is true now (what changed when goes to CHANGELOG.md by date):\n" + "\n".join(found)
+
+
+# 7 to 40 hex digits with a digit and a letter, standing alone (not inside a file name such as
+# ig_resnext101_32x48-3e41cc8a.pth or a longer word)
+COMMIT = re.compile(r"(?<![\w./-])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?![\w.-])")
+
+
+def commits_named(text: str) -> list[str]:
+    return COMMIT.findall(text)
+
+
+def test_the_commit_pattern_finds_a_commit_and_leaves_file_names_and_numbers():
+    assert commits_named("measured at clean 26f9be1, one thread; (b964074)") == ["26f9be1", "b964074"]
+    assert commits_named("ig_resnext101_32x48-3e41cc8a.pth, 1000000 rows, deadbeef, a 7-digit 1234567") == []
+
+
+def test_no_page_names_a_commit():
+    named = {
+        page.name: commits_named(page.read_text())
+        for page in sorted(DOCS.rglob("*.md"))
+        if commits_named(page.read_text())
+    }
+    assert not named, f"cite the result file (its envelope records the commit) instead: {named}"
+    assert len(commits_named((ROOT / "README.md").read_text())) <= 1  # the commit the test time was measured at
 
 
 def test_the_pattern_tells_a_numbered_period_from_pytest_scope():
