@@ -3,8 +3,11 @@ is skipped, the others run ``--jobs`` at a time (each ``OMP_NUM_THREADS=<threads
 experiment=<row> seed=<k>``, its output in ``<logs>/<row>/seed<k>.log``), seed by seed so that a sweep
 cut short leaves whole seeds to pair; a failed job is listed at the end and never stops the others.
 
-    python scripts/run_sweep.py 'fmnistlt_full/*' --seeds 0 1 2 3 4 --jobs 2
-    python scripts/run_sweep.py fmnistlt_full/la fmnistlt_full/la_stk --seeds 0 1 --dry-run
+    python scripts/run_sweep.py 'fmnistlt_full/*' --jobs 2          # each row's declared seeds (result.seeds)
+    python scripts/run_sweep.py fmnistlt_full/la fmnistlt_full/la_stk --seeds 5 6 --dry-run
+
+Without ``--seeds`` a row runs seeds 0 … n − 1 of the count its group declares (``result.seeds`` in the
+group's ``_common.yaml``, the count the report pairs and lists as missing).
 
 Exit status 0 when every job ran (or was stored), 1 when one failed, 2 after a one-line error.
 """
@@ -51,7 +54,8 @@ def expand_rows(patterns: list[str], config_dir: Path = ROOT / "configs") -> lis
 
 def filing(row: str) -> dict:
     """What ``train.py experiment=<row>`` files its result as (its ``result`` block, composed as
-    train.py composes it: :func:`~topklab.engine.result_guard.row_filing`)."""
+    train.py composes it: :func:`~topklab.engine.result_guard.row_filing`), with ``seeds``, the seed count
+    its group declares (None when it declares none)."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
@@ -59,7 +63,16 @@ def filing(row: str) -> dict:
     filed = row_filing(cfg.get("result"), row)
     if filed is None:
         raise TopklabError(f"experiment {row} files no result (no result block); the sweep cannot tell when it is done")
-    return filed
+    return {**filed, "seeds": cfg.result.get("seeds")}
+
+
+def seeds_of(row: str, filed: dict, asked: list[int] | None) -> list[int]:
+    """The seeds to run for ``row``: those asked for, else 0 … n − 1 of its declared count."""
+    if asked is not None:
+        return asked
+    if not filed.get("seeds"):
+        raise TopklabError(f"{row} declares no seed count (result.seeds in its group's _common.yaml); pass --seeds")
+    return list(range(filed["seeds"]))
 
 
 def run_job(row: str, seed: int, threads: int, logs: Path) -> tuple[int, float]:
@@ -77,7 +90,7 @@ def run_job(row: str, seed: int, threads: int, logs: Path) -> tuple[int, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python scripts/run_sweep.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("rows", nargs="+", help="experiment rows or globs under configs/experiment/")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    parser.add_argument("--seeds", nargs="+", type=int, help="default: each row's declared seed count")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument("--logs", type=Path, default=ROOT / "outputs" / "sweeps", help="one log per run")
@@ -88,11 +101,13 @@ def main(argv: list[str] | None = None) -> int:
             raise TopklabError(f"--jobs={args.jobs}, --threads={args.threads}: both must be >= 1")
         rows = expand_rows(args.rows)
         filings = {row: filing(row) for row in rows}
-        files = {(row, seed): result_path(ROOT, filings[row], seed) for row in rows for seed in args.seeds}
+        seeds = {row: seeds_of(row, filings[row], args.seeds) for row in rows}
+        files = {(row, seed): result_path(ROOT, filings[row], seed) for row in rows for seed in seeds[row]}
     except TopklabError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    todo = [(row, seed) for seed in args.seeds for row in rows if not files[row, seed].is_file()]
+    every_seed = sorted({seed for row in rows for seed in seeds[row]})
+    todo = [(row, seed) for seed in every_seed for row in rows if seed in seeds[row] and not files[row, seed].is_file()]
     print(f"{len(files) - len(todo)} of {len(files)} runs stored; {len(todo)} to run", flush=True)
     if args.dry_run:
         for row, seed in todo:

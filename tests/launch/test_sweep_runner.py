@@ -13,7 +13,17 @@ import run_sweep  # noqa: E402
 @pytest.fixture
 def sweep(tmp_path, monkeypatch):
     monkeypatch.setattr(run_sweep, "ROOT", tmp_path)
-    monkeypatch.setattr(run_sweep, "filing", lambda row: {"folder": "vision", "table": "t", "row": row.split("/")[-1]})
+    declared = {"la": 2, "la_stk": 2, "other": None}
+    monkeypatch.setattr(
+        run_sweep,
+        "filing",
+        lambda row: {
+            "folder": "vision",
+            "table": "t",
+            "row": row.split("/")[-1],
+            "seeds": declared[row.split("/")[-1]],
+        },
+    )
     ran = []
 
     def fake_job(row, seed, threads, logs):
@@ -43,3 +53,19 @@ def test_patterns_name_rows_once_without_the_shared_parts():
 def test_a_pattern_that_names_no_row_is_a_one_line_error(sweep, capsys):
     assert run_sweep.main(["no_such_group/*"]) == 2
     assert capsys.readouterr().err.count("\n") == 1 and sweep == []
+
+
+def test_without_seeds_each_row_runs_its_declared_count(sweep, capsys):
+    assert run_sweep.main(["fmnistlt_full/la", "fmnistlt_full/la_stk", "--jobs", "1"]) == 1
+    assert sweep == [("la_stk", 0), ("la", 1), ("la_stk", 1)]  # seeds 0 and 1 of the declared 2; la seed 0 is stored
+
+
+def test_a_row_without_a_declared_count_needs_seeds_in_one_line(sweep, monkeypatch, capsys):
+    monkeypatch.setattr(run_sweep, "expand_rows", lambda patterns: ["g/other"])
+    assert run_sweep.main(["g/other"]) == 2
+    assert "declares no seed count" in capsys.readouterr().err and sweep == []
+
+
+def test_the_real_groups_declare_what_the_sweep_runs():
+    assert run_sweep.filing("fmnistlt_full/la")["seeds"] == 5
+    assert run_sweep.filing("stk/multi30k/stk_k50")["seeds"] == 3

@@ -297,7 +297,7 @@ def render_sweep_table(name: str, rows: dict[str, list[dict]], settings: dict, v
     if missing:
         lines += [
             f"**Still missing** ({f'{seeds} seeds per row, ' if seeds else ''}"
-            f"`python scripts/run_sweep.py '{group}/*' --seeds <k> …`, then `make tables`): {', '.join(missing)}.",
+            f"`python scripts/run_sweep.py '{group}/*'` runs them, then `make tables`): {', '.join(missing)}.",
             "",
         ]
     lines += [

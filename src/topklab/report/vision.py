@@ -110,8 +110,8 @@ def render_vision_table(
         left = missing_runs(settings, rows)
         if left:
             lines += [
-                f"**Still missing** (`python scripts/run_sweep.py '{settings['group']}/*' --seeds <k> …`, then "
-                f"`make tables`): {', '.join(left)}.",
+                f"**Still missing** (`python scripts/run_sweep.py '{settings['group']}/*'` runs each row's declared "
+                f"seeds, then `make tables`): {', '.join(left)}.",
                 "",
             ]
     missing = [r for r in published if r not in rows]
