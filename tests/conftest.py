@@ -1,7 +1,10 @@
+import atexit
 import importlib.util
 import logging
 import os
+import shutil
 import sys
+import tempfile
 
 from helpers import CONFIG_DIR, ROOT, TABULAR_DATASETS  # noqa: F401  (tests/ is on sys.path: pyproject's pythonpath)
 
@@ -10,6 +13,9 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
+if "TOPKLAB_CACHE_DIR" not in os.environ:  # file digests go to a folder of this test process, not ~/.cache/topklab
+    os.environ["TOPKLAB_CACHE_DIR"] = tempfile.mkdtemp(prefix="topklab-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["TOPKLAB_CACHE_DIR"], ignore_errors=True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -60,3 +60,11 @@ def test_missing_files_are_one_line_and_generated_data_has_none(tmp_path, fmnist
     with pytest.raises(DataUnavailableError, match=r"data file .*train.de \(train.de\) not found.*dataset.root"):
         fingerprint({"train.de": tmp_path / "train.de"})
     assert dataset_fingerprint(object()) is None
+
+
+def test_the_suite_keeps_its_digests_out_of_the_users_cache():
+    from pathlib import Path
+
+    from topklab.data.fingerprint import cache_dir
+
+    assert not cache_dir().is_relative_to(Path.home() / ".cache")
