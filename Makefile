@@ -118,7 +118,7 @@ reproduce-tabular: setup
 ifeq ($(JOBS),1)
 	$(PY) train.py -m experiment=$(ROWS) preset=$(PRESET)
 else
-	$(PY) train.py -m experiment=$(ROWS) preset=$(PRESET) runner.threads=1 \
+	$(PY) train.py -m experiment=$(ROWS) preset=$(PRESET) ++runner.threads=1 \
 		hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS)
 endif
 

@@ -9,7 +9,7 @@
 runs, and prints first, the ``train.py`` command that does the same (``runner=tabular_cells``, which
 the rows choose):
 
-    python train.py -m experiment=<row>[,<row>...] [preset=<name>] [runner.<key>=<value> ...] [other ...]
+    python train.py -m experiment=<row>[,<row>...] [preset=<name>] [++runner.<key>=<value> ...] [other ...]
 
 ``row=all`` (the default) is every row of the three tables (``experiment=glob(...)``);
 ``aggregates``, ``individuals``, ``threads``, ``progress`` and ``results_dir`` are the runner's
@@ -33,7 +33,7 @@ def train_arguments(argv: list[str]) -> list[str]:
     Examples
     --------
     >>> train_arguments(["preset=full", "row=[stk/table3/german,stk/table3/phoneme]", "threads=1", "-m"])
-    ['-m', 'experiment=stk/table3/german,stk/table3/phoneme', 'preset=full', 'runner.threads=1']
+    ['-m', 'experiment=stk/table3/german,stk/table3/phoneme', 'preset=full', '++runner.threads=1']
     >>> train_arguments([])[1]
     'experiment=glob(include=[stk/table3/*,stk/table4/*,stk/table6/*])'
     """
@@ -44,8 +44,8 @@ def train_arguments(argv: list[str]) -> list[str]:
             continue
         if key == "row":
             rows = EVERY_ROW if value == "all" else f"experiment={value.strip('[]')}"
-        elif key in RUNNER_FIELDS:
-            rest.append(f"runner.{arg}")
+        elif key in RUNNER_FIELDS:  # ++: a sweep composes its base config before the rows choose runner=tabular_cells
+            rest.append(f"++runner.{arg}")
         else:
             rest.append(arg)
     return ["-m", rows, *rest]

@@ -119,11 +119,47 @@ def test_the_protocol_runners_refuse_torchrun(monkeypatch, compose_cfg):
             runner.check(compose_cfg(f"experiment={row}"), [f"experiment={row}"], row)
 
 
+def make_reproduce_tabular_arguments(jobs: int) -> list[str]:
+    """train.py's arguments in ``make reproduce-tabular JOBS=<jobs>`` (from ``make -n``)."""
+    done = subprocess.run(
+        ["make", "-n", "reproduce-tabular", f"JOBS={jobs}"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    command = done.stdout.replace("\\\n", " ")  # the recipe's continued lines as one
+    line = next(line for line in command.splitlines() if "train.py -m" in line)
+    return line.split("train.py", 1)[1].split()
+
+
 def test_make_reproduce_tabular_s_command_line_passes_the_checks(tmp_path):
     """The launcher, the preset and the runner's thread count are a tabular row's own settings."""
+    arguments = [a for a in make_reproduce_tabular_arguments(2) if not a.startswith(("experiment=", "preset="))]
     rows = "experiment=stk/table3/australian,stk/table6/sinc"
-    launcher = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={tmp_path}/sweep"]
-    assert preflight(["-m", rows, "preset=full", "runner.threads=1", *launcher], ROOT / "configs") is None
+    launcher = [f"hydra.sweep.dir={tmp_path}/sweep"]
+    assert preflight([rows, "preset=full", *arguments, *launcher], ROOT / "configs") is None
+
+
+@pytest.mark.integration
+def test_make_reproduce_tabular_s_parallel_command_runs_its_rows(tmp_path):
+    """The JOBS > 1 command on two rows, one cell each: the runner's fields reach every row of the sweep
+    (a sweep composes its base config before the rows choose runner=tabular_cells)."""
+    arguments = [a for a in make_reproduce_tabular_arguments(2) if not a.startswith("experiment=")]
+    cells = [f"++runner.results_dir={tmp_path}/r", "++runner.aggregates=[average]", "++runner.individuals=[logistic]"]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            *arguments,  # -m first
+            "experiment=stk/table3/australian,stk/table3/wisconsin",
+            *cells,
+            "++runner.progress=false",
+            f"hydra.sweep.dir={tmp_path}/h",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.parent.name for p in (tmp_path / "r").rglob("*.json")) == ["australian", "wisconsin"]
 
 
 def test_a_synthetic_file_row_runs_every_column_and_a_trial_stays_in_its_run_directory(tmp_path):

@@ -483,3 +483,27 @@ def test_the_population_solves_each_members_lambda_on_its_batch():
     z = losses - root[:, None]
     count = (0.5 * (1 + z / torch.sqrt(z * z + delta[:, None] ** 2))).sum(1)
     assert torch.allclose(count, k, atol=1e-3) and k.tolist() == [4.0, 12.0]
+
+
+@pytest.mark.integration
+def test_the_runners_fields_reach_every_row_of_a_sweep(tmp_path):
+    """``results_dir=``, ``aggregates=`` and ``individuals=`` over several rows: a sweep composes its base
+    config before the rows choose their runner, so the script passes them as ``++runner.<field>``."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "reproduce_tabular.py"),
+            "row=stk/table3/australian,stk/table3/wisconsin",
+            f"results_dir={tmp_path}/r",
+            "aggregates=[average]",
+            "individuals=[logistic]",
+            "progress=false",
+            f"hydra.sweep.dir={tmp_path}/h",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    stored = sorted(p.relative_to(tmp_path / "r").as_posix() for p in (tmp_path / "r").rglob("*.json"))
+    assert stored == ["table3/australian/logistic-average.json", "table3/wisconsin/logistic-average.json"]
