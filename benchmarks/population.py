@@ -8,8 +8,9 @@ stopping disabled, so every member does the same steps. The per-model engine
 (:class:`topklab.engine.Engine`) trains ``--loop-members`` members one by one; the population
 executor trains ``--members`` at once (the STk grid spread over ``--splits`` splits), in both
 layouts: ``gathered`` (each member gathers its own batch; what the tabular tables use) and
-``grouped`` (members of a split share its batch). Prints the rates, peak RSS after each phase,
-and last the gathered population's ratio to the engine as ``speedup: N``.
+``grouped`` (members of a split share its batch). Writes ``population_<dataset>_cpu.{json,md}``: the
+rates and the peak RSS after each phase; the last line printed is the gathered population's ratio to
+the engine, ``speedup: N``.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from pathlib import Path
 
 from benchmarks.harness.isolation import project_root
 from benchmarks.harness.memory import max_rss_mb as peak_rss_mb
+from benchmarks.harness.output import Measured
 
 ROOT = project_root()
 
@@ -51,9 +54,10 @@ def arguments(parser) -> None:
     parser.add_argument("--splits", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--preset", default="full", help="configs/preset/<preset>.yaml: batch size, eval_every")
+    parser.add_argument("--out-dir", default=str(ROOT / "results" / "bench"))
 
 
-def measure(args) -> None:
+def measure(args) -> Measured:
     import torch
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
@@ -125,18 +129,48 @@ def measure(args) -> None:
         seconds = time.perf_counter() - start
         rates[layout.__name__] = (int(result["steps"].sum()) / seconds, peak_rss_mb(), seconds)
 
-    print(
-        f"dataset {args.dataset}: {len(splits[0].y_train)} training rows, {args.epochs} epochs, batch "
-        f"{preset.batch_size}, validation every {preset.eval_every} steps (preset {args.preset}), "
-        f"{torch.get_num_threads()} threads"
+    phases = [
+        {"executor": "per-model engine", "members": args.loop_members, "model_steps_per_s": loop_rate, "peak_rss_mb": loop_rss},
+        *(
+            {"executor": f"population ({name.lower()})", "members": args.members, "model_steps_per_s": rate,
+             "peak_rss_mb": rss, "seconds": seconds}
+            for name, (rate, rss, seconds) in rates.items()
+        ),
+    ]  # fmt: skip
+    for phase in phases:
+        print(f"{phase['executor']:<24} {phase['members']:6d} members {phase['model_steps_per_s']:12.0f} model-steps/s")
+    speedup = rates["Gathered"][0] / loop_rate
+    payload = {
+        "phases": phases,
+        "training_rows": len(splits[0].y_train),
+        "batch_size": preset.batch_size,
+        "eval_every": preset.eval_every,
+        "threads": torch.get_num_threads(),
+        "speedup": speedup,
+    }
+    settings = {k: getattr(args, k) for k in ("dataset", "members", "loop_members", "splits", "epochs", "preset")}
+    return Measured(
+        f"population_{args.dataset}_cpu", payload, settings, Path(args.out_dir), summary=f"speedup: {speedup:.1f}"
     )
-    print(
-        f"per-model engine      : {args.loop_members:6d} members {loop_rate:12.0f} model-steps/s  "
-        f"peak RSS {loop_rss:8.0f} MB"
-    )
-    for name, (rate, rss, seconds) in rates.items():
-        print(
-            f"population ({name.lower():8s}): {args.members:6d} members {rate:12.0f} model-steps/s  "
-            f"peak RSS {rss:8.0f} MB  ({seconds:.1f} s)"
-        )
-    print(f"speedup: {rates['Gathered'][0] / loop_rate:.1f}")
+
+
+def render(result: dict) -> str:
+    """The rates table of a stored result."""
+    out, config = result["result"], result["config"]
+    lines = [
+        f"# The population executor against the per-model engine ({config['dataset']})",
+        "",
+        f"Produced by `{result['command']}`: {out['training_rows']:,} training rows, {config['epochs']} epoch(s), batch "
+        f"{out['batch_size']}, validation every {out['eval_every']} steps (preset {config['preset']}), no early "
+        f"stopping, {out['threads']} torch threads; members: the STk grid over {config['splits']} splits.",
+        "",
+        "| executor | members | model-steps/s | peak RSS (MB) |",
+        "|---|---|---|---|",
+        *(
+            f"| {p['executor']} | {p['members']:,} | {p['model_steps_per_s']:,.0f} | {p['peak_rss_mb']:,.0f} |"
+            for p in out["phases"]
+        ),
+        "",
+        f"speedup (gathered population / per-model engine): {out['speedup']:.1f}",
+    ]
+    return "\n".join(lines) + "\n"

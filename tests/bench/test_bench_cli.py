@@ -77,13 +77,15 @@ def test_the_tracked_benchmark_refuses_a_missing_gpu_in_one_line(capsys):
     assert capsys.readouterr().err.count("\n") == 1
 
 
-def test_the_population_benchmark_runs_a_small_population(capsys):
+def test_the_population_benchmark_runs_a_small_population(capsys, tmp_path):
     args = ["--members", "24", "--loop-members", "2", "--splits", "1", "--epochs", "1", "--preset", "quick"]
-    assert main(["population", *args]) == 0
+    assert main(["population", *args, "--out-dir", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
-    assert "population (grouped ):     24 members" in printed and printed.strip().splitlines()[-1].startswith(
-        "speedup: "
-    )
+    result = json.loads((tmp_path / "population_australian_cpu.json").read_text())["result"]
+    assert [p["members"] for p in result["phases"]] == [2, 24, 24]
+    assert printed.strip().splitlines()[-1] == f"speedup: {result['speedup']:.1f}"
+    table = (tmp_path / "population_australian_cpu.md").read_text()
+    assert "| population (grouped) | 24 |" in table and table.rstrip().endswith(f"{result['speedup']:.1f}")
 
 
 def test_a_stored_result_is_drawn_again_from_the_file_alone(tmp_path, capsys):
