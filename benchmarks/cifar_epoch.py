@@ -123,7 +123,7 @@ def render(result: dict) -> str:
     """The epoch times per data path and the projected recipe time, from a stored result."""
     rows, settings, per_class = result["result"]["rows"], result["config"], result["config"]["per_class"]
     lines = [
-        f"# ResNet-32 CIFAR-100-LT epoch time ({settings['device']})",
+        f"# ResNet-32 CIFAR-100-LT epoch time ({settings.get('device') or result['experiment'].rpartition('_')[2]})",
         "",
         f"`{result['command']}` on {rows[0]['device']}: row {settings['row']} (batch 128"
         f"{', ρ = 100, 10,847 training images' if per_class == 500 else f', {per_class} images per class before a ρ = 2 cut'}),"

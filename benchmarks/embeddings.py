@@ -30,7 +30,7 @@ from pathlib import Path
 
 from benchmarks.harness.isolation import project_root
 from benchmarks.harness.memory import max_rss_mb as peak_rss_mb
-from benchmarks.harness.output import Measured
+from benchmarks.harness.output import Measured, json_file
 
 ROOT = project_root()
 CONFIGS = ROOT / "configs"
@@ -359,7 +359,7 @@ def arguments(parser) -> None:
     parser.add_argument("--quick", action="store_true", help="stand-ins and two methods only (a test of the script)")
     parser.add_argument("--steps", type=int, default=30, help="training steps timed per method")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one; 6 GB)")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=json_file, default=None)
 
 
 def measure(args) -> Measured:

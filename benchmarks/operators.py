@@ -651,7 +651,7 @@ def k_sweep(args) -> Measured:
 
 def render(result: dict) -> str:
     """The table of a stored result: the k sweep (``operators_k_<tag>``) or the full benchmark."""
-    if result["experiment"].startswith("operators_k_"):
+    if result["config"].get("k_sweep"):
         return render_k(result)
     return render_full(result)
 
@@ -840,7 +840,7 @@ def render_full(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> bool:
     """Time and peak memory against n of every operator (the full benchmark; none for the k sweep)."""
-    if result["experiment"].startswith("operators_k_"):
+    if result["config"].get("k_sweep"):
         return False
     rows, device = result["result"]["rows"], result["result"]["device"]
     import matplotlib

@@ -16,10 +16,9 @@ benchmark runs and routes, not a measurement.
 from __future__ import annotations
 
 from functools import partial
-from pathlib import Path
 
 from benchmarks.harness.isolation import project_root
-from benchmarks.harness.output import Measured
+from benchmarks.harness.output import Measured, json_file
 from topklab.utils.errors import TopklabError
 
 ROOT = project_root()
@@ -66,7 +65,7 @@ def arguments(parser) -> None:
     parser.add_argument("--capacities", type=float, nargs="+", default=[0.125, 0.25, 0.5])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", type=Path, default=None, help="default: results/bench/routing_<device>.json")
+    parser.add_argument("--out", type=json_file, default=None, help="default: results/bench/routing_<device>.json")
     parser.add_argument(
         "--quick", action="store_true", help="a small model and batch: checks the run, measures nothing"
     )

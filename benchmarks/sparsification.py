@@ -23,10 +23,9 @@ from __future__ import annotations
 import math
 import statistics
 from functools import partial
-from pathlib import Path
 
 from benchmarks.harness.isolation import project_root
-from benchmarks.harness.output import Measured
+from benchmarks.harness.output import Measured, json_file
 
 ROOT = project_root()
 SENT_DRAWS = 20  # sampled-threshold messages drawn per size (each on a 1 %-perturbed vector) for the sent/k percentiles
@@ -137,7 +136,9 @@ def arguments(parser) -> None:
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.01, 0.001])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", type=Path, default=None, help="default: results/bench/sparsification_<device>.json")
+    parser.add_argument(
+        "--out", type=json_file, default=None, help="default: results/bench/sparsification_<device>.json"
+    )
 
 
 def measure(args) -> Measured:

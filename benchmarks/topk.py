@@ -22,6 +22,7 @@ the last line printed is its worst ratio against its target.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -315,7 +316,8 @@ def arguments(parser) -> None:
     )
 
 
-def measure(args) -> list[Measured]:
+def measure(args) -> Iterator[Measured]:
+    """The sweep, then the against-torch table, each handed to the harness (and so written) as it is done."""
     bench_device(args.device)
     if args.quick:
         args.min_exp, args.max_exp = 5, 6
@@ -323,18 +325,23 @@ def measure(args) -> list[Measured]:
         raise TopklabError(f"need 1 <= --min-exp <= --max-exp <= 9, got {args.min_exp}, {args.max_exp}")
     if args.compiled and args.device.startswith("cuda") and not args.against_torch:
         raise TopklabError("--compiled times the against-torch table, which runs on a GPU only with --against-torch")
-    measured = []
+    against = args.against_torch or not args.device.startswith("cuda")
+    if against and (
+        any(n < 1 for n in args.sizes) or not 0 < args.k <= 1 or args.rounds < 1 or not args.against_time > 0
+    ):
+        raise TopklabError("need --sizes >= 1, 0 < --k <= 1, --rounds >= 1 and --against-time > 0")
+    return _tables(args, against)
+
+
+def _tables(args, against: bool) -> Iterator[Measured]:
     if not args.against_torch:
-        measured.append(sweep(args))
-    if args.against_torch or not args.device.startswith("cuda"):
-        measured.append(compare_with_torch(args))
-    return measured
+        yield sweep(args)
+    if against:
+        yield compare_with_torch(args)
 
 
 def compare_with_torch(args) -> Measured:
     """The against-torch table (one process per n on a CPU, one in all on a GPU); its headline is the last line printed."""
-    if any(n < 1 for n in args.sizes) or not 0 < args.k <= 1 or args.rounds < 1 or not args.against_time > 0:
-        raise TopklabError("need --sizes >= 1, 0 < --k <= 1, --rounds >= 1 and --against-time > 0")
     on_gpu = args.device.startswith("cuda")
     # on a CPU each n in its own process (its own heap); on a GPU all in one, so that inductor compiles once
     groups = [args.sizes] if on_gpu else [[n] for n in args.sizes]

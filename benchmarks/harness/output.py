@@ -9,6 +9,7 @@ benchmark has them. Table and plot are so a function of the stored file alone:
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -88,6 +89,13 @@ def benchmark_of(result: dict) -> str:
             f"{result['command']!r} is not a `python -m benchmarks <name>` command; only those results can be redrawn"
         )
     return words[3]
+
+
+def json_file(text: str) -> Path:
+    """An ``--out`` option's value: a ``.json`` file (its table goes beside it), else argparse's error."""
+    if not text.endswith(".json"):
+        raise argparse.ArgumentTypeError(f"{text!r} is no .json file; name the result file, e.g. routing_cpu.json")
+    return Path(text)
 
 
 def device_rows(

@@ -63,3 +63,9 @@ def test_routing_benchmark_quick_mode_routes_the_asked_fraction(tmp_path):
 def test_routing_quick_mode_without_a_file_is_refused_in_one_line(capsys):
     assert main(["routing", "--quick"]) == 2
     assert "--quick measures nothing" in capsys.readouterr().err
+
+
+def test_an_out_file_that_is_no_json_is_refused_before_measuring(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["sparsification", "--sizes", "20000", "--out", "table.txt"])
+    assert exit_.value.code == 2 and "is no .json file" in capsys.readouterr().err

@@ -196,3 +196,21 @@ def test_the_against_torch_options_reach_its_workers(bench_topk, monkeypatch, tm
         ("benchmarks.against_torch:workers", [64], 0.25, 3, 0.7, "cpu", True, "bfloat16"),
     ]
     assert (tmp_path / "topk_against_torch_cpu_bfloat16.md").read_text().count("on bfloat16 losses") == 1
+
+
+def test_the_sweep_is_written_before_the_against_torch_table_runs(bench_topk, monkeypatch, tmp_path):
+    """On a CPU one command measures both; a failing against-torch worker leaves the finished sweep written."""
+    from benchmarks.harness import WorkerFailed, main
+
+    def fake_sweep_worker(name, points, args, measure_memory):
+        return [{"loss": name, "n": n, "k": k, "seconds": 1e-3, "repeats": 3, "peak_bytes": None} for n, k in points]
+
+    def failing(*args):
+        raise WorkerFailed("the worker died", 1)
+
+    monkeypatch.setattr(bench_topk, "run_worker", fake_sweep_worker)
+    monkeypatch.setattr(bench_topk, "run_isolated", failing)
+    with pytest.raises(SystemExit) as exit_:
+        main(["topk", "--quick", "--sizes", "16", "--out-dir", str(tmp_path)])
+    assert exit_.value.code == 1
+    assert {p.name for p in tmp_path.iterdir()} == {"topk_cpu_quick.json", "topk_cpu_quick.md"}

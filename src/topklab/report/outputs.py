@@ -23,10 +23,12 @@ def write_outputs(
     markdown: str | None = None,
     plot: Callable[[Path], None] | None = None,
     root: Path | None = None,
+    experiment: str | None = None,
 ) -> Path:
-    """``<stem>.json`` (a ``bench`` result envelope), ``<stem>.md`` if ``markdown`` is given, and
-    ``plot(<stem>.png)`` if ``plot`` is, under ``out_dir``; returns the JSON's path. The provenance is
-    that of the checkout ``root`` (default ``$TOPKLAB_ROOT``, else the working folder)."""
+    """``<stem>.json`` (a ``bench`` result envelope, its ``experiment`` the stem unless given),
+    ``<stem>.md`` if ``markdown`` is given, and ``plot(<stem>.png)`` if ``plot`` is, under ``out_dir``;
+    returns the JSON's path. The provenance is that of the checkout ``root`` (default ``$TOPKLAB_ROOT``,
+    else the working folder)."""
     from topklab.report import make_result, write_result
     from topklab.utils.io import atomic_write_text
     from topklab.utils.provenance import collect
@@ -34,7 +36,10 @@ def write_outputs(
     root = Path(root or os.environ.get("TOPKLAB_ROOT", "."))
     out_dir = Path(out_dir)
     path = out_dir / f"{stem}.json"
-    write_result(path, make_result("bench", stem, payload, command=command, config=config, provenance=collect(root)))
+    envelope = make_result(
+        "bench", experiment or stem, payload, command=command, config=config, provenance=collect(root)
+    )
+    write_result(path, envelope)
     if markdown is not None:
         atomic_write_text(out_dir / f"{stem}.md", markdown)
     if plot is not None:
