@@ -11,10 +11,12 @@
 #   cifar     the ResNet-32 CIFAR-100-LT epoch, the device loader against a DataLoader
 #   peft      python -m benchmarks peft, batch 128, fp16 and bf16 (channels-last)
 #   multi30k  the Multi30k Average / ATk / STk rows, seed 0, side by side on the GPU
+#   multi30k_k  the Multi30k k sweep: Average, ATk and STk at k/n = 0.5, 0.7, 0.9 and 0.96, seeds $SEEDS (default 0;
+#             one call a seed), every run at once on the GPU (results/translation/multi30k_cuda/, its own table)
 #   triton    the Triton training calls: their tests on CUDA, then the tracked_cuda benchmark, tracked and solved (n = 1e3 … 1e8)
 # Logs and written results go to a scratch folder, packed into OUT/<stages>.tar.gz.
 set -uo pipefail
-stages="tests | gpu | topk | against | compiled | cifar | peft | multi30k | triton"
+stages="tests | gpu | topk | against | compiled | cifar | peft | multi30k | multi30k_k | triton"
 [ $# -ge 1 ] || { echo "error: name a stage: $stages" >&2; exit 2; }
 pack=$(realpath -m "${OUT:-results/bench}")
 out=$(mktemp -d)
@@ -69,6 +71,19 @@ multi30k)
     done
     wait
     tail -3 "$out"/multi30k-*.log
+    cp -r results/translation "$out/" 2>/dev/null ;;
+multi30k_k)
+    [ -d ../shared/data/multi30k ] || { mkdir -p ../shared/data && cp -r .gpu_data/multi30k ../shared/data/; } || exit 2
+    timeout 120 python3 train.py experiment=stk/multi30k/average seed=0 engine.max_steps=1 result_file=null \
+        paths.checkpoint_dir="$out/vocab-warmup" engine.progress=false >"$out/multi30k_k-vocab.log" 2>&1  # the shared vocabulary, once
+    for seed in ${SEEDS:-0}; do
+        for row in average atk atk_k50 atk_k70 atk_k90 stk stk_k50 stk_k70 stk_k90; do
+            OMP_NUM_THREADS=1 timeout 540 python3 train.py experiment=stk/multi30k/$row seed=$seed engine.progress=false \
+                >"$out/multi30k_k-$row-$seed.log" 2>&1 &
+        done
+    done
+    wait
+    tail -n 2 "$out"/multi30k_k-*.log
     cp -r results/translation "$out/" 2>/dev/null ;;
 triton)
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/losses/test_triton_pass.py \
