@@ -5,9 +5,9 @@ from __future__ import annotations
 
 # runs resumed before a result recorded its segments, as their run records say: (experiment, seed, commit) → how
 RESUMED_UNRECORDED = {
-    ("multi30k/atk", 2, "89409505e3"): "restarted twice, resumed from its epoch-2 checkpoint (docs/translation.md)",
+    ("multi30k/atk", 2, "89409505e3"): "restarted twice, resumed from its epoch-2 checkpoint (CHANGELOG.md, Record)",
     ("multi30k/stk_paper_update", 2, "89409505e3"): (
-        "restarted twice, resumed from its epoch-2 checkpoint (docs/translation.md)"
+        "restarted twice, resumed from its epoch-2 checkpoint (CHANGELOG.md, Record)"
     ),
 }
 
