@@ -479,3 +479,24 @@ def test_a_new_aggregate_renders_in_a_tabular_table_with_no_report_edit(results,
     line = next(row for row in rendered["table3_fake.md"].splitlines() if "| BottomK" in row)
     assert line.startswith("| australian | logistic | BottomK |") and "15.00" in line
     assert "BottomK" in rendered["table3_fake.tex"]
+
+
+def test_a_gpu_tables_k_sweep_is_rendered_beside_the_cpu_one():
+    """Runs on a GPU are filed in ``multi30k_cuda``; the group's k sweep is drawn for them as well, from
+    their own runs only."""
+    import copy
+
+    from topklab.report.schema import read_results
+    from topklab.report.translation import render_translation
+
+    cpu = read_results(ROOT / "results" / "translation", "translation")
+    gpu = []
+    for result in (r for r in cpu if r["result"]["row"] in ("average", "stk_k50")):
+        moved = copy.deepcopy(result)
+        moved["result"]["table"] = "multi30k_cuda"
+        gpu.append(moved)
+    rendered = render_translation(cpu + gpu, [], ROOT / "configs")
+    assert {"multi30k_k.md", "multi30k_cuda_k.md"} <= set(rendered)
+    assert "| STk | 0.5 | `stk_k50` | 1 | −2.34 | — (one seed) |" in rendered["multi30k_cuda_k.md"]
+    assert "| STk | 0.96 | `stk` | 0 | not run |" in rendered["multi30k_cuda_k.md"]  # only the GPU's own runs
+    assert "| STk | 0.96 | `stk` | 3 |" in rendered["multi30k_k.md"]

@@ -236,13 +236,14 @@ def render_charts(results: Path, out: Path) -> list[str]:
         ("translation", test_bleu, "test sacreBLEU", "BLEU"),
     ):
         tables = by_table(read_results(results / folder, folder))
-        for table, settings in table_groups(results.parent / "configs", folder).items():
-            points = sweep_points(settings, tables.get(table, {}), value) if settings.get("baseline") else {}
-            if any(p["pairs"] for series in points.values() for p in series):
-                baseline = settings["rows"][settings["baseline"]]["label"]
-                drawn[f"k_sweep_{table}.png"] = partial(
-                    charts.difference_against_k, points, baseline, table, what, unit
-                )
+        for group, settings in table_groups(results.parent / "configs", folder).items():
+            for table in [group, *(t for t in tables if t == f"{group}_cuda")]:  # a GPU's runs: their own table
+                points = sweep_points(settings, tables.get(table, {}), value) if settings.get("baseline") else {}
+                if any(p["pairs"] for series in points.values() for p in series):
+                    baseline = settings["rows"][settings["baseline"]]["label"]
+                    drawn[f"k_sweep_{table}.png"] = partial(
+                        charts.difference_against_k, points, baseline, table, what, unit
+                    )
     for table, rows in by_table(read_results(results / "routing", "language_modeling")).items():
         if charts.routed_shares(rows):
             drawn[f"routing_layers_{table}.png"] = partial(charts.routed_share_per_layer, rows)

@@ -220,7 +220,8 @@ def test_bleu(result: dict) -> float:
 def render_translation(results: list[dict], papers: list[dict], configs: Path | None = None) -> dict[str, str]:
     """``{"<table>.md": text}`` for every translation table with results (``results/translation``);
     ``configs`` names the rows each table's experiment group configures, so that those not run yet are
-    listed as missing.
+    listed as missing, and a group with a baseline and rows at several k gets ``<table>_k.md``, the k
+    sweep (and ``<table>_cuda_k.md`` for its runs on a GPU, filed in ``<table>_cuda``).
 
     Examples
     --------
@@ -241,7 +242,8 @@ def render_translation(results: list[dict], papers: list[dict], configs: Path | 
     }
     for name, settings in sorted(groups.items()):
         if settings.get("baseline") and sweep_points(settings, {}, test_bleu):
-            rendered[f"{name}_k.md"] = render_sweep_table(
-                name, tables.get(name, {}), settings, test_bleu, "test sacreBLEU"
-            )
+            for table in [name, *(t for t in tables if t == f"{name}_cuda")]:  # a GPU's runs: their own table
+                rendered[f"{table}_k.md"] = render_sweep_table(
+                    table, tables.get(table, {}), settings, test_bleu, "test sacreBLEU"
+                )
     return dict(sorted(rendered.items()))
