@@ -82,7 +82,8 @@ def portable_argv(argv: list[str]) -> list[str]:
 
     Examples
     --------
-    >>> portable_argv(["/work/checkout/train.py", "seed=0", "paths.log_dir=/tmp/x"])
+    >>> here = Path.cwd().resolve()
+    >>> portable_argv([str(here / "train.py"), "seed=0", f"paths.log_dir={here / 'logs'}"])
     ['train.py', 'seed=0', 'paths.log_dir=<path>']
     """
     if not argv:
