@@ -33,6 +33,7 @@ class Measured:
     out_dir : the folder the files go to (``results/bench`` by default)
     command : the command line to record, when it must differ from the one run (a scratch folder left out)
     summary : the line printed last, after the files are written (a headline ratio or verdict)
+    experiment : the result's name in its envelope when the file is named otherwise (``--out``); default ``stem``
     """
 
     stem: str
@@ -41,6 +42,7 @@ class Measured:
     out_dir: Path
     command: str | None = None
     summary: str = ""
+    experiment: str | None = None
     written: list[Path] = field(default_factory=list)
 
 
@@ -66,7 +68,12 @@ def write_measured(benchmark: ModuleType, measured: Measured, command: str) -> l
     """Write ``measured`` as ``<out_dir>/<stem>.json``, draw its table and plot from that file
     (:func:`draw`), print the files and ``measured.summary``; returns the files written."""
     path = write_outputs(
-        measured.out_dir, measured.stem, measured.payload, measured.command or command, measured.settings
+        measured.out_dir,
+        measured.stem,
+        measured.payload,
+        measured.command or command,
+        measured.settings,
+        experiment=measured.experiment,
     )
     measured.written = [path, *draw(benchmark, path)]
     print("wrote " + ", ".join(map(str, measured.written)))
@@ -112,4 +119,4 @@ def device_rows(
     tag = "cuda" if device.type == "cuda" else "cpu"
     path = Path(out) if out else root / "results" / "bench" / f"{name}_{tag}.json"
     payload = {"rows": rows, "device": str(device), "threads": torch.get_num_threads(), **config}
-    return Measured(path.stem, payload, config, path.parent, summary=summary)
+    return Measured(path.stem, payload, config, path.parent, summary=summary, experiment=f"{name}_{tag}")

@@ -51,8 +51,11 @@ def test_routing_benchmark_routes_the_asked_fraction(tmp_path):
 
 def test_routing_benchmark_quick_mode_routes_the_asked_fraction(tmp_path):
     """The fast counterpart of the slow test above: the same comparison on the small model and batch."""
-    out = tmp_path / "routing_cpu.json"
+    out = tmp_path / "routing_quick.json"
     assert main(["routing", "--quick", "--capacities", "0.5", "--repeats", "1", "--out", str(out)]) == 0
+    assert (
+        json.loads(out.read_text())["experiment"] == "routing_cpu"
+    )  # the file's name is the caller's; the result's is not
     result = json.loads(out.read_text())["result"]
     top_k = [r for r in result["rows"] if r["variant"].startswith("top-k")]
     assert result["quick"] is True and len(result["rows"]) == 3
