@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from benchmarks.harness import bench_device, project_root
-from benchmarks.harness.output import Measured
+from benchmarks.harness.output import Measured, device_tag
 from topklab.report.outputs import machine_label
 from topklab.utils.errors import TopklabError
 
@@ -46,11 +46,6 @@ def images_per_second(loader, epochs: int, device) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize()
     return count / (time.perf_counter() - start)
-
-
-def tag(device: str) -> str:
-    """The file-name tag of a device: cpu or cuda."""
-    return "cuda" if device.startswith("cuda") else "cpu"
 
 
 def device_of(result: dict) -> str:
@@ -119,7 +114,7 @@ def measure(args) -> Measured:
     best = max(r["images_per_s"] for r in rows[1:])
     ratio = rows[0]["images_per_s"] / best
     return Measured(
-        f"loader_{tag(str(device))}",
+        f"loader_{device_tag(device)}",
         {"results": rows, "ratio": ratio},
         settings(args),
         Path(args.out_dir),
@@ -200,7 +195,7 @@ def vit_pipeline(args) -> Measured:
         for name, _, _ in sources
     }
     return Measured(
-        f"loader_vit_{tag(str(device))}",
+        f"loader_vit_{device_tag(device)}",
         {"results": rows, "speedup": speedup},
         settings(args),
         Path(args.out_dir),

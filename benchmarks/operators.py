@@ -68,7 +68,7 @@ from benchmarks.harness.memory import (
     reset_cuda_peak,
     reset_peak_rss,
 )
-from benchmarks.harness.output import Measured
+from benchmarks.harness.output import Measured, device_tag
 from benchmarks.harness.timing import Timer, is_cuda, median
 from topklab.utils.errors import TopklabError
 
@@ -612,7 +612,7 @@ def measure(args) -> Measured | int:
         "train_epochs": None if args.no_train else args.train_epochs,
     }
     return Measured(
-        f"operators_{args.tag or ('cuda' if args.device.startswith('cuda') else 'cpu')}",
+        f"operators_{args.tag or device_tag(args.device)}",
         out,
         settings(args),
         Path(args.out_dir),
@@ -645,7 +645,7 @@ def k_sweep(args) -> Measured:
         "n": args.k_n,
         "rows": rows,
     }
-    tag = args.tag or ("cuda" if args.device.startswith("cuda") else "cpu")
+    tag = args.tag or device_tag(args.device)
     return Measured(f"operators_k_{tag}", out, settings(args), Path(args.out_dir))
 
 

@@ -36,7 +36,7 @@ from benchmarks.harness.memory import (
     reset_cuda_peak,
     reset_peak_rss,
 )
-from benchmarks.harness.output import Measured
+from benchmarks.harness.output import Measured, device_tag
 from benchmarks.harness.timing import Timer, repeat_until, upper_median
 from topklab.utils.errors import TopklabError
 
@@ -197,7 +197,7 @@ def render(result: dict) -> str:
 
 def render_sweep(result: dict) -> str:
     results, config = result["result"]["results"], result["config"]
-    device, machine = ("cuda" if config["device"].startswith("cuda") else "cpu"), result["provenance"]["hardware"]
+    device, machine = device_tag(config["device"]), result["provenance"]["hardware"]
     label = ", ".join(machine["gpus"]) if device == "cuda" else (machine.get("processor") or machine["machine"])
     hardware = f"{label}, {machine['cpu_count']} cores, {config['threads'] or machine['torch_threads']} torch threads"
     command = result["command"]
@@ -247,7 +247,7 @@ def plot(result: dict, path: Path) -> bool:
     """Time and peak memory against n of a stored sweep (none for the quick sweep or the against-torch table)."""
     if result["experiment"].startswith("topk_against_torch") or result["config"].get("quick"):
         return False
-    results, device = result["result"]["results"], "cuda" if result["config"]["device"].startswith("cuda") else "cpu"
+    results, device = result["result"]["results"], device_tag(result["config"]["device"])
     import matplotlib
 
     matplotlib.use("Agg")
@@ -404,7 +404,7 @@ def sweep(args) -> Measured:
                 results.append(row)
                 memory = "" if row["peak_bytes"] is None else f"  peak {row['peak_bytes'] / 2**20:8.2f} MiB"
                 print(f"{name:>15} n={n:.0e} k={label:>4}: {row['seconds'] * 1e3:9.3f} ms{memory}", flush=True)
-    device = "cuda" if args.device.startswith("cuda") else "cpu"
+    device = device_tag(args.device)
     settings = {
         "device": args.device,
         "quick": args.quick,

@@ -10,7 +10,7 @@ benchmark has them. Table and plot are so a function of the stored file alone:
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -43,7 +43,6 @@ class Measured:
     command: str | None = None
     summary: str = ""
     experiment: str | None = None
-    written: list[Path] = field(default_factory=list)
 
 
 def draw(benchmark: ModuleType, path: Path) -> list[Path]:
@@ -75,11 +74,11 @@ def write_measured(benchmark: ModuleType, measured: Measured, command: str) -> l
         measured.settings,
         experiment=measured.experiment,
     )
-    measured.written = [path, *draw(benchmark, path)]
-    print("wrote " + ", ".join(map(str, measured.written)))
+    written = [path, *draw(benchmark, path)]
+    print("wrote " + ", ".join(map(str, written)))
     if measured.summary:
         print(measured.summary)
-    return measured.written
+    return written
 
 
 def benchmark_of(result: dict) -> str:
@@ -105,6 +104,17 @@ def json_file(text: str) -> Path:
     return Path(text)
 
 
+def device_tag(device) -> str:
+    """A device's file-name tag: ``cuda`` for any CUDA device, else ``cpu``.
+
+    Examples
+    --------
+    >>> device_tag("cuda:1"), device_tag(torch.device("cpu"))
+    ('cuda', 'cpu')
+    """
+    return "cuda" if str(device).startswith("cuda") else "cpu"
+
+
 def device_rows(
     root: Path,
     name: str,
@@ -116,7 +126,7 @@ def device_rows(
 ) -> Measured:
     """The rows a device-bound benchmark measured, as ``results/bench/<name>_<cpu|cuda>.json`` under
     ``root`` (or the file ``out``): the payload is the rows with the device, the thread count and ``config``."""
-    tag = "cuda" if device.type == "cuda" else "cpu"
+    tag = device_tag(device)
     path = Path(out) if out else root / "results" / "bench" / f"{name}_{tag}.json"
     payload = {"rows": rows, "device": str(device), "threads": torch.get_num_threads(), **config}
     return Measured(path.stem, payload, config, path.parent, summary=summary, experiment=f"{name}_{tag}")

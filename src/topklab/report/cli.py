@@ -26,7 +26,7 @@ import yaml
 
 from topklab.report.experiments import render_index
 from topklab.report.layer import plot_routing, plot_sparsification, render_routing, render_sparsification
-from topklab.report.paired import sweep_points, table_groups
+from topklab.report.paired import sweep_points, table_groups, with_gpu_table
 from topklab.report.schema import dirty_result_files, read_result, read_results
 from topklab.report.synthetic import column_band, render_table1, render_table2
 from topklab.report.tabular import band_of, render_tabular
@@ -237,7 +237,7 @@ def render_charts(results: Path, out: Path) -> list[str]:
     ):
         tables = by_table(read_results(results / folder, folder))
         for group, settings in table_groups(results.parent / "configs", folder).items():
-            for table in [group, *(t for t in tables if t == f"{group}_cuda")]:  # a GPU's runs: their own table
+            for table in with_gpu_table(group, tables):
                 points = sweep_points(settings, tables.get(table, {}), value) if settings.get("baseline") else {}
                 if any(p["pairs"] for series in points.values() for p in series):
                     baseline = settings["rows"][settings["baseline"]]["label"]

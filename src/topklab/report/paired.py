@@ -187,6 +187,17 @@ def table_groups(configs: Path | None, folder: str) -> dict[str, dict]:
     return groups
 
 
+def with_gpu_table(group: str, tables) -> list[str]:
+    """A group's table and, when its runs on a GPU are stored (filed as ``<table>_cuda``), that table too.
+
+    Examples
+    --------
+    >>> with_gpu_table("multi30k", ["multi30k", "multi30k_cuda", "iwslt14"])
+    ['multi30k', 'multi30k_cuda']
+    """
+    return [group, *(t for t in tables if t == f"{group}_cuda")]
+
+
 def row_order(settings: dict | None) -> list[str]:
     """A group's rows in reading order: the baseline first, then each series (the label before
     ``", k/n = "``) by increasing k.

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from topklab.losses.aggregate.lambda_monitor import ALL_STEPS
-from topklab.report.paired import paired_lines, render_sweep_table, sweep_points, table_groups
+from topklab.report.paired import paired_lines, render_sweep_table, sweep_points, table_groups, with_gpu_table
 from topklab.report.resumed import resumed, resumed_footnote
 from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
@@ -242,7 +242,7 @@ def render_translation(results: list[dict], papers: list[dict], configs: Path | 
     }
     for name, settings in sorted(groups.items()):
         if settings.get("baseline") and sweep_points(settings, {}, test_bleu):
-            for table in [name, *(t for t in tables if t == f"{name}_cuda")]:  # a GPU's runs: their own table
+            for table in with_gpu_table(name, tables):
                 rendered[f"{table}_k.md"] = render_sweep_table(
                     table, tables.get(table, {}), settings, test_bleu, "test sacreBLEU"
                 )
