@@ -1,13 +1,25 @@
-"""The data a run reads, as a fingerprint: its files' content by role, wherever they are, hashed once."""
+"""The data a run reads, as a fingerprint: its files' content by role, wherever they are, hashed once;
+every dataset that reads files names them (tabular, listed images, embeddings, hub corpora included)."""
 
+import importlib
 import json
+import shutil
 
+import numpy as np
 import pytest
+from hydra.utils import instantiate
 
+from helpers import ROOT, TABULAR_DATASETS
+from helpers.embedding_files import write_embeddings
+from helpers.translation_files import write_hub_copy
+from helpers.vision_files import write_tree
+from topklab.data.embeddings import EmbeddingDataset
 from topklab.data.fingerprint import DIGESTS_FILE, dataset_fingerprint, fingerprint
-from topklab.data.translation import ParallelTextFiles
-from topklab.data.vision import FashionMNIST
+from topklab.data.translation import HubParallel, ParallelTextFiles
+from topklab.data.vision import FashionMNIST, ListedImageDataset
 from topklab.utils.errors import DataUnavailableError
+
+GENERATED = {"sinc"}  # dataset configs whose data is generated from their parameters
 
 
 @pytest.fixture(autouse=True)
@@ -68,3 +80,88 @@ def test_the_suite_keeps_its_digests_out_of_the_users_cache():
     from topklab.data.fingerprint import cache_dir
 
     assert not cache_dir().is_relative_to(Path.home() / ".cache")
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "configs" / "dataset").glob("*.yaml")))
+def test_every_dataset_config_names_the_files_it_reads(compose_cfg, name):
+    module, _, attribute = compose_cfg(f"dataset={name}").dataset._target_.rpartition(".")
+    assert callable(getattr(getattr(importlib.import_module(module), attribute), "data_files", None))
+
+
+@pytest.mark.parametrize("name", TABULAR_DATASETS)
+def test_a_tabular_benchmark_is_its_packaged_file(compose_cfg, name):
+    dataset = instantiate(compose_cfg(f"dataset={name}").dataset)
+    files = dataset.data_files()
+    if name in GENERATED:
+        assert files == {} and dataset_fingerprint(dataset) is None
+        return
+    assert len(files) == 1 and all(path.is_file() for path in files.values())
+    assert dataset_fingerprint(dataset) == fingerprint(files) and len(dataset_fingerprint(dataset)) == 16
+    if name == "spambase":  # the version it reads, not both
+        assert list(files) == [{"uci4601": "spam.rda", "keel4597": "spambase.dat"}[dataset.splits().info["variant"]]]
+
+
+def listed(images, lists, **kwargs):
+    return ListedImageDataset(
+        name="tiny_lt",
+        root=str(images),
+        split_dir=str(lists),
+        num_classes=3,
+        lists={s: f"Tiny_{s}.txt" for s in ("train", "val", "test")},
+        **{"resolution": 16, "num_workers": 0, **kwargs},
+    )
+
+
+def test_listed_images_are_their_split_lists_and_class_names(tmp_path):
+    images, lists = write_tree(tmp_path / "a")
+    data = listed(images, lists)
+    assert sorted(data.data_files()) == ["classnames", "test.list", "train.list", "val.list"]
+    first = dataset_fingerprint(data)
+    moved = shutil.copytree(lists, tmp_path / "elsewhere")
+    assert dataset_fingerprint(listed(images, moved)) == first
+    (moved / "Tiny_train.txt").write_text((moved / "Tiny_train.txt").read_text().replace(" 1\n", " 2\n", 1))
+    assert dataset_fingerprint(listed(images, moved)) != first  # a relabelled list is other data
+    (moved / "Tiny_val.txt").unlink()
+    with pytest.raises(DataUnavailableError, match=r"^split list .*Tiny_val.txt not found; ships with LIFT$"):
+        dataset_fingerprint(listed(images, moved, list_source="ships with LIFT"))
+
+
+def test_embeddings_are_their_classes_and_each_stored_splits_arrays(tmp_path):
+    def embeddings(root):
+        return EmbeddingDataset(root=str(root), name="tiny", holdout=100)
+
+    root = write_embeddings(tmp_path / "e", classes=5, sizes={"train": 300, "test": 50})
+    files = embeddings(root).data_files()
+    assert sorted(files) == [
+        "classes",
+        "test.embeddings.npy",
+        "test.labels.npy",
+        "train.embeddings.npy",
+        "train.labels.npy",
+    ]
+    first = dataset_fingerprint(embeddings(root))
+    assert dataset_fingerprint(embeddings(shutil.copytree(root, tmp_path / "copy"))) == first
+    labels = np.load(root / "train" / "labels.npy")
+    np.save(root / "train" / "labels.npy", np.roll(labels, 1))
+    assert dataset_fingerprint(embeddings(root)) != first
+    with pytest.raises(DataUnavailableError, match="extract them first"):
+        dataset_fingerprint(embeddings(tmp_path / "none"))
+
+
+def test_a_hub_corpus_is_the_arrow_files_of_the_splits_it_reads(tmp_path):
+    def hub(root, **kwargs):
+        return HubParallel(
+            path="wmt/wmt17", config_name="{pair}", pairs=["de-en"], root=str(root), name="wmt17",
+            vocab_dir=str(tmp_path / "spm"), **kwargs,
+        )  # fmt: skip
+
+    root = write_hub_copy(tmp_path / "wmt17")
+    files = hub(root).data_files()
+    assert {role.split("/")[0] for role in files} == {"train", "validation", "test"}
+    assert all(role.endswith(".arrow") and path.is_file() for role, path in files.items())
+    held_out = hub(root, hub_splits={"train": "train", "val": None, "test": "validation"}, val_holdout=30)
+    assert {role.split("/")[0] for role in held_out.data_files()} == {"train", "validation"}  # test is not read
+    first = dataset_fingerprint(hub(root))
+    assert dataset_fingerprint(hub(shutil.copytree(root, tmp_path / "copy"))) == first
+    other = write_hub_copy(tmp_path / "other", sizes=(240, 24, 21))
+    assert dataset_fingerprint(hub(other)) != first

@@ -1,13 +1,18 @@
-"""What data a run read: a content hash of the files its dataset reads, part of a result's identity
-and of a checkpoint's, so that a run on other data (a label-shuffled copy under another
-``paths.data_dir``) neither replaces a stored result nor resumes a checkpoint silently.
+"""What data a run read: a content hash of the files its dataset reads, part of a result's identity and of
+a checkpoint's, so that a run on other data (a label-shuffled copy under another ``paths.data_dir``)
+neither replaces a stored result nor resumes a checkpoint silently.
 
-A dataset names its files with ``data_files()``: ``{role: path}``, the role being what the file is
-to the dataset (``train.de``, ``t10k-labels-idx1-ubyte.gz``), not where it is, so the same bytes at
-another path give the same fingerprint. A dataset without that method (generated data, tabular
-sources, image trees) has none. Each file's SHA-256 is computed once and kept in
-``<cache>/data_digests.json`` under its resolved path, size and modification time
-(:func:`cache_dir`), so a second run reads no file again.
+A dataset names its files with ``data_files()``: ``{role: path}``, the role being what the file is to
+the dataset (``train.de``, ``t10k-labels-idx1-ubyte.gz``), not where it is, so the same bytes at another
+path give the same fingerprint. Every dataset that reads files names them: the IDX files of
+Fashion-MNIST, CIFAR-100's pickles, a parallel corpus's text files or a hub corpus's Arrow files, a tabular
+benchmark's file inside its package, an extraction's embeddings and labels, and the split lists and
+class names of ImageNet-LT / Places-LT (the images those lists name are not hashed: a changed image
+under an unchanged list is not seen). Generated data (``dataset=sinc``) names no file, and its
+fingerprint is None: its config and seed are its identity.
+
+Each file's SHA-256 is computed once and kept in ``<cache>/data_digests.json`` under its resolved path,
+size and modification time (:func:`cache_dir`), so a second run reads no file again.
 """
 
 from __future__ import annotations
@@ -109,6 +114,8 @@ def fingerprint(files: Mapping[str, str | os.PathLike]) -> str:
 
 def dataset_fingerprint(dataset) -> str | None:
     """The fingerprint of the files ``dataset`` (an instantiated ``dataset`` config) reads; None for
-    a dataset that names none. A missing file is the dataset's own one-line error."""
+    a dataset that names none (no ``data_files``, or an empty mapping: generated data). A missing file
+    is the dataset's own one-line error."""
     files = getattr(dataset, "data_files", None)
-    return None if files is None else fingerprint(files())
+    named = {} if files is None else files()
+    return fingerprint(named) if named else None

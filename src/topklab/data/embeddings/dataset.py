@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from topklab.data.embeddings.store import open_split, read_classes
+from topklab.data.embeddings.store import CLASSES, EMBEDDINGS, LABELS, open_split, read_classes
 from topklab.data.tensor_loader import TensorLoader
 from topklab.utils.checks import check_int
 from topklab.utils.errors import TopklabError
@@ -154,6 +154,14 @@ class EmbeddingDataset:
         if set(self.stored) != {"train", "test"}:
             raise ValueError(f"dataset.splits={self.stored} must map exactly train and test to stored splits")
         self.task = task
+
+    def data_files(self) -> dict[str, Path]:
+        """The class list and each stored split's embeddings and labels (:mod:`topklab.data.fingerprint`;
+        hashed once per machine, the embeddings of ImageNet-21K-P being tens of GB)."""
+        read_classes(self.root)  # no extraction here: its own one-line error, naming the make target
+        splits = dict.fromkeys(self.stored.values())
+        stored = {f"{split}.{name}": self.root / split / name for split in splits for name in (EMBEDDINGS, LABELS)}
+        return {"classes": self.root / CLASSES, **stored}
 
     def splits(self) -> EmbeddingSplits:
         classes = read_classes(self.root)

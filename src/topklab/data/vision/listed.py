@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from topklab.data.vision.lists import read_classnames, read_split_list
+from topklab.data.vision.lists import read_classnames, read_split_list, require_list
 from topklab.data.vision.loaders import epoch_seed
 from topklab.utils.batching import batches_per_epoch
 from topklab.utils.checks import check_int
@@ -303,6 +303,15 @@ class ListedImageDataset:
             task,
             split_seed,
         )
+
+    def data_files(self) -> dict[str, Path]:
+        """The split lists and class names it reads (:mod:`topklab.data.fingerprint`); the images the lists
+        name are not hashed (a changed image under an unchanged list is not seen)."""
+        lists = {
+            f"{split}.list": require_list(self.split_dir / listing, self.list_source)
+            for split, listing in self.lists.items()
+        }
+        return {**lists, "classnames": self.split_dir / self.classnames}
 
     def splits(self) -> ListedSplits:
         if not self.root.is_dir():

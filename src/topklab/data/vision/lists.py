@@ -11,6 +11,13 @@ import numpy as np
 from topklab.utils.errors import DataUnavailableError, TopklabError
 
 
+def require_list(path: Path, where_from: str = "") -> Path:
+    """``path``, or a one-line error naming where the list comes from (``where_from``) when it is missing."""
+    if not path.is_file():
+        raise DataUnavailableError(f"split list {path} not found" + (f"; {where_from}" if where_from else ""))
+    return path
+
+
 def read_split_list(path: Path, num_classes: int, where_from: str = "") -> tuple[list[str], np.ndarray]:
     """Relative image paths and int64 labels of one split list.
 
@@ -28,8 +35,7 @@ def read_split_list(path: Path, num_classes: int, where_from: str = "") -> tuple
     >>> read_split_list(Path(listing), num_classes=2)
     (['train/a/1.jpg', 'train/b/2.jpg'], array([0, 1]))
     """
-    if not path.is_file():
-        raise DataUnavailableError(f"split list {path} not found" + (f"; {where_from}" if where_from else ""))
+    require_list(path, where_from)
     paths, labels = [], []
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
