@@ -12,11 +12,11 @@ from hydra.utils import instantiate
 from helpers import ROOT, TABULAR_DATASETS
 from helpers.embedding_files import write_embeddings
 from helpers.translation_files import write_hub_copy
-from helpers.vision_files import write_tree
+from helpers.vision_files import tiny_listed, write_tree
 from topklab.data.embeddings import EmbeddingDataset
 from topklab.data.fingerprint import DIGESTS_FILE, dataset_fingerprint, fingerprint
 from topklab.data.translation import HubParallel, ParallelTextFiles
-from topklab.data.vision import FashionMNIST, ListedImageDataset
+from topklab.data.vision import FashionMNIST
 from topklab.utils.errors import DataUnavailableError
 
 GENERATED = {"sinc"}  # dataset configs whose data is generated from their parameters
@@ -101,29 +101,18 @@ def test_a_tabular_benchmark_is_its_packaged_file(compose_cfg, name):
         assert list(files) == [{"uci4601": "spam.rda", "keel4597": "spambase.dat"}[dataset.splits().info["variant"]]]
 
 
-def listed(images, lists, **kwargs):
-    return ListedImageDataset(
-        name="tiny_lt",
-        root=str(images),
-        split_dir=str(lists),
-        num_classes=3,
-        lists={s: f"Tiny_{s}.txt" for s in ("train", "val", "test")},
-        **{"resolution": 16, "num_workers": 0, **kwargs},
-    )
-
-
 def test_listed_images_are_their_split_lists_and_class_names(tmp_path):
     images, lists = write_tree(tmp_path / "a")
-    data = listed(images, lists)
+    data = tiny_listed(images, lists)
     assert sorted(data.data_files()) == ["classnames", "test.list", "train.list", "val.list"]
     first = dataset_fingerprint(data)
     moved = shutil.copytree(lists, tmp_path / "elsewhere")
-    assert dataset_fingerprint(listed(images, moved)) == first
+    assert dataset_fingerprint(tiny_listed(images, moved)) == first
     (moved / "Tiny_train.txt").write_text((moved / "Tiny_train.txt").read_text().replace(" 1\n", " 2\n", 1))
-    assert dataset_fingerprint(listed(images, moved)) != first  # a relabelled list is other data
+    assert dataset_fingerprint(tiny_listed(images, moved)) != first  # a relabelled list is other data
     (moved / "Tiny_val.txt").unlink()
     with pytest.raises(DataUnavailableError, match=r"^split list .*Tiny_val.txt not found; ships with LIFT$"):
-        dataset_fingerprint(listed(images, moved, list_source="ships with LIFT"))
+        dataset_fingerprint(tiny_listed(images, moved, list_source="ships with LIFT"))
 
 
 def test_embeddings_are_their_classes_and_each_stored_splits_arrays(tmp_path):

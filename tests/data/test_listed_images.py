@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers import ROOT
-from helpers.vision_files import write_tree
+from helpers.vision_files import tiny_listed, write_tree
 from topklab.data.vision import ListedImageDataset
 from topklab.data.vision.lists import read_split_list
 from topklab.tasks import ClassificationTask
@@ -16,19 +16,8 @@ from topklab.utils.errors import DataUnavailableError, TopklabError
 LT_SPLITS = ROOT.parent / "shared" / "data" / "lt_splits"
 
 
-def dataset(images, lists, **kwargs):
-    return ListedImageDataset(
-        name="tiny_lt",
-        root=str(images),
-        split_dir=str(lists),
-        num_classes=3,
-        lists={s: f"Tiny_{s}.txt" for s in ("train", "val", "test")},
-        **{"resolution": 16, "num_workers": 0, **kwargs},
-    )
-
-
 def test_lists_images_and_counts(tmp_path):
-    data = dataset(*write_tree(tmp_path)).splits()
+    data = tiny_listed(*write_tree(tmp_path)).splits()
     assert data.class_counts == [6, 3, 1] and data.info["sizes"] == {"train": 10, "val": 6, "test": 6}
     assert data.class_names == ["class 0 name", "class 1 name", "class 2 name"]
     x, y = next(iter(data.eval_loader("test", 4, "cpu").batches()))
@@ -38,7 +27,7 @@ def test_lists_images_and_counts(tmp_path):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_epoch_replays_exactly_and_resumes_mid_epoch(tmp_path, workers):
-    data = dataset(*write_tree(tmp_path), num_workers=workers).splits()
+    data = tiny_listed(*write_tree(tmp_path), num_workers=workers).splits()
     loader = data.train_loader(batch_size=3, drop_last=False, seed=7, device="cpu")
     first = list(loader.batches(epoch=2))
     again = list(data.train_loader(batch_size=3, drop_last=False, seed=7, device="cpu").batches(epoch=2))
@@ -52,13 +41,13 @@ def test_an_epoch_replays_exactly_and_resumes_mid_epoch(tmp_path, workers):
 
 def test_decoding_workers_give_the_images_of_one_process(tmp_path):
     images, lists = write_tree(tmp_path)
-    one = list(dataset(images, lists).splits().train_loader(4, False, 1, "cpu").batches(epoch=0))
-    two = list(dataset(images, lists, num_workers=2).splits().train_loader(4, False, 1, "cpu").batches(epoch=0))
+    one = list(tiny_listed(images, lists).splits().train_loader(4, False, 1, "cpu").batches(epoch=0))
+    two = list(tiny_listed(images, lists, num_workers=2).splits().train_loader(4, False, 1, "cpu").batches(epoch=0))
     assert all(torch.equal(a[0], b[0]) for a, b in zip(one, two))
 
 
 def test_test_time_ensemble_averages_the_crops_logits(tmp_path):
-    data = dataset(*write_tree(tmp_path), tte="fivecrop", tte_expand=4).splits()
+    data = tiny_listed(*write_tree(tmp_path), tte="fivecrop", tte_expand=4).splits()
     x, y = next(iter(data.eval_loader("test", 6, "cpu").batches()))
     assert x.shape == (6, 5, 3, 16, 16)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 3))
@@ -109,7 +98,7 @@ def test_an_unreadable_image_is_one_line_naming_it(tmp_path, workers):
     images, lists = write_tree(tmp_path)
     broken = images / "train" / "class_1" / "train2.jpg"
     broken.write_bytes(b"not a jpeg")
-    loader = dataset(images, lists, num_workers=workers).splits().train_loader(20, False, 0, "cpu")
+    loader = tiny_listed(images, lists, num_workers=workers).splits().train_loader(20, False, 0, "cpu")
     with pytest.raises(TopklabError) as raised:
         list(loader.batches())
     assert str(raised.value).startswith(f"image {broken} cannot be read") and "\n" not in str(raised.value)
@@ -188,7 +177,7 @@ def test_a_peft_vit_trains_on_listed_images_through_the_engine(compose_cfg, tmp_
 def test_class_mean_head_is_the_normalised_mean_feature_of_each_class(tmp_path):
     from topklab.models.peft import AdaptFormer, ClassMeanHead, PeftViT
 
-    data = dataset(*write_tree(tmp_path)).splits()
+    data = tiny_listed(*write_tree(tmp_path)).splits()
     torch.manual_seed(0)
     model = PeftViT(
         3,

@@ -76,3 +76,17 @@ def write_tree(base, per_class=(6, 3, 1), size=40):
         (lists / f"Tiny_{split}.txt").write_text("\n".join(lines) + "\n")
     (lists / "classnames.txt").write_text("".join(f"class_{c} class_{c}_name\n" for c in range(len(per_class))))
     return images, lists
+
+
+def tiny_listed(images, lists, **kwargs):
+    """A ListedImageDataset over :func:`write_tree`'s images and lists (3 classes, 16 px, no workers)."""
+    from topklab.data.vision import ListedImageDataset
+
+    return ListedImageDataset(
+        name="tiny_lt",
+        root=str(images),
+        split_dir=str(lists),
+        num_classes=3,
+        lists={s: f"Tiny_{s}.txt" for s in ("train", "val", "test")},
+        **{"resolution": 16, "num_workers": 0, **kwargs},
+    )
