@@ -20,7 +20,7 @@ def test_help_lists_every_benchmark():
     names = set(benchmarks())
     assert names == {
         *("cifar_epoch", "embeddings", "loader", "operators", "peft", "population"),
-        *("routing", "sparsification", "step_share", "topk", "tracked_cuda"),
+        *("routing", "sparsification", "step_share", "topk", "tracked_cuda", "triton_host"),
     }
     assert all(f"    {name}" in done.stdout for name in names)
 
@@ -75,6 +75,17 @@ def test_the_tracked_benchmark_refuses_a_missing_gpu_in_one_line(capsys):
         pytest.skip("a GPU is visible")
     assert main(["tracked_cuda", "--sizes", "1000"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_host_benchmark_times_the_triton_path_with_its_launches_stubbed(tmp_path):
+    args = ["--sizes", "200", "--calls", "20", "--rounds", "2", "--rules", "track", "solve"]
+    assert main(["triton_host", *args, "--out-dir", str(tmp_path)]) == 0
+    (row,) = json.loads((tmp_path / "triton_host_cpu.json").read_text())["result"]["rows"]
+    assert row["ratio"]["x.mean()"] == 1 and all(value > 0 for value in row["us"].values())
+    # forward + backward: one launch each, so no candidate fell back to the torch path
+    assert row["launches"] == {"x.mean()": 0, "STk (track)": 2, "MATk (track)": 2, "STk (solve)": 2, "MATk (solve)": 2}
+    table = (tmp_path / "triton_host_cpu.md").read_text()
+    assert "| 200 | 20 | " in table and "STk (track) 2, MATk (track) 2" in table
 
 
 def test_the_population_benchmark_runs_a_small_population(capsys, tmp_path):
