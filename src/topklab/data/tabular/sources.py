@@ -191,12 +191,12 @@ class KernlabSpam:
         return {"spam.rda": self.rda_path}
 
     def load(self):
-        self.files()
+        (path,) = self.files().values()
         try:
             import pyreadr
         except ImportError:
             raise DataUnavailableError(f"reading spam.rda needs pyreadr; {SETUP_HINT}") from None
-        frame = next(iter(pyreadr.read_r(str(self.rda_path)).values()))
+        frame = next(iter(pyreadr.read_r(str(path)).values()))
         x = frame.drop(columns=["type"]).to_numpy(dtype=np.float64)
         y = frame["type"].astype(str).to_numpy()
         check_shape("spambase", x, self.shape)
