@@ -1,11 +1,18 @@
 """The tracked call of STk and MATk through its one Triton launch against ``x.mean()`` and ATk (topk) on
 a CUDA device: forward + backward per call, CUDA events, the median of interleaved rounds.
 
-    python -m benchmarks tracked_cuda [--sizes 1e3 1e4 …] [--dtype float32 bfloat16] [--rules track solve] [--out DIR]
+    python -m benchmarks tracked_cuda [--sizes 1e3 1e4 …] [--dtype float32 bfloat16] [--rules track solve]
+                                      [--graphed] [--out DIR]
 
 Needs a CUDA device. Writes ``tracked_cuda.{json,md}`` to ``--out`` (default ``results/bench``): per dtype, k and n the time of
 each and its ratio to ``x.mean()``'s. STk and MATk run under each of ``--rules`` (default ``track``; their
 first call, which starts λ, is a warm-up call) with ``kernel="triton"``.
+
+``--graphed`` (``tracked_cuda_graphed.{json,md}``): every candidate's forward + backward, ``x.mean()``'s
+included, is captured once in a CUDA graph after its warm-up and timed by replays, so that the host's
+Python and Triton's launcher drop out and the kernels' own time is compared (what
+``torch.compile(mode="reduce-overhead")`` replays). The λ monitor's sample, a host-side selection every
+50th call, is left out of STk and MATk there, as capture requires.
 """
 
 from __future__ import annotations
@@ -41,7 +48,9 @@ def column_names(rules: list[str]) -> list[str]:
     return ["x.mean()", "ATk (topk)", *(f"{loss} ({rule}, triton)" for rule in rules for loss in ("STk", "MATk"))]
 
 
-def steps(k: int, rules: list[str]):
+def steps(k: int, rules: list[str], graphed: bool = False):
+    """``{name: forward + backward on x}`` for each candidate (:func:`column_names`); ``graphed``: STk and
+    MATk without the monitor's host-side sample, so that a call can be captured."""
     atk = ATk(k=k)
 
     def backward(value, x):
@@ -52,8 +61,31 @@ def steps(k: int, rules: list[str]):
     for rule in rules:
         for loss in (STk, MATk):
             module = loss(k=k, lam_update=rule, kernel="triton").cuda()
+            if graphed:
+                module.monitor.sample_every = 10**9
             functions[f"{loss.__name__} ({rule}, triton)"] = lambda x, module=module: backward(module(x), x)
     return functions
+
+
+def captured(function, x: torch.Tensor):
+    """``function`` (a forward + backward on ``x``, already warmed up) captured in a CUDA graph after
+    three calls on a side stream: a callable that replays it (on the same ``x``, ``x.grad`` in the
+    graph's memory), or the first line of the error where the call cannot be captured."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            function(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    x.grad = None
+    try:
+        with torch.cuda.graph(graph):
+            function(x)
+    except RuntimeError as error:  # a host read in the call: the table shows the candidate missing
+        torch.cuda.synchronize()
+        return str(error).splitlines()[0]
+    return lambda x: graph.replay()
 
 
 def arguments(parser) -> None:
@@ -62,6 +94,9 @@ def arguments(parser) -> None:
     parser.add_argument("--ks", nargs="+", default=["5", "0.1", "0.9"], help="counts or fractions of n")
     parser.add_argument("--rules", nargs="+", default=["track"], help="λ rules (track, solve, adaptive)")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument(
+        "--graphed", action="store_true", help="time each forward + backward replayed from a CUDA graph"
+    )
     parser.add_argument("--out", default="results/bench")
 
 
@@ -74,10 +109,15 @@ def measure(args) -> Measured:
             calls = max(3, min(200, int(2e9 / n / 50)))
             for k_text in args.ks:
                 k = int(k_text) if "." not in k_text else max(1, round(float(k_text) * n))
-                functions = steps(k, args.rules)
+                functions = steps(k, args.rules, args.graphed)
                 for function in functions.values():  # warm-up: kernels load, λ starts
                     function(x)
                     function(x)
+                if args.graphed:
+                    functions = {name: captured(function, x) for name, function in functions.items()}
+                    failed = [name for name, function in functions.items() if isinstance(function, str)]
+                    for name in failed:
+                        print(f"{dtype} {n} {k_text}: {name} was not captured: {functions.pop(name)}", flush=True)
                 times = {name: [] for name in functions}
                 for _ in range(args.rounds):
                     for name, function in functions.items():
@@ -85,6 +125,8 @@ def measure(args) -> Measured:
                 median = {name: statistics.median(values) for name, values in times.items()}
                 row = {"dtype": dtype, "n": n, "k": k_text, "us": median}
                 row["ratio"] = {name: median[name] / median["x.mean()"] for name in median}
+                if args.graphed:
+                    row["not_captured"] = failed
                 rows.append(row)
                 print(
                     dtype,
@@ -95,24 +137,29 @@ def measure(args) -> Measured:
                 )
     meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     config = {"sizes": args.sizes, "dtype": args.dtype, "ks": args.ks, "rules": args.rules, "rounds": args.rounds}
-    return Measured("tracked_cuda", {"meta": meta, "rows": rows}, config, Path(args.out))
+    config["graphed"] = args.graphed
+    stem = "tracked_cuda_graphed" if args.graphed else "tracked_cuda"
+    return Measured(stem, {"meta": meta, "rows": rows}, config, Path(args.out))
 
 
 def render(result: dict) -> str:
     """The ratio table of a stored result."""
     meta, rows = result["result"]["meta"], result["result"]["rows"]
     rules = result["config"].get("rules", ["track"])  # a result from before --rules timed the tracked rule only
-    names = [name for name in column_names(rules) if rows and name in rows[0]["ratio"]]
+    names = [name for name in column_names(rules) if any(name in row["ratio"] for row in rows)]
+    graphed = result["config"].get("graphed", False)
+    how = "each replayed from a CUDA graph (no host Python, no launcher)" if graphed else "eager"
     lines = [
-        f"# The tracked STk/MATk call (one Triton launch) against x.mean() on {meta['device']}",
+        f"# The STk/MATk training call's Triton launches against x.mean() on {meta['device']}",
         "",
-        f"Forward + backward per call, CUDA events, median of {result['config']['rounds']} interleaved rounds; torch "
-        f"{meta['torch']}. Produced by `{result['command']}`. Ratio to `x.mean()` (µs of `x.mean()` in the last column).",
+        f"Forward + backward per call, {how}; CUDA events, median of {result['config']['rounds']} interleaved rounds; "
+        f"torch {meta['torch']}. Produced by `{result['command']}`. Ratio to `x.mean()` (µs of `x.mean()` in the "
+        "last column; — where the call could not be captured).",
         "",
         "| dtype | n | k | " + " | ".join(names) + " | x.mean() µs |",
         "|---|---|---|" + "---|" * (len(names) + 1),
     ]
     for row in rows:
-        cells = " | ".join(f"{row['ratio'][name]:.2f}" for name in names)
+        cells = " | ".join(f"{row['ratio'][name]:.2f}" if name in row["ratio"] else "—" for name in names)
         lines.append(f"| {row['dtype']} | {row['n']:.0e} | {row['k']} | {cells} | {row['us']['x.mean()']:.1f} |")
     return "\n".join(lines) + "\n"

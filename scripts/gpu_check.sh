@@ -14,9 +14,10 @@
 #   multi30k_k  the Multi30k k sweep: Average, ATk and STk at k/n = 0.5, 0.7, 0.9 and 0.96, seeds $SEEDS (default 0;
 #             one call a seed), every run at once on the GPU (results/translation/multi30k_cuda/, its own table)
 #   triton    the Triton training calls: their tests on CUDA, then the tracked_cuda benchmark, tracked and solved (n = 1e3 … 1e8)
+#   graphed   the same benchmark with every call replayed from a CUDA graph (--graphed): the kernels without the host
 # Logs and written results go to a scratch folder, packed into OUT/<stages>.tar.gz.
 set -uo pipefail
-stages="tests | gpu | topk | against | compiled | cifar | peft | multi30k | multi30k_k | triton"
+stages="tests | gpu | topk | against | compiled | cifar | peft | multi30k | multi30k_k | triton | graphed"
 [ $# -ge 1 ] || { echo "error: name a stage: $stages" >&2; exit 2; }
 pack=$(realpath -m "${OUT:-results/bench}")
 out=$(mktemp -d)
@@ -89,6 +90,9 @@ triton)
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/losses/test_triton_pass.py \
         tests/integration/test_cuda.py -k "triton or cuda_graph" 2>&1 | tee "$out/tests-triton.log" | tail -15
     timeout 300 python3 -m benchmarks tracked_cuda --rules track solve --out "$out" 2>&1 | tee "$out/bench-tracked.log" | tail -40 ;;
+graphed)
+    timeout 280 python3 -m benchmarks tracked_cuda --rules track solve --graphed --out "$out" 2>&1 \
+        | tee "$out/bench-graphed.log" | tail -40 ;;
 *) echo "error: unknown stage $stage ($stages)" >&2; exit 2 ;;
 esac
 done
