@@ -154,7 +154,7 @@ def render(result: dict) -> str:
         "",
         f"Forward + backward per call, {how}; CUDA events, median of {result['config']['rounds']} interleaved rounds; "
         f"torch {meta['torch']}. Produced by `{result['command']}`. Ratio to `x.mean()` (µs of `x.mean()` in the "
-        "last column; — where the call could not be captured).",
+        "last column" + ("; — where the call could not be captured)." if graphed else ")."),
         "",
         "| dtype | n | k | " + " | ".join(names) + " | x.mean() µs |",
         "|---|---|---|" + "---|" * (len(names) + 1),
