@@ -105,7 +105,7 @@ def torch_global_state_restored():
 @pytest.fixture(scope="session")
 def composed_rows(tmp_path_factory) -> dict:
     """``{row: config}`` of every row of configs/experiment/, composed once per run as train.py
-    composes it (seed 0, logs under a session folder), read-only: tests share them. Under
+    composes it (seed 0, logs under one folder for the test run), read-only: tests share them. Under
     ``make test``'s workers the first to need them composes them (≈ 60 s here) and pickles them into
     a file for the others, which load them (a fraction of a second; as YAML it took ≈ 5 s): the same containers, struct as
     composed."""

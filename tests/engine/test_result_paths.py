@@ -45,7 +45,7 @@ def compose(*overrides: str):
 @pytest.fixture(scope="module")
 def composed(composed_rows) -> dict:
     """``{row: composed config}`` of every row of configs/experiment/, seed 0, results under the repository
-    (the session's compositions, as train.py composes them)."""
+    (the test run's shared compositions, as train.py composes them)."""
     assert all(cfg.paths.root_dir == str(ROOT) for cfg in composed_rows.values())
     return {row: composed_rows[row] for row in ROWS}
 
@@ -67,7 +67,7 @@ def test_no_row_yaml_names_an_output_path():
     assert not offenders, f"rows name output paths (derive them from the result block): {offenders}"
 
 
-@pytest.mark.integration  # every row composed (the session's compositions)
+@pytest.mark.integration  # every row composed (the test run's shared compositions)
 def test_every_row_s_path_is_derived_from_its_id_family_and_table(composed, filings):
     protocol_rows = {row for row in ROWS if composed[row].runner._target_ != "topklab.engine.run.ModelRun"}
     assert set(ROWS) - set(filings) == protocol_rows == {row for row in ROWS if row.startswith(RUNNER_ROWS)}
@@ -83,7 +83,7 @@ def test_every_row_s_path_is_derived_from_its_id_family_and_table(composed, fili
         assert composed[row].result_file == "auto", row
 
 
-@pytest.mark.integration  # every row composed (the session's compositions)
+@pytest.mark.integration  # every row composed (the test run's shared compositions)
 def test_rows_that_share_a_result_file_are_one_run(composed, filings):
     """Table 7's CLIP + PEL rows are Table 5's runs; any other two rows at one path would overwrite each other."""
     by_path = defaultdict(list)
@@ -95,7 +95,7 @@ def test_rows_that_share_a_result_file_are_one_run(composed, filings):
         assert len({run_key(composed[row]) for row in rows}) == 1, rows
 
 
-@pytest.mark.integration  # every row composed (the session's compositions)
+@pytest.mark.integration  # every row composed (the test run's shared compositions)
 def test_every_committed_result_lies_where_its_row_puts_it(filings):
     rows_at = defaultdict(list)
     for row, filing in filings.items():
@@ -112,7 +112,7 @@ def test_every_committed_result_lies_where_its_row_puts_it(filings):
         assert envelope["experiment"] == f"{table}/{name}" and seed_file == f"seed{envelope['config']['seed']}.json"
 
 
-@pytest.mark.integration  # every row composed (the session's compositions)
+@pytest.mark.integration  # every row composed (the test run's shared compositions)
 def test_every_committed_tabular_cell_lies_where_its_row_and_preset_put_it(composed):
     """The tabular rows' cells (``runner=tabular_cells``): ``tabular/<preset>/<table>/<row>/<individual>-<aggregate>.json``."""
     cells = {}

@@ -1,6 +1,7 @@
 """The pages and files a reader meets say what is true now: no tracked file's prose, comments or path
-names date things by numbered working periods or work items (a word for one of them, then a number;
-pytest's fixture scopes carry no number and pass); no page names a commit (a result's file records
+names date things by numbered working periods or work items (a word for one of them, then a number,
+also across a line break), nor speak of a working period at all (pytest's fixture scope and
+``start_new_session`` pass); no page names a commit (a result's file records
 its own; the README names the one its test time was measured at); every page under docs/ fits
 in 150 lines; docs/layout.md gives every top-level folder and every package of src/topklab its line."""
 
@@ -18,7 +19,9 @@ MAX_PAGE_LINES = 150
 
 PERIOD, ITEM = "session", "issue"  # the words for a working period and a work item
 # one of them, then a number, in any case, after a word boundary or an underscore (as in a folder name)
-NUMBERED = re.compile(rf"(?i)(?:\b|_)(?:{PERIOD}s?|{ITEM}s?)[ _#-]*\d")
+NUMBERED = re.compile(rf"(?i)(?:\b|_)(?:{PERIOD}s?|{ITEM}s?)[\s_#-]*\d")
+# the word for a working period anywhere, but as pytest's fixture scope or subprocess's start_new_session
+PERIOD_WORD = re.compile(rf'(?i)(?<!scope=")(?<![\w])(?<!scope=\'){PERIOD}s?\b')
 # Data, logs and recorded results keep what the machine wrote; prose, code and configs are checked.
 DATA_SUFFIXES = {".json", ".jsonl", ".log", ".txt", ".csv", ".tsv", ".npz", ".npy", ".pt", ".png", ".pdf", ".gz"}
 
@@ -47,7 +50,9 @@ def test_no_prose_or_comment_names_a_numbered_working_period():
         except UnicodeDecodeError:
             continue
         found += [
-            f"{name}:{n}: {line.strip()[:100]}" for n, line in enumerate(text.splitlines(), 1) if NUMBERED.search(line)
+            f"{name}:{text.count(chr(10), 0, match.start()) + 1}: {match.group(0)!r}"
+            for pattern in (NUMBERED, PERIOD_WORD)
+            for match in pattern.finditer(text)
         ]
     assert not found, "say what is true now (what changed when goes to CHANGELOG.md by date):\n" + "\n".join(found)
 
@@ -82,11 +87,19 @@ def test_the_pattern_tells_a_numbered_period_from_pytest_scope():
         f"{PERIOD.title()} 28's machine",
         f"h200_2026-11-26_{PERIOD}23",
         f"{ITEM} 31 item 2",
+        f"as in {PERIOD}s\n  23 and 27",
     )
     for numbered in (*numbered_ones, f"{ITEM}s 28"):
         assert NUMBERED.search(numbered), numbered
     for fine in (f'@pytest.fixture(scope="{PERIOD}")', f"a {PERIOD}'s device time", f"the {ITEM}s of a loss"):
         assert not NUMBERED.search(fine), fine
+
+
+def test_the_word_for_a_working_period_is_caught_but_in_pytest_and_subprocess_arguments():
+    for said in (f"the {PERIOD} started from", f"earlier {PERIOD}s' runs", f"{PERIOD.title()} notes"):
+        assert PERIOD_WORD.search(said), said
+    for fine in (f'@pytest.fixture(scope="{PERIOD}")', f"start_new_{PERIOD}=True", f"scope='{PERIOD}'"):
+        assert not PERIOD_WORD.search(fine), fine
 
 
 def test_every_page_fits_in_150_lines():

@@ -1,6 +1,6 @@
 """Render the Multi30k rows run on the H200 (results/translation/multi30k_cuda/ beside this file) with the
 project's own translation renderer; they stay out of results/ because the GPU machine's .git was the
-session's first commit with this session's fixes uncommitted on top (their envelopes say dirty).
+checkout's commit with later fixes uncommitted on top (their envelopes say dirty).
     PYTHONPATH=src python experiments/device_runs/h200_2026-11-26/render_multi30k_cuda.py"""
 
 from pathlib import Path
