@@ -143,3 +143,10 @@ def test_results_at_a_glance_lists_every_row_group_and_table():
     tables = [t.name for t in sorted((ROOT / "results" / "tables").glob("*.md")) if t.name not in page]
     assert not groups, f"docs/results.md names no row of the experiment groups {groups}"
     assert not tables, f"docs/results.md does not list results/tables/{tables}"
+
+
+def test_scripts_readme_names_every_script():
+    readme = (ROOT / "scripts" / "README.md").read_text(encoding="utf-8")
+    scripts = sorted(p.name for p in (ROOT / "scripts").iterdir() if p.suffix in (".py", ".sh"))
+    missing = [name for name in scripts if f"`{name}" not in readme]
+    assert not missing, f"scripts/README.md says nothing of {missing}"
