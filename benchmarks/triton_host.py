@@ -2,7 +2,7 @@
 every Triton launch replaced by one that does nothing, beside ``x.mean()``'s forward + backward.
 
     python -m benchmarks triton_host [--sizes 1000] [--k 0.1] [--rules track solve] [--calls 2000]
-                                     [--rounds 7] [--threads 1] [--out-dir results/bench]
+                                     [--rounds 7] [--threads 1] [--launcher] [--out-dir results/bench]
 
 On a GPU, below about 1e7 losses a call costs what the host takes to issue it: ``x.mean()``'s forward and
 backward took about 88 µs on an H200, STk's tracked call 3.5× that (``results/bench/tracked_cuda.md``).
@@ -14,11 +14,19 @@ device, whatever the kernels and the launcher cost. Each candidate is timed ``--
 per round, the candidates interleaved, ``--rounds`` rounds, the median kept. STk and MATk run with
 ``kernel="triton"`` under each of ``--rules`` (their first call, which starts λ, is a warm-up call).
 Writes ``triton_host_cpu.{json,md}`` to ``--out-dir``.
+
+``--launcher`` keeps Triton's own launch path (``JITFunction.run``: binding and specialising the
+arguments, the cache lookup, the grid) and replaces only what needs a GPU: the driver (device 0, stream
+0, an sm_90 target) and each compiled kernel, whose C launcher becomes a counted no-op (nothing is
+compiled). The ratio is then the floor with Triton's Python launcher included; the C launch
+(``cuLaunchKernel``) and the kernels come on top. Needs Triton's JIT (not its interpreter:
+``TRITON_INTERPRET`` unset). Writes ``triton_host_launcher_cpu.{json,md}``.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
 
@@ -29,6 +37,7 @@ from benchmarks.harness.output import Measured
 from topklab.losses import MATk, STk
 from topklab.losses.aggregate import triton_pass
 from topklab.report.outputs import machine_label
+from topklab.utils.errors import TopklabError
 
 
 class NoLaunches:
@@ -43,6 +52,64 @@ class NoLaunches:
 
     def _count(self, *args, **kwargs) -> None:
         self.launches += 1
+
+
+class StandInDriver:
+    """What Triton's launch path asks of its CUDA driver, answered without one."""
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device=None) -> int:
+        return 0
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+
+        return GPUTarget("cuda", 90, 32)
+
+
+class CountedKernel:
+    """The compiled kernel Triton's ``run`` finds in its cache: its C launcher counts in ``counter``."""
+
+    function, packed_metadata = 0, ()
+
+    def __init__(self, counter: NoLaunches):
+        self.counter = counter
+
+    def launch_metadata(self, grid, stream, *args) -> None:
+        return None
+
+    def run(self, *args) -> None:
+        self.counter.launches += 1
+
+
+@contextmanager
+def launcher_kept(counter: NoLaunches):
+    """Triton's launch path as it is up to its C launcher: a stand-in driver, and every kernel compiled on
+    first use into a :class:`CountedKernel` (the kernels' caches emptied afterwards)."""
+    from triton.runtime import driver  # noqa: PLC0415
+    from triton.runtime.jit import JITFunction  # noqa: PLC0415
+
+    kernels = triton_pass.kernels().values()
+    if not all(isinstance(kernel, JITFunction) for kernel in kernels):
+        raise TopklabError(
+            "--launcher times Triton's JIT launch path; unset TRITON_INTERPRET (the interpreter has none)"
+        )
+
+    def compiled(self, key, signature, device, constexprs, options, attrs, warmup):
+        kernel = self.device_caches[device][0][key] = CountedKernel(counter)
+        return kernel
+
+    try:
+        with (
+            mock.patch.object(driver, "_active", StandInDriver()),
+            mock.patch.object(JITFunction, "_do_compile", compiled),
+        ):
+            yield
+    finally:
+        for kernel in kernels:
+            kernel.device_caches.clear()
 
 
 def column_names(rules: list[str]) -> list[str]:
@@ -84,6 +151,7 @@ def arguments(parser) -> None:
     parser.add_argument("--calls", type=int, default=2000, help="calls a candidate per round")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--launcher", action="store_true", help="keep Triton's launch path (a stand-in driver)")
     parser.add_argument("--out-dir", type=Path, default=Path("results/bench"))
 
 
@@ -91,7 +159,8 @@ def measure(args) -> Measured:
     torch.set_num_threads(args.threads)
     stubs = NoLaunches()
     rows = []
-    with mock.patch.object(triton_pass, "kernels", lambda: stubs):
+    replaced = launcher_kept(stubs) if args.launcher else mock.patch.object(triton_pass, "kernels", lambda: stubs)
+    with replaced:
         for n in args.sizes:
             k = max(1, round(args.k * n))
             calls = candidates(n, k, args.rules)
@@ -107,21 +176,28 @@ def measure(args) -> Measured:
             rows.append({"n": n, "k": k, "us": us, "ratio": ratios(us, "x.mean()"), "launches": launches})
             print(n, " ".join(f"{name} {ratio:.2f}" for name, ratio in rows[-1]["ratio"].items()), flush=True)
     meta = {"machine": machine_label(torch.device("cpu"), args.threads), "torch": torch.__version__}
-    config = {key: getattr(args, key) for key in ("sizes", "k", "rules", "calls", "rounds", "threads")}
-    return Measured("triton_host_cpu", {"meta": meta, "rows": rows}, config, args.out_dir)
+    config = {key: getattr(args, key) for key in ("sizes", "k", "rules", "calls", "rounds", "threads", "launcher")}
+    stem = "triton_host_launcher_cpu" if args.launcher else "triton_host_cpu"
+    return Measured(stem, {"meta": meta, "rows": rows}, config, args.out_dir)
 
 
 def render(result: dict) -> str:
     """µs per forward + backward and the ratio to ``x.mean()``'s, per n."""
     meta, rows = result["result"]["meta"], result["result"]["rows"]
     names = column_names(result["config"]["rules"])
+    if result["config"].get("launcher"):
+        title, stubbed = "Triton's launch path kept", "Triton's launch path as it is up to its C launcher (a no-op)"
+        on_top = "the C launch and the kernels come on top"
+    else:
+        title, stubbed = "launches stubbed", "every Triton launch a no-op"
+        on_top = "the kernels and Triton's launcher come on top"
     lines = [
-        "# The host's part of the Triton training call (launches stubbed) against x.mean() on the CPU",
+        f"# The host's part of the Triton training call ({title}) against x.mean() on the CPU",
         "",
-        f"Forward + backward per call, every Triton launch a no-op; {result['config']['calls']} calls a candidate "
+        f"Forward + backward per call, {stubbed}; {result['config']['calls']} calls a candidate "
         f"per round, interleaved, median of {result['config']['rounds']} rounds; {meta['machine']}, torch "
         f"{meta['torch']}. Produced by `{result['command']}`. The ratio is the floor "
-        "of the eager call's ratio on any device: the kernels and Triton's launcher come on top.",
+        f"of the eager call's ratio on any device: {on_top}.",
         "",
         "| n | k | " + " | ".join(f"{name} µs (× x.mean())" for name in names) + " | Triton launches a call |",
         "|---|---|" + "---|" * (len(names) + 1),

@@ -2,6 +2,7 @@
 
 import ast
 import json
+import os
 import subprocess
 import sys
 
@@ -112,6 +113,24 @@ def test_the_host_benchmark_times_the_triton_path_with_its_launches_stubbed(tmp_
     assert row["launches"] == {"x.mean()": 0, "STk (track)": 2, "MATk (track)": 2, "STk (solve)": 2, "MATk (solve)": 2}
     table = (tmp_path / "triton_host_cpu.md").read_text()
     assert "| 200 | 20 | " in table and "STk (track) 2, MATk (track) 2" in table
+
+
+def test_the_host_benchmark_keeps_tritons_launch_path_where_triton_jits(tmp_path):
+    """Triton's own launch path (a stand-in driver, the C launcher a counted no-op) needs its JIT, so this
+    runs in a process without the interpreter the test run sets."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    args = ["--sizes", "200", "--calls", "20", "--rounds", "2", "--rules", "track", "--launcher"]
+    command = [sys.executable, "-m", "benchmarks", "triton_host", *args, "--out-dir", str(tmp_path)]
+    subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True)
+    (row,) = json.loads((tmp_path / "triton_host_launcher_cpu.json").read_text())["result"]["rows"]
+    assert row["launches"] == {"x.mean()": 0, "STk (track)": 2, "MATk (track)": 2}
+    assert "Triton's launch path kept" in (tmp_path / "triton_host_launcher_cpu.md").read_text()
+
+
+def test_the_host_benchmark_refuses_the_launch_path_under_the_interpreter_in_one_line(capsys, tmp_path):
+    assert os.environ.get("TRITON_INTERPRET") == "1"  # set for the test run (tests/conftest.py)
+    assert main(["triton_host", "--sizes", "50", "--launcher", "--out-dir", str(tmp_path)]) == 2
+    assert "unset TRITON_INTERPRET" in capsys.readouterr().err and not list(tmp_path.iterdir())
 
 
 def test_the_population_benchmark_runs_a_small_population(capsys, tmp_path):
