@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.harness import bench_device
+from benchmarks.harness.compare import ratios
 from benchmarks.harness.output import Measured
 from topklab.losses import ATk, MATk, STk
 
@@ -67,10 +68,26 @@ def steps(k: int, rules: list[str], graphed: bool = False):
     return functions
 
 
-def captured(function, x: torch.Tensor):
+class NotCaptured(Exception):
+    """A call that CUDA-graph capture refused (a host read in it); the process cannot capture again."""
+
+
+class Replay:
+    """A captured call: replays its graph, and holds the eager call, whose module's buffers are the
+    addresses the graph reads and writes."""
+
+    def __init__(self, graph, eager):
+        self.graph, self.eager = graph, eager
+
+    def __call__(self, x: torch.Tensor) -> None:
+        self.graph.replay()
+
+
+def captured(name: str, function, x: torch.Tensor) -> Replay:
     """``function`` (a forward + backward on ``x``, already warmed up) captured in a CUDA graph after
-    three calls on a side stream: a callable that replays it (on the same ``x``, ``x.grad`` in the
-    graph's memory), or the first line of the error where the call cannot be captured."""
+    three calls on a side stream, replayed on the same ``x`` (``x.grad`` in the graph's memory). A
+    refused capture raises :class:`NotCaptured` with its cause: a failed capture leaves the allocator
+    mid-capture, so nothing more is captured in this process."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -82,10 +99,10 @@ def captured(function, x: torch.Tensor):
     try:
         with torch.cuda.graph(graph):
             function(x)
-    except RuntimeError as error:  # a host read in the call: the table shows the candidate missing
-        torch.cuda.synchronize()
-        return str(error).splitlines()[0]
-    return lambda x: graph.replay()
+    except RuntimeError as error:
+        cause = error.__context__ or error  # ending a broken capture raises again; the first error says why
+        raise NotCaptured(f"{name}: {str(cause).splitlines()[0]}") from None
+    return Replay(graph, function)
 
 
 def arguments(parser) -> None:
@@ -100,42 +117,40 @@ def arguments(parser) -> None:
     parser.add_argument("--out", default="results/bench")
 
 
+def measured_row(dtype: str, n: int, k_text: str, args) -> dict:
+    """Each candidate's median µs and its ratio to ``x.mean()``'s at one dtype, n and k."""
+    x = torch.rand(n, device="cuda", dtype=getattr(torch, dtype)).mul(3).requires_grad_()
+    calls = max(3, min(200, int(2e9 / n / 50)))
+    k = int(k_text) if "." not in k_text else max(1, round(float(k_text) * n))
+    functions = steps(k, args.rules, args.graphed)
+    for function in functions.values():  # warm-up: kernels load, λ starts
+        function(x)
+        function(x)
+    if args.graphed:
+        functions = {name: captured(name, function, x) for name, function in functions.items()}
+    times = {name: [] for name in functions}
+    for _ in range(args.rounds):
+        for name, function in functions.items():
+            times[name].append(timed(function, x, calls))
+    median = {name: statistics.median(values) for name, values in times.items()}
+    return {"dtype": dtype, "n": n, "k": k_text, "us": median, "ratio": ratios(median, "x.mean()")}
+
+
 def measure(args) -> Measured:
     bench_device("cuda")
-    rows = []
-    for dtype in args.dtype:
-        for n in (int(size) for size in args.sizes):
-            x = torch.rand(n, device="cuda", dtype=getattr(torch, dtype)).mul(3).requires_grad_()
-            calls = max(3, min(200, int(2e9 / n / 50)))
-            for k_text in args.ks:
-                k = int(k_text) if "." not in k_text else max(1, round(float(k_text) * n))
-                functions = steps(k, args.rules, args.graphed)
-                for function in functions.values():  # warm-up: kernels load, λ starts
-                    function(x)
-                    function(x)
-                if args.graphed:
-                    functions = {name: captured(function, x) for name, function in functions.items()}
-                    failed = [name for name, function in functions.items() if isinstance(function, str)]
-                    for name in failed:
-                        print(f"{dtype} {n} {k_text}: {name} was not captured: {functions.pop(name)}", flush=True)
-                times = {name: [] for name in functions}
-                for _ in range(args.rounds):
-                    for name, function in functions.items():
-                        times[name].append(timed(function, x, calls))
-                median = {name: statistics.median(values) for name, values in times.items()}
-                row = {"dtype": dtype, "n": n, "k": k_text, "us": median}
-                row["ratio"] = {name: median[name] / median["x.mean()"] for name in median}
-                if args.graphed:
-                    row["not_captured"] = failed
-                rows.append(row)
-                print(
-                    dtype,
-                    n,
-                    k_text,
-                    " ".join(f"{name} {value:.2f}" for name, value in row["ratio"].items()),
-                    flush=True,
-                )
-    meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    rows, stopped = [], None
+    cells = [(dtype, int(size), k_text) for dtype in args.dtype for size in args.sizes for k_text in args.ks]
+    for dtype, n, k_text in cells:
+        try:
+            rows.append(measured_row(dtype, n, k_text, args))
+        except NotCaptured as refused:  # the rows so far are kept; the table says where it stopped
+            stopped = f"{dtype}, n = {n:.0e}, k = {k_text}: {refused}"
+            print(f"stopped at {stopped}", flush=True)
+            break
+        print(
+            dtype, n, k_text, " ".join(f"{name} {value:.2f}" for name, value in rows[-1]["ratio"].items()), flush=True
+        )
+    meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "stopped": stopped}
     config = {"sizes": args.sizes, "dtype": args.dtype, "ks": args.ks, "rules": args.rules, "rounds": args.rounds}
     config["graphed"] = args.graphed
     stem = "tracked_cuda_graphed" if args.graphed else "tracked_cuda"
@@ -146,7 +161,7 @@ def render(result: dict) -> str:
     """The ratio table of a stored result."""
     meta, rows = result["result"]["meta"], result["result"]["rows"]
     rules = result["config"].get("rules", ["track"])  # a result from before --rules timed the tracked rule only
-    names = [name for name in column_names(rules) if any(name in row["ratio"] for row in rows)]
+    names = [name for name in column_names(rules) if rows and name in rows[0]["ratio"]]
     graphed = result["config"].get("graphed", False)
     how = "each replayed from a CUDA graph (no host Python, no launcher)" if graphed else "eager"
     lines = [
@@ -154,12 +169,14 @@ def render(result: dict) -> str:
         "",
         f"Forward + backward per call, {how}; CUDA events, median of {result['config']['rounds']} interleaved rounds; "
         f"torch {meta['torch']}. Produced by `{result['command']}`. Ratio to `x.mean()` (µs of `x.mean()` in the "
-        "last column" + ("; — where the call could not be captured)." if graphed else ")."),
+        "last column).",
         "",
         "| dtype | n | k | " + " | ".join(names) + " | x.mean() µs |",
         "|---|---|---|" + "---|" * (len(names) + 1),
     ]
     for row in rows:
-        cells = " | ".join(f"{row['ratio'][name]:.2f}" if name in row["ratio"] else "—" for name in names)
+        cells = " | ".join(f"{row['ratio'][name]:.2f}" for name in names)
         lines.append(f"| {row['dtype']} | {row['n']:.0e} | {row['k']} | {cells} | {row['us']['x.mean()']:.1f} |")
+    if meta.get("stopped"):
+        lines += ["", f"Stopped before the rows asked for were done: a capture was refused at {meta['stopped']}."]
     return "\n".join(lines) + "\n"

@@ -78,21 +78,23 @@ def test_the_tracked_benchmark_refuses_a_missing_gpu_in_one_line(capsys):
     assert capsys.readouterr().err.count("\n") == 1
 
 
-def test_the_graphed_table_says_it_replays_and_marks_a_call_not_captured():
+def test_the_graphed_table_says_it_replays_and_where_a_refused_capture_stopped_it():
     from benchmarks.tracked_cuda import render
 
     rows = [
         {"dtype": "float32", "n": 1000, "k": "5", "us": {"x.mean()": 10.0, "STk (track, triton)": 12.0},
-         "ratio": {"x.mean()": 1.0, "STk (track, triton)": 1.2}, "not_captured": ["ATk (topk)"]},
+         "ratio": {"x.mean()": 1.0, "STk (track, triton)": 1.2}},
     ]  # fmt: skip
+    stopped = "float32, n = 1e+04, k = 5: ATk (topk): operation not permitted when stream is capturing"
     result = {
-        "result": {"meta": {"device": "a GPU", "torch": "2"}, "rows": rows},
+        "result": {"meta": {"device": "a GPU", "torch": "2", "stopped": stopped}, "rows": rows},
         "config": {"rules": ["track"], "rounds": 7, "graphed": True},
         "command": "python -m benchmarks tracked_cuda --graphed",
     }
     table = render(result)
     assert "replayed from a CUDA graph" in table
-    assert "| float32 | 1e+03 | 5 | 1.00 | 1.20 | 10.0 |" in table  # ATk and MATk in no row: no column
+    assert "| float32 | 1e+03 | 5 | 1.00 | 1.20 | 10.0 |" in table
+    assert table.rstrip().endswith(f"a capture was refused at {stopped}.")
 
 
 @pytest.mark.gpu
@@ -100,8 +102,9 @@ def test_the_graphed_table_says_it_replays_and_marks_a_call_not_captured():
 def test_the_graphed_benchmark_captures_every_call_on_cuda(tmp_path):
     args = ["--sizes", "1000", "100000", "--ks", "5", "0.5", "--rounds", "1", "--rules", "track", "solve"]
     assert main(["tracked_cuda", *args, "--graphed", "--out", str(tmp_path)]) == 0
-    rows = json.loads((tmp_path / "tracked_cuda_graphed.json").read_text())["result"]["rows"]
-    assert all(row["not_captured"] == [] and len(row["us"]) == 6 for row in rows), rows
+    result = json.loads((tmp_path / "tracked_cuda_graphed.json").read_text())["result"]
+    assert result["meta"]["stopped"] is None and len(result["rows"]) == 4
+    assert all(len(row["us"]) == 6 for row in result["rows"]), result["rows"]
 
 
 def test_the_host_benchmark_times_the_triton_path_with_its_launches_stubbed(tmp_path):
