@@ -21,8 +21,9 @@ arguments, the cache lookup, the globals' check, the grid) and replaces only wha
 each compiled kernel, whose launcher becomes a counted no-op (nothing is compiled). The ratio is then the
 floor with Triton's Python launch path included; the CUDA launcher (its scratch allocations and
 ``cuLaunchKernel``) and the kernels come on top. ``x.mean()``'s time here includes its arithmetic
-(a few µs at 10,000 losses), so as n grows the ratio understates the host's share: still a floor. Needs Triton's JIT (not its interpreter:
-``TRITON_INTERPRET`` unset). Writes ``triton_host_launcher_cpu.{json,md}``.
+(a few µs at 10,000 losses), so as n grows the ratio understates the host's share: still a floor.
+Needs Triton's JIT (not its interpreter: ``TRITON_INTERPRET`` unset). Writes
+``triton_host_launcher_cpu.{json,md}``.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -95,6 +96,57 @@ def test_the_graphed_table_says_it_replays_and_where_a_refused_capture_stopped_i
     assert "replayed from a CUDA graph" in table
     assert "| float32 | 1e+03 | 5 | 1.00 | 1.20 | 10.0 |" in table
     assert table.rstrip().endswith(f"a capture was refused at {stopped}.")
+
+
+def test_a_refused_capture_names_its_first_cause_and_stops_the_run_keeping_its_rows(monkeypatch):
+    """A broken capture raises again when it ends; the first error (its context) is the one named, and
+    the graphed run keeps the rows measured before it and says where it stopped."""
+    import contextlib
+    from argparse import Namespace
+
+    from benchmarks import tracked_cuda
+
+    @contextlib.contextmanager
+    def ending_badly(graph):
+        try:
+            yield
+        finally:
+            raise RuntimeError("operation failed due to a previous error during capture")
+
+    capturing = []
+
+    def call(x):
+        if capturing:
+            raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: mock.Mock())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: mock.Mock())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: capturing.append(1))
+    monkeypatch.setattr(torch.cuda, "graph", ending_badly)
+    with pytest.raises(
+        tracked_cuda.NotCaptured, match=r"^ATk \(topk\): operation not permitted when stream is capturing$"
+    ):
+        tracked_cuda.captured("ATk (topk)", call, torch.rand(3, requires_grad=True))
+
+    done = {"dtype": "float32", "n": 1000, "k": "5", "us": {"x.mean()": 1.0}, "ratio": {"x.mean()": 1.0}}
+    outcomes = iter([done, tracked_cuda.NotCaptured("ATk (topk): a host read")])
+
+    def measured_row(*args):
+        outcome = next(outcomes)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(tracked_cuda, "measured_row", measured_row)
+    monkeypatch.setattr(tracked_cuda, "bench_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "a GPU")
+    args = Namespace(
+        dtype=["float32"], sizes=[1e3, 1e4, 1e5], ks=["5"], rules=["track"], rounds=1, graphed=True, out="."
+    )
+    measured = tracked_cuda.measure(args)
+    assert measured.stem == "tracked_cuda_graphed" and measured.payload["rows"] == [done]
+    assert measured.payload["meta"]["stopped"] == "float32, n = 1e+04, k = 5: ATk (topk): a host read"
 
 
 @pytest.mark.gpu
