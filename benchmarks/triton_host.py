@@ -29,8 +29,6 @@ Needs Triton's JIT (not its interpreter: ``TRITON_INTERPRET`` unset). Writes
 from __future__ import annotations
 
 import time
-from collections import defaultdict
-from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
 
@@ -38,18 +36,15 @@ import torch
 
 from benchmarks.harness.compare import interleaved, medians, ratios
 from benchmarks.harness.output import Measured
+from benchmarks.harness.triton_driver import Launches, NoOpKernel, stand_in_launches
 from topklab.losses import MATk, STk
 from topklab.losses.aggregate import triton_pass
 from topklab.report.outputs import machine_label
-from topklab.utils.errors import TopklabError
 
 
-class NoLaunches:
+class NoLaunches(Launches):
     """Every kernel by name, each ``kernel[grid](…)`` doing nothing but count itself in ``launches``, so
     that the table can show each call took the Triton path (a fallback to the torch path launches none)."""
-
-    def __init__(self):
-        self.launches = 0
 
     def __getitem__(self, key):
         return self if isinstance(key, str) else self._count
@@ -58,66 +53,10 @@ class NoLaunches:
         self.launches += 1
 
 
-class StandInDriver:
-    """What Triton's launch path asks of its CUDA driver, answered without one."""
-
-    def get_current_device(self) -> int:
-        return 0
-
-    def get_current_stream(self, device=None) -> int:
-        return 0
-
-    def get_current_target(self):
-        from triton.backends.compiler import GPUTarget  # noqa: PLC0415
-
-        return GPUTarget("cuda", 90, 32)
-
-
-class CountedKernel:
-    """The compiled kernel Triton's ``run`` finds in its cache: its launcher counts in ``counter``."""
-
-    function, packed_metadata = 0, ()
-
-    def __init__(self, counter: NoLaunches):
-        self.counter = counter
-
-    def launch_metadata(self, grid, stream, *args) -> None:
-        return None
-
-    def run(self, *args) -> None:
-        self.counter.launches += 1
-
-
-@contextmanager
-def launcher_kept(counter: NoLaunches):
-    """Triton's launch path as it is up to its launcher: a stand-in driver, and every kernel compiled on
-    first use into a :class:`CountedKernel`, in caches of its own (the kernels' own put back afterwards)."""
-    from triton.runtime import driver  # noqa: PLC0415
-    from triton.runtime.jit import JITFunction  # noqa: PLC0415
-
-    kernels = triton_pass.kernels().values()
-    if not all(isinstance(kernel, JITFunction) for kernel in kernels):
-        raise TopklabError(
-            "--launcher times Triton's JIT launch path; unset TRITON_INTERPRET (the interpreter has none)"
-        )
-
-    def compiled(self, key, signature, device, constexprs, options, attrs, warmup):
-        self.cache_key  # noqa: B018  (a compile reads it: it records the globals each launch then checks)
-        kernel = self.device_caches[device][0][key] = CountedKernel(counter)
-        return kernel
-
-    saved = {kernel: kernel.device_caches for kernel in kernels}
-    for kernel in kernels:
-        kernel.device_caches = defaultdict(kernel.create_binder)
-    try:
-        with (
-            mock.patch.object(driver, "_active", StandInDriver()),
-            mock.patch.object(JITFunction, "_do_compile", compiled),
-        ):
-            yield
-    finally:
-        for kernel, caches in saved.items():
-            kernel.device_caches = caches
+def launcher_kept(counter: Launches):
+    """Triton's launch path as it is up to its launcher (a stand-in driver for an sm_90 target), every
+    kernel a :class:`~benchmarks.harness.triton_driver.NoOpKernel` on first use (nothing is compiled)."""
+    return stand_in_launches(lambda kernel, build, constexprs: NoOpKernel(counter))
 
 
 def column_names(rules: list[str]) -> list[str]:

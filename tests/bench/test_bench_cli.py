@@ -22,7 +22,7 @@ def test_help_lists_every_benchmark():
     names = set(benchmarks())
     assert names == {
         *("cifar_epoch", "embeddings", "loader", "operators", "peft", "population"),
-        *("routing", "sparsification", "step_share", "topk", "tracked_cuda", "triton_host"),
+        *("routing", "sparsification", "step_share", "topk", "tracked_cuda", "triton_compile", "triton_host"),
     }
     assert all(f"    {name}" in done.stdout for name in names)
 

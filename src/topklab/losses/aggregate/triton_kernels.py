@@ -182,9 +182,9 @@ def scale_kernel(grad_ptr, incoming_ptr, n, total, BLOCK: tl.constexpr):
             values = tl.load(grad_ptr + offs, mask=inside, other=0.0).to(tl.float32)
             tl.store(grad_ptr + offs, (values * g).to(grad_ptr.dtype.element_ty), mask=inside)
     else:
-        g = tl.load(incoming_ptr + offs // n, mask=inside, other=1.0).to(tl.float32)
+        row_g = tl.load(incoming_ptr + offs // n, mask=inside, other=1.0).to(tl.float32)
         values = tl.load(grad_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-        tl.store(grad_ptr + offs, (values * g).to(grad_ptr.dtype.element_ty), mask=inside)
+        tl.store(grad_ptr + offs, (values * row_g).to(grad_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit
