@@ -2,7 +2,7 @@
 a GPU, down to the cubin, with what each specialisation asks of the chip.
 
     python -m benchmarks triton_compile [--archs 80 90 100 120] [--sizes 17 3000 20000] [--rows 3]
-                                        [--dtypes float32 bfloat16 float16] [--out-dir results/bench]
+                                        [--dtypes float32 bfloat16 float16] [--out-dir results/bench] [--tag cpu]
 
 On a CPU the kernels are tested in Triton's interpreter, which runs them as Python and so accepts what
 Triton's compiler refuses (a variable that is a scalar in one branch of a runtime ``if`` and a block in
@@ -16,7 +16,11 @@ specialisation it records the registers a thread uses, its stack and local memor
 land there), the shared memory a launch asks for, and the seconds the compile took. ``--archs``: compute
 capabilities (80 A100, 90 H100/H200, 100 B200, 120 RTX 50). A specialisation that fails to compile is a
 one-line error naming it, after the rest have been tried, and nothing is written. Needs Triton's JIT
-(``TRITON_INTERPRET`` unset). Writes ``triton_compile_cpu.{json,md}``.
+(``TRITON_INTERPRET`` unset). Writes ``triton_compile_<tag>.{json,md}``.
+
+Another Triton than the project's (a GPU machine's own, say) compiles the same way from a folder of its
+own: ``pip install --no-deps --target DIR triton==3.6.0``, then ``PYTHONPATH=DIR:src:.`` before the
+command, with ``--tag triton3.6.0_cpu``; the table names the Triton that compiled.
 """
 
 from __future__ import annotations
@@ -135,6 +139,7 @@ def arguments(parser) -> None:
         "--dtypes", nargs="+", choices=["float32", "bfloat16", "float16"], default=["float32", "bfloat16", "float16"]
     )
     parser.add_argument("--out-dir", type=Path, default=Path("results/bench"))
+    parser.add_argument("--tag", default="cpu", help="the files' suffix: triton_compile_<tag>.{json,md}")
 
 
 def measure(args) -> Measured:
@@ -153,7 +158,7 @@ def measure(args) -> Measured:
     spilled = sum(row["local"] > 0 for target in targets for row in target["rows"])
     compiled = sum(len(target["rows"]) for target in targets)
     return Measured(
-        "triton_compile_cpu", payload, config, args.out_dir, summary=f"{compiled} compiled, {spilled} spill"
+        f"triton_compile_{args.tag}", payload, config, args.out_dir, summary=f"{compiled} compiled, {spilled} spill"
     )
 
 
