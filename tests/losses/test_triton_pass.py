@@ -5,6 +5,8 @@ kernels run in Triton's interpreter on CPU tensors (TRITON_INTERPRET=1, set here
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager, nullcontext
+from unittest import mock
 
 import pytest
 import torch
@@ -319,3 +321,67 @@ def test_the_launches_give_the_same_bits_run_to_run(make):
         for got, want in zip(call(first, losses, 0.5), call(second, losses, 0.5)):
             assert torch.equal(got, want)
         assert torch.equal(first.lam_last, second.lam_last) and torch.equal(first.monitor._state, second.monitor._state)
+
+
+@contextmanager
+def programs_shuffled(seed: int):
+    """Triton's interpreter running each launch's programs in a seeded random order over the whole grid
+    (it runs them one after another in index order), as a GPU may finish them in any order: the row's
+    last program to take its ticket is then any of them. Yields each launch's grid indices as they ran."""
+    from triton.runtime import interpreter  # noqa: PLC0415
+
+    builder = interpreter.interpreter_builder
+    in_order = builder.set_grid_idx
+    orders, ran = {}, []
+
+    def shuffled(x, y, z):
+        programs, rows, depth = builder.grid_dim
+        key = (programs, rows, depth)
+        if key not in orders:
+            orders[key] = torch.randperm(programs * rows * depth, generator=torch.Generator().manual_seed(seed))
+        index = int(orders[key][(x * rows + y) * depth + z])
+        if (x, y, z) == (0, 0, 0):
+            ran.append([])
+        ran[-1].append((index // (rows * depth), index // depth % rows, index % depth))
+        in_order(*ran[-1][-1])
+
+    with mock.patch.object(builder, "set_grid_idx", shuffled):
+        yield ran
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's program order; a GPU has its own")
+@pytest.mark.parametrize(
+    ("make", "shape"),
+    [
+        (LOSSES["stk"], (5000,)),
+        (LOSSES["matk"], (5000,)),
+        (ROWS["stk_track_rows"], (3, 1100)),
+        (SOLVED["stk"], (5000,)),
+        (SOLVED["matk"], (5000,)),
+        (ROWS["stk_solve_shared"], (3, 200)),
+        (ROWS["matk_solve_rows"], (3, 200)),
+    ],
+    ids=["track", "matk-track", "track-rows", "solve-long", "matk-solve-long", "solve-shared", "matk-solve-rows"],
+)
+def test_the_launches_give_the_same_bits_whatever_order_the_programs_finish_in(make, shape):
+    """The ticket's last program combines every program's partials in program order, and the last row the
+    rows': whichever program or row finishes last, the value, gradient, λ, its average and the monitor's
+    sums are the bits of the in-order run."""
+    generator = torch.Generator().manual_seed(4)
+    first = make(kernel="triton").to(DEVICE)
+    first((torch.rand(shape, generator=generator) * 3).requires_grad_())
+    runs = {}
+    for seed in (None, 1, 2):
+        module = copy.deepcopy(first)
+        with programs_shuffled(seed) if seed is not None else nullcontext([]) as ran:
+            outputs = [
+                call(module, (torch.rand(shape, generator=torch.Generator().manual_seed(step)) * 3), 0.5)
+                for step in range(2)
+            ]
+        runs[seed] = (outputs, module.lam_last.clone(), module.lam.clone(), module.monitor._state.clone())
+        assert seed is None or any(launch != sorted(launch) for launch in ran), ran  # the order did change
+    for seed in (1, 2):
+        (outputs, *state), (want_outputs, *want_state) = runs[seed], runs[None]
+        for (value, grad), (want_value, want_grad) in zip(outputs, want_outputs, strict=True):
+            assert torch.equal(value, want_value) and torch.equal(grad, want_grad), seed
+        assert all(torch.equal(got, want) for got, want in zip(state, want_state, strict=True)), seed
