@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -385,3 +386,24 @@ def test_the_launches_give_the_same_bits_whatever_order_the_programs_finish_in(m
         for (value, grad), (want_value, want_grad) in zip(outputs, want_outputs, strict=True):
             assert torch.equal(value, want_value) and torch.equal(grad, want_grad), seed
         assert all(torch.equal(got, want) for got, want in zip(state, want_state, strict=True)), seed
+
+
+def test_every_ticket_is_taken_after_a_barrier():
+    """A ticket is taken by one thread of its program, and its release orders only that thread's writes:
+    the program's other threads (a histogram's counts, say) must be done first, or the last program may
+    read their writes half done. The interpreter runs a program as one unit and cannot show this."""
+    from topklab.losses.aggregate import triton_kernels  # noqa: PLC0415
+
+    lines = [line.strip() for line in Path(triton_kernels.__file__).read_text().splitlines()]
+    tickets = [i for i, line in enumerate(lines) if "tl.atomic_add(ticket_ptr" in line]
+    assert len(tickets) == 5, tickets
+    assert all(lines[i - 1].startswith("tl.debug_barrier()") for i in tickets), [lines[i - 1] for i in tickets]
+
+
+@pytest.mark.parametrize("name", ["tracked_row", "solved_row", "solved_long_row", "selected_long_row"])
+def test_k_reaches_the_kernels_as_an_integer(name):
+    """A float k would reach a GPU kernel as float32, which holds counts exactly only up to 2²⁴: MATk's
+    select on 5e7 of 1e8 losses would pick a rank beside the k-th."""
+    schema = getattr(torch.ops.topklab, name).default._schema
+    (k,) = [argument for argument in schema.arguments if argument.name == "k"]
+    assert str(k.type) == "int"

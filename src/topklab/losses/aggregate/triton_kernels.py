@@ -20,7 +20,8 @@ def power_law_step(count, excess, k, n, bend, change):
     q = tl.where(q > 0.5, 1.0, tl.where(q < -0.5, -0.5, q))
     log_ratio = tl.log(target / gap)
     x = q * log_ratio
-    relative = tl.where(tl.abs(x) < 1e-6, 1.0 + 0.5 * x, (tl.exp(x) - 1.0) / x)
+    # (e^x − 1)/x; its series where e^x − 1 would cancel (GPU exp is approximate)
+    relative = tl.where(tl.abs(x) < 1e-2, 1.0 + x * (0.5 + x * (1.0 / 6.0 + x / 24.0)), (tl.exp(x) - 1.0) / x)
     return sign * gap / bend * log_ratio * relative
 
 
@@ -49,8 +50,8 @@ def tracked_row_kernel(
     programs = tl.num_programs(0)
     row = tl.program_id(1)
     rows = tl.num_programs(1)
-    losses_ptr += row * n
-    grad_ptr += row * n
+    losses_ptr += row.to(tl.int64) * n  # rows × n may pass 2³¹
+    grad_ptr += row.to(tl.int64) * n
     lam_ptr += row
     lam_last_ptr += row
     lam = tl.load(lam_last_ptr).to(tl.float32)
@@ -98,6 +99,7 @@ def tracked_row_kernel(
     tl.store(part + 4, tl.min(least, 0))
     tl.store(part + 5, tl.max(most, 0))
     tl.store(part + 6, tl.sum(infs, 0))
+    tl.debug_barrier()  # every thread's writes before the ticket (it is taken by one thread)
     ticket = tl.atomic_add(ticket_ptr + row, 1, sem="acq_rel")
     if ticket == programs - 1:  # the row's last program: combine in program order, in float64
         slots = tl.arange(0, PROGRAMS)
@@ -110,9 +112,9 @@ def tracked_row_kernel(
         lo = tl.min(tl.load(parts + 4, mask=mine, other=INF), 0).to(tl.float64)
         hi = tl.max(tl.load(parts + 5, mask=mine, other=-INF), 0).to(tl.float64)
         above = tl.sum(tl.load(parts + 6, mask=mine, other=0.0).to(tl.float64), 0)
-        nn = n * 1.0
+        nn = tl.cast(n, tl.float64)
         lam64 = lam.to(tl.float64)
-        kk = k * 1.0
+        kk = tl.cast(k, tl.float64)
         d = delta * 1.0
         hinge = phi_all / nn
         if not RELU:
@@ -135,7 +137,7 @@ def tracked_row_kernel(
             window = tl.where(inside_w, w * ratio, 2.0 * w)
             moved = tl.where(excess == 0, lam64, moved)
             window = tl.where(excess == 0, w, window)
-            nxt = tl.minimum(tl.maximum(moved, lo), hi)
+            nxt = tl.where(moved < lo, lo, tl.where(moved > hi, hi, moved))  # a NaN stays NaN (not stored)
             window = tl.maximum(window, (hi - lo) / nn)
         else:
             lower_gap = tl.maximum(nn - kk, 0.5)
@@ -174,7 +176,7 @@ def tracked_row_kernel(
 @triton.jit
 def scale_kernel(grad_ptr, incoming_ptr, n, total, BLOCK: tl.constexpr):
     """``grad`` (rows of n) × each row's incoming gradient; one row: nothing where it is one."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < total
     if n == total:
         g = tl.load(incoming_ptr).to(tl.float32)
@@ -230,6 +232,7 @@ def record_rows(
     ``ticket``: the rows' one at PROGRAMS."""
     tl.store(work_ptr + PROGRAMS * 8 + row, share)
     tl.store(work_ptr + PROGRAMS * 9 + row, lam)
+    tl.debug_barrier()
     last = tl.atomic_add(ticket_ptr + PROGRAMS, 1, sem="acq_rel")
     if last == rows - 1:
         slots = tl.arange(0, PROGRAMS)
@@ -267,8 +270,8 @@ def solved_row_kernel(
     rows = tl.num_programs(0)
     offs = tl.arange(0, BLOCK)
     inside = offs < n
-    losses_ptr += row * n
-    grad_ptr += row * n
+    losses_ptr += row.to(tl.int64) * n  # rows × n may pass 2³¹
+    grad_ptr += row.to(tl.int64) * n
     if not SHARED:
         lam_ptr += row
         lam_last_ptr += row
@@ -414,6 +417,7 @@ def solve_pass_kernel(
         tl.store(row + 5, tl.max(most, 0))
         tl.store(row + 6, tl.sum(infs, 0))
         tl.store(row + 7, tl.sum(nans, 0))
+    tl.debug_barrier()
     ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
     if ticket == programs - 1:
         phi_all = combined(work_ptr, 0, programs, PROGRAMS)
@@ -557,6 +561,7 @@ def select_pass_kernel(
         tl.store(row + 4, tl.min(least, 0))
         tl.store(row + 5, tl.max(most, 0))
         tl.store(row + 7, tl.sum(nans, 0))
+    tl.debug_barrier()
     ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
     if ticket == programs - 1:
         if LOW:
@@ -604,6 +609,7 @@ def relu_value_kernel(
     tl.store(row + 0, tl.sum(phi_sum, 0))
     tl.store(row + 1, tl.sum(above, 0))
     tl.store(row + 2, tl.sum(ties, 0))
+    tl.debug_barrier()
     ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
     if ticket == programs - 1:
         phi_all = combined(work_ptr, 0, programs, PROGRAMS)

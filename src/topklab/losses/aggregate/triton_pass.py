@@ -82,7 +82,7 @@ def tracked_row_launch(
     state: torch.Tensor,
     work: torch.Tensor,
     ticket: torch.Tensor,
-    k: float,
+    k: int,
     delta: float,
     scale: float,
     momentum: float,
@@ -164,7 +164,7 @@ def solved_row_launch(
     state: torch.Tensor,
     work: torch.Tensor,
     ticket: torch.Tensor,
-    k: float,
+    k: int,
     delta: float,
     scale: float,
     momentum: float,
@@ -209,7 +209,7 @@ def solved_long_row_launch(
     work: torch.Tensor,
     ticket: torch.Tensor,
     solve: torch.Tensor,
-    k: float,
+    k: int,
     delta: float,
     scale: float,
     momentum: float,
@@ -254,7 +254,7 @@ def selected_long_row_launch(
     ticket: torch.Tensor,
     solve: torch.Tensor,
     bins: torch.Tensor,
-    k: float,
+    k: int,
     scale: float,
     momentum: float,
     burn_in: float,
@@ -407,7 +407,7 @@ def row_call(module, losses: torch.Tensor) -> torch.Tensor | None:
     compiling = torch.compiler.is_compiling()
     sample = not compiling and monitor.native_call(count, n)
     used = buffers["lam_last"].clone() if sample and tracked else None
-    settings = (float(count), float(module.delta or 0.0), float(n / count) if module.scale == "atk" else 1.0)
+    settings = (count, float(module.delta or 0.0), float(n / count) if module.scale == "atk" else 1.0)
     settings += (module.rule.lam_momentum, float(monitor.burn_in))
     scratch = (buffers["triton_work"], buffers["triton_ticket"])
     state = (buffers["lam"], buffers["lam_last"])
