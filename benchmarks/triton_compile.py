@@ -25,6 +25,8 @@ command, with ``--tag triton3.6.0_cpu``; the table names the Triton that compile
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import subprocess
 import tempfile
@@ -76,6 +78,19 @@ def shapes(sizes: list[int], rows: int) -> list[tuple[tuple[int, ...], dict]]:
     return [item for n in sizes for item in (((n,), {}), ((rows, n), {"rows": rows}), ((rows, n), {}))]
 
 
+def why(error: Exception) -> str:
+    """A compile error's last line that says something (not ptxas's repro command).
+
+    Examples
+    --------
+    >>> why(RuntimeError("`ptxas` failed\\nptxas fatal : Value 'sm_30' is not defined\\nRepro command: ptxas x.ptx"))
+    "ptxas fatal : Value 'sm_30' is not defined"
+    """
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    said = [line for line in lines if not line.startswith("Repro command")]
+    return said[-1] if said else type(error).__name__
+
+
 class Compiles:
     """Each specialisation's compile for one target: what it uses, or the first line of why it failed,
     and which call reached it first."""
@@ -87,10 +102,10 @@ class Compiles:
     def __call__(self, kernel, build, constexprs: dict) -> NoOpKernel:
         start = time.perf_counter()
         try:
-            compiled = build()
+            with contextlib.redirect_stdout(io.StringIO()):  # a failed ptxas prints the whole PTX
+                compiled = build()
         except Exception as error:  # noqa: BLE001  (Triton's compile errors share no base class)
-            last = [line for line in str(error).splitlines() if line.strip()][-1:] or [type(error).__name__]
-            self.failures.append(f"{kernel.fn.__name__} for sm_{self.arch} ({self.reached_by}): {last[0].strip()}")
+            self.failures.append(f"{kernel.fn.__name__} for sm_{self.arch} ({self.reached_by}): {why(error)}")
             return NoOpKernel(self.counter)
         seconds = time.perf_counter() - start
         self.rows.append(
