@@ -106,20 +106,24 @@ class Compiles:
                 compiled = build()
         except Exception as error:  # noqa: BLE001  (Triton's compile errors share no base class)
             self.failures.append(f"{kernel.fn.__name__} for sm_{self.arch} ({self.reached_by}): {why(error)}")
-            return NoOpKernel(self.counter)
-        seconds = time.perf_counter() - start
-        self.rows.append(
-            {
-                "kernel": kernel.fn.__name__,
-                "reached_by": self.reached_by,
-                "constexprs": {name: _plain(value) for name, value in constexprs.items()},
-                "warps": compiled.metadata.num_warps,
-                "shared": compiled.metadata.shared,
-                **resource_usage(compiled.asm["cubin"]),
-                "seconds": round(seconds, 3),
-            }
-        )
+        else:
+            self.rows.append(
+                {
+                    "kernel": kernel.fn.__name__,
+                    "reached_by": self.reached_by,
+                    "constexprs": {name: _plain(value) for name, value in constexprs.items()},
+                    "warps": compiled.metadata.num_warps,
+                    "shared": compiled.metadata.shared,
+                    **resource_usage(compiled.asm["cubin"]),
+                    "seconds": round(time.perf_counter() - start, 3),
+                }
+            )
         return NoOpKernel(self.counter)
+
+
+def thread_memory(row: dict) -> int:
+    """A specialisation's stack and local bytes a thread: where spilled registers go."""
+    return row["local"] + row["stack"]
 
 
 def _plain(value):
@@ -170,7 +174,7 @@ def measure(args) -> Measured:
         raise TopklabError(f"{len(failures)} Triton specialisations failed to compile; the first: {failures[0]}")
     config = {key: getattr(args, key) for key in ("archs", "sizes", "rows", "dtypes")}
     payload = {"triton": triton.__version__, "torch": torch.__version__, "targets": targets}
-    spilled = sum(row["local"] > 0 for target in targets for row in target["rows"])
+    spilled = sum(thread_memory(row) > 0 for target in targets for row in target["rows"])
     compiled = sum(len(target["rows"]) for target in targets)
     return Measured(
         f"triton_compile_{args.tag}", payload, config, args.out_dir, summary=f"{compiled} compiled, {spilled} spill"
@@ -199,14 +203,14 @@ def render(result: dict) -> str:
             rows = [row for row in target["rows"] if row["kernel"] == kernel]
             lines.append(
                 f"| sm_{target['arch']} | {kernel} | {len(rows)} | {max(r['registers'] for r in rows)} | "
-                f"{max(r['local'] + r['stack'] for r in rows)} | {max(r['shared'] for r in rows)} | "
+                f"{max(thread_memory(r) for r in rows)} | {max(r['shared'] for r in rows)} | "
                 f"{sum(r['seconds'] for r in rows):.1f} |"
             )
     spilled = [
         f"{row['kernel']} on sm_{target['arch']} ({row['reached_by']})"
         for target in payload["targets"]
         for row in target["rows"]
-        if row["local"] + row["stack"] > 0
+        if thread_memory(row) > 0
     ]
     lines += ["", "Local memory used by: " + ("; ".join(spilled) if spilled else "none (no specialisation spills).")]
     return "\n".join(lines) + "\n"
