@@ -3,6 +3,7 @@ every dataset that reads files names them (tabular, listed images, embeddings, h
 
 import importlib
 import json
+import os
 import shutil
 
 import numpy as np
@@ -13,6 +14,7 @@ from helpers import ROOT, TABULAR_DATASETS
 from helpers.embedding_files import write_embeddings
 from helpers.translation_files import write_hub_copy
 from helpers.vision_files import tiny_listed, write_tree
+from topklab.data import fingerprint as data_fingerprint
 from topklab.data.embeddings import EmbeddingDataset
 from topklab.data.fingerprint import DIGESTS_FILE, dataset_fingerprint, fingerprint
 from topklab.data.translation import HubParallel, ParallelTextFiles
@@ -52,17 +54,37 @@ def test_the_fingerprint_is_the_content_by_role_not_the_place(tmp_path):
     assert fingerprint(swapped) != fingerprint(english)
 
 
-def test_a_file_is_hashed_once_for_its_path_size_and_mtime(tmp_path, cache):
+def _rewrite_keeping_size_and_times(path, text: str) -> None:
+    """What ``cp -p``, ``rsync -a`` or ``tar x`` do to a file: new bytes, its size and times restored."""
+    status = path.stat()
+    assert len(text.encode()) == status.st_size
+    path.write_text(text)
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
+
+
+def test_a_small_file_is_hashed_each_time(tmp_path, cache):
+    files = {"train.en": corpus(tmp_path / "c") / "train.en"}
+    first = fingerprint(files)
+    _rewrite_keeping_size_and_times(files["train.en"], "a man rode!\n")
+    assert fingerprint(files) != first and not cache.exists()
+
+
+def test_a_large_file_is_hashed_once_and_again_after_any_rewrite(tmp_path, cache, monkeypatch):
+    monkeypatch.setattr(data_fingerprint, "SMALL_FILE", 0)  # every file counts as large
     files = {"train.en": corpus(tmp_path / "c") / "train.en"}
     first = fingerprint(files)
     entry = json.loads(cache.read_text())[str(files["train.en"].resolve())]
-    assert entry["size"] == len("a man rides\n")
+    assert entry["size"] == len("a man rides\n") and {"inode", "mtime_ns", "ctime_ns"} <= set(entry)
     cached = {key: {**value, "sha256": "0" * 64} for key, value in json.loads(cache.read_text()).items()}
     cache.write_text(json.dumps(cached))  # a second run reads the digest, not the file
     assert fingerprint(files) != first
-    files["train.en"].write_text("a man rides!\n")  # another size: hashed again
-    again = fingerprint(files)
-    assert again != first and json.loads(cache.read_text())[str(files["train.en"].resolve())]["size"] == 13
+    _rewrite_keeping_size_and_times(files["train.en"], "a man rode!\n")  # the status-change time moves
+    rewritten = fingerprint(files)
+    assert rewritten != first
+    assert json.loads(cache.read_text())[str(files["train.en"].resolve())]["sha256"] != "0" * 64
+    copy = tmp_path / "copy.en"
+    shutil.copy2(files["train.en"], copy)  # the same bytes under another inode: hashed, the same print
+    assert fingerprint({"train.en": copy}) == rewritten
 
 
 def test_missing_files_are_one_line_and_generated_data_has_none(tmp_path, fmnist_root):

@@ -144,11 +144,11 @@ def test_the_result_block_is_in_no_run_key_and_no_stored_config():
 
 def test_a_row_run_plans_its_derived_file_and_its_filing(tmp_path):
     overrides = ["experiment=routing/dense", "seed=2", f"paths.root_dir={tmp_path}"]  # keep the row's own file
-    path, filing = plan_result(compose(*overrides, "engine.device=cpu"), overrides, tmp_path / "run", None)
+    path, filing, _ = plan_result(compose(*overrides, "engine.device=cpu"), overrides, tmp_path / "run", None)
     assert path == tmp_path / "results" / "routing" / "multi30k_en" / "dense" / "seed2.json"
     assert filing == {"family": "language_modeling", "table": "multi30k_en", "row": "dense"}
     named = ["experiment=stk/table8/places_lt_delta_0_05", "engine.device=cpu", f"paths.root_dir={tmp_path}"]
-    path, filing = plan_result(compose(*named), None, tmp_path / "run", None)  # a library call: the row names itself
+    path, filing, _ = plan_result(compose(*named), None, tmp_path / "run", None)  # a library call: the row names itself
     assert path == tmp_path / "results" / "vision" / "pel_places_lt" / "delta_0_05" / "seed0.json"
     assert filing == {"family": "vision", "table": "pel_places_lt", "row": "delta_0_05"}
 
@@ -160,7 +160,7 @@ def test_what_writes_no_result_and_what_cannot_name_its_row(tmp_path):
     with pytest.raises(TopklabError, match=r"cannot name this fmnistlt row .*pass experiment=<row>"):
         plan_result(compose(*row), None, tmp_path / "run", None)
     mine = tmp_path / "mine" / "trial" / "seed0.json"  # a library call's own file: the row's family and table
-    path, filing = plan_result(compose(*row, f"result_file={mine}"), None, tmp_path / "run", None)
+    path, filing, _ = plan_result(compose(*row, f"result_file={mine}"), None, tmp_path / "run", None)
     assert path == mine and filing == {"family": "vision", "table": "fmnistlt", "row": "trial"}
 
 

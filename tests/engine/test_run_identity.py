@@ -74,9 +74,7 @@ def test_a_finished_run_is_not_reused_under_other_code_unless_forced(
 
     identity = loop.segment_identity
     monkeypatch.setattr(loop, "segment_identity", lambda device, data: {**identity(device, data), "code": "0" * 16})
-    with pytest.raises(
-        TopklabError, match=f"code {first['segments'][0]['code']}, this run has 0{{16}}.*engine.resume=force"
-    ):
+    with pytest.raises(TopklabError, match=f"code {first['segments'][0]['code']} → 0{{16}}.*engine.resume=force"):
         train(compose_cfg(*overrides), tmp_path / "changed")
     forced = train(compose_cfg(*overrides, "engine.resume=force"), tmp_path / "forced")
     assert [segment["code"] for segment in forced["segments"]] == [first["segments"][0]["code"], "0" * 16]
@@ -90,9 +88,7 @@ def test_a_run_is_not_resumed_on_other_data_and_a_forced_resume_lists_its_segmen
     shuffled = write_fashion_mnist(tmp_path / "shuffled", per_class_train=50, per_class_test=6, seed=1)
     overrides = [*TINY_FMNIST, "engine.epochs=1", "loss=stk", "result_file=null"]
     first = train(compose_cfg(*overrides, f"dataset.root={real}"), tmp_path / "first")
-    with pytest.raises(
-        TopklabError, match=rf"data {first['data_fingerprint']}, this run has \w{{16}} \(other data"
-    ) as error:
+    with pytest.raises(TopklabError, match=rf"data {first['data_fingerprint']} → \w{{16}} \(other data") as error:
         train(compose_cfg(*overrides, f"dataset.root={shuffled}"), tmp_path / "other")
     assert "\n" not in str(error.value) and not (tmp_path / "other").exists()
     forced = train(compose_cfg(*overrides, f"dataset.root={shuffled}", "engine.resume=force"), tmp_path / "forced")

@@ -357,7 +357,7 @@ def test_a_resume_under_another_thread_count_is_refused_unless_forced(compose_cf
     torch.set_num_threads(other)
     try:
         assert failure(lambda: train(compose_cfg(*overrides), tmp_path / "refused")) == (
-            f"the checkpoint in {workdir} was written with threads {threads}, this run has {other}; start afresh "
+            f"the checkpoint in {workdir} was written with threads {threads} → {other}; start afresh "
             "(engine.resume=false, or another paths.checkpoint_dir) or resume anyway with engine.resume=force"
         )
         assert {p.name: p.read_bytes() for p in workdir.iterdir()} == before and not (tmp_path / "refused").exists()

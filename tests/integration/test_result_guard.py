@@ -9,8 +9,9 @@ import torch
 
 from helpers import ROOT
 from topklab.data.fingerprint import DOCUMENTED_DATA
-from topklab.engine.result_guard import changed_settings, check_replaceable, destination, identity
+from topklab.engine.result_guard import changed_settings, destination, refusal, stored_differences
 from topklab.engine.run import train
+from topklab.engine.run_identity import identity
 from topklab.utils.errors import TopklabError
 from topklab.utils.provenance import NUMERICS_ENVIRONMENT
 
@@ -73,9 +74,23 @@ def test_a_trial_run_writes_beside_and_a_different_result_needs_force(compose_cf
     ):
         train(other, tmp_path / "refused", overrides=[])
     assert result.read_bytes() == stored and not (tmp_path / "refused").exists()
+    checked, _ = _tabular_row(compose_cfg, tmp_path, "engine.epochs=2", "check_result=true")
+    capsys.readouterr()
+    train(checked, tmp_path / "checked", overrides=["check_result=true"])
+    own = json.loads((tmp_path / "checked" / "result.json").read_text())["result"]
+    assert result.read_bytes() == stored and own["compared_with"]["path"] == str(result)
+    assert f"result: differs from {result} in " in capsys.readouterr().out and own["compared_with"]["differences"]
+    again, _ = _tabular_row(compose_cfg, tmp_path, "engine.epochs=1", "check_result=true")
+    train(again, tmp_path / "same", overrides=["check_result=true"])  # nothing differs: the row's own file
+    assert (
+        json.loads(result.read_text())["result"]["summary"]["metrics"]
+        == json.loads(stored)["result"]["summary"]["metrics"]
+    )
     forced, _ = _tabular_row(compose_cfg, tmp_path, "engine.epochs=2", "force_result=true")
     train(forced, tmp_path / "forced", overrides=["force_result=true"])
-    assert json.loads(result.read_text())["config"]["engine"]["epochs"] == 2
+    replaced = json.loads(result.read_text())
+    assert replaced["config"]["engine"]["epochs"] == 2
+    assert replaced["result"]["replaced"]["metrics"] == json.loads(stored)["result"]["summary"]["metrics"]
 
 
 def test_another_thread_count_is_another_identity(tmp_path):
@@ -90,12 +105,10 @@ def test_another_thread_count_is_another_identity(tmp_path):
         )
     )
     mine = identity(torch.device("cpu"), None)
-    with pytest.raises(TopklabError, match=f"threads 64 → {mine['threads']}"):
-        check_replaceable(path, {"a": 1}, mine, force=False)
-    check_replaceable(path, {"a": 1}, mine, force=True)
+    assert f"threads 64 → {mine['threads']}" in stored_differences(path, {"a": 1}, mine)
     path.write_text("{not json")
     with pytest.raises(TopklabError, match="not a readable result"):
-        check_replaceable(path, {"a": 1}, mine, force=False)
+        stored_differences(path, {"a": 1}, mine)
 
 
 def test_train_py_passes_its_overrides(tmp_path):
@@ -135,31 +148,39 @@ def test_every_make_reproduce_target_keeps_the_row_s_settings():
 @pytest.mark.parametrize("variable", sorted(NUMERICS_ENVIRONMENT))
 def test_a_kernel_choosing_environment_variable_is_part_of_a_results_identity(variable, monkeypatch):
     """A committed result (stored before the environment was recorded: under none of its variables) is
-    accepted as it is and refused, in one line naming the variable, under one of them."""
+    accepted under its own code, torch and machine, and refused, in one line naming the variable, under one of them."""
+    for name in NUMERICS_ENVIRONMENT:  # this process as the recording one: under none of them
+        monkeypatch.delenv(name, raising=False)
     path = ROOT / "results" / "vision" / "fmnistlt" / "la_stk" / "seed0.json"
     stored = json.loads(path.read_text())
+    [segment] = stored["result"]["summary"]["segments"]
     mine = {
         **identity(torch.device("cpu"), DOCUMENTED_DATA["fmnistlt"]),
         "threads": stored["provenance"]["hardware"]["torch_threads"],
+        "code": segment["code"],
+        "torch": segment["torch"],
+        "environment": {},
     }
     mine["cpu_capability"] = stored["provenance"]["hardware"]["torch_cpu_capability"]
-    check_replaceable(path, stored["config"], mine, force=False)
+    assert stored_differences(path, stored["config"], mine) == []
     monkeypatch.setenv(variable, "AVX2")
-    with pytest.raises(TopklabError, match=f"environment {{}} → {{'{variable}': 'AVX2'}}") as error:
-        check_replaceable(
-            path, stored["config"], {**mine, "environment": identity(torch.device("cpu"), None)["environment"]}, False
-        )
-    assert "\n" not in str(error.value)
+    differences = stored_differences(
+        path, stored["config"], {**mine, "environment": identity(torch.device("cpu"), None)["environment"]}
+    )
+    assert differences == [f"environment {{}} → {{'{variable}': 'AVX2'}}"]
+    assert "\n" not in str(refusal(path, differences))
 
 
 def test_a_resume_under_another_environment_is_refused_and_an_older_checkpoint_ran_under_none(monkeypatch):
     from topklab.engine.run_identity import check_resumable, segment_identity  # noqa: PLC0415
 
+    for name in NUMERICS_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
     current = segment_identity(torch.device("cpu"), None)
     older = {key: value for key, value in current.items() if key != "environment"}  # written before the field
     check_resumable(older, current, "ckpt", force=False)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    with pytest.raises(TopklabError, match="environment {}, this run has {'ONEDNN_MAX_CPU_ISA': 'AVX2'}"):
+    with pytest.raises(TopklabError, match="environment {} → {'ONEDNN_MAX_CPU_ISA': 'AVX2'}"):
         check_resumable(older, segment_identity(torch.device("cpu"), None), "ckpt", force=False)
 
 

@@ -5,6 +5,7 @@ one model (runner=model); each runner refuses, before Hydra starts, a command li
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -30,8 +31,14 @@ def test_a_tabular_row_runs_its_cells_under_its_preset(tmp_path, capsys):
     row = "stk/table3/australian"
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):  # the cells are composed in the run
         committed = compose_run([f"experiment={row}", f"paths.log_dir={tmp_path}"])
+        stored = {p: p.read_bytes() for p in (ROOT / "results" / "tabular" / "quick").rglob("*.json")}
         build(committed.runner, "runner")(committed, tmp_path / "a", overrides=[f"experiment={row}"], experiment=row)
-        assert f"5 of 5 cells already in {ROOT}/results/tabular/quick; 0 to train" in capsys.readouterr().out
+        out = capsys.readouterr().out  # the committed cells, computed under other code: checked in a folder of its own
+        assert f"5 of 5 cells in {ROOT}/results/tabular/quick were stored under another identity (code " in out
+        assert f"training them into {tmp_path / 'a' / 'cells'} to compare" in out
+        assert re.search(r"^reproduced bit for bit: [0-5] of 5", out, flags=re.M), out
+        assert len(list((tmp_path / "a" / "cells").rglob("*.json"))) == 5
+        assert {p: p.read_bytes() for p in (ROOT / "results" / "tabular" / "quick").rglob("*.json")} == stored
 
         trial = ["preset.max_epochs=1", "preset.n_splits=2", "runner.aggregates=[stk]", "runner.progress=false"]
         cfg = compose_run([f"experiment={row}", *trial, f"paths.log_dir={tmp_path}"])

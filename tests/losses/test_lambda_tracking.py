@@ -8,7 +8,6 @@ import warnings
 import pytest
 import torch
 
-from helpers import ROOT
 from topklab.losses import MATk, STk
 from topklab.losses.aggregate import solve
 from topklab.losses.aggregate.lambda_monitor import (
@@ -269,25 +268,6 @@ def test_engine_logs_the_diagnostics_per_epoch_and_flags_a_stranded_lambda(compo
     assert stranded["lambda_tracking"]["in_band"] == 0.0
     assert LOW_BAND_FLAG in format_summary(stranded)
     assert train(compose_cfg("loss=average", *base), tmp_path / "avg")["lambda_tracking"] is None
-
-
-@pytest.mark.integration
-def test_the_committed_full_protocol_cells_still_load_as_done():
-    """The new λ fields leave the tabular cell fingerprint alone: every committed cell of the full
-    protocol is found done (nothing would retrain) for a classification and a regression row."""
-    import subprocess
-    import sys
-
-    for row in ("stk/table3/australian", "stk/table6/housing"):
-        out = subprocess.run(
-            [sys.executable, "scripts/reproduce_tabular.py", "preset=full", f"row={row}", "progress=false"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert out.returncode == 0, out.stderr[-2000:]
-        assert " 0 to train (0 trainings)" in out.stdout, out.stdout
 
 
 def _clustered_token_losses(generator) -> torch.Tensor:

@@ -1,11 +1,13 @@
 """The tabular protocol: grid, selection over splits, cells on disk, resume, rows and presets."""
 
 import json
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from helpers import CONFIG_DIR, ROOT
@@ -236,63 +238,90 @@ def test_a_loss_config_edit_makes_a_stored_cell_not_done(tmp_path):
                 reproduce(reproduce_cfg(tmp_path, config_dir=str(configs)))
 
 
-def _restored(tmp_path, cell: Cell, **replay) -> None:
-    """Rewrite a stored cell's replay fields (as if stored under other training source)."""
-    store = CellStore(tmp_path / "results")
-    record = store.load(cell)
-    store.save({**record, "replay": {**record["replay"], **replay}})
-
-
-def test_a_cell_from_other_training_source_is_reused_only_if_its_replay_reproduces(
-    tmp_path, capsys, monkeypatch, hydra_ready
-):
+def _under(monkeypatch, **fields) -> None:
+    """This process's identity with ``fields`` changed, as the cell plan reads it."""
     import topklab.protocol.reproduce as module
-    from topklab.losses import Logistic
+
+    real = module.identity
+    monkeypatch.setattr(module, "identity", lambda device, data: {**real(device, data), **fields})
+
+
+def test_a_cell_under_another_identity_is_refused_checked_or_replaced(tmp_path, capsys, monkeypatch, hydra_ready):
+    """A stored cell is reused only under an equal identity; otherwise one line names what differs before
+    any training, ``check`` trains into a folder of its own and says which cells it reproduced bit for bit,
+    and ``force`` replaces them, recording what each replaced."""
+    import topklab.protocol.reproduce as module
 
     records = reproduce(reproduce_cfg(tmp_path))
-    stk, average = (Cell("table3", "wisconsin", "logistic", name) for name in ("stk", "average"))
-    assert records[1]["replay"]["code"] == module.code_version() and records[1]["replay"]["steps"] == 4
-    monkeypatch.setattr(module, "code_version", lambda: "0edited0edited000")  # an edit that changes no number
-    assert reproduce(reproduce_cfg(tmp_path)) == records
-    assert "2 of 2 cells already" in capsys.readouterr().out
-
-    _restored(tmp_path, stk, losses="0" * 16)  # a stored replay this source does not reproduce
-    reproduce(reproduce_cfg(tmp_path))
+    stored = {path: path.read_bytes() for path in (tmp_path / "results").rglob("*.json")}
+    assert records[1]["identity"]["code"] == module.identity(torch.device("cpu"), None)["code"]
+    assert records[1]["identity"]["data"] is not None
+    _under(monkeypatch, code="0edited0edited00")  # an edit that changes no number
+    monkeypatch.setattr(module, "run_cell", lambda *a, **k: pytest.fail("trained before refusing"))
+    with pytest.raises(
+        TopklabError,
+        match=r"2 of 2 stored cells differ: .*logistic-average.json holds a result "
+        r"with other settings \(code \w{16} → 0edited0edited00\).*check_result=true.*force_result=true",
+    ):
+        reproduce(reproduce_cfg(tmp_path))
+    monkeypatch.undo()
+    _under(monkeypatch, code="0edited0edited00")
+    capsys.readouterr()
+    checked = reproduce(reproduce_cfg(tmp_path, check=True, check_dir=str(tmp_path / "own")))
     out = capsys.readouterr().out
-    assert "1 of 2 cells already" in out
-    assert "retrained, as this training source does not replay them: table3/wisconsin/logistic/stk" in out
-    assert CellStore(tmp_path / "results").load(stk)["replay"]["code"] == "0edited0edited000"
+    assert "reproduced bit for bit: 2 of 2" in out and "differ:" not in out
+    assert [r["identity"]["code"] for r in checked] == ["0edited0edited00"] * 2
+    assert {path: path.read_bytes() for path in (tmp_path / "results").rglob("*.json")} == stored
 
     forward = Logistic.forward
     monkeypatch.setattr(Logistic, "forward", lambda self, *args: forward(self, *args) * (1 + 2**-20))
-    monkeypatch.setattr(module, "code_version", lambda: "1edited1edited111")  # an edit that changes the numbers
-    reproduce(reproduce_cfg(tmp_path))
-    assert "0 of 2 cells already" in capsys.readouterr().out
-    assert CellStore(tmp_path / "results").load(average)["replay"]["losses"] != records[0]["replay"]["losses"]
+    _under(monkeypatch, code="1edited1edited11")  # an edit that changes the numbers
+    reproduce(reproduce_cfg(tmp_path, check=True, check_dir=str(tmp_path / "own2")))
+    assert "differ: table3/wisconsin/logistic/" in capsys.readouterr().out
+    forced = reproduce(reproduce_cfg(tmp_path, force=True))
+    assert [r["replaced"]["test"] for r in forced] == [r["per_split"]["test"] for r in records]
+    assert (
+        CellStore(tmp_path / "results").load(Cell("table3", "wisconsin", "logistic", "stk"))["identity"]["code"]
+        == "1edited1edited11"
+    )
 
 
-def test_a_cell_stored_before_the_loss_and_replay_fields_compares_under_their_defaults(tmp_path, capsys, hydra_ready):
+@pytest.mark.parametrize(
+    "field, value",
+    [("cpu_capability", "DEFAULT"), ("threads", 97), ("environment", {"MKL_CBWR": "COMPATIBLE"}),
+     ("world_size", 2), ("torch", "0.0.0"), ("data", "0" * 16)],
+)  # fmt: skip
+def test_every_identity_field_of_a_cell_is_compared(field, value, tmp_path, monkeypatch, hydra_ready):
+    reproduce(reproduce_cfg(tmp_path, aggregates="average"))
+    _under(monkeypatch, **{field: value})
+    with pytest.raises(TopklabError, match=rf"other settings \({field} .* → {re.escape(str(value))}\)"):
+        reproduce(reproduce_cfg(tmp_path, aggregates="average"))
+
+
+def test_a_cell_stored_before_the_loss_and_identity_fields_compares_under_their_defaults(tmp_path, hydra_ready):
     """A cell stored without ``loss`` in its fingerprint compares under COMMITTED_LOSS (the committed
-    cells' members); without a replay, under other training source it retrains."""
+    cells' members); without an identity, its provenance and replay give what they recorded, and a field
+    they lack (the data's digest) is unrecorded: such a cell is refused, naming it."""
     from topklab.protocol.cell import COMMITTED_LOSS
 
     records = reproduce(reproduce_cfg(tmp_path))
     assert [r["fingerprint"]["loss"] for r in records] == [COMMITTED_LOSS["average"], COMMITTED_LOSS["stk"]]
     store = CellStore(tmp_path / "results")
     for record in records:
-        legacy = {k: v for k, v in record.items() if k != "replay"}
+        legacy = {k: v for k, v in record.items() if k != "identity"}
+        legacy["replay"] = {"code": record["identity"]["code"], "steps": 4, "losses": "0" * 16}
         store.save({**legacy, "fingerprint": {k: v for k, v in record["fingerprint"].items() if k != "loss"}})
         assert store.is_done(Cell(**record["cell"]), record["fingerprint"])
-    capsys.readouterr()
-    reproduce(reproduce_cfg(tmp_path))
-    assert "0 of 2 cells already" in capsys.readouterr().out and store.load(Cell(**records[1]["cell"]))["replay"]
+    with pytest.raises(TopklabError, match=r"other settings \(data unrecorded → \w{16}\)"):
+        reproduce(reproduce_cfg(tmp_path))
 
 
 def test_the_committed_cells_compare_as_done_under_the_defaults(hydra_ready):
     """Every committed cell's fingerprint, the loss at its default, is what its preset and the
-    committed loss configs compose at this commit, and every committed cell holds a replay."""
+    committed loss configs compose at this commit, and every committed cell records the training
+    source and machine it was computed under."""
     from topklab.protocol.cell import COMMITTED_LOSS
-    from topklab.protocol.store import with_defaults
+    from topklab.protocol.store import stored_cell_identity, with_defaults
 
     for preset in ("quick", "full", "fraction"):
         protocol = protocol_from(compose_run([f"experiment={ROW}", f"preset={preset}"]).preset)
@@ -305,7 +334,8 @@ def test_the_committed_cells_compare_as_done_under_the_defaults(hydra_ready):
         stored = json.loads(path.read_text())
         cell = Cell(**stored["result"]["cell"])
         assert with_defaults(stored["config"], cell)["loss"] == COMMITTED_LOSS[cell.aggregate], path
-        assert set(stored["result"]["replay"]) == {"code", "steps", "losses"}, path
+        recorded = stored_cell_identity({**stored["result"], "provenance": stored["provenance"]})
+        assert {"code", "torch", "device", "threads"} <= set(recorded), path
 
 
 def test_aggregates_filter_is_exact_and_checked(tmp_path, hydra_ready):

@@ -8,11 +8,12 @@ the folder being the family's or a study's (``routing``, ``sparsification``). A 
 with the row's own settings: its command-line overrides may choose the row, the seed, the launcher,
 machine paths and the logger, nothing that changes training. A run on another device type writes
 beside the row, in the table ``<table>_<device>`` (so GPU rows get their own files and tables). A
-stored result with other settings (config, thread count, CPU kernels, kernel-choosing environment
-variables, data files) is replaced only with ``force_result=true``, checked before training starts;
-a field the stored result predates compares under its default (:func:`stored_identity`,
-:data:`ADDED_FIELDS`). A ``result_file`` path outside ``results/``
-is the caller's own choice.
+stored result with another config or identity (:mod:`topklab.engine.run_identity`: the training source,
+torch, the machine's numerics, the world size, the data) is refused in one line before training;
+``check_result=true`` trains into the run's own folder and ends by comparing with it, and
+``force_result=true`` replaces it, recording what it replaced. A field the stored result predates
+compares under its default (:func:`stored_identity`, :data:`ADDED_FIELDS`). A ``result_file`` path
+outside ``results/`` is the caller's own choice.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from pathlib import Path, PurePosixPath
 import torch
 
 from topklab.data.fingerprint import DOCUMENTED_DATA
+from topklab.engine.checkpoint import ENGINE_NOT_IN_KEY
+from topklab.engine.run_identity import IDENTITY_FIELDS, identity_differences
 from topklab.utils.errors import TopklabError
-from topklab.utils.provenance import numerics_environment
 
 ROW_OWN_KEYS = (
     "experiment",
@@ -34,12 +36,19 @@ ROW_OWN_KEYS = (
     "runner",
     "preset",
     "force_result",
+    "check_result",
     "logger",
     "engine.progress",
     "engine.resume",
 )  # overrides a row's result allows
 ROW_OWN_PREFIXES = ("hydra", "paths.", "logger.", "runner.")
-IGNORED_CONFIG_KEYS = ("logger", "force_result", "runner", "preset")  # config keys that do not change a result
+IGNORED_CONFIG_KEYS = (
+    "logger",
+    "force_result",
+    "check_result",
+    "runner",
+    "preset",
+)  # config keys that do not change a result
 AUTO = "auto"  # result_file: the row's own file, from its result block (none for a run that is no row)
 FAMILIES = ("vision", "translation", "language_modeling")  # families of a train.py run's result
 
@@ -138,35 +147,71 @@ def filed_as(filing: dict | None, asked: Path, task: str | None, device: torch.d
     return {"family": family, "table": f"{table}{suffix}", "row": filing.get("row") or asked.parent.name}
 
 
-def identity(device: torch.device, data: str | None) -> dict:
-    """What besides the config shapes a result: device type, torch's thread count and CPU kernels, the
-    environment variables that choose kernels or precision
-    (:data:`~topklab.utils.provenance.NUMERICS_ENVIRONMENT`) and the fingerprint of the data files
-    read (:mod:`topklab.data.fingerprint`; None for data that names no files)."""
-    return {
-        "device": device.type,
-        "threads": torch.get_num_threads(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else None,
-        "environment": numerics_environment(),
-        "data": data,
-    }
-
-
 def stored_identity(stored: dict) -> dict:
-    """:func:`identity` of a stored result envelope (from its summary and provenance). A result stored
-    before a field was recorded compares under that field's default: it ran under none of the
-    environment's variables, and on its dataset's documented files
-    (:data:`~topklab.data.fingerprint.DOCUMENTED_DATA`; not compared for another dataset)."""
+    """The identity (:func:`~topklab.engine.run_identity.identity`) of a stored result envelope: its
+    training segments' (``summary.segments``, the last one's fields), completed from its provenance and
+    summary for a result whose segments predate a field. The data of a result stored before its
+    fingerprint was recorded compares as its dataset's documented files
+    (:data:`~topklab.data.fingerprint.DOCUMENTED_DATA`); the code of one whose segments ran under several
+    code versions (a forced resume) is none of them."""
     hardware = stored.get("provenance", {}).get("hardware", {})
     summary = stored.get("result", {}).get("summary", {})
+    segments = summary.get("segments") or []
     device = str(summary.get("device", "cpu")).split(":")[0]
-    return {
+    recorded = {
         "device": device,
         "threads": hardware.get("torch_threads"),
         "cpu_capability": hardware.get("torch_cpu_capability") if device == "cpu" else None,
-        "environment": hardware.get("numerics_environment") or {},
         "data": summary.get("data_fingerprint") or DOCUMENTED_DATA.get(summary.get("dataset")),
     }
+    if hardware.get("numerics_environment") is not None:
+        recorded["environment"] = hardware["numerics_environment"]
+    if segments:
+        recorded.update({k: v for k, v in segments[-1].items() if k in IDENTITY_FIELDS})
+        codes = sorted({segment.get("code") for segment in segments})
+        if len(codes) > 1:
+            recorded["code"] = "several (" + ", ".join(map(str, codes)) + ")"
+    return {k: v for k, v in recorded.items() if v is not None or k in ("cpu_capability", "data")}
+
+
+def stored_differences(path: Path, config: dict, mine: dict) -> list[str] | None:
+    """What differs between the result stored at ``path`` and this run (its ``config`` and identity
+    ``mine``): identity fields (:func:`~topklab.engine.run_identity.identity_differences`), then at most
+    three config keys; None when nothing is stored there."""
+    if not path.is_file():
+        return None
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise TopklabError(f"{path} is not a readable result ({err}); move it away or pass force_result=true") from None
+    differences = identity_differences(stored_identity(stored), mine)
+    old, new = (without_ignored(c) for c in (stored.get("config", {}), config))
+    return differences + [f"config {key}" for key in differing_keys(old, new)][:3]
+
+
+def without_ignored(config: dict) -> dict:
+    """``config`` without what does not change a result: :data:`IGNORED_CONFIG_KEYS` and the engine's
+    fields outside the run key (:data:`~topklab.engine.checkpoint.ENGINE_NOT_IN_KEY`: progress, resume,
+    checkpointing).
+
+    Examples
+    --------
+    >>> without_ignored({"logger": {"a": 1}, "engine": {"resume": False, "epochs": 2}})
+    {'engine': {'epochs': 2}}
+    """
+    kept = {k: v for k, v in config.items() if k not in IGNORED_CONFIG_KEYS}
+    if isinstance(kept.get("engine"), dict):
+        kept["engine"] = {k: v for k, v in kept["engine"].items() if k not in ENGINE_NOT_IN_KEY}
+    return kept
+
+
+def refusal(path: Path, differences: list[str]) -> TopklabError:
+    """The one-line refusal of a stored result (or cell) at ``path`` under other ``differences``."""
+    return TopklabError(
+        f"{path} holds a result with other settings ({'; '.join(differences)}); rerun with the stored "
+        f"settings, or pass check_result=true to train into this run's folder and compare with it, or "
+        f"force_result=true to replace it"
+    )
 
 
 def destination(
@@ -191,31 +236,6 @@ def destination(
         beside = table.with_name(f"{table.name}_{device.type}") / path.parent.name / path.name
         return beside, f"result: a {device.type} run of this row goes to its own table, {beside}"
     return path, None
-
-
-def check_replaceable(path: Path, config: dict, mine: dict, force: bool) -> None:
-    """Raise a one-line error if ``path`` holds a result with other settings or identity (unless ``force``)."""
-    if force or not path.is_file():
-        return
-    try:
-        stored = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise TopklabError(f"{path} is not a readable result ({err}); move it away or pass force_result=true") from None
-    theirs = stored_identity(stored)
-    differences = [
-        f"{name} {theirs[name]} → {mine[name]}"
-        for name in mine
-        if theirs.get(name) is not None and theirs[name] != mine[name]
-    ]
-    old, new = (
-        {k: v for k, v in c.items() if k not in IGNORED_CONFIG_KEYS} for c in (stored.get("config", {}), config)
-    )
-    differences += [f"config {key}" for key in differing_keys(old, new)][:3]
-    if differences:
-        raise TopklabError(
-            f"{path} holds a result with other settings ({'; '.join(differences)}); rerun with the stored "
-            f"settings, or pass force_result=true to replace it"
-        )
 
 
 ADDED_FIELDS = {  # (class, field) added after results were stored: the value under which the code computes what it did before
@@ -245,3 +265,81 @@ def differing_keys(old, new, prefix: str = "") -> list[str]:
         keys = sorted(set(old) | set(new))
         return [d for key in keys for d in differing_keys(old.get(key), new.get(key), f"{prefix}{key}.")]
     return [] if old == new else [prefix.rstrip(".")]
+
+
+COMPARED = (
+    "metrics",
+    "history",
+    "lambda",
+    "best_step",
+    "steps",
+    "epochs",
+)  # a summary's numbers a rerun must reproduce
+TIMING = {"elapsed_s", "images_per_s", "losses_per_s", "step_time_s", "peak_memory_mb", "data_wait_share", "loss_share"}
+
+
+def _numbers(tree, prefix: str = "") -> dict[str, float]:
+    """Every number in nested mappings and lists, by dotted key, timings (:data:`TIMING`) left out."""
+    if isinstance(tree, Mapping):
+        items = [(key, value) for key, value in tree.items() if key not in TIMING]
+    elif isinstance(tree, list):
+        items = list(enumerate(tree))
+    elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
+        return {prefix.rstrip("."): tree}
+    else:
+        return {}
+    return {k: v for key, value in items for k, v in _numbers(value, f"{prefix}{key}.").items()}
+
+
+def metric_differences(stored: Mapping, mine: Mapping) -> tuple[int, list[str]]:
+    """``(compared, differences)`` between two summaries' numbers (:data:`COMPARED`: the metrics, the
+    per-epoch history without timings, λ, steps): how many numbers both hold, and ``key stored → mine
+    (±change)`` for each that is not equal bit for bit (or is in one only); NaN equals NaN.
+
+    Examples
+    --------
+    >>> metric_differences({"metrics": {"test": {"acc": 0.5, "loss": 1.0}}}, {"metrics": {"test": {"acc": 0.5, "loss": 1.25}}})
+    (2, ['metrics.test.loss 1.0 → 1.25 (+0.25)'])
+    """
+    old, new = (_numbers({key: summary.get(key) for key in COMPARED}) for summary in (stored, mine))
+
+    def same(key) -> bool:
+        a, b = old.get(key), new.get(key)
+        return (key in old) == (key in new) and (a == b or (a != a and b != b))
+
+    differences = [
+        f"{key} {old.get(key, 'absent')} → {new.get(key, 'absent')}"
+        + (f" ({new[key] - old[key]:+.4g})" if key in old and key in new else "")
+        for key in sorted(set(old) | set(new))
+        if not same(key)
+    ]
+    return len(set(old) & set(new)), differences
+
+
+def compare_with_stored(path: Path, summary: dict) -> dict:
+    """This run's ``summary`` against the result stored at ``path``: ``{path, compared, identical,
+    differences, line}``, ``line`` saying in one line whether it reproduced the stored numbers bit for
+    bit, or how they differ."""
+    stored = json.loads(Path(path).read_text())["result"]["summary"]
+    compared, differences = metric_differences(stored, summary)
+    line = (
+        f"result: reproduces {path} bit for bit ({compared} numbers)"
+        if not differences
+        else f"result: differs from {path} in {len(differences)} of {compared} numbers: {'; '.join(differences[:4])}"
+        + ("; …" if len(differences) > 4 else "")
+    )
+    return {
+        "path": str(path), "compared": compared, "identical": not differences, "differences": differences,
+        "line": line,
+    }  # fmt: skip
+
+
+def replaced_record(path: Path) -> dict:
+    """What a forced result replaces: the stored result's identity, metrics, command and commit."""
+    stored = json.loads(Path(path).read_text())
+    return {
+        "identity": stored_identity(stored),
+        "metrics": stored.get("result", {}).get("summary", {}).get("metrics"),
+        "command": stored.get("command"),
+        "git": stored.get("provenance", {}).get("git"),
+    }

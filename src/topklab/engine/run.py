@@ -27,14 +27,17 @@ from topklab.engine.objective import Objective, TrainingModule
 from topklab.engine.record import RunRecord, SilentRecord
 from topklab.engine.result_guard import (
     AUTO,
-    check_replaceable,
     chosen_experiment,
+    compare_with_stored,
     destination,
     filed_as,
-    identity,
+    refusal,
+    replaced_record,
     result_path,
     row_filing,
+    stored_differences,
 )
+from topklab.engine.run_identity import identity
 from topklab.loggers import NullLogger
 from topklab.losses.aggregate.lambda_monitor import ALL_STEPS
 from topklab.report import make_result
@@ -225,14 +228,16 @@ def run_summary(cfg: DictConfig, data, model, seeds: dict, logger_id, result: di
 
 def plan_result(
     cfg: DictConfig, overrides: list[str] | None, run_dir: Path, fingerprint: str | None
-) -> tuple[Path, dict] | None:
-    """``(path, filing)``: where the result will go (said in one line when not where asked) and the
-    ``{family, table, row}`` it is filed as, checked before training so that a refusal costs nothing:
-    a stored result there with other settings, another identity or data of another ``fingerprint``
-    (:func:`data_fingerprint`) is refused. None when the run writes none: ``result_file=null``, or
-    ``auto`` for a run that is no experiment row. ``auto`` asks for the row's own file
-    (:func:`~topklab.engine.result_guard.result_path`). It writes nothing: the guard alone, for a
-    composed config."""
+) -> tuple[Path, dict, dict] | None:
+    """``(path, filing, against)``: where the result will go (said in one line when not where asked),
+    the ``{family, table, row}`` it is filed as, and what it is written against: ``{"replaces": path}``
+    (``force_result=true``), ``{"compare": path}`` (``check_result=true``: the run writes into its own
+    folder and ends by comparing) or nothing. Checked before training so that a refusal costs nothing:
+    a stored result there with other settings or another identity
+    (:func:`~topklab.engine.result_guard.stored_differences`) is refused in one line. None when the run
+    writes none: ``result_file=null``, or ``auto`` for a run that is no experiment row. ``auto`` asks for
+    the row's own file (:func:`~topklab.engine.result_guard.result_path`). It writes nothing: the guard
+    alone, for a composed config."""
     setting = cfg.get("result_file")
     filing = None if setting is None else row_filing(cfg.get("result"), chosen_experiment(overrides))
     if setting is None or (setting == AUTO and filing is None):
@@ -242,8 +247,17 @@ def plan_result(
     path, note = destination(str(asked), cfg.paths.root_dir, overrides, run_dir, device)
     if note:
         print(note)
-    check_replaceable(path, portable_config(cfg), identity(device, fingerprint), bool(cfg.get("force_result")))
-    return path, filed_as(filing, asked, OmegaConf.select(cfg, "dataset.task"), device)
+    differences = stored_differences(path, portable_config(cfg), identity(device, fingerprint))
+    against = {}
+    if differences and cfg.get("force_result"):
+        against = {"replaces": path}
+    elif differences and cfg.get("check_result"):
+        against, path = {"compare": path}, Path(run_dir) / "result.json"
+        print(f"result: {against['compare']} was stored under other settings ({'; '.join(differences)}); "
+              f"this run writes {path} and compares with it")  # fmt: skip
+    elif differences:
+        raise refusal(path, differences)
+    return path, filed_as(filing, asked, OmegaConf.select(cfg, "dataset.task"), device), against
 
 
 @dataclass
@@ -294,13 +308,20 @@ def optimized_value(cfg: DictConfig, summary: dict) -> float:
     return float(val[name])
 
 
-def write_result(cfg: DictConfig, summary: dict, record: RunRecord, path: Path, filing: dict) -> Path:
+def write_result(cfg: DictConfig, summary: dict, record: RunRecord, path: Path, filing: dict, against: dict) -> Path:
     """The run's compact, portable result at ``path`` (:func:`plan_result`), filed as ``filing``'s
     family, table and row, labelled ``cfg.row``: the summary, the config without machine paths, the
-    provenance and the command, in :mod:`topklab.report.schema`'s envelope, written atomically."""
+    provenance and the command, in :mod:`topklab.report.schema`'s envelope, written atomically. A result
+    that replaces another records what it replaced (``replaced``); one written to be compared with a
+    stored result ends by printing the comparison and records it (``compared_with``)."""
     table, row = filing["table"], filing["row"]
     portable_summary = {k: v for k, v in summary.items() if k != "logger_id"}  # a CSV logger's id is a path
     payload = {"table": table, "row": row, "label": cfg.get("row") or row, "summary": portable_summary}
+    if "replaces" in against:
+        payload["replaced"] = replaced_record(against["replaces"])
+    if "compare" in against:
+        payload["compared_with"] = compare_with_stored(against["compare"], portable_summary)
+        print(payload["compared_with"]["line"])
     command = "python " + " ".join(Path(a).name if i == 0 else a for i, a in enumerate(sys.argv))
     return write_envelope(
         path,

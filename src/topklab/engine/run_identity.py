@@ -1,12 +1,24 @@
-"""What produced a checkpoint: the code that shapes training, the machine settings that change its
-numbers and the data it reads, kept per segment of a run so that a resume under other ones is refused instead of silent.
+"""One identity for every stored number: a ``train.py`` result, a checkpoint resumed and a tabular cell
+are reused (or resumed) only under an equal identity, and refused in one line naming what differs.
 
-The code version hashes the source of ``src/topklab`` that shapes training (every module but
-``report`` (renders stored results), ``bench``, ``loggers``, ``launch`` (sweeps) and ``cli``) and the C++ kernels, over a normalised form:
-Python files by their syntax tree without docstrings, so comments, docstrings and reformatting do not
-count; C++ files by their non-blank lines stripped of surrounding space. The configs a run composes
-are in the run key already. Never the git commit: an edit to the README, a report or ``results/``
-leaves a run that has trained for hours resumable.
+The identity (:func:`identity`) is, besides the config the caller compares itself:
+
+- ``code``: :func:`code_version`, the training source. It hashes ``train.py``, ``setup.py`` (the native
+  kernels' build flags) and every module of ``src/topklab`` that shapes training (all but ``report``,
+  which renders stored results, ``bench``, ``loggers``, ``launch`` (sweeps) and ``cli``) and its C++
+  kernels, over a normalised form: Python files by their syntax tree without docstrings, so comments,
+  docstrings and reformatting do not count; C++ files by their non-blank lines stripped of surrounding
+  space. Never the git commit: an edit to the README, a report or ``results/`` changes nothing.
+- ``torch``: torch's version;
+- ``device``, and on CUDA ``gpu`` (the model) and ``cuda`` (the toolkit torch was built with);
+- ``threads``, ``cpu_capability`` (torch's CPU kernels) and ``environment``: the documented numerics
+  variables set (:data:`~topklab.utils.provenance.NUMERICS_ENVIRONMENT`);
+- ``world_size``: the processes of a ``torchrun`` launch (1 for one process);
+- ``data``: the fingerprint of the files the run reads (:mod:`topklab.data.fingerprint`).
+
+:data:`IDENTITY_FIELDS` lists them; every comparison (:func:`identity_differences`) goes over that list,
+so a field added there is compared everywhere. A stored identity that predates a field compares under
+:data:`PREDATING`; a field without an entry there is unrecorded and differs from any value.
 """
 
 from __future__ import annotations
@@ -14,15 +26,37 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import os
 from pathlib import Path
 
 import torch
 
-from topklab.engine.result_guard import identity
 from topklab.utils.errors import TopklabError
+from topklab.utils.provenance import numerics_environment
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+REPOSITORY_FILES = ("train.py", "setup.py")  # beside src/: the entry point and the native kernels' build flags
 NOT_TRAINING_CODE = ("report", "bench", "loggers", "launch", "cli.py")  # parts of src/topklab that do not shape numbers
+
+IDENTITY_FIELDS = (
+    "code",
+    "torch",
+    "device",
+    "gpu",
+    "cuda",
+    "threads",
+    "cpu_capability",
+    "environment",
+    "world_size",
+    "data",
+)
+PREDATING = {  # what a stored identity that lacks a field ran under
+    "environment": {},  # recorded since the variables were; a number stored before ran under none of them
+    "world_size": 1,  # every stored number before the field ran in one process
+    "gpu": None,  # a CPU run records none
+    "cuda": None,
+}
+UNRECORDED = "unrecorded"
 
 
 def _without_docstrings(tree: ast.AST) -> ast.AST:
@@ -46,8 +80,23 @@ def normalised_source(path: Path) -> str:
     return "\n".join(line.strip() for line in text.splitlines() if line.strip())
 
 
+def training_files(root: str | Path = PACKAGE_ROOT) -> list[tuple[str, Path]]:
+    """``(name, path)`` of every file in :func:`code_version`: the training modules under ``root`` (a
+    package directory) and, where they exist, :data:`REPOSITORY_FILES` two levels above it."""
+    base = Path(root).resolve()
+    files = [
+        (path.relative_to(base).as_posix(), path)
+        for path in sorted(base.rglob("*"))
+        if path.suffix in (".py", ".cpp")
+        and path.is_file()
+        and path.relative_to(base).parts[0] not in NOT_TRAINING_CODE
+    ]
+    repository = base.parents[1]
+    return files + [(f"../../{name}", repository / name) for name in REPOSITORY_FILES if (repository / name).is_file()]
+
+
 def code_version(root: str | Path = PACKAGE_ROOT) -> str:
-    """16 hex digits over the normalised training source under ``root`` (a package directory).
+    """16 hex digits over the normalised training source (:func:`training_files`).
 
     Examples
     --------
@@ -59,23 +108,61 @@ def code_version(root: str | Path = PACKAGE_ROOT) -> str:
 
 @functools.cache
 def _code_version(root: str) -> str:
-    base = Path(root)
     digest = hashlib.sha256()
-    for path in sorted(p for p in base.rglob("*") if p.suffix in (".py", ".cpp") and p.is_file()):
-        relative = path.relative_to(base)
-        if relative.parts[0] in NOT_TRAINING_CODE:
-            continue
-        digest.update(f"{relative.as_posix()}\0{normalised_source(path)}\0".encode())
+    for name, path in training_files(root):
+        digest.update(f"{name}\0{normalised_source(path)}\0".encode())
     return digest.hexdigest()[:16]
 
 
-UNRECORDED = {"environment": {}}  # what a checkpoint from before a field was recorded ran under
+def world_size() -> int:
+    """The processes of this launch: ``WORLD_SIZE`` as ``torchrun`` sets it, else 1."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise TopklabError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not a whole number; unset it") from None
+
+
+def identity(device: torch.device, data: str | None) -> dict:
+    """This process's identity (the module docstring), for a run on ``device`` reading data of
+    fingerprint ``data`` (None: data that names no files)."""
+    cuda = device.type == "cuda"
+    return {
+        "code": code_version(),
+        "torch": torch.__version__,
+        "device": device.type,
+        "gpu": torch.cuda.get_device_name(device) if cuda else None,
+        "cuda": torch.version.cuda if cuda else None,
+        "threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else None,
+        "environment": numerics_environment(),
+        "world_size": world_size(),
+        "data": data,
+    }
+
+
+def identity_differences(stored: dict | None, current: dict) -> list[str]:
+    """``field stored → current`` for each field of :data:`IDENTITY_FIELDS` where they differ, a field
+    the stored identity lacks comparing under :data:`PREDATING` (else unrecorded).
+
+    Examples
+    --------
+    >>> me = {"code": "a", "threads": 1}
+    >>> identity_differences({"code": "a"}, me)
+    ['threads unrecorded → 1']
+    >>> identity_differences({"code": "a", "threads": 2, "world_size": 1}, {**me, "world_size": 1})
+    ['threads 2 → 1']
+    """
+    stored = stored or {}
+    return [
+        f"{field} {theirs} → {current[field]}"
+        for field in IDENTITY_FIELDS
+        if field in current and (theirs := stored.get(field, PREDATING.get(field, UNRECORDED))) != current[field]
+    ]
 
 
 def segment_identity(device: torch.device, data: str | None) -> dict:
-    """The code version, the settings of this process that change a run's numbers, and the
-    fingerprint of the data files the run reads (:mod:`topklab.data.fingerprint`)."""
-    return {"code": code_version(), **identity(device, data), "torch": torch.__version__}
+    """A checkpoint segment's identity: :func:`identity`."""
+    return identity(device, data)
 
 
 def check_resumable(saved: dict | None, current: dict, where: str | Path, force: bool) -> None:
@@ -88,19 +175,15 @@ def check_resumable(saved: dict | None, current: dict, where: str | Path, force:
     >>> check_resumable(me, {**me, "threads": 2}, "ckpt", force=False)
     Traceback (most recent call last):
     ...
-    topklab.utils.errors.TopklabError: the checkpoint in ckpt was written with threads 1, this run has 2;
-    start afresh (engine.resume=false, or another paths.checkpoint_dir) or resume anyway with engine.resume=force
+    topklab.utils.errors.TopklabError: the checkpoint in ckpt was written with threads 1 → 2; start afresh
+    (engine.resume=false, or another paths.checkpoint_dir) or resume anyway with engine.resume=force
     """
     if force:
         return
     if saved is None:
         detail = "has no record of the code and machine that wrote it"
     else:
-        differences = [
-            f"{key} {saved.get(key, UNRECORDED.get(key))}, this run has {value}"
-            for key, value in current.items()
-            if saved.get(key, UNRECORDED.get(key)) != value
-        ]
+        differences = identity_differences(saved, current)
         if not differences:
             return
         detail = f"was written with {'; '.join(differences)}"

@@ -17,12 +17,13 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from topklab.config import check_one_process_command, compose_run, config_groups
+from topklab.data.fingerprint import dataset_fingerprint
 from topklab.engine.build import build
-from topklab.engine.run_identity import code_version
+from topklab.engine.result_guard import refusal
+from topklab.engine.run_identity import identity, identity_differences
 from topklab.protocol.cell import Cell, Protocol, run_cell
 from topklab.protocol.grid import Grid
-from topklab.protocol.replay import REPLAY_STEPS, replay
-from topklab.protocol.store import CellStore
+from topklab.protocol.store import CellStore, compare_cells, replaced_cell, stored_cell_identity
 from topklab.utils.errors import TopklabError
 from topklab.utils.provenance import check_cpu_capability, collect
 
@@ -58,6 +59,7 @@ def protocol_from(preset: DictConfig) -> Protocol:
     if missing:
         raise TopklabError(f"preset lacks {', '.join(sorted(missing))}; start from configs/preset/full.yaml")
     fields.pop("name")
+    fields.pop("check_stored", None)  # what a run does with cells stored under another identity: not the protocol
     try:
         return Protocol(grid=Grid(**fields.pop("grid")), **fields)
     except TypeError as err:
@@ -79,31 +81,16 @@ def members(cell_cfg: DictConfig, protocol: Protocol) -> tuple:
     )
 
 
-def replay_record(cell: Cell, cell_cfg: DictConfig, protocol: Protocol, selected: dict) -> dict:
-    """The replay a cell is stored with: this training source's code version and the digest of
-    the selected combination's first steps (:func:`~topklab.protocol.replay.replay`)."""
-    dataset, individual, aggregate = members(cell_cfg, protocol)
-    digest = replay(cell, dataset, individual, protocol, selected, aggregate)
-    return {"code": code_version(), "steps": REPLAY_STEPS, "losses": digest}
-
-
-def replays(stored: dict, cell: Cell, cell_cfg: DictConfig, protocol: Protocol) -> bool:
-    """True if a cell stored with this run's fingerprint holds this run's numbers: stored under this
-    training source, or its stored replay reproduces bit for bit under it (a cell without a replay
-    does not)."""
-    recorded = stored.get("replay")
-    if recorded is None:
-        return False
-    if recorded["code"] == code_version():
-        return True
-    current = replay_record(cell, cell_cfg, protocol, stored["selected"])
-    return (current["steps"], current["losses"]) == (recorded["steps"], recorded["losses"])
-
-
 def reproduce(cfg: DictConfig) -> list[dict]:
-    """Train every cell of the selected rows that the results directory lacks, or holds from other
-    training source whose replay this source does not reproduce; return all records of the
-    selected rows (stored or new)."""
+    """Train every cell of the selected rows that the results directory lacks; return all records of
+    the selected rows (stored or new).
+
+    A stored cell is reused only under this run's fingerprint (the protocol and the members' configs:
+    otherwise a one-line error) and identity (:func:`~topklab.engine.run_identity.identity`: the
+    training source, torch, the CPU kernels, threads, numerics variables and the data's digest). Cells
+    stored under another identity are refused in one line before any training, unless ``cfg.check``
+    (trains them into ``cfg.check_dir`` and ends by comparing each with the stored one) or
+    ``cfg.force`` (replaces them, each new cell recording what it replaced)."""
     check_cpu_capability(cfg.get("cpu_capability"))
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
@@ -111,7 +98,7 @@ def reproduce(cfg: DictConfig) -> list[dict]:
     store = CellStore(cfg.results_dir)
     wanted, wanted_individuals = as_list(cfg.aggregates), as_list(cfg.get("individuals"))
     paths = [f"paths.{k}={v}" for k, v in OmegaConf.to_container(cfg.paths, resolve=True).items()]
-    plan = []  # (cell, composed config of the cell, fingerprint extras)
+    plan = []  # (cell, composed config of the cell, fingerprint extras, identity)
     offered = {"aggregates": set(), "individuals": set()}
     for row in select_rows(Path(cfg.config_dir), cfg.row):
         cells = compose_run([f"experiment={row}", *paths]).cells
@@ -128,7 +115,8 @@ def reproduce(cfg: DictConfig) -> list[dict]:
                     "individual": OmegaConf.to_container(cell_cfg.individual, resolve=False),
                     "loss": OmegaConf.to_container(protocol.members_aggregate(cell_cfg.loss), resolve=True),
                 }
-                plan.append((cell, cell_cfg, settings))
+                mine = identity(torch.device("cpu"), dataset_fingerprint(build(cell_cfg.dataset, "dataset")))
+                plan.append((cell, cell_cfg, settings, mine))
 
     for key, asked in (("aggregates", wanted), ("individuals", wanted_individuals)):
         if set(asked or []) - offered[key]:
@@ -140,34 +128,52 @@ def reproduce(cfg: DictConfig) -> list[dict]:
     def fingerprint(cell, settings):
         return {"protocol": protocol.fingerprint(cell.aggregate), **settings}
 
-    done = {cell.key for cell, _, settings in plan if store.is_done(cell, fingerprint(cell, settings))}
-    stale = [c.key for c, cell_cfg, _ in plan if c.key in done and not replays(store.load(c), c, cell_cfg, protocol)]
-    todo = [p for p in plan if p[0].key not in done or p[0].key in stale]
+    done = {cell.key for cell, _, settings, _ in plan if store.is_done(cell, fingerprint(cell, settings))}
+    differing = {
+        cell.key: differences
+        for cell, _, _, mine in plan
+        if cell.key in done and (differences := identity_differences(stored_cell_identity(store.load(cell)), mine))
+    }
+    target = store
+    if differing and not cfg.get("force"):
+        first, reasons = next(iter(differing.items()))
+        if not cfg.get("check"):
+            refused = refusal(store.path(Cell(*first.split("/"))), reasons)
+            raise TopklabError(f"{len(differing)} of {len(plan)} stored cells differ: {refused}")
+        target = CellStore(cfg.check_dir)
+        print(
+            f"{len(differing)} of {len(plan)} cells in {store.root} were stored under another identity "
+            f"({'; '.join(reasons)}); training them into {target.root} to compare"
+        )
+    todo = [p for p in plan if p[0].key not in done or p[0].key in differing]
     trainings = sum(len(protocol.grid.combos(c.aggregate)) * protocol.n_splits for c, *_ in todo)
     print(
         f"{len(plan) - len(todo)} of {len(plan)} cells already in {store.root}; "
         f"{len(todo)} to train ({trainings} trainings)"
-        + (f"; retrained, as this training source does not replay them: {', '.join(stale)}" if stale else "")
     )
     provenance = collect(cfg.paths.root_dir) if todo else None
     command = cfg.get("command") or " ".join(["python", *sys.argv])
     with tqdm(total=trainings, unit="training", disable=not cfg.progress, smoothing=0.05) as bar:
-        for cell, cell_cfg, settings in todo:
+        for cell, cell_cfg, settings, mine in todo:
             bar.set_description(cell.key)
             dataset, individual, aggregate = members(cell_cfg, protocol)
             record = run_cell(
                 cell, dataset, individual, protocol, settings=settings, on_retire=bar.update, aggregate=aggregate
             )
-            record["replay"] = replay_record(cell, cell_cfg, protocol, record["selected"])
+            if cell.key in differing and target is store:
+                record["replaced"] = replaced_cell(store.load(cell))
+            record["identity"] = mine
             record["preset"] = cfg.preset.name
             record["command"] = command
             record["provenance"] = provenance
-            store.save(record)
+            target.save(record)
             bar.write(
                 f"{cell.key}: test {record['metric']} {record['test_mean']:.4g} ± {record['test_std']:.3g} "
                 f"(selected {describe(record['selected'])}; {record['seconds']:.0f} s)"
             )
-    return [store.load(cell) for cell, *_ in plan]
+    if target is not store:
+        print(compare_cells([(store.load(c), target.load(c)) for c, *_ in plan if c.key in differing]))
+    return [(target if cell.key in differing else store).load(cell) for cell, *_ in plan]
 
 
 CELLS_OWN_KEYS = (
@@ -177,8 +183,10 @@ CELLS_OWN_KEYS = (
     "paths",
     "hydra",
     "cpu_capability",
+    "force_result",
+    "check_result",
     "logger",
-)  # overrides the cells honour (experiment, preset, runner, cpu_capability) or that do not touch them
+)  # overrides the cells honour (experiment, preset, runner, cpu_capability, force_result, check_result) or that do not touch them
 
 
 @dataclass
@@ -249,7 +257,10 @@ class TabularCells:
                 "paths": OmegaConf.to_container(cfg.paths, resolve=True),
                 "config_dir": str(Path(cfg.paths.root_dir) / "configs"),
                 "cpu_capability": cfg.get("cpu_capability"),
+                "force": bool(cfg.get("force_result")),
+                "check": bool(cfg.get("check_result") or cfg.preset.get("check_stored")),
+                "check_dir": str(Path(run_dir) / "cells"),
             }
         )
         records = reproduce(setup)
-        print(f"{len(records)} cells of {experiment} in {setup.results_dir}; `make tables` writes results/tables/")
+        print(f"{len(records)} cells of {experiment}; `make tables` renders results/tabular/ into results/tables/")

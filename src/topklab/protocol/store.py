@@ -1,7 +1,6 @@
 """Cells on disk: one result file per cell (the envelope of :mod:`topklab.report.schema`, family
 "tabular"), written atomically, so a killed run loses at most the cell in progress and a rerun skips
-every cell already stored with the same fingerprint (and, under other training source, the same
-replay: :mod:`topklab.protocol.replay`).
+every cell already stored with the same fingerprint and identity (:func:`stored_cell_identity`).
 
 In memory a cell is the flat record of :func:`topklab.protocol.cell.run_cell` plus ``command``,
 ``provenance`` and ``preset``; on disk its ``fingerprint`` is the envelope's ``config`` and the rest
@@ -107,3 +106,60 @@ class CellStore:
     def save(self, record: dict) -> Path:
         """Store a cell record (with ``command``, ``provenance`` and ``fingerprint``) as one compact line."""
         return write_result(self.path(Cell(**record["cell"])), to_result(record), indent=None)
+
+
+def stored_cell_identity(record: dict) -> dict:
+    """The identity (:func:`~topklab.engine.run_identity.identity`) a stored cell record was computed
+    under: its ``identity``, or for a cell stored before that field, what its provenance and replay
+    recorded (the training source as its replay's ``code``, torch, threads, CPU kernels and numerics
+    variables where recorded, on the CPU); a field neither holds is unrecorded, and such a cell is
+    reused by no run."""
+    if "identity" in record:
+        return record["identity"]
+    hardware = (record.get("provenance") or {}).get("hardware", {})
+    legacy = {
+        "code": (record.get("replay") or {}).get("code"),
+        "torch": (record.get("provenance") or {}).get("packages", {}).get("torch"),
+        "device": "cpu",
+        "threads": hardware.get("torch_threads"),
+        "cpu_capability": hardware.get("torch_cpu_capability"),
+        "environment": hardware.get("numerics_environment"),
+    }
+    return {field: value for field, value in legacy.items() if value is not None}
+
+
+def replaced_cell(record: dict) -> dict:
+    """What a forced cell replaces: the stored cell's identity, selected setting, test numbers and commit."""
+    return {
+        "identity": stored_cell_identity(record),
+        "selected": record.get("selected"),
+        "test_mean": record.get("test_mean"),
+        "test": (record.get("per_split") or {}).get("test"),
+        "git": (record.get("provenance") or {}).get("git"),
+    }
+
+
+def compare_cells(pairs: list[tuple[dict, dict]]) -> str:
+    """One line over ``(stored, retrained)`` cell records: which retrained cells reproduce their stored
+    per-split numbers (test, validation and training metric, steps, λ) bit for bit, and how the others'
+    test means and selected settings differ.
+
+    Examples
+    --------
+    >>> a = {"cell": {"table": "t", "dataset": "d", "individual": "i", "aggregate": "stk"}, "test_mean": 1.0,
+    ...      "per_split": {"test": [1.0]}, "selected": {"index": 0}}
+    >>> compare_cells([(a, a), (a, {**a, "test_mean": 2.0, "per_split": {"test": [2.0]}})])
+    'reproduced bit for bit: 1 of 2 (t/d/i/stk); differ: t/d/i/stk test 1 → 2 (selected index 0 → 0)'
+    """
+    same = [new for old, new in pairs if canonical(old["per_split"]) == canonical(new["per_split"])]
+    differ = [
+        f"{Cell(**new['cell']).key} test {old['test_mean']:.6g} → {new['test_mean']:.6g} "
+        f"(selected index {old['selected']['index']} → {new['selected']['index']})"
+        for old, new in pairs
+        if canonical(old["per_split"]) != canonical(new["per_split"])
+    ]
+    return (
+        f"reproduced bit for bit: {len(same)} of {len(pairs)}"
+        + (f" ({', '.join(Cell(**r['cell']).key for r in same)})" if same else "")
+        + (f"; differ: {'; '.join(differ)}" if differ else "")
+    )
