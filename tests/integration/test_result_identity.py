@@ -226,3 +226,28 @@ def test_every_committed_cell_is_reused_or_refused_in_one_line_under_its_documen
         torch.set_num_threads(threads)
     print(outcomes)
     assert sum(outcomes.values()) == len(rows) >= (40 if every_row else 9), outcomes
+
+
+def test_other_cpu_kernels_chosen_by_aten_cpu_capability_are_refused_before_training(tmp_path):
+    """``ATEN_CPU_CAPABILITY=default python train.py experiment=fmnistlt/la_stk seed=0``: torch picks its
+    kernels as the process starts, so only a new process can change them; one line names them, exit 2,
+    nothing written."""
+    import os
+    import subprocess
+    import sys
+
+    stored = json.loads(ROW.read_text())
+    assert stored["provenance"]["hardware"]["torch_cpu_capability"] != "DEFAULT"
+    before = ROW.read_bytes()
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "WANDB_MODE": "disabled"}
+    done = subprocess.run(
+        [sys.executable, "train.py", "experiment=fmnistlt/la_stk", "seed=0", f"hydra.run.dir={tmp_path}/run",
+         f"paths.log_dir={tmp_path}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if "not found" in done.stderr and "Fashion-MNIST" in done.stderr:
+        pytest.skip(f"the documented data is not here: {done.stderr.strip()}")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
+    assert f"cpu_capability {stored['provenance']['hardware']['torch_cpu_capability']} → DEFAULT" in lines[0]
+    assert ROW.read_bytes() == before and not (tmp_path / "run").exists()
