@@ -25,17 +25,17 @@ import triton.language as tl
 
 
 @triton.jit
-def scale_kernel(grad_ptr, incoming_ptr, n, total, BLOCK: tl.constexpr):
+def scale_kernel(grad_ptr, out_ptr, incoming_ptr, n, total, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < total
     if n == total:
         g = tl.load(incoming_ptr).to(tl.float32)
         values = tl.load(grad_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-        tl.store(grad_ptr + offs, (values * g).to(grad_ptr.dtype.element_ty), mask=inside)
+        tl.store(out_ptr + offs, (values * g).to(out_ptr.dtype.element_ty), mask=inside)
     else:
         g = tl.load(incoming_ptr + offs // n, mask=inside, other=1.0).to(tl.float32)
         values = tl.load(grad_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-        tl.store(grad_ptr + offs, (values * g).to(grad_ptr.dtype.element_ty), mask=inside)
+        tl.store(out_ptr + offs, (values * g).to(out_ptr.dtype.element_ty), mask=inside)
 """
 SWAPPED_IN = """
 import sys
@@ -82,9 +82,9 @@ def test_a_kernel_the_interpreter_runs_but_triton_cannot_compile_is_one_line_and
     spec = importlib.util.spec_from_file_location("mistyped", tmp_path / "mistyped.py")
     mistyped = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mistyped)
-    grad, incoming = torch.ones(2, 8), torch.tensor([2.0, 3.0])
-    mistyped.scale_kernel[(1,)](grad, incoming, 8, 16, BLOCK=16)  # the interpreter (tests/conftest.py)
-    assert torch.equal(grad, torch.tensor([[2.0] * 8, [3.0] * 8]))
+    grad, scaled, incoming = torch.ones(2, 8), torch.empty(2, 8), torch.tensor([2.0, 3.0])
+    mistyped.scale_kernel[(1,)](grad, scaled, incoming, 8, 16, BLOCK=16)  # the interpreter (tests/conftest.py)
+    assert torch.equal(scaled, torch.tensor([[2.0] * 8, [3.0] * 8]))
 
     out = tmp_path / "out"
     argv = ["triton_compile", "--archs", "90", "--sizes", "17", "--dtypes", "float32", "--out-dir", str(out)]

@@ -135,11 +135,13 @@ def own_aten_ops(events, scopes) -> list[str]:
 
 
 @pytest.mark.parametrize("loss", sorted(LOSSES))
-def test_one_forward_and_backward_is_two_launches_two_ops_and_no_host_read(loss, monkeypatch):
+def test_one_forward_and_backward_is_two_launches_three_ops_and_no_host_read(loss, monkeypatch):
+    """The forward's value and gradient, the backward's scaled gradient (a new tensor: the saved one stays
+    for another backward): three allocations, no other aten op."""
     module, _ = started(LOSSES[loss](kernel="triton").to(DEVICE), 5000)
     launches, own, events = profiled_call(module, 5000, monkeypatch)
     assert len(launches) == 2, launches
-    assert len(own) <= 2, own
+    assert len(own) <= 3, own
     assert not any(event.name in ("aten::item", "aten::_local_scalar_dense") for event in events)
 
 

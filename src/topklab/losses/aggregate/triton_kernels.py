@@ -174,19 +174,18 @@ def tracked_row_kernel(
 
 
 @triton.jit
-def scale_kernel(grad_ptr, incoming_ptr, n, total, BLOCK: tl.constexpr):
-    """``grad`` (rows of n) × each row's incoming gradient; one row: nothing where it is one."""
+def scale_kernel(grad_ptr, out_ptr, incoming_ptr, n, total, BLOCK: tl.constexpr):
+    """``out`` = ``grad`` (rows of n) × each row's incoming gradient (contiguous, one a row); ``grad``,
+    saved for the backward, is left as it is, so that a second backward through the call reads it again."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < total
+    values = tl.load(grad_ptr + offs, mask=inside, other=0.0).to(tl.float32)
     if n == total:
         g = tl.load(incoming_ptr).to(tl.float32)
-        if g != 1.0:
-            values = tl.load(grad_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-            tl.store(grad_ptr + offs, (values * g).to(grad_ptr.dtype.element_ty), mask=inside)
+        tl.store(out_ptr + offs, (values * g).to(out_ptr.dtype.element_ty), mask=inside)
     else:
         row_g = tl.load(incoming_ptr + offs // n, mask=inside, other=1.0).to(tl.float32)
-        values = tl.load(grad_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-        tl.store(grad_ptr + offs, (values * row_g).to(grad_ptr.dtype.element_ty), mask=inside)
+        tl.store(out_ptr + offs, (values * row_g).to(out_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit

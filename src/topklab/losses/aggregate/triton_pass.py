@@ -8,8 +8,8 @@ the last program to finish (an atomic ticket, reset by it) combines the partials
 (deterministic: no float atomics) in float64 and writes the value, the next λ (STk: one safeguarded
 solve step, ``solve.srelu_threshold_step``; MATk: a step within its window,
 ``solve.relu_threshold_step``), the running average and the λ monitor's sums, all on the device.
-The backward is one launch that scales the saved gradient by the incoming one, read on the device:
-no host synchronisation anywhere. Losses in float32, bfloat16 or float16 are summed in float32 per
+The backward is one launch that scales the saved gradient by the incoming one into a new tensor
+(the saved one stays, for another backward), read on the device: no host synchronisation anywhere. Losses in float32, bfloat16 or float16 are summed in float32 per
 block and float64 across programs.
 """
 
@@ -138,23 +138,26 @@ def attach_scratch(module) -> bool:
     return True
 
 
-def scale_gradient_launch(grad: torch.Tensor, incoming: torch.Tensor) -> None:
-    """``grad *= incoming`` in place, rows (..., n) by each row's incoming gradient (one row: a 0-d
-    one, nothing done where it is one), read on the device; the op ``torch.ops.topklab.scale_gradient``
-    (:data:`scale_gradient`)."""
+def scale_gradient_launch(grad: torch.Tensor, incoming: torch.Tensor) -> torch.Tensor:
+    """``grad × incoming`` into a new tensor, rows (..., n) by each row's incoming gradient (one row: a
+    0-d one), read on the device; ``incoming`` in any layout (an expanded one, as ``.sum()`` over rows
+    passes, is made contiguous), ``grad`` left as it is (it stays saved for another backward). The op
+    ``torch.ops.topklab.scale_gradient`` (:data:`scale_gradient`)."""
     kernel = kernels()["scale"]
     total = grad.numel()
-    kernel[(max(1, math.ceil(total / BLOCK)),)](grad, incoming, grad.shape[-1], total, BLOCK=BLOCK)
+    scaled = torch.empty_like(grad)
+    kernel[(max(1, math.ceil(total / BLOCK)),)](grad, scaled, incoming.contiguous(), grad.shape[-1], total, BLOCK=BLOCK)
+    return scaled
 
 
-scale_gradient = torch.library.custom_op("topklab::scale_gradient", mutates_args=("grad",), device_types=None)(
+scale_gradient = torch.library.custom_op("topklab::scale_gradient", mutates_args=(), device_types=None)(
     scale_gradient_launch
 )
 
 
 @scale_gradient.register_fake
 def _(grad, incoming):
-    return None
+    return torch.empty_like(grad)
 
 
 def solved_row_launch(
@@ -358,8 +361,8 @@ class _Row(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_value):
         if ctx.gradient is None:
-            (grad,) = ctx.saved_tensors
-            (scale_gradient_launch if _eager(grad) else torch.ops.topklab.scale_gradient)(grad, grad_value)
+            (saved,) = ctx.saved_tensors
+            grad = (scale_gradient_launch if _eager(saved) else torch.ops.topklab.scale_gradient)(saved, grad_value)
         else:
             losses, used = ctx.saved_tensors
             recompute = threshold_gradient_launch if _eager(losses) else torch.ops.topklab.threshold_gradient
@@ -369,7 +372,7 @@ class _Row(torch.autograd.Function):
 
 def row_call(module, losses: torch.Tensor) -> torch.Tensor | None:
     """A training call of ``module`` (MATk, STk) on ``losses`` in Triton launches: one row (n,) or
-    contiguous rows (P, n) reduced over the last dim, each with its own λ (``rows=P``) or sharing one
+    rows (P, n) reduced over the last dim, in any layout (made contiguous), each with its own λ (``rows=P``) or sharing one
     (``rows=None``, each row solved from its own k-th largest loss): a tracked call
     (:func:`tracked_row_launch`), a solved one on at most :data:`ON_CHIP` losses a row
     (:func:`solved_row_launch`) or on one longer row (:func:`solved_long_row_launch`,
@@ -381,7 +384,7 @@ def row_call(module, losses: torch.Tensor) -> torch.Tensor | None:
         return None
     if not (module.training and torch.is_grad_enabled()) or losses.dtype not in TRITON_DTYPES:
         return None
-    if losses.dim() not in (1, 2) or (losses.dim() == 2 and (module.dim % 2 != 1 or not losses.is_contiguous())):
+    if losses.dim() not in (1, 2) or (losses.dim() == 2 and module.dim % 2 != 1):
         return None
     n, rows = losses.shape[-1], (losses.shape[0] if losses.dim() == 2 else 1)
     buffers, monitor = module._buffers, module.monitor
@@ -398,6 +401,7 @@ def row_call(module, losses: torch.Tensor) -> torch.Tensor | None:
         or (not torch.compiler.is_compiling() and torch._C._functorch.is_functorch_wrapped_tensor(losses))
     ):
         return None
+    losses = losses.contiguous()  # the launches read rows of n at a stride of one (a no-op where they are)
     relu = module.smoothing == "relu"
     tracked = module.rule.uses_last(module, n) and not shared
     solved = module.rule.lane(module, n) == "solved"
