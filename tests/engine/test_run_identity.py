@@ -97,3 +97,14 @@ def test_a_run_is_not_resumed_on_other_data_and_a_forced_resume_lists_its_segmen
         (first["data_fingerprint"], 0, steps, None),
         (forced["data_fingerprint"], steps, steps, True),
     ]
+
+
+def test_a_source_file_that_does_not_parse_is_hashed_as_text(tmp_path):
+    from topklab.engine.run_identity import normalised_source
+
+    broken = tmp_path / "stray.py"
+    broken.write_text("def f(:\n", encoding="utf-8")
+    assert normalised_source(broken) == "def f(:\n"
+    accented = tmp_path / "accented.py"
+    accented.write_text('"""Doc."""\nname = "λ"\n', encoding="utf-8")  # read as UTF-8 whatever the locale
+    assert "λ" in normalised_source(accented) and "Doc." not in normalised_source(accented)

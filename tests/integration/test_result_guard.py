@@ -9,7 +9,14 @@ import torch
 
 from helpers import ROOT
 from topklab.data.fingerprint import DOCUMENTED_DATA
-from topklab.engine.result_guard import changed_settings, destination, refusal, stored_differences
+from topklab.engine.result_guard import (
+    changed_settings,
+    destination,
+    read_stored,
+    refusal,
+    stored_differences,
+    stored_identity,
+)
 from topklab.engine.run import train
 from topklab.engine.run_identity import identity
 from topklab.utils.errors import TopklabError
@@ -105,10 +112,12 @@ def test_another_thread_count_is_another_identity(tmp_path):
         )
     )
     mine = identity(torch.device("cpu"), None)
-    assert f"threads 64 → {mine['threads']}" in stored_differences(path, {"a": 1}, mine)
-    path.write_text("{not json")
-    with pytest.raises(TopklabError, match="not a readable result"):
-        stored_differences(path, {"a": 1}, mine)
+    assert f"threads 64 → {mine['threads']}" in stored_differences(read_stored(path, False), {"a": 1}, mine)
+    for corrupt in ("{not json", "[]"):
+        path.write_text(corrupt)
+        with pytest.raises(TopklabError, match="not a readable result.*force_result=true"):
+            read_stored(path, force=False)
+        assert "unreadable" in read_stored(path, force=True)  # what force replaces
 
 
 def test_train_py_passes_its_overrides(tmp_path):
@@ -153,19 +162,13 @@ def test_a_kernel_choosing_environment_variable_is_part_of_a_results_identity(va
         monkeypatch.delenv(name, raising=False)
     path = ROOT / "results" / "vision" / "fmnistlt" / "la_stk" / "seed0.json"
     stored = json.loads(path.read_text())
-    [segment] = stored["result"]["summary"]["segments"]
-    mine = {
-        **identity(torch.device("cpu"), DOCUMENTED_DATA["fmnistlt"]),
-        "threads": stored["provenance"]["hardware"]["torch_threads"],
-        "code": segment["code"],
-        "torch": segment["torch"],
-        "environment": {},
-    }
-    mine["cpu_capability"] = stored["provenance"]["hardware"]["torch_cpu_capability"]
-    assert stored_differences(path, stored["config"], mine) == []
+    recorded = stored_identity(stored)
+    machine = ("code", "torch", "packages", "threads", "cpu_capability", "cpu_isa")
+    mine = {**identity(torch.device("cpu"), DOCUMENTED_DATA["fmnistlt"]), **{k: recorded[k] for k in machine}}
+    assert stored_differences(stored, stored["config"], mine) == []
     monkeypatch.setenv(variable, "AVX2")
     differences = stored_differences(
-        path, stored["config"], {**mine, "environment": identity(torch.device("cpu"), None)["environment"]}
+        stored, stored["config"], {**mine, "environment": identity(torch.device("cpu"), None)["environment"]}
     )
     assert differences == [f"environment {{}} → {{'{variable}': 'AVX2'}}"]
     assert "\n" not in str(refusal(path, differences))
@@ -187,3 +190,53 @@ def test_a_resume_under_another_environment_is_refused_and_an_older_checkpoint_r
 def test_the_reproducibility_page_lists_every_kernel_choosing_variable():
     page = (ROOT / "docs" / "reproducibility.md").read_text()
     assert [name for name in NUMERICS_ENVIRONMENT if f"| `{name}` |" not in page] == []
+
+
+def test_a_rerun_under_an_equal_identity_never_rewrites_the_stored_result(compose_cfg, tmp_path, capsys, monkeypatch):
+    """Reproduced bit for bit: the stored file is kept as it is. Numbers that differ under an equal identity
+    (what the identity cannot see, here an edit patched in after the code was hashed): the stored file is
+    kept and this run's result goes into its own folder, saying so. check_result=true compares whatever is
+    stored, into the run's folder."""
+    from topklab.losses import Logistic
+
+    cfg, result = _tabular_row(compose_cfg, tmp_path, "engine.epochs=1")
+    train(cfg, tmp_path / "first", overrides=[])
+    stored = result.read_bytes()
+    capsys.readouterr()
+    train(cfg, tmp_path / "again", overrides=[])
+    assert result.read_bytes() == stored and f"result: reproduces {result} bit for bit" in capsys.readouterr().out
+    checked, _ = _tabular_row(compose_cfg, tmp_path, "engine.epochs=1", "check_result=true")
+    train(checked, tmp_path / "checked", overrides=["check_result=true"])
+    assert json.loads((tmp_path / "checked" / "result.json").read_text())["result"]["compared_with"]["identical"]
+    forward = Logistic.forward
+    monkeypatch.setattr(Logistic, "forward", lambda self, *args: forward(self, *args) * 1.5)
+    train(cfg, tmp_path / "other", overrides=[])
+    out = capsys.readouterr().out
+    assert result.read_bytes() == stored and f"result: differs from {result}" in out
+    assert f"{result} is kept; this run's result is {tmp_path / 'other' / 'result.json'}" in out
+    assert not json.loads((tmp_path / "other" / "result.json").read_text())["result"]["compared_with"]["identical"]
+
+
+def test_force_replaces_a_corrupt_stored_result_and_records_it(compose_cfg, tmp_path):
+    cfg, result = _tabular_row(compose_cfg, tmp_path, "engine.epochs=1")
+    result.parent.mkdir(parents=True)
+    result.write_text("[]")
+    with pytest.raises(TopklabError, match="not a readable result .*force_result=true"):
+        train(cfg, tmp_path / "refused", overrides=[])
+    forced, _ = _tabular_row(compose_cfg, tmp_path, "engine.epochs=1", "force_result=true")
+    train(forced, tmp_path / "forced", overrides=["force_result=true"])
+    assert "not an object" in json.loads(result.read_text())["result"]["replaced"]["unreadable"]
+
+
+def test_a_result_resumed_under_several_identities_is_none_of_them(tmp_path):
+    segment = {**identity(torch.device("cpu"), None), "from_step": 0}
+    stored = {
+        "config": {"a": 1},
+        "provenance": {"hardware": {}},
+        "result": {"summary": {"segments": [{**segment, "threads": 64}, {**segment, "from_step": 5, "forced": True}]}},
+    }
+    differences = stored_differences(stored, {"a": 1}, identity(torch.device("cpu"), None))
+    threads = ", ".join(sorted({str(segment["threads"]), "64"}))  # each segment's, as JSON text in order
+    assert differences == [f"threads several ({threads}) → {segment['threads']}"], differences
+    lacking = {**stored, "result": {"summary": {"segments": [{**segment, "code": None}, segment]}}}
+    assert any(d.startswith("code several (") for d in stored_differences(lacking, {"a": 1}, segment))

@@ -34,11 +34,16 @@ def test_a_tabular_row_runs_its_cells_under_its_preset(tmp_path, capsys):
         stored = {p: p.read_bytes() for p in (ROOT / "results" / "tabular" / "quick").rglob("*.json")}
         build(committed.runner, "runner")(committed, tmp_path / "a", overrides=[f"experiment={row}"], experiment=row)
         out = capsys.readouterr().out  # the committed cells, computed under other code: checked in a folder of its own
-        assert f"5 of 5 cells in {ROOT}/results/tabular/quick were stored under another identity (code " in out
+        assert f"5 of 5 cells in {ROOT}/results/tabular/quick were stored under other settings (code " in out
         assert f"training them into {tmp_path / 'a' / 'cells'} to compare" in out
         assert re.search(r"^reproduced bit for bit: [0-5] of 5", out, flags=re.M), out
         assert len(list((tmp_path / "a" / "cells").rglob("*.json"))) == 5
         assert {p: p.read_bytes() for p in (ROOT / "results" / "tabular" / "quick").rglob("*.json")} == stored
+        refusing = compose_run([f"experiment={row}", "check_result=false", f"paths.log_dir={tmp_path}"])
+        with pytest.raises(TopklabError, match=r"5 of 5 stored cells differ: .*other settings \(code "):
+            build(refusing.runner, "runner")(
+                refusing, tmp_path / "c", overrides=[f"experiment={row}", "check_result=false"], experiment=row
+            )
 
         trial = ["preset.max_epochs=1", "preset.n_splits=2", "runner.aggregates=[stk]", "runner.progress=false"]
         cfg = compose_run([f"experiment={row}", *trial, f"paths.log_dir={tmp_path}"])

@@ -213,9 +213,9 @@ def test_reproduce_stores_cells_and_a_rerun_skips_them(tmp_path, capsys, hydra_r
     assert "0 of 2 cells" in capsys.readouterr().out
     assert reproduce(reproduce_cfg(tmp_path)) == records
     assert "2 of 2 cells already" in capsys.readouterr().out and path.stat().st_mtime_ns == mtime
-    with pytest.raises(TopklabError, match="computed with other settings"):
+    with pytest.raises(TopklabError, match=r"other settings \(config protocol.max_epochs\)"):
         reproduce(reproduce_cfg(tmp_path, preset={"max_epochs": 3}))
-    with pytest.raises(TopklabError, match="computed with other settings"):  # k=1.0 (all) is not k=1 (one)
+    with pytest.raises(TopklabError, match=r"other settings \(config protocol.grid"):  # k=1.0 (all) is not k=1 (one)
         reproduce(reproduce_cfg(tmp_path, preset={"grid": {"k": [1.0, 0.5]}}))
 
 
@@ -234,7 +234,9 @@ def test_a_loss_config_edit_makes_a_stored_cell_not_done(tmp_path):
         stk.write_text(stk.read_text().replace(old, new, 1))
         with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
             assert reproduce(reproduce_cfg(tmp_path, config_dir=str(configs), aggregates="average"))
-            with pytest.raises(TopklabError, match=r"logistic-stk.json was computed with other settings"):
+            with pytest.raises(
+                TopklabError, match=r"logistic-stk.json holds a result with other settings \(config loss"
+            ):
                 reproduce(reproduce_cfg(tmp_path, config_dir=str(configs)))
 
 
@@ -289,7 +291,7 @@ def test_a_cell_under_another_identity_is_refused_checked_or_replaced(tmp_path, 
 @pytest.mark.parametrize(
     "field, value",
     [("cpu_capability", "DEFAULT"), ("threads", 97), ("environment", {"MKL_CBWR": "COMPATIBLE"}),
-     ("world_size", 2), ("torch", "0.0.0"), ("data", "0" * 16)],
+     ("torch", "0.0.0"), ("data", "0" * 16), ("cpu_isa", "avx"), ("native", "not prebuilt: _pav_cpu")],
 )  # fmt: skip
 def test_every_identity_field_of_a_cell_is_compared(field, value, tmp_path, monkeypatch, hydra_ready):
     reproduce(reproduce_cfg(tmp_path, aggregates="average"))
@@ -311,8 +313,9 @@ def test_a_cell_stored_before_the_loss_and_identity_fields_compares_under_their_
         legacy = {k: v for k, v in record.items() if k != "identity"}
         legacy["replay"] = {"code": record["identity"]["code"], "steps": 4, "losses": "0" * 16}
         store.save({**legacy, "fingerprint": {k: v for k, v in record["fingerprint"].items() if k != "loss"}})
-        assert store.is_done(Cell(**record["cell"]), record["fingerprint"])
-    with pytest.raises(TopklabError, match=r"other settings \(data unrecorded → \w{16}\)"):
+        cell = Cell(**record["cell"])
+        assert store.differences(store.load(cell), cell, record["fingerprint"], {}) == []  # the fingerprint alone
+    with pytest.raises(TopklabError, match=r"other settings \(.*data unrecorded → \w{16}\)"):
         reproduce(reproduce_cfg(tmp_path))
 
 
@@ -537,3 +540,35 @@ def test_the_runners_fields_reach_every_row_of_a_sweep(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     stored = sorted(p.relative_to(tmp_path / "r").as_posix() for p in (tmp_path / "r").rglob("*.json"))
     assert stored == ["table3/australian/logistic-average.json", "table3/wisconsin/logistic-average.json"]
+
+
+def test_a_check_trains_the_differing_cells_aside_and_the_missing_ones_into_the_store(
+    tmp_path, capsys, monkeypatch, hydra_ready
+):
+    """One cell stored under another identity, another not stored: the check trains the first into its own
+    folder and the second into the results directory (where a later run finds it), and returns both."""
+    records = reproduce(reproduce_cfg(tmp_path))
+    store = CellStore(tmp_path / "results")
+    average, stk = (Cell(**r["cell"]) for r in records)
+    store.save({**records[0], "identity": {**records[0]["identity"], "threads": 999}})
+    store.path(stk).unlink()
+    capsys.readouterr()
+    checked = reproduce(reproduce_cfg(tmp_path, check=True, check_dir=str(tmp_path / "own")))
+    out = capsys.readouterr().out
+    assert "1 of 2 cells in" in out and "(threads 999 → " in out and "reproduced bit for bit: 1 of 1" in out
+    assert [r["cell"]["aggregate"] for r in checked] == ["average", "stk"]
+    assert store.load(stk) is not None and store.load(average)["identity"]["threads"] == 999
+    assert CellStore(tmp_path / "own").load(average) is not None and CellStore(tmp_path / "own").load(stk) is None
+
+
+def test_force_replaces_a_corrupt_cell_and_a_cell_of_other_settings(tmp_path, hydra_ready):
+    reproduce(reproduce_cfg(tmp_path, aggregates="average"))
+    store = CellStore(tmp_path / "results")
+    path = store.path(Cell("table3", "wisconsin", "logistic", "average"))
+    path.write_text("{corrupt")
+    with pytest.raises(TopklabError, match="corrupt.*force_result=true"):
+        reproduce(reproduce_cfg(tmp_path, aggregates="average"))
+    [forced] = reproduce(reproduce_cfg(tmp_path, aggregates="average", force=True))
+    assert "corrupt" in forced["replaced"]["unreadable"]
+    [replaced] = reproduce(reproduce_cfg(tmp_path, aggregates="average", force=True, preset={"max_epochs": 3}))
+    assert replaced["fingerprint"]["protocol"]["max_epochs"] == 3 and replaced["replaced"]["test"]

@@ -9,6 +9,7 @@ import pytest
 from helpers import ROOT
 from topklab.protocol import Cell, CellStore
 from topklab.protocol.cell import COMMITTED_LOSS
+from topklab.protocol.store import stored_cell_identity
 from topklab.report import make_result, read_result, read_results, write_result
 from topklab.utils.errors import TopklabError
 
@@ -161,10 +162,10 @@ def test_the_store_resumes_from_converted_cells_and_writes_them_unchanged(tmp_pa
     record = committed.load(cell)
     assert record["preset"] == "fraction" and record["test_mean"] == pytest.approx(11.560693641618496)
     fingerprint = {**record["fingerprint"], "loss": COMMITTED_LOSS["stk"]}  # stored before the loss entered it
-    assert committed.is_done(cell, fingerprint)
+    recorded = stored_cell_identity(record)  # this machine as the one that stored it
+    assert committed.differences(record, cell, fingerprint, recorded) == []
     changed = {**fingerprint, "protocol": {**fingerprint["protocol"], "max_epochs": 1}}
-    with pytest.raises(TopklabError, match="computed with other settings"):
-        committed.is_done(cell, changed)
+    assert committed.differences(record, cell, changed, recorded) == ["config protocol.max_epochs"]
     copy = CellStore(tmp_path)
     assert copy.save(record).read_bytes() == committed.path(cell).read_bytes()
     assert copy.load(cell) == record

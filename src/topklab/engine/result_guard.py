@@ -26,8 +26,9 @@ import torch
 
 from topklab.data.fingerprint import DOCUMENTED_DATA
 from topklab.engine.checkpoint import ENGINE_NOT_IN_KEY
-from topklab.engine.run_identity import IDENTITY_FIELDS, identity_differences
+from topklab.engine.run_identity import IDENTITY_FIELDS, UNRECORDED, identity_differences
 from topklab.utils.errors import TopklabError
+from topklab.utils.provenance import NUMERICS_PACKAGES, cpu_isa, without_data_paths
 
 ROW_OWN_KEYS = (
     "experiment",
@@ -147,14 +148,28 @@ def filed_as(filing: dict | None, asked: Path, task: str | None, device: torch.d
     return {"family": family, "table": f"{table}{suffix}", "row": filing.get("row") or asked.parent.name}
 
 
+def agreed(values: list) -> object:
+    """One value where ``values`` (a field in each training segment) agree, else a value no identity
+    has: ``several (…)``, each as JSON.
+
+    Examples
+    --------
+    >>> agreed([1, 1]), agreed([1, None])
+    (1, 'several (1, null)')
+    """
+    texts = sorted({json.dumps(value, sort_keys=True) for value in values})
+    return values[0] if len(texts) == 1 else f"several ({', '.join(texts)})"
+
+
 def stored_identity(stored: dict) -> dict:
     """The identity (:func:`~topklab.engine.run_identity.identity`) of a stored result envelope: its
-    training segments' (``summary.segments``, the last one's fields), completed from its provenance and
-    summary for a result whose segments predate a field. The data of a result stored before its
-    fingerprint was recorded compares as its dataset's documented files
-    (:data:`~topklab.data.fingerprint.DOCUMENTED_DATA`); the code of one whose segments ran under several
-    code versions (a forced resume) is none of them."""
+    training segments' (``summary.segments``), a field on which they disagree (a forced resume) being
+    none of their values; completed from its provenance and summary where the segments predate a field
+    (threads, CPU kernels and vector set, the numerics variables, the packages). The data of a result
+    stored before its fingerprint was recorded compares as its dataset's documented files
+    (:data:`~topklab.data.fingerprint.DOCUMENTED_DATA`)."""
     hardware = stored.get("provenance", {}).get("hardware", {})
+    packages = stored.get("provenance", {}).get("packages")
     summary = stored.get("result", {}).get("summary", {})
     segments = summary.get("segments") or []
     device = str(summary.get("device", "cpu")).split(":")[0]
@@ -162,31 +177,47 @@ def stored_identity(stored: dict) -> dict:
         "device": device,
         "threads": hardware.get("torch_threads"),
         "cpu_capability": hardware.get("torch_cpu_capability") if device == "cpu" else None,
+        "cpu_isa": cpu_isa(hardware["cpu_flags"]) if hardware.get("cpu_flags") is not None else None,
         "data": summary.get("data_fingerprint") or DOCUMENTED_DATA.get(summary.get("dataset")),
+        "environment": hardware.get("numerics_environment"),
+        "packages": {name: packages.get(name, UNRECORDED) for name in NUMERICS_PACKAGES} if packages else None,
     }
-    if hardware.get("numerics_environment") is not None:
-        recorded["environment"] = hardware["numerics_environment"]
-    if segments:
-        recorded.update({k: v for k, v in segments[-1].items() if k in IDENTITY_FIELDS})
-        codes = sorted({segment.get("code") for segment in segments})
-        if len(codes) > 1:
-            recorded["code"] = "several (" + ", ".join(map(str, codes)) + ")"
-    return {k: v for k, v in recorded.items() if v is not None or k in ("cpu_capability", "data")}
+    recorded = {k: v for k, v in recorded.items() if v is not None or k in ("cpu_capability", "data")}
+    for field in IDENTITY_FIELDS:
+        values = [segment[field] for segment in segments if field in segment]
+        if values:
+            recorded[field] = agreed([segment.get(field) for segment in segments])
+    return recorded
 
 
-def stored_differences(path: Path, config: dict, mine: dict) -> list[str] | None:
-    """What differs between the result stored at ``path`` and this run (its ``config`` and identity
-    ``mine``): identity fields (:func:`~topklab.engine.run_identity.identity_differences`), then at most
-    three config keys; None when nothing is stored there."""
+def read_stored(path: Path, force: bool) -> dict | None:
+    """The result envelope stored at ``path``; None where there is none. One that cannot be read is a
+    one-line error, or under ``force`` (which replaces it) ``{"unreadable": why}``."""
     if not path.is_file():
         return None
     try:
         stored = json.loads(path.read_text())
+        if not isinstance(stored, dict):
+            raise ValueError(f"a JSON {type(stored).__name__}, not an object")
     except (OSError, ValueError) as err:
+        if force:
+            return {"unreadable": str(err)}
         raise TopklabError(f"{path} is not a readable result ({err}); move it away or pass force_result=true") from None
+    return stored
+
+
+def stored_differences(stored: dict, config: dict, mine: dict) -> list[str]:
+    """What differs between a stored result envelope and this run (its ``config`` and identity
+    ``mine``): identity fields (:func:`~topklab.engine.run_identity.identity_differences`), then config
+    keys (the first three, and how many more)."""
     differences = identity_differences(stored_identity(stored), mine)
     old, new = (without_ignored(c) for c in (stored.get("config", {}), config))
-    return differences + [f"config {key}" for key in differing_keys(old, new)][:3]
+    keys = differing_keys(old, new)
+    return (
+        differences
+        + [f"config {key}" for key in keys[:3]]
+        + ([f"{len(keys) - 3} more config keys"] if len(keys) > 3 else [])
+    )
 
 
 def without_ignored(config: dict) -> dict:
@@ -199,7 +230,7 @@ def without_ignored(config: dict) -> dict:
     >>> without_ignored({"logger": {"a": 1}, "engine": {"resume": False, "epochs": 2}})
     {'engine': {'epochs': 2}}
     """
-    kept = {k: v for k, v in config.items() if k not in IGNORED_CONFIG_KEYS}
+    kept = without_data_paths({k: v for k, v in config.items() if k not in IGNORED_CONFIG_KEYS})
     if isinstance(kept.get("engine"), dict):
         kept["engine"] = {k: v for k, v in kept["engine"].items() if k not in ENGINE_NOT_IN_KEY}
     return kept
@@ -264,7 +295,8 @@ def differing_keys(old, new, prefix: str = "") -> list[str]:
         old = {**{k: v for (t, k), v in ADDED_FIELDS.items() if t == target and k in new}, **old}
         keys = sorted(set(old) | set(new))
         return [d for key in keys for d in differing_keys(old.get(key), new.get(key), f"{prefix}{key}.")]
-    return [] if old == new else [prefix.rstrip(".")]
+    same = json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True)  # as text: k=1 and k=1.0 differ
+    return [] if same else [prefix.rstrip(".")]
 
 
 COMPARED = (
@@ -275,13 +307,25 @@ COMPARED = (
     "steps",
     "epochs",
 )  # a summary's numbers a rerun must reproduce
-TIMING = {"elapsed_s", "images_per_s", "losses_per_s", "step_time_s", "peak_memory_mb", "data_wait_share", "loss_share"}
+TIMING_SUFFIXES = ("_s", "_seconds", "_mb")  # wall-clock times, rates and memory: measured, not computed
+TIMING = ("data_wait_share", "loss_share")  # shares of a step's wall-clock time
+
+
+def timing(key) -> bool:
+    """Whether a summary key holds a measurement of the machine rather than a computed number.
+
+    Examples
+    --------
+    >>> [timing(k) for k in ("elapsed_s", "images_per_s", "selection_s", "peak_memory_mb", "loss_share", "hard_share")]
+    [True, True, True, True, True, False]
+    """
+    return isinstance(key, str) and (key.endswith(TIMING_SUFFIXES) or key in TIMING)
 
 
 def _numbers(tree, prefix: str = "") -> dict[str, float]:
-    """Every number in nested mappings and lists, by dotted key, timings (:data:`TIMING`) left out."""
+    """Every number in nested mappings and lists, by dotted key, measurements (:func:`timing`) left out."""
     if isinstance(tree, Mapping):
-        items = [(key, value) for key, value in tree.items() if key not in TIMING]
+        items = [(key, value) for key, value in tree.items() if not timing(key)]
     elif isinstance(tree, list):
         items = list(enumerate(tree))
     elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
@@ -316,12 +360,11 @@ def metric_differences(stored: Mapping, mine: Mapping) -> tuple[int, list[str]]:
     return len(set(old) & set(new)), differences
 
 
-def compare_with_stored(path: Path, summary: dict) -> dict:
-    """This run's ``summary`` against the result stored at ``path``: ``{path, compared, identical,
-    differences, line}``, ``line`` saying in one line whether it reproduced the stored numbers bit for
-    bit, or how they differ."""
-    stored = json.loads(Path(path).read_text())["result"]["summary"]
-    compared, differences = metric_differences(stored, summary)
+def compare_with_stored(path: Path, stored: dict, summary: dict) -> dict:
+    """This run's ``summary`` against the result envelope ``stored`` (read from ``path`` before training):
+    ``{path, compared, identical, differences, line}``, ``line`` saying in one line whether it reproduced
+    the stored numbers bit for bit, or how they differ."""
+    compared, differences = metric_differences(stored.get("result", {}).get("summary", {}), summary)
     line = (
         f"result: reproduces {path} bit for bit ({compared} numbers)"
         if not differences
@@ -334,9 +377,11 @@ def compare_with_stored(path: Path, summary: dict) -> dict:
     }  # fmt: skip
 
 
-def replaced_record(path: Path) -> dict:
-    """What a forced result replaces: the stored result's identity, metrics, command and commit."""
-    stored = json.loads(Path(path).read_text())
+def replaced_record(stored: dict) -> dict:
+    """What a forced result replaces: the stored envelope's identity, metrics, command and commit (or why
+    it could not be read)."""
+    if "unreadable" in stored:
+        return {"unreadable": stored["unreadable"]}
     return {
         "identity": stored_identity(stored),
         "metrics": stored.get("result", {}).get("summary", {}).get("metrics"),

@@ -31,6 +31,7 @@ from topklab.engine.result_guard import (
     compare_with_stored,
     destination,
     filed_as,
+    read_stored,
     refusal,
     replaced_record,
     result_path,
@@ -230,11 +231,13 @@ def plan_result(
     cfg: DictConfig, overrides: list[str] | None, run_dir: Path, fingerprint: str | None
 ) -> tuple[Path, dict, dict] | None:
     """``(path, filing, against)``: where the result will go (said in one line when not where asked),
-    the ``{family, table, row}`` it is filed as, and what it is written against: ``{"replaces": path}``
-    (``force_result=true``), ``{"compare": path}`` (``check_result=true``: the run writes into its own
-    folder and ends by comparing) or nothing. Checked before training so that a refusal costs nothing:
-    a stored result there with other settings or another identity
-    (:func:`~topklab.engine.result_guard.stored_differences`) is refused in one line. None when the run
+    the ``{family, table, row}`` it is filed as, and what is stored there, read before training:
+    ``{"replaces": what}`` under ``force_result=true``; else ``{"compare": its path, "stored": it}``, the
+    run ending by comparing with it (:func:`write_result`); nothing where nothing is stored. Checked
+    before training so that a refusal costs nothing: a stored result there with other settings or
+    another identity (:func:`~topklab.engine.result_guard.stored_differences`) is refused in one line,
+    or under ``check_result=true`` the run writes into its own folder (as it does under
+    ``check_result=true`` whatever is stored). None when the run
     writes none: ``result_file=null``, or ``auto`` for a run that is no experiment row. ``auto`` asks for
     the row's own file (:func:`~topklab.engine.result_guard.result_path`). It writes nothing: the guard
     alone, for a composed config."""
@@ -247,16 +250,20 @@ def plan_result(
     path, note = destination(str(asked), cfg.paths.root_dir, overrides, run_dir, device)
     if note:
         print(note)
-    differences = stored_differences(path, portable_config(cfg), identity(device, fingerprint))
+    force = bool(cfg.get("force_result"))
+    stored = read_stored(path, force)
     against = {}
-    if differences and cfg.get("force_result"):
-        against = {"replaces": path}
-    elif differences and cfg.get("check_result"):
-        against, path = {"compare": path}, Path(run_dir) / "result.json"
-        print(f"result: {against['compare']} was stored under other settings ({'; '.join(differences)}); "
-              f"this run writes {path} and compares with it")  # fmt: skip
-    elif differences:
-        raise refusal(path, differences)
+    if stored is not None and force:
+        against = {"replaces": replaced_record(stored)}
+    elif stored is not None:
+        differences = stored_differences(stored, portable_config(cfg), identity(device, fingerprint))
+        if differences and not cfg.get("check_result"):
+            raise refusal(path, differences)
+        against = {"compare": path, "stored": stored}
+        if differences or cfg.get("check_result"):
+            path = Path(run_dir) / "result.json"
+            reason = f"was stored under other settings ({'; '.join(differences)})" if differences else "is stored"
+            print(f"result: {against['compare']} {reason}; this run writes {path} and compares with it")
     return path, filed_as(filing, asked, OmegaConf.select(cfg, "dataset.task"), device), against
 
 
@@ -312,16 +319,24 @@ def write_result(cfg: DictConfig, summary: dict, record: RunRecord, path: Path, 
     """The run's compact, portable result at ``path`` (:func:`plan_result`), filed as ``filing``'s
     family, table and row, labelled ``cfg.row``: the summary, the config without machine paths, the
     provenance and the command, in :mod:`topklab.report.schema`'s envelope, written atomically. A result
-    that replaces another records what it replaced (``replaced``); one written to be compared with a
-    stored result ends by printing the comparison and records it (``compared_with``)."""
+    that replaces another records what it replaced (``replaced``). One planned against a stored result
+    prints the comparison and records it (``compared_with``); where it would go in the stored one's place
+    (an equal identity), that is kept as it is if this run reproduced it bit for bit, and otherwise this
+    one goes into the run's folder: nothing stored is rewritten unless ``force_result=true``."""
     table, row = filing["table"], filing["row"]
     portable_summary = {k: v for k, v in summary.items() if k != "logger_id"}  # a CSV logger's id is a path
     payload = {"table": table, "row": row, "label": cfg.get("row") or row, "summary": portable_summary}
     if "replaces" in against:
-        payload["replaced"] = replaced_record(against["replaces"])
+        payload["replaced"] = against["replaces"]
     if "compare" in against:
-        payload["compared_with"] = compare_with_stored(against["compare"], portable_summary)
-        print(payload["compared_with"]["line"])
+        compared = compare_with_stored(against["compare"], against["stored"], portable_summary)
+        payload["compared_with"] = {k: v for k, v in compared.items() if k != "line"}
+        print(compared["line"])
+        if path == against["compare"]:
+            if compared["identical"]:
+                return path
+            path = record.run_dir / "result.json"
+            print(f"result: {against['compare']} is kept; this run's result is {path} (force_result=true replaces)")
     command = "python " + " ".join(Path(a).name if i == 0 else a for i, a in enumerate(sys.argv))
     return write_envelope(
         path,

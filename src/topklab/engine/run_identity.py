@@ -9,10 +9,15 @@ The identity (:func:`identity`) is, besides the config the caller compares itsel
   kernels, over a normalised form: Python files by their syntax tree without docstrings, so comments,
   docstrings and reformatting do not count; C++ files by their non-blank lines stripped of surrounding
   space. Never the git commit: an edit to the README, a report or ``results/`` changes nothing.
-- ``torch``: torch's version;
+- ``torch``: torch's version, and ``packages``: the versions of the other packages that compute
+  (:data:`~topklab.utils.provenance.NUMERICS_PACKAGES`: numpy's generators split the data, timm and
+  torchvision build models, difftopk and diffsort sort, sacrebleu scores, Triton compiles);
+- ``native``: whether the C++ kernels are prebuilt (:func:`~topklab.utils.native.prebuilt_kernels`;
+  where they are not and cannot be built, the losses fall back to other kernels);
 - ``device``, and on CUDA ``gpu`` (the model) and ``cuda`` (the toolkit torch was built with);
-- ``threads``, ``cpu_capability`` (torch's CPU kernels) and ``environment``: the documented numerics
-  variables set (:data:`~topklab.utils.provenance.NUMERICS_ENVIRONMENT`);
+- ``threads``, ``cpu_capability`` (torch's CPU kernels), ``cpu_isa`` (the CPU's widest vector set,
+  by which MKL and oneDNN choose theirs) and ``environment``: the documented numerics variables set
+  (:data:`~topklab.utils.provenance.NUMERICS_ENVIRONMENT`);
 - ``world_size``: the processes of a ``torchrun`` launch (1 for one process);
 - ``data``: the fingerprint of the files the run reads (:mod:`topklab.data.fingerprint`).
 
@@ -32,7 +37,8 @@ from pathlib import Path
 import torch
 
 from topklab.utils.errors import TopklabError
-from topklab.utils.provenance import numerics_environment
+from topklab.utils.native import prebuilt_kernels
+from topklab.utils.provenance import NUMERICS_PACKAGES, cpu_isa, numerics_environment, package_versions
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 REPOSITORY_FILES = ("train.py", "setup.py")  # beside src/: the entry point and the native kernels' build flags
@@ -41,11 +47,14 @@ NOT_TRAINING_CODE = ("report", "bench", "loggers", "launch", "cli.py")  # parts 
 IDENTITY_FIELDS = (
     "code",
     "torch",
+    "packages",
+    "native",
     "device",
     "gpu",
     "cuda",
     "threads",
     "cpu_capability",
+    "cpu_isa",
     "environment",
     "world_size",
     "data",
@@ -55,6 +64,7 @@ PREDATING = {  # what a stored identity that lacks a field ran under
     "world_size": 1,  # every stored number before the field ran in one process
     "gpu": None,  # a CPU run records none
     "cuda": None,
+    "native": "prebuilt",  # every stored number before the field was computed after `make setup`, which builds them
 }
 UNRECORDED = "unrecorded"
 
@@ -73,10 +83,15 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
 
 
 def normalised_source(path: Path) -> str:
-    """The part of a source file that can change what it computes."""
-    text = path.read_text()
+    """The part of a source file that can change what it computes (a Python file that does not parse:
+    its text, as it stands)."""
+    text = path.read_text(encoding="utf-8", errors="surrogateescape")
     if path.suffix == ".py":
-        return ast.dump(_without_docstrings(ast.parse(text)), annotate_fields=False, include_attributes=False)
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            return text
+        return ast.dump(_without_docstrings(tree), annotate_fields=False, include_attributes=False)
     return "\n".join(line.strip() for line in text.splitlines() if line.strip())
 
 
@@ -129,20 +144,32 @@ def identity(device: torch.device, data: str | None) -> dict:
     return {
         "code": code_version(),
         "torch": torch.__version__,
+        "packages": package_versions(NUMERICS_PACKAGES),
+        "native": prebuilt_kernels(),
         "device": device.type,
         "gpu": torch.cuda.get_device_name(device) if cuda else None,
         "cuda": torch.version.cuda if cuda else None,
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else None,
+        "cpu_isa": cpu_isa(),
         "environment": numerics_environment(),
         "world_size": world_size(),
         "data": data,
     }
 
 
+def _difference(field: str, theirs, mine) -> str:
+    """``field theirs → mine``; of two mappings (packages, environment variables) only the entries that differ."""
+    if isinstance(theirs, dict) and isinstance(mine, dict) and field == "packages":
+        keys = sorted(k for k in set(theirs) | set(mine) if theirs.get(k, UNRECORDED) != mine.get(k, UNRECORDED))
+        return "; ".join(f"{field} {k} {theirs.get(k, UNRECORDED)} → {mine.get(k, UNRECORDED)}" for k in keys)
+    return f"{field} {theirs} → {mine}"
+
+
 def identity_differences(stored: dict | None, current: dict) -> list[str]:
     """``field stored → current`` for each field of :data:`IDENTITY_FIELDS` where they differ, a field
-    the stored identity lacks comparing under :data:`PREDATING` (else unrecorded).
+    the stored identity lacks comparing under :data:`PREDATING` (else unrecorded); of ``packages`` each
+    package that differs.
 
     Examples
     --------
@@ -151,10 +178,12 @@ def identity_differences(stored: dict | None, current: dict) -> list[str]:
     ['threads unrecorded → 1']
     >>> identity_differences({"code": "a", "threads": 2, "world_size": 1}, {**me, "world_size": 1})
     ['threads 2 → 1']
+    >>> identity_differences({"packages": {"numpy": "1", "timm": "2"}}, {"packages": {"numpy": "1", "timm": "3"}})
+    ['packages timm 2 → 3']
     """
     stored = stored or {}
     return [
-        f"{field} {theirs} → {current[field]}"
+        _difference(field, theirs, current[field])
         for field in IDENTITY_FIELDS
         if field in current and (theirs := stored.get(field, PREDATING.get(field, UNRECORDED))) != current[field]
     ]
@@ -187,8 +216,6 @@ def check_resumable(saved: dict | None, current: dict, where: str | Path, force:
         if not differences:
             return
         detail = f"was written with {'; '.join(differences)}"
-        if saved.get("cpu_capability") != current.get("cpu_capability"):
-            detail += " (pin the CPU kernels with cpu_capability=avx2 on every command line of a campaign)"
         if saved.get("data") != current.get("data"):
             detail += " (other data files: check paths.data_dir and dataset.root)"
     raise TopklabError(

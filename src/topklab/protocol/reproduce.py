@@ -20,10 +20,10 @@ from topklab.config import check_one_process_command, compose_run, config_groups
 from topklab.data.fingerprint import dataset_fingerprint
 from topklab.engine.build import build
 from topklab.engine.result_guard import refusal
-from topklab.engine.run_identity import identity, identity_differences
+from topklab.engine.run_identity import identity
 from topklab.protocol.cell import Cell, Protocol, run_cell
 from topklab.protocol.grid import Grid
-from topklab.protocol.store import CellStore, compare_cells, replaced_cell, stored_cell_identity
+from topklab.protocol.store import CellStore, compare_cells, replaced_cell
 from topklab.utils.errors import TopklabError
 from topklab.utils.provenance import check_cpu_capability, collect
 
@@ -116,6 +116,7 @@ def reproduce(cfg: DictConfig) -> list[dict]:
                     "loss": OmegaConf.to_container(protocol.members_aggregate(cell_cfg.loss), resolve=True),
                 }
                 mine = identity(torch.device("cpu"), dataset_fingerprint(build(cell_cfg.dataset, "dataset")))
+                mine["world_size"] = 1  # a cell trains in one process, whatever launched it
                 plan.append((cell, cell_cfg, settings, mine))
 
     for key, asked in (("aggregates", wanted), ("individuals", wanted_individuals)):
@@ -128,24 +129,29 @@ def reproduce(cfg: DictConfig) -> list[dict]:
     def fingerprint(cell, settings):
         return {"protocol": protocol.fingerprint(cell.aggregate), **settings}
 
-    done = {cell.key for cell, _, settings, _ in plan if store.is_done(cell, fingerprint(cell, settings))}
+    force = bool(cfg.get("force"))
+    stored = {cell.key: store.stored(cell, force) for cell, *_ in plan}
     differing = {
         cell.key: differences
-        for cell, _, _, mine in plan
-        if cell.key in done and (differences := identity_differences(stored_cell_identity(store.load(cell)), mine))
+        for cell, _, settings, mine in plan
+        if stored[cell.key] is not None
+        and (differences := store.differences(stored[cell.key], cell, fingerprint(cell, settings), mine))
     }
-    target = store
-    if differing and not cfg.get("force"):
+    checked = CellStore(cfg.check_dir) if differing and not force and cfg.get("check") else None
+    if differing and not force:
         first, reasons = next(iter(differing.items()))
-        if not cfg.get("check"):
+        if checked is None:
             refused = refusal(store.path(Cell(*first.split("/"))), reasons)
             raise TopklabError(f"{len(differing)} of {len(plan)} stored cells differ: {refused}")
-        target = CellStore(cfg.check_dir)
         print(
-            f"{len(differing)} of {len(plan)} cells in {store.root} were stored under another identity "
-            f"({'; '.join(reasons)}); training them into {target.root} to compare"
+            f"{len(differing)} of {len(plan)} cells in {store.root} were stored under other settings "
+            f"({'; '.join(reasons)}); training them into {checked.root} to compare"
         )
-    todo = [p for p in plan if p[0].key not in done or p[0].key in differing]
+    todo = [p for p in plan if stored[p[0].key] is None or p[0].key in differing]
+
+    def target(cell: Cell) -> CellStore:
+        return checked if checked is not None and cell.key in differing else store
+
     trainings = sum(len(protocol.grid.combos(c.aggregate)) * protocol.n_splits for c, *_ in todo)
     print(
         f"{len(plan) - len(todo)} of {len(plan)} cells already in {store.root}; "
@@ -160,20 +166,20 @@ def reproduce(cfg: DictConfig) -> list[dict]:
             record = run_cell(
                 cell, dataset, individual, protocol, settings=settings, on_retire=bar.update, aggregate=aggregate
             )
-            if cell.key in differing and target is store:
-                record["replaced"] = replaced_cell(store.load(cell))
+            if cell.key in differing and force:
+                record["replaced"] = replaced_cell(stored[cell.key])
             record["identity"] = mine
             record["preset"] = cfg.preset.name
             record["command"] = command
             record["provenance"] = provenance
-            target.save(record)
+            target(cell).save(record)
             bar.write(
                 f"{cell.key}: test {record['metric']} {record['test_mean']:.4g} ± {record['test_std']:.3g} "
                 f"(selected {describe(record['selected'])}; {record['seconds']:.0f} s)"
             )
-    if target is not store:
-        print(compare_cells([(store.load(c), target.load(c)) for c, *_ in plan if c.key in differing]))
-    return [(target if cell.key in differing else store).load(cell) for cell, *_ in plan]
+    if checked is not None:
+        print(compare_cells([(stored[c.key], checked.load(c)) for c, *_ in plan if c.key in differing]))
+    return [target(cell).load(cell) for cell, *_ in plan]
 
 
 CELLS_OWN_KEYS = (
@@ -258,7 +264,7 @@ class TabularCells:
                 "config_dir": str(Path(cfg.paths.root_dir) / "configs"),
                 "cpu_capability": cfg.get("cpu_capability"),
                 "force": bool(cfg.get("force_result")),
-                "check": bool(cfg.get("check_result") or cfg.preset.get("check_stored")),
+                "check": bool(cfg.preset.get("check_stored") if cfg.get("check_result") is None else cfg.check_result),
                 "check_dir": str(Path(run_dir) / "cells"),
             }
         )

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from topklab.engine.result_guard import differing_keys
+from topklab.engine.run_identity import identity_differences
 from topklab.protocol.cell import COMMITTED_LOSS, Cell
 from topklab.report.schema import make_result, read_result, write_result
 from topklab.utils.errors import TopklabError
@@ -89,19 +91,29 @@ class CellStore:
         path = self.path(cell)
         return from_result(read_result(path, "tabular")) if path.exists() else None
 
-    def is_done(self, cell: Cell, fingerprint: dict) -> bool:
-        """True if ``cell`` is stored with this fingerprint (:func:`with_defaults`); an error if it
-        is stored with another."""
-        record = self.load(cell)
-        if record is None:
-            return False
-        # as JSON text, so that k=1 (one sample) and k=1.0 (the whole batch) differ
-        if canonical(with_defaults(record["fingerprint"], cell)) != canonical(fingerprint):
-            raise TopklabError(
-                f"{self.path(cell)} was computed with other settings than this run's; "
-                f"delete it (or use another preset name / results dir) to recompute"
-            )
-        return True
+    def stored(self, cell: Cell, force: bool = False) -> dict | None:
+        """The stored record of ``cell``; None where none is. A corrupt one is a one-line error, or under
+        ``force`` (which replaces it) ``{"unreadable": why}``."""
+        try:
+            return self.load(cell)
+        except TopklabError as err:
+            if force:
+                return {"unreadable": str(err)}
+            raise TopklabError(f"{err}; or pass force_result=true to replace it") from None
+
+    def differences(self, record: dict, cell: Cell, fingerprint: dict, mine: dict) -> list[str]:
+        """What differs between a stored cell ``record`` and this run: its fingerprint (the protocol and the
+        members' configs, compared as JSON text so that k=1, one sample, and k=1.0, the whole batch, differ;
+        a field it predates under :func:`with_defaults`), key by key, then its identity
+        (:func:`stored_cell_identity`)."""
+        if "unreadable" in record:
+            return [f"unreadable ({record['unreadable']})"]
+        old, new = (json.loads(canonical(f)) for f in (with_defaults(record["fingerprint"], cell), fingerprint))
+        keys = [] if canonical(old) == canonical(new) else differing_keys(old, new) or ["fingerprint"]
+        config = [f"config {key}" for key in keys[:3]] + (
+            [f"{len(keys) - 3} more config keys"] if len(keys) > 3 else []
+        )
+        return identity_differences(stored_cell_identity(record), mine) + config
 
     def save(self, record: dict) -> Path:
         """Store a cell record (with ``command``, ``provenance`` and ``fingerprint``) as one compact line."""
@@ -129,7 +141,10 @@ def stored_cell_identity(record: dict) -> dict:
 
 
 def replaced_cell(record: dict) -> dict:
-    """What a forced cell replaces: the stored cell's identity, selected setting, test numbers and commit."""
+    """What a forced cell replaces: the stored cell's identity, selected setting, test numbers and commit
+    (or why it could not be read)."""
+    if "unreadable" in record:
+        return {"unreadable": record["unreadable"]}
     return {
         "identity": stored_cell_identity(record),
         "selected": record.get("selected"),

