@@ -108,3 +108,21 @@ def test_a_source_file_that_does_not_parse_is_hashed_as_text(tmp_path):
     accented = tmp_path / "accented.py"
     accented.write_text('"""Doc."""\nname = "λ"\n', encoding="utf-8")  # read as UTF-8 whatever the locale
     assert "λ" in normalised_source(accented) and "Doc." not in normalised_source(accented)
+
+
+def test_the_native_field_says_which_kernels_run(monkeypatch):
+    """Prebuilt, built here on first use, or not buildable (the losses then fall back to other kernels)."""
+    from topklab.utils import native
+
+    assert native.prebuilt_kernels() == "prebuilt"  # make setup builds them
+    builds = native._builds.__wrapped__  # uncached
+    monkeypatch.setattr(native, "find_prebuilt", lambda name, source: (None, "TOPKLAB_PREBUILT=0"))
+    monkeypatch.setattr(native, "_builds", lambda name, source: "built here")
+    assert native.prebuilt_kernels() == "_thresholded_cpu built here; _pav_cpu built here"
+
+    def fails(*args):
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(native, "_builds", builds)
+    monkeypatch.setattr(native, "load_native", fails)
+    assert native.prebuilt_kernels() == "_thresholded_cpu unavailable; _pav_cpu unavailable"

@@ -34,8 +34,11 @@ KINDS = ("result", "resume", "cell")
 
 @pytest.fixture(scope="module", autouse=True)
 def hydra_once():
-    """Hydra initialised once for the module: every entry point composes under it."""
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+    """Hydra initialised once for the module, every entry point composing under it; the numerics variables
+    and the world size unset for the whole module (the suite may run under some), the stored cases included."""
+    with pytest.MonkeyPatch.context() as patch, initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        for name in (*NUMERICS_ENVIRONMENT, "WORLD_SIZE"):
+            patch.delenv(name, raising=False)
         yield
 
 
@@ -130,9 +133,6 @@ def no_training(monkeypatch):
     monkeypatch.setattr(reproduce_module, "compose_run", composed_once)
     monkeypatch.setattr(reproduce_module, "run_cell", lambda *a, **k: pytest.fail("a stored cell was retrained"))
     monkeypatch.setattr(run_module, "build_run", lambda cfg: pytest.fail("a run trained"))
-    for name in NUMERICS_ENVIRONMENT:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
@@ -206,6 +206,7 @@ def perturbations() -> dict[str, list]:
         "code": [("engine/stopping.py: one line", lambda mp, s, k: edited_source(
             mp, "engine/stopping.py", lambda text: text.replace(">= self.patience", "> self.patience")))],
         "torch": [("another torch", lambda mp, s, k: mp.setattr(torch, "__version__", "2.0.0+other"))],
+        "python": [("another Python", lambda mp, s, k: mp.setattr(run_identity.platform, "python_version", lambda: "3.12.1"))],
         "device": [("another device", lambda mp, s, k: with_identity(mp, device="mps"))],
         "gpu": [("another GPU model", lambda mp, s, k: with_identity(mp, gpu="NVIDIA H200"))],
         "cuda": [("another CUDA", lambda mp, s, k: with_identity(mp, cuda="13.0"))],
@@ -216,7 +217,8 @@ def perturbations() -> dict[str, list]:
         "world_size": [("WORLD_SIZE=2", lambda mp, s, k: mp.setenv("WORLD_SIZE", "2"))],
         "packages": [("another numpy", lambda mp, s, k: mp.setattr(
             run_identity, "package_versions", lambda names: {**package_versions(names), "numpy": "0.0.1"}))],
-        "native": [("the C++ kernels not prebuilt", lambda mp, s, k: mp.setenv("TOPKLAB_PREBUILT", "0"))],
+        "native": [("the C++ kernels not built", lambda mp, s, k: mp.setattr(
+            run_identity, "prebuilt_kernels", lambda: "_thresholded_cpu unavailable"))],
         "cpu_isa": [("a CPU of another vector set", lambda mp, s, k: mp.setattr(run_identity, "cpu_isa", lambda: "avx"))],
         "data": [("one byte of the data", flip_a_byte)],
     }  # fmt: skip

@@ -3,6 +3,7 @@ executor's grouped layout with Adam) against a plain torch.optim.Adam loop, the 
 and the scripts end to end on tiny settings."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -332,3 +333,49 @@ def test_synthetic_columns_are_experiment_rows_and_unknown_ones_fail_in_one_line
     assert out.returncode == 2 and not (tmp_path / "r").exists()
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: synthetic column 'stk/table2/nope'"), out.stderr
+
+
+FIGURE3 = ["experiments=[figure3]", "repeats=1", *[s for s in TINY if s.startswith("figure3.")]]
+
+
+@pytest.mark.integration
+def test_a_stored_synthetic_file_is_kept_refused_checked_or_replaced(tmp_path):
+    """Rerun under an equal identity: reproduced bit for bit, the file kept as it is; under another config:
+    one line, nothing run; check_result: written aside and compared; force_result: replaced, recorded."""
+    results, own = tmp_path / "synthetic", tmp_path / "own"
+    where = [f"results_dir={results}", f"hydra.run.dir={tmp_path}/h", f"check_dir={own}"]
+    assert run_script("reproduce_synthetic.py", *FIGURE3, *where).returncode == 0
+    stored = (results / "figure3.json").read_bytes()
+    again = run_script("reproduce_synthetic.py", *FIGURE3, *where)
+    assert "reproduces" in again.stdout and "bit for bit" in again.stdout, again.stdout + again.stderr
+    assert (results / "figure3.json").read_bytes() == stored and not own.exists()
+    other = [*FIGURE3, "figure3.trainer.max_epochs=2", *where]
+    refused = run_script("reproduce_synthetic.py", *other)
+    lines = refused.stderr.strip().splitlines()
+    assert (
+        refused.returncode == 2 and len(lines) == 1 and "other settings (config figure3.trainer.max_epochs)" in lines[0]
+    )
+    checked = run_script("reproduce_synthetic.py", *other, "check_result=true")
+    assert checked.returncode == 0 and (own / "figure3.json").is_file(), checked.stderr
+    assert json.loads((own / "figure3.json").read_text())["result"]["compared_with"]["path"] == str(
+        results / "figure3.json"
+    )
+    assert (results / "figure3.json").read_bytes() == stored
+    assert run_script("reproduce_synthetic.py", *other, "force_result=true").returncode == 0
+    replaced = json.loads((results / "figure3.json").read_text())
+    assert replaced["config"]["figure3"]["trainer"]["max_epochs"] == 2 and replaced["result"]["replaced"]["identity"]
+
+
+def test_the_committed_synthetic_files_are_refused_before_anything_runs(tmp_path):
+    committed = ROOT / "results" / "synthetic" / "figure3.json"
+    before = committed.read_bytes()
+    out = subprocess.run(
+        [sys.executable, "train.py", "experiment=stk/synthetic/figure3", f"hydra.run.dir={tmp_path}/run",
+         f"paths.log_dir={tmp_path}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "WANDB_MODE": "disabled"},
+    )  # fmt: skip
+    lines = out.stderr.strip().splitlines()
+    assert (
+        out.returncode == 2 and len(lines) == 1 and f"{committed} holds a result with other settings (code " in lines[0]
+    )
+    assert committed.read_bytes() == before

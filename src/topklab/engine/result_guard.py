@@ -49,6 +49,7 @@ IGNORED_CONFIG_KEYS = (
     "check_result",
     "runner",
     "preset",
+    "check_dir",
 )  # config keys that do not change a result
 AUTO = "auto"  # result_file: the row's own file, from its result block (none for a run that is no row)
 FAMILIES = ("vision", "translation", "language_modeling")  # families of a train.py run's result
@@ -172,8 +173,10 @@ def stored_identity(stored: dict) -> dict:
     packages = stored.get("provenance", {}).get("packages")
     summary = stored.get("result", {}).get("summary", {})
     segments = summary.get("segments") or []
+    recorded_once = stored.get("result", {}).get("identity") or {}  # a synthetic file's
     device = str(summary.get("device", "cpu")).split(":")[0]
     recorded = {
+        "python": stored.get("provenance", {}).get("python"),
         "device": device,
         "threads": hardware.get("torch_threads"),
         "cpu_capability": hardware.get("torch_cpu_capability") if device == "cpu" else None,
@@ -183,6 +186,7 @@ def stored_identity(stored: dict) -> dict:
         "packages": {name: packages.get(name, UNRECORDED) for name in NUMERICS_PACKAGES} if packages else None,
     }
     recorded = {k: v for k, v in recorded.items() if v is not None or k in ("cpu_capability", "data")}
+    recorded.update(recorded_once)
     for field in IDENTITY_FIELDS:
         values = [segment[field] for segment in segments if field in segment]
         if values:
@@ -238,9 +242,14 @@ def without_ignored(config: dict) -> dict:
 
 def refusal(path: Path, differences: list[str]) -> TopklabError:
     """The one-line refusal of a stored result (or cell) at ``path`` under other ``differences``."""
+    hint = (
+        " (threads: OMP_NUM_THREADS=<n> or runner.threads=<n>)"
+        if any(d.startswith("threads ") for d in differences)
+        else ""
+    )
     return TopklabError(
         f"{path} holds a result with other settings ({'; '.join(differences)}); rerun with the stored "
-        f"settings, or pass check_result=true to train into this run's folder and compare with it, or "
+        f"settings{hint}, or pass check_result=true to train into this run's folder and compare with it, or "
         f"force_result=true to replace it"
     )
 
@@ -299,20 +308,13 @@ def differing_keys(old, new, prefix: str = "") -> list[str]:
     return [] if same else [prefix.rstrip(".")]
 
 
-COMPARED = (
-    "metrics",
-    "history",
-    "lambda",
-    "best_step",
-    "steps",
-    "epochs",
-)  # a summary's numbers a rerun must reproduce
 TIMING_SUFFIXES = ("_s", "_seconds", "_mb")  # wall-clock times, rates and memory: measured, not computed
-TIMING = ("data_wait_share", "loss_share")  # shares of a step's wall-clock time
+TIMING = ("data_wait_share", "loss_share", "seconds", "segments")  # time shares, a run's time; its identities
 
 
 def timing(key) -> bool:
-    """Whether a summary key holds a measurement of the machine rather than a computed number.
+    """Whether a summary key holds a measurement of the machine (or the identities the run had) rather
+    than a computed number.
 
     Examples
     --------
@@ -336,16 +338,17 @@ def _numbers(tree, prefix: str = "") -> dict[str, float]:
 
 
 def metric_differences(stored: Mapping, mine: Mapping) -> tuple[int, list[str]]:
-    """``(compared, differences)`` between two summaries' numbers (:data:`COMPARED`: the metrics, the
-    per-epoch history without timings, λ, steps): how many numbers both hold, and ``key stored → mine
-    (±change)`` for each that is not equal bit for bit (or is in one only); NaN equals NaN.
+    """``(compared, differences)`` between two summaries' numbers (every number but the machine's
+    measurements, :func:`timing`: metrics, averaged checkpoints, history, λ and its tracking, steps):
+    how many numbers both hold, and ``key stored → mine (±change)`` for each that is not equal
+    bit for bit (or is in one only); NaN equals NaN.
 
     Examples
     --------
     >>> metric_differences({"metrics": {"test": {"acc": 0.5, "loss": 1.0}}}, {"metrics": {"test": {"acc": 0.5, "loss": 1.25}}})
     (2, ['metrics.test.loss 1.0 → 1.25 (+0.25)'])
     """
-    old, new = (_numbers({key: summary.get(key) for key in COMPARED}) for summary in (stored, mine))
+    old, new = (_numbers(summary) for summary in (stored, mine))
 
     def same(key) -> bool:
         a, b = old.get(key), new.get(key)

@@ -5,10 +5,11 @@ The identity (:func:`identity`) is, besides the config the caller compares itsel
 
 - ``code``: :func:`code_version`, the training source. It hashes ``train.py``, ``setup.py`` (the native
   kernels' build flags) and every module of ``src/topklab`` that shapes training (all but ``report``,
-  which renders stored results, ``bench``, ``loggers``, ``launch`` (sweeps) and ``cli``) and its C++
+  which renders stored results, ``loggers``, ``launch`` (sweeps) and ``cli``) and its C++
   kernels, over a normalised form: Python files by their syntax tree without docstrings, so comments,
   docstrings and reformatting do not count; C++ files by their non-blank lines stripped of surrounding
   space. Never the git commit: an edit to the README, a report or ``results/`` changes nothing.
+- ``python``: Python's version (its syntax trees, so the code version, differ between versions);
 - ``torch``: torch's version, and ``packages``: the versions of the other packages that compute
   (:data:`~topklab.utils.provenance.NUMERICS_PACKAGES`: numpy's generators split the data, timm and
   torchvision build models, difftopk and diffsort sort, sacrebleu scores, Triton compiles);
@@ -32,6 +33,7 @@ import ast
 import functools
 import hashlib
 import os
+import platform
 from pathlib import Path
 
 import torch
@@ -42,10 +44,11 @@ from topklab.utils.provenance import NUMERICS_PACKAGES, cpu_isa, numerics_enviro
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 REPOSITORY_FILES = ("train.py", "setup.py")  # beside src/: the entry point and the native kernels' build flags
-NOT_TRAINING_CODE = ("report", "bench", "loggers", "launch", "cli.py")  # parts of src/topklab that do not shape numbers
+NOT_TRAINING_CODE = ("report", "loggers", "launch", "cli.py")  # parts of src/topklab that do not shape numbers
 
 IDENTITY_FIELDS = (
     "code",
+    "python",
     "torch",
     "packages",
     "native",
@@ -143,6 +146,7 @@ def identity(device: torch.device, data: str | None) -> dict:
     cuda = device.type == "cuda"
     return {
         "code": code_version(),
+        "python": platform.python_version(),
         "torch": torch.__version__,
         "packages": package_versions(NUMERICS_PACKAGES),
         "native": prebuilt_kernels(),

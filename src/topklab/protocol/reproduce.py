@@ -130,16 +130,18 @@ def reproduce(cfg: DictConfig) -> list[dict]:
         return {"protocol": protocol.fingerprint(cell.aggregate), **settings}
 
     force = bool(cfg.get("force"))
+    check_all = bool(cfg.get("check_all")) and not force  # check_result=true: every stored cell, equal or not
     stored = {cell.key: store.stored(cell, force) for cell, *_ in plan}
     differing = {
         cell.key: differences
         for cell, _, settings, mine in plan
         if stored[cell.key] is not None
-        and (differences := store.differences(stored[cell.key], cell, fingerprint(cell, settings), mine))
+        and ((differences := store.differences(stored[cell.key], cell, fingerprint(cell, settings), mine)) or check_all)
     }
-    checked = CellStore(cfg.check_dir) if differing and not force and cfg.get("check") else None
+    checked = CellStore(cfg.check_dir) if differing and not force and (cfg.get("check") or check_all) else None
     if differing and not force:
         first, reasons = next(iter(differing.items()))
+        reasons = reasons or ["none: checked as asked"]
         if checked is None:
             refused = refusal(store.path(Cell(*first.split("/"))), reasons)
             raise TopklabError(f"{len(differing)} of {len(plan)} stored cells differ: {refused}")
@@ -265,8 +267,11 @@ class TabularCells:
                 "cpu_capability": cfg.get("cpu_capability"),
                 "force": bool(cfg.get("force_result")),
                 "check": bool(cfg.preset.get("check_stored") if cfg.get("check_result") is None else cfg.check_result),
+                "check_all": cfg.get("check_result") is True,
                 "check_dir": str(Path(run_dir) / "cells"),
             }
         )
         records = reproduce(setup)
-        print(f"{len(records)} cells of {experiment}; `make tables` renders results/tabular/ into results/tables/")
+        aside = Path(setup.check_dir)
+        where = f"{setup.results_dir}" + (f" and {aside} (checked)" if aside.exists() else "")
+        print(f"{len(records)} cells of {experiment} in {where}; `make tables` renders {setup.results_dir}")

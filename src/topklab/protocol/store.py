@@ -12,10 +12,11 @@ import json
 from pathlib import Path
 
 from topklab.engine.result_guard import differing_keys
-from topklab.engine.run_identity import identity_differences
+from topklab.engine.run_identity import UNRECORDED, identity_differences
 from topklab.protocol.cell import COMMITTED_LOSS, Cell
 from topklab.report.schema import make_result, read_result, write_result
 from topklab.utils.errors import TopklabError
+from topklab.utils.provenance import NUMERICS_PACKAGES, cpu_isa
 
 ENVELOPE_KEYS = ("fingerprint", "command", "provenance")  # the record's keys that the envelope holds
 
@@ -128,13 +129,17 @@ def stored_cell_identity(record: dict) -> dict:
     reused by no run."""
     if "identity" in record:
         return record["identity"]
-    hardware = (record.get("provenance") or {}).get("hardware", {})
+    provenance = record.get("provenance") or {}
+    hardware, packages = provenance.get("hardware", {}), provenance.get("packages") or {}
     legacy = {
         "code": (record.get("replay") or {}).get("code"),
-        "torch": (record.get("provenance") or {}).get("packages", {}).get("torch"),
+        "python": provenance.get("python"),
+        "torch": packages.get("torch"),
+        "packages": {name: packages.get(name, UNRECORDED) for name in NUMERICS_PACKAGES} if packages else None,
         "device": "cpu",
         "threads": hardware.get("torch_threads"),
         "cpu_capability": hardware.get("torch_cpu_capability"),
+        "cpu_isa": cpu_isa(hardware["cpu_flags"]) if hardware.get("cpu_flags") is not None else None,
         "environment": hardware.get("numerics_environment"),
     }
     return {field: value for field, value in legacy.items() if value is not None}

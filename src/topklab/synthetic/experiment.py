@@ -20,6 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from topklab.config import check_one_process_command
+from topklab.engine.result_guard import compare_with_stored, read_stored, refusal, replaced_record, stored_differences
+from topklab.engine.run_identity import identity
 from topklab.report import make_result, mean_std, write_result
 from topklab.synthetic.gaussian import GaussianTask
 from topklab.synthetic.lda import lda_boundary
@@ -214,7 +216,13 @@ RUNNERS = {"table2": table2, "figure3": figure3, "figure4": figure4}
 
 
 def run(cfg: DictConfig, log=print) -> list[Path]:
-    """Run ``cfg.experiments`` and write ``<results_dir>/<name>.json`` for each (atomically)."""
+    """Run ``cfg.experiments`` and write ``<results_dir>/<name>.json`` for each (atomically).
+
+    A stored file there is replaced only under ``force_result`` (the new one records what it replaced).
+    Under another config or identity (:mod:`topklab.engine.run_identity`) it is refused in one line
+    before anything runs, or under ``check_result`` the run writes into ``check_dir`` and compares with
+    it; under an equal one the stored file is kept where the run reproduces it bit for bit, and the
+    run's own goes into ``check_dir`` otherwise."""
     unknown = [e for e in cfg.experiments if e not in RUNNERS]
     if unknown:
         raise TopklabError(f"unknown synthetic experiment(s) {unknown}; choose from: {', '.join(EXPERIMENTS)}")
@@ -222,21 +230,44 @@ def run(cfg: DictConfig, log=print) -> list[Path]:
         raise TopklabError(f"repeats={cfg.repeats!r} must be an int >= 1")
     columns = {name: columns_of(cfg[name].columns) for name in cfg.experiments}  # every row checked first
     torch.set_num_threads(cfg.threads or torch.get_num_threads())
+    mine, config = identity(torch.device("cpu"), None), portable_config(cfg)
+    force, check = bool(cfg.get("force_result")), bool(cfg.get("check_result"))
+    planned = {}
+    for name in cfg.experiments:  # every stored file checked before anything runs
+        path = Path(cfg.results_dir) / f"{name}{cfg.suffix}.json"
+        stored = read_stored(path, force)
+        differences = [] if stored is None or force else stored_differences(stored, config, mine)
+        if differences and not check:
+            raise refusal(path, differences)
+        planned[name] = (path, stored, differences)
     provenance = collect(cfg.paths.root_dir)
     written = []
     for name in cfg.experiments:
+        path, stored, differences = planned[name]
         start = time.perf_counter()
         payload = RUNNERS[name](cfg, columns[name], log)
         payload["seconds"] = time.perf_counter() - start
+        payload["identity"] = mine
+        if stored is not None and force:
+            payload["replaced"] = replaced_record(stored)
+        elif stored is not None:
+            compared = compare_with_stored(path, {"result": {"summary": stored.get("result", {})}}, payload)
+            payload["compared_with"] = {k: v for k, v in compared.items() if k != "line"}
+            log(compared["line"])
+            if compared["identical"] and not differences and not check:
+                written.append(path)
+                continue
+            path = Path(cfg.check_dir or ".") / path.name
+            log(f"{planned[name][0]} is kept; this run's result is {path} (force_result=true replaces it)")
         result = make_result(
             "synthetic",
             name,
             payload,
             command=" ".join(["python", *sys.argv]),
-            config=portable_config(cfg),
+            config=config,
             provenance=provenance,
         )
-        written.append(write_result(Path(cfg.results_dir) / f"{name}{cfg.suffix}.json", result))
+        written.append(write_result(path, result))
         log(f"wrote {written[-1]} ({payload['seconds']:.0f} s)")
     return written
 
@@ -259,6 +290,8 @@ SYNTHETIC_OWN_KEYS = (
     "paths",
     "hydra",
     "logger",
+    "force_result",
+    "check_result",
 )  # what a column honours or ignores harmlessly
 
 
@@ -382,4 +415,6 @@ class SyntheticExperiment:
         self.check(cfg, overrides, experiment)
         trial = any(o.lstrip("+~").startswith(SYNTHETIC_TRIAL_KEYS) for o in overrides)
         fields = [f"experiments=[{','.join(self.experiments)}]", f"repeats={self.repeats}", f"threads={self.threads}"]
-        run_protocol(cfg, fields, [*self.settings, *([f"results_dir={Path(run_dir)}"] if trial else [])])
+        stored = [f"force_result={bool(cfg.get('force_result'))}", f"check_result={bool(cfg.get('check_result'))}",
+                  f"check_dir={Path(run_dir)}"]  # fmt: skip
+        run_protocol(cfg, [*fields, *stored], [*self.settings, *([f"results_dir={Path(run_dir)}"] if trial else [])])

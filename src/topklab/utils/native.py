@@ -13,6 +13,7 @@ caller's to handle (the kernels fall back to their eager paths).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import os
@@ -84,8 +85,22 @@ def build(source: Path, name: str) -> ModuleType:
 
 
 def prebuilt_kernels() -> str:
-    """ "prebuilt" where every C++ extension (:data:`EXTENSIONS`) is prebuilt for its source and this
-    torch, else which are not: those are built on first use, or where that fails their losses fall back
-    to ``torch.compile``'s or the eager kernel, whose last bits differ. Part of a result's identity."""
-    missing = [name.rsplit(".", 1)[1] for name, source in EXTENSIONS.items() if find_prebuilt(name, source)[0] is None]
-    return "prebuilt" if not missing else f"not prebuilt: {', '.join(missing)}"
+    """Which C++ kernels this process runs: "prebuilt" where every extension (:data:`EXTENSIONS`) is
+    prebuilt for its source and this torch; else, for each that is not, whether it builds here (tried
+    now, cached by torch) or not, its losses then falling back to ``torch.compile``'s or the eager
+    kernel, whose last bits differ. Part of a result's identity."""
+    missing = [(name, source) for name, source in EXTENSIONS.items() if find_prebuilt(name, source)[0] is None]
+    if not missing:
+        return "prebuilt"
+    return "; ".join(f"{name.rsplit('.', 1)[1]} {_builds(name, source)}" for name, source in missing)
+
+
+@functools.cache
+def _builds(prebuilt: str, source: Path) -> str:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            load_native(prebuilt, source, f"topklab_{source.stem.removesuffix('_cpu')}")
+    except Exception:  # noqa: BLE001 - any failure to build means the fallback kernels run
+        return "unavailable"
+    return "built here"
