@@ -205,7 +205,7 @@ def perturbations() -> dict[str, list]:
     return {
         "code": [("engine/stopping.py: one line", lambda mp, s, k: edited_source(
             mp, "engine/stopping.py", lambda text: text.replace(">= self.patience", "> self.patience")))],
-        "torch": [("another torch", lambda mp, s, k: mp.setattr(torch, "__version__", "2.0.0+other"))],
+        "torch": [("another torch", lambda mp, s, k: mp.setattr(run_identity, "torch_version", lambda: "2.0.0+other"))],
         "python": [("another Python", lambda mp, s, k: mp.setattr(run_identity.platform, "python_version", lambda: "3.12.1"))],
         "device": [("another device", lambda mp, s, k: with_identity(mp, device="mps"))],
         "gpu": [("another GPU model", lambda mp, s, k: with_identity(mp, gpu="NVIDIA H200"))],

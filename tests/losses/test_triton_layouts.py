@@ -85,8 +85,7 @@ def plain_gradient(module, losses: torch.Tensor, how: str):
     return value.detach(), grad
 
 
-@settings(max_examples=30, deadline=None, derandomize=True)
-@given(
+LAYOUT_CASES = dict(
     name=st.sampled_from(sorted(MODULES)),
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
     rows=st.sampled_from([None, 3]),
@@ -97,9 +96,22 @@ def plain_gradient(module, losses: torch.Tensor, how: str):
     seed=st.integers(0, 2**16),
     backwards=st.sampled_from([1, 2]),
 )
-def test_every_layout_and_incoming_gradient_matches_the_torch_path(
-    name, dtype, rows, layout, how, n, spread, seed, backwards
-):
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(**LAYOUT_CASES)
+def test_every_layout_and_incoming_gradient_matches_the_torch_path(**case):
+    matches_on_every_layout(**case)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None)
+@given(**LAYOUT_CASES)
+def test_every_layout_and_incoming_gradient_matches_the_torch_path_on_many_more_draws(**case):
+    matches_on_every_layout(**case)
+
+
+def matches_on_every_layout(name, dtype, rows, layout, how, n, spread, seed, backwards):
     generator = torch.Generator().manual_seed(seed)
     shape = (n,) if rows is None else (rows, n)
     layout = layout.draw(st.sampled_from(ONE_ROW if rows is None else ROWS))
@@ -109,14 +121,16 @@ def test_every_layout_and_incoming_gradient_matches_the_torch_path(
     torch_path = copy.deepcopy(fused)
     torch_path._on_device_pass = False
     tolerance = TOLERANCE[dtype]
-    for _ in range(2):
+    for call in range(2):
         values = (torch.rand(shape, generator=generator) * spread).to(dtype).to(DEVICE)
         value, grads = gradients(fused, laid_out(values, layout), how, backwards)
         want, want_grad = plain_gradient(same, values, how)
         assert torch.equal(value, want) and torch.equal(fused.lam_last, same.lam_last)
         for grad in grads:  # each backward: the same gradient, never scaled twice
             assert torch.equal(grad, want_grad)
-        if name != "stk solve":  # a solved STk λ is a root to the solve's tolerance, on either path its own
+        # the torch path from the same λ: the first call (the next λ of each path is its own to float rounding,
+        # which a steep smoothing at a large loss scale amplifies); a solved STk λ is a root to the solve's tolerance
+        if call == 0 and name != "stk solve":
             want, want_grad = plain_gradient(torch_path, values, how)
             torch.testing.assert_close(value.float(), want.float(), rtol=tolerance, atol=tolerance * spread)
             torch.testing.assert_close(grads[0].float(), want_grad.float(), rtol=tolerance, atol=tolerance / n)

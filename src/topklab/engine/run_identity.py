@@ -132,6 +132,11 @@ def _code_version(root: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def torch_version() -> str:
+    """torch's version, as this process imported it."""
+    return torch.__version__
+
+
 def world_size() -> int:
     """The processes of this launch: ``WORLD_SIZE`` as ``torchrun`` sets it, else 1."""
     try:
@@ -147,7 +152,7 @@ def identity(device: torch.device, data: str | None) -> dict:
     return {
         "code": code_version(),
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": torch_version(),
         "packages": package_versions(NUMERICS_PACKAGES),
         "native": prebuilt_kernels(),
         "device": device.type,
