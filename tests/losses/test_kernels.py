@@ -7,7 +7,7 @@ import torch
 
 from topklab.losses import MATk, STk
 from topklab.losses.aggregate import kernels
-from topklab.losses.aggregate.kernels import thresholded
+from topklab.losses.aggregate.kernels import compiled, thresholded
 from topklab.smoothing import SMOOTHINGS
 from topklab.utils.errors import TopklabError
 
@@ -252,3 +252,26 @@ def test_auto_sends_long_rows_to_the_fast_kernel():
 def test_bad_kernel_settings(kwargs, match):
     with pytest.raises(ValueError, match=match):
         STk(0.5, **kwargs)
+
+
+def test_a_kernel_compiled_under_another_vector_set_is_never_reloaded(monkeypatch, tmp_path):
+    """Inductor picks its C++ vector set from ``ATEN_CPU_CAPABILITY`` at every compile; a kernel compiled
+    under one set and reloaded from the disk cache under another (here, one thread: AVX2 then AVX-512)
+    gave 31061.4 for 21057.4 and corrupted the heap. Each compile starts afresh, on one cache folder."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    args, phi, threads = rows(P=1, n=20011, seed=5), SMOOTHINGS["srelu"], torch.get_num_threads()
+    eager = evaluate(phi, "eager", args)
+    try:
+        torch.set_num_threads(1)
+        for capability in ("avx2", None, "default"):
+            if capability is None:
+                monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+            else:
+                monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
+            torch._dynamo.reset()
+            compiled.cache_clear()
+            close_to_float32_rounding(evaluate(phi, "compiled", args), eager, args[0], args[3], args[4])
+    finally:
+        torch.set_num_threads(threads)
+        torch._dynamo.reset()
+        compiled.cache_clear()

@@ -39,6 +39,7 @@ Unlike autograd of the formula, the fused node cannot be differentiated twice, n
 
 from __future__ import annotations
 
+import platform
 import warnings
 from functools import cache
 from pathlib import Path
@@ -91,7 +92,30 @@ def compiled(phi: Smoothing, with_grads: bool, device_type: str, dtype: torch.dt
         return kernel(losses, lam, delta, k, scale, phi=phi, accumulate=torch.float64)
 
     fused.__code__ = fused.__code__.replace()  # its own code object: dynamo's recompile budget is per code object
-    return torch.compile(fused, dynamic=True)
+    return torch.compile(fused, dynamic=True, options=vector_width_option())
+
+
+VECTOR_BITS = {"default": 0, "avx2": 256, "avx512": 512}  # torch's CPU capability -> inductor's cpp.simdlen
+
+
+def vector_width_option() -> dict:
+    """Inductor's ``cpp.simdlen`` pinned to the vector width of torch's own CPU kernels (x86; {} elsewhere).
+    Inductor picks its C++ vector set from ``ATEN_CPU_CAPABILITY`` at every compile, but its on-disk
+    graph cache keys the config, not the variable: a kernel compiled under ``avx2`` was reloaded by an
+    ``avx512`` process and returned wrong sums, then corrupted the heap. A pinned width is part of the
+    config, so each vector set has its own cache entries, and the compiled kernels use the vector set
+    that the run's identity records (``cpu_capability``).
+
+    Examples
+    --------
+    >>> option = vector_width_option()
+    >>> option == {} or option["cpp.simdlen"] in VECTOR_BITS.values()
+    True
+    """
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return {}
+    bits = VECTOR_BITS.get(torch.backends.cpu.get_cpu_capability().lower())
+    return {} if bits is None else {"cpp.simdlen": bits}
 
 
 NATIVE_MODULE = "topklab.losses.aggregate._thresholded_cpu"
