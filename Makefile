@@ -144,7 +144,8 @@ reproduce-synthetic: setup
 reproduce-fmnistlt: setup data
 	OMP_NUM_THREADS=1 $(PY) train.py -m 'experiment=glob(fmnistlt/*)' seed=0,1,2,3,4 hydra/launcher=joblib hydra.launcher.n_jobs=2
 
-# Vision: the fmnistlt_full table and its k sweep (LA; LA + STk and LA + ATk at k/n 0.5, 0.7, 0.9, 0.96: 9 rows x
+# Vision: the fmnistlt_full table and its k sweep (LA; LA + STk and LA + ATk at k/n 0.5, 0.7, 0.9, 0.96; the step-scale
+# controls: LA + STk at ATk's scale at k/n 0.5 and 0.7, LA at lr 0.2: 12 rows x
 # the group's declared seeds (result.seeds: 5, the pilot's count), ResNet-8, 10 epochs; two jobs of one thread at a
 # time, 4–8 min a run on 2 CPU cores), seed by seed, each writing results/vision/fmnistlt_full/<row>/seed<k>.json; a
 # rerun skips the stored results, a failed run stops no other. EVIDENCE_SEEDS="5 6 7" runs those seeds instead.
