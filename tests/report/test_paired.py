@@ -6,7 +6,7 @@ import pytest
 
 from helpers import CONFIG_DIR, ROOT
 from helpers.tables import fake_vision_run
-from topklab.report.paired import paired, t_interval, t_quantile, table_groups
+from topklab.report.paired import paired, sweep_points, t_interval, t_quantile, table_groups
 from topklab.report.schema import read_results
 from topklab.report.vision import render_vision
 
@@ -84,8 +84,9 @@ def test_the_table_pairs_each_row_with_the_baseline_and_lists_what_is_missing(tm
     assert "`la_stk` (" not in sweep and "`la` (" not in sweep
     assert "| LA + STk | 0.9 | `la_stk` | 5 | +0.15 | [−0.20, +0.50] | 0.35 |" in sweep
     assert "(seed 4) | 1.00 ± 0.00 |" in sweep  # λ in band over the STk row's seeds
-    assert "| LA + ATk | 0.5 | `la_atk_k50` | 0 | not run | — | — | — | — |" in sweep
-    assert [line.split(" | ")[1] for line in sweep.splitlines() if line.startswith("| LA + STk")] == [
+    assert "| LA + ATk | 0.5 | `la_atk_k50` | 0 | not run | — | — | — | — | — |" in sweep
+    assert "| LA + STk (ATk's scale) | 0.7 | `la_stk_k70_scale_atk` | 0 | not run |" in sweep  # a series of its own
+    assert [line.split(" | ")[1] for line in sweep.splitlines() if line.startswith("| LA + STk |")] == [
         "0.5",
         "0.7",
         "0.9",
@@ -103,7 +104,8 @@ def test_a_seed_the_baseline_lacks_is_missing_and_left_unpaired(tmp_path):
 def test_the_sweep_table_renders_before_any_run(tmp_path):
     (tmp_path / "configs").symlink_to(CONFIG_DIR)
     sweep = render_vision([], [], tmp_path / "configs")["fmnistlt_full_k.md"]
-    assert "`la` (seeds 0, 1, 2, 3, 4)" in sweep and sweep.count("not run") == 8
+    points = sweep_points(table_groups(CONFIG_DIR, "vision")["fmnistlt_full"], {}, None)
+    assert "`la` (seeds 0, 1, 2, 3, 4)" in sweep and sweep.count("not run") == sum(map(len, points.values())) >= 10
 
 
 def test_the_superseded_table_says_so_in_its_header():
@@ -122,3 +124,21 @@ def test_the_k_figure_is_drawn_from_the_results_and_skipped_without_them(tmp_pat
     (tmp_path / "empty" / "results").mkdir(parents=True)
     (tmp_path / "empty" / "configs").symlink_to(CONFIG_DIR)
     assert render_charts(tmp_path / "empty" / "results", tmp_path / "empty" / "figures") == []
+
+
+def test_the_hard_share_stands_beside_the_band_and_a_lambda_below_every_loss_is_named(tmp_path):
+    """Runs whose λ sat below every loss (hard share 1) on every seed are named under the table; a row with one
+    seed below 1 is not; the hard share is a column of both tables."""
+    (tmp_path / "configs").symlink_to(CONFIG_DIR)
+    results = tmp_path / "results"
+    shares = {"la_stk": [1.0, 1.0], "la_stk_k50": [1.0, 0.99]}
+    for row, label in (("la", "LA"), ("la_stk", "LA + STk, k/n = 0.90"), ("la_stk_k50", "LA + STk, k/n = 0.50")):
+        for seed in range(2):
+            tracking = {"in_band": 1.0, "flag": None, "hard_share": shares[row][seed]} if row in shares else None
+            fake_vision_run(results, "fmnistlt_full", row, label, seed, 80.0 + seed, 99.0, [80, 60, 40], None, tracking)
+    rendered = render_vision(read_results(results / "vision", "vision"), [], tmp_path / "configs")
+    main, sweep = rendered["fmnistlt_full.md"], rendered["fmnistlt_full_k.md"]
+    note = next(line for line in main.splitlines() if line.startswith("**λ below every loss**"))
+    assert "LA + STk, k/n = 0.90." in note and "0.50" not in note
+    assert "| 1.00 ± 0.00 | 1.000 ± 0.000 |" in main and "| 1.00 ± 0.00 | 0.995 ± 0.005 |" in main
+    assert "| LA + STk | 0.9 | `la_stk` | 2 |" in sweep and sweep.count("| 1.000 ± 0.000 |") == 1

@@ -226,16 +226,16 @@ def difference_against_k(
     Parameters
     ----------
     series : ``{name: [{"k", "pairs": [(seed, difference), ...]}, ...]}``
-        (:func:`topklab.report.paired.sweep_points`); points without pairs are left out
+        (:func:`topklab.report.paired.sweep_points`); points without pairs are left out, and a series
+        without any, so that the series drawn keep their places and colours until its runs exist
     what, unit : the value differenced and its unit ("test top-1", "points")
     """
     from topklab.report.paired import t_interval
 
     figure, axis = plt.subplots(figsize=(6.5, 4.2))
+    series = {name: points for name, points in series.items() if any(p["pairs"] for p in points)}
     for index, (name, points) in enumerate(series.items()):
         drawn = [(p["k"], *t_interval([d for _, d in p["pairs"]]), len(p["pairs"])) for p in points if p["pairs"]]
-        if not drawn:
-            continue
         offset = (index - (len(series) - 1) / 2) * 0.006  # side by side at a shared k
         ks = [k + offset for k, *_ in drawn]
         means = [mean for _, mean, _, _ in drawn]

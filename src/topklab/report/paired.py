@@ -24,7 +24,7 @@ from scipy.stats import t as student_t
 
 from topklab.report.divergence import diverged
 from topklab.report.resumed import seed_of
-from topklab.report.tracking import band_cell
+from topklab.report.tracking import band_cell, hard_share_cell
 
 LEVEL = 0.95
 
@@ -315,16 +315,20 @@ def render_sweep_table(name: str, rows: dict[str, list[dict]], settings: dict, v
         f"Each row: `python train.py experiment={group}/<row> seed=<k>`. A difference pairs the seeds the row and "
         f"{base_label} both have (a diverged run leaves its seed out); the interval is the mean ± t₀.₉₇₅,ₙ₋₁ · sd / √n "
         "(sample sd). λ in band: the share of a run's training steps at which λ tracked the batch's k-th largest "
-        "loss, mean ± std over the row's seeds.",
+        "loss, mean ± std over the row's seeds; hard share > λ: the share of the last epoch's losses above λ "
+        "(1.000: λ below every loss, no sample dropped).",
         "",
-        "| series | k/n | row | seeds | mean difference | 95 % interval | half-width | per seed | λ in band |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| series | k/n | row | seeds | mean difference | 95 % interval | half-width | per seed | λ in band | hard share > λ |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for series, entries in points.items():
         for p in entries:
-            band = band_cell([r["result"]["summary"] for r in p["runs"]]) if p["runs"] else "—"
+            summaries = [r["result"]["summary"] for r in p["runs"]]
+            band, hard = (band_cell(summaries), hard_share_cell(summaries)) if p["runs"] else ("—", "—")
             cells = interval_cells(p["pairs"]) if p["pairs"] else ["not run" if not p["runs"] else "—", "—", "—", "—"]
             lines.append(
-                f"| {series} | {p['k']:g} | `{p['row']}` | {len(p['pairs'])} | " + " | ".join(cells) + f" | {band} |"
+                f"| {series} | {p['k']:g} | `{p['row']}` | {len(p['pairs'])} | "
+                + " | ".join(cells)
+                + f" | {band} | {hard} |"
             )
     return "\n".join(lines) + "\n"

@@ -56,6 +56,60 @@ def band_cell(summaries: list[dict]) -> str:
     return text + (f" ({', '.join(marks)})" if marks else "")
 
 
+def hard_share_cell(summaries: list[dict]) -> str:
+    """The hard share over a row's seeds (the share of the last epoch's losses above λ, beside the smoothed
+    share that "λ in band" judges): "—" without a threshold, "not logged" for runs from before the
+    diagnostic, the value to three decimals (mean ± std over seeds) otherwise. 1.000 on every seed means
+    λ sat below every loss: the row dropped no sample.
+
+    Examples
+    --------
+    >>> hard_share_cell([{"lambda": None}]), hard_share_cell([{"lambda": 1.0}])
+    ('—', 'not logged')
+    >>> hard_share_cell([{"lambda": 1.0, "lambda_tracking": {"hard_share": h}} for h in (1.0, 1.0)])
+    '1.000 ± 0.000'
+    >>> hard_share_cell([{"lambda": 1.0, "lambda_tracking": {"hard_share": 0.5}}])
+    '0.500'
+    """
+    values = _hard_shares(summaries)
+    if values is None:
+        return "—"
+    if not values:
+        return "not logged"
+    return f"{values[0]:.3f}" if len(values) == 1 else "{:.3f} ± {:.3f}".format(*mean_std(values))
+
+
+def _hard_shares(summaries: list[dict]) -> list[float] | None:
+    if all(s.get("lambda") is None for s in summaries):
+        return None
+    tracking = [s.get("lambda_tracking") or {} for s in summaries]
+    return [t["hard_share"] for t in tracking if t.get("hard_share") is not None]
+
+
+def below_every_loss_rows(rows: dict[str, list[dict]], labels: dict[str, str]) -> list[str]:
+    """The labels of the rows whose λ sat below every loss of the last epoch on every seed (hard share
+    exactly 1)."""
+    below = []
+    for row, runs in rows.items():
+        values = _hard_shares([r["result"]["summary"] for r in runs])
+        if values and len(values) == len(runs) and all(v == 1.0 for v in values):
+            below.append(labels[row])
+    return below
+
+
+def below_every_loss_lines(rows: dict[str, list[dict]], labels: dict[str, str]) -> list[str]:
+    """The note under a table naming the rows whose λ sat below every loss (none when there are none)."""
+    below = below_every_loss_rows(rows, labels)
+    if not below:
+        return []
+    return [
+        "",
+        f"**λ below every loss** (hard share 1.000 on every seed, last epoch): {'; '.join(below)}. These rows drop "
+        "no sample: with λ under every loss, the thresholded loss is the average with its smallest losses softly "
+        "down-weighted by the smoothing, while the smoothed share (what λ in band judges) can still be in band.",
+    ]
+
+
 def flagged_rows(rows: dict[str, list[dict]], labels: dict[str, str]) -> list[str]:
     """The labels of the rows with a seed whose λ did not track."""
     return [labels[row] for row, runs in rows.items() if any(not_stk(_tracking(r)) for r in runs)]

@@ -22,7 +22,7 @@ from topklab.report.paired import (
 from topklab.report.resumed import resumed, resumed_footnote, seed_of
 from topklab.report.schema import code_versions
 from topklab.report.stats import mean_std
-from topklab.report.tracking import band_cell, flag_lines
+from topklab.report.tracking import band_cell, below_every_loss_lines, flag_lines, hard_share_cell
 from topklab.utils.errors import TopklabError
 
 METRICS = ("top1", "top5", "many", "medium", "few", "ece")  # ECE: shown when the results have it
@@ -144,7 +144,7 @@ def render_vision_table(
     head = (
         ["row", "seeds"]
         + [METRIC_NAMES[m] for m in metrics]
-        + (["λ in band"] if thresholded else [])
+        + (["λ in band", "hard share > λ"] if thresholded else [])
         + (["paper top-1", "paper top-5"] if has_paper else [])
     )
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -155,12 +155,14 @@ def render_vision_table(
         cells = [labels[row], str(len(summaries)) + (f" (+{dropped} diverged)" if dropped else "")]
         cells += [cell(selected_test(s, m) for s in summaries) for m in metrics]
         if thresholded:
-            cells.append(band_cell([r["result"]["summary"] for r in rows[row]]))
+            summaries_all = [r["result"]["summary"] for r in rows[row]]
+            cells += [band_cell(summaries_all), hard_share_cell(summaries_all)]
         if has_paper:
             values = published.get(row, {})
             cells += [f"{values[m]:.2f}" if m in values else "—" for m in ("top1", "top5")]
         lines.append("| " + " | ".join(cells) + " |")
     lines += flag_lines({row: rows[row] for row in present}, labels)
+    lines += below_every_loss_lines({row: rows[row] for row in present}, labels)
     lines += divergence_lines({row: rows[row] for row in present}, labels, seed_of)
     if settings.get("baseline"):
         lines += paired_lines(present, rows, labels, settings["baseline"], top1, "test top-1")
