@@ -301,8 +301,9 @@ def render_markdown(table: str, paper: dict, lines: list[Line], tests: list[dict
     out = [f"# {table.replace('table', 'Table ')}: {spec['caption']}", ""]
     out += [f"{h}  " for h in head] + [""]
     out += [
-        f"Metric: {METRIC_NAMES[spec['metric']]}, mean ± std over splits (the population std, ddof 0, as the "
-        "paper's ± is read here; s: the sample std, ddof 1). Δ = ours − paper; ✓ = ours within the paper's std.",
+        f"Metric: {METRIC_NAMES[spec['metric']]}. Paper: mean ± std over its 50 splits (which sd, the paper does "
+        "not say; read here as the population sd). Ours: mean ± population sd (ddof 0) over the preset's n splits "
+        "(above); s: the sample sd (ddof 1). Δ = ours − paper; ✓ = ours within the paper's std.",
         "",
     ]
     out += [
