@@ -123,10 +123,12 @@ else
 endif
 
 # results/tables/ from results/ only: Tables 3, 4, 6 from preset full as table{3,4,6}.{md,tex} and from every other
-# stored preset as table{3,4,6}_<preset>.{md,tex} (TABLES_PRESET=<name>: that preset only).
+# stored preset as table{3,4,6}_<preset>.{md,tex} (TABLES_PRESET=<name>: that preset only). TABLE=<name>: that table
+# alone, results/tables/<name>.md (and .tex for Tables 3, 4, 6), in seconds; an unknown name lists the names.
 TABLES_PRESET ?=
+TABLE ?=
 tables: setup
-	$(PY) scripts/make_tables.py $(if $(TABLES_PRESET),--preset $(TABLES_PRESET))
+	$(PY) scripts/make_tables.py $(if $(TABLES_PRESET),--preset $(TABLES_PRESET)) $(if $(TABLE),--table $(TABLE))
 
 bench-population: setup
 	$(PY) -m benchmarks population

@@ -71,7 +71,11 @@ def test_the_group_declares_baseline_seeds_and_successor_in_its_result_block():
 def test_the_table_pairs_each_row_with_the_baseline_and_lists_what_is_missing(tmp_path):
     results = pilot_tree(tmp_path)
     rendered = render_vision(read_results(results / "vision", "vision"), [], tmp_path / "configs")
-    assert sorted(rendered) == ["fmnistlt_controls_k.md", "fmnistlt_full.md", "fmnistlt_full_k.md"]  # a sweep before runs
+    assert sorted(rendered) == [
+        "fmnistlt_controls_k.md",
+        "fmnistlt_full.md",
+        "fmnistlt_full_k.md",
+    ]  # a sweep before runs
     main = rendered["fmnistlt_full.md"]
     assert "`la_stk_k50` (seeds 0, 1, 2, 3, 4)" in main.split("\n\n")[1]  # in the header
     assert (

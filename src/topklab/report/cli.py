@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -29,7 +30,7 @@ from topklab.report.layer import plot_routing, plot_sparsification, render_routi
 from topklab.report.paired import sweep_points, table_groups, with_gpu_table
 from topklab.report.schema import dirty_result_files, read_result, read_results
 from topklab.report.synthetic import column_band, render_table1, render_table2
-from topklab.report.tabular import band_of, render_tabular
+from topklab.report.tabular import TABLES, band_of, render_tabular, table_stem
 from topklab.report.translation import render_translation, test_bleu
 from topklab.report.vision import by_table, render_vision, selected_test, top1
 from topklab.utils.errors import TopklabError
@@ -96,6 +97,75 @@ def _optional(results: Path, source: Source, what: str) -> dict | None:
 BAND = Source("bench/lambda_band_cpu.json", "bench", "scripts/lambda_band.py")
 
 
+Renderer = Callable[[], dict[str, str]]
+
+
+def refuse_dirty(results: Path, allow_dirty: bool) -> None:
+    """A one-line error if a result under ``results`` came from a tree with uncommitted changes (unless allowed)."""
+    dirty = dirty_result_files(results)
+    if dirty and not allow_dirty:
+        raise TopklabError(
+            f"{len(dirty)} result(s) under {results} came from a tree with uncommitted changes "
+            f"(first: {dirty[0]}); rerun them from a clean checkout, or pass --allow-dirty "
+            f"(the tables then mark them DIRTY)"
+        )
+
+
+def table_renderers(results: Path, preset: str | None = None) -> dict[str, Renderer]:
+    """``{table name: a function returning {file name: text}}`` for every table that ``results`` has the data
+    for. A table's name is its files' stem: ``table3`` writes ``table3.md`` and ``table3.tex``,
+    ``fmnistlt_full`` writes ``fmnistlt_full.md``. Listing them reads the results and renders the cheap
+    tables (vision, translation, the layer tables); Tables 3, 4 and 6, whose paired tests take most of
+    `make tables`' time, render only when their function is called.
+
+    Parameters
+    ----------
+    results : the results directory (reads only there)
+    preset : which ``tabular/<preset>/`` cells make Tables 3, 4 and 6 (they must exist); None: every preset stored
+
+    Examples
+    --------
+    >>> sorted(table_renderers(Path("results")))[:3]  # doctest: +SKIP
+    ['fmnistlt', 'fmnistlt_full', 'fmnistlt_full_k']
+    """
+    paper = _paper(results)
+    stored = (
+        sorted(p.name for p in (results / "tabular").iterdir() if p.is_dir()) if (results / "tabular").is_dir() else []
+    )
+    band = _optional(results, BAND, "λ band")
+    renderers: dict[str, Renderer] = {}
+    for name in [preset] if preset else stored:
+        cells = read_results(results / "tabular" / name, "tabular")
+        if not cells:
+            raise TopklabError(
+                f"no cells under {results / 'tabular' / name}; run `make reproduce-tabular PRESET={name}` "
+                "first (or pick another --preset)"
+            )
+        for table in TABLES:
+            renderers[table_stem(table, name)] = partial(
+                render_tabular, name, paper, cells, band_of(band, name), (table,)
+            )
+    if not renderers:
+        raise TopklabError(f"no cells under {results / 'tabular'}; run `make reproduce-tabular` first")
+    table1 = _optional(results, TABLE1, "table1.md")
+    if table1 is not None:
+        renderers["table1"] = lambda: {"table1.md": render_table1(table1, paper)}
+    for name, source in TABLE2S.items():
+        result = _optional(results, source, name)
+        if result is not None:
+            column = column_band(band, Path(source.path).stem)
+            renderers[Path(name).stem] = partial(lambda n, r, c: {n: render_table2(r, paper, c)}, name, result, column)
+    papers = [yaml.safe_load(p.read_text()) for p in sorted((results / "paper").glob("*.yaml"))]
+    cheap = {
+        **render_vision(read_results(results / "vision", "vision"), papers, results.parent / "configs"),
+        **render_translation(read_results(results / "translation", "translation"), papers, results.parent / "configs"),
+        **render_layer_tables(results),
+    }
+    for file, text in cheap.items():
+        renderers[Path(file).stem] = partial(dict, {file: text})
+    return renderers
+
+
 def render_tables(results: Path, preset: str | None = None, allow_dirty: bool = False) -> dict[str, str]:
     """``{file name: text}`` of every table that ``results`` has the data for.
 
@@ -112,43 +182,24 @@ def render_tables(results: Path, preset: str | None = None, allow_dirty: bool = 
     >>> sorted(render_tables(Path("results"), "fraction"))[:3]  # doctest: +SKIP
     ['fmnistlt.md', 'table1.md', 'table2.md']
     """
-    dirty = dirty_result_files(results)
-    if dirty and not allow_dirty:
-        raise TopklabError(
-            f"{len(dirty)} result(s) under {results} came from a tree with uncommitted changes "
-            f"(first: {dirty[0]}); rerun them from a clean checkout, or pass --allow-dirty "
-            f"(the tables then mark them DIRTY)"
-        )
-    paper = _paper(results)
-    stored = (
-        sorted(p.name for p in (results / "tabular").iterdir() if p.is_dir()) if (results / "tabular").is_dir() else []
-    )
-    band = _optional(results, BAND, "λ band")
-    rendered = {}
-    for name in [preset] if preset else stored:
-        cells = read_results(results / "tabular" / name, "tabular")
-        if not cells:
-            raise TopklabError(
-                f"no cells under {results / 'tabular' / name}; run `make reproduce-tabular PRESET={name}` "
-                "first (or pick another --preset)"
-            )
-        rendered.update(render_tabular(name, paper, cells, band_of(band, name)))
-    if not rendered:
-        raise TopklabError(f"no cells under {results / 'tabular'}; run `make reproduce-tabular` first")
-    table1 = _optional(results, TABLE1, "table1.md")
-    if table1 is not None:
-        rendered["table1.md"] = render_table1(table1, paper)
-    for name, source in TABLE2S.items():
-        result = _optional(results, source, name)
-        if result is not None:
-            rendered[name] = render_table2(result, paper, column_band(band, Path(source.path).stem))
-    papers = [yaml.safe_load(p.read_text()) for p in sorted((results / "paper").glob("*.yaml"))]
-    rendered.update(render_vision(read_results(results / "vision", "vision"), papers, results.parent / "configs"))
-    rendered.update(
-        render_translation(read_results(results / "translation", "translation"), papers, results.parent / "configs")
-    )
-    rendered.update(render_layer_tables(results))
+    refuse_dirty(results, allow_dirty)
+    rendered: dict[str, str] = {}
+    for render in table_renderers(results, preset).values():
+        rendered.update(render())
     return rendered
+
+
+def table_stem_of(name: str) -> str:
+    """The table a ``--table`` argument names: ``fmnistlt_full``, ``fmnistlt_full.md`` and
+    ``results/tables/table3.tex`` name ``fmnistlt_full``, ``fmnistlt_full`` and ``table3``.
+
+    Examples
+    --------
+    >>> table_stem_of("fmnistlt_full.md"), table_stem_of("results/tables/table3.tex"), table_stem_of("table1")
+    ('fmnistlt_full', 'table3', 'table1')
+    """
+    path = Path(name)
+    return path.stem if path.suffix in (".md", ".tex") else path.name
 
 
 def render_layer_tables(results: Path) -> dict[str, str]:
@@ -278,19 +329,37 @@ def tables(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--allow-dirty", action="store_true", help="render results from a tree with uncommitted changes"
     )
+    parser.add_argument(
+        "--table",
+        default=None,
+        help="render this table alone, by its file's name with or without .md (table3: table3.md and table3.tex)",
+    )
     args = parser.parse_args(argv)
     out = args.out or args.results / "tables"
     try:
-        rendered = render_tables(args.results, args.preset, args.allow_dirty)
+        rendered = (
+            one_table(args.results, table_stem_of(args.table), args.preset, args.allow_dirty)
+            if args.table
+            else render_tables(args.results, args.preset, args.allow_dirty)
+        )
     except TopklabError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for name, text in rendered.items():
         atomic_write_text(out / name, text)
-    print(
-        f"wrote {', '.join(sorted(rendered))} to {out} (tabular cells of {f'preset {args.preset}' if args.preset else 'every preset'})"
-    )
+    cells = "" if args.table else f" (tabular cells of {f'preset {args.preset}' if args.preset else 'every preset'})"
+    print(f"wrote {', '.join(sorted(rendered))} to {out}{cells}")
     return 0
+
+
+def one_table(results: Path, table: str, preset: str | None = None, allow_dirty: bool = False) -> dict[str, str]:
+    """``{file name: text}`` of the one table ``table`` (a stem, :func:`table_stem_of`); an unknown name is a
+    one-line error listing the names."""
+    refuse_dirty(results, allow_dirty)
+    renderers = table_renderers(results, preset)
+    if table not in renderers:
+        raise TopklabError(f"no table {table!r} under {results}; the tables: {', '.join(sorted(renderers))}")
+    return renderers[table]()
 
 
 def figures(argv: list[str] | None = None) -> int:

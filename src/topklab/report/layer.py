@@ -4,7 +4,7 @@ side-by-side benchmarks ``results/bench/{routing,sparsification}_<device>.json``
 
 Each table's header names the commands, the commits and dirty flags of the runs, and the rows still
 missing (from ``configs/experiment/<group>/``) until none are. Where a row has several seeds, its
-test score is shown as mean ± sample std with every seed's value.
+test score is shown as mean ± sample sd (ddof 1) with n and every seed's value.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _by_row(results: list[dict]) -> dict[str, list[dict]]:
 
 
 def _spread(values: list[float]) -> str:
-    """``mean ± sample std (n = …): v1, v2, …`` for several seeds, the value for one."""
+    """``mean ± sample sd (n = …): v1, v2, …`` for several seeds, the value for one."""
     if len(values) == 1:
         return f"{values[0]:.2f}"
     return (
@@ -172,7 +172,7 @@ def render_routing(results: list[dict], bench: dict | None, configs: Path | None
         "one seed's one layer whose test share is farthest from c; ‡: some seed's layer outside [0.8c, 1.2c].",
         "",
         "| row | causal | routed (test) | routed per layer, train | routed per layer, test | worst seed, test "
-        "| val ppl | test ppl | Δ test ppl vs dense | step (run), s |",
+        "| val ppl | test ppl (mean ± sample sd, n seeds) | Δ test ppl vs dense | step (run), s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     by_row = _by_row(results)
@@ -261,7 +261,7 @@ def render_sparsification(results: list[dict], bench: dict | None, configs: Path
         "k entries pass, trimmed to k, so it sends exactly k and trains as exact top-k; *DGC's ×1.3 / ×0.8 rule*:",
         "the reference's adaptation, which can stop below k and then sends fewer.",
         "",
-        "| row | sent (%) | selection, ms | val top-1 | test top-1 (mean ± sample std, seeds) | test top-5 | train time, s |",
+        "| row | sent (%) | selection, ms | val top-1 | test top-1 (mean ± sample sd, n seeds) | test top-5 | train time, s |",
         "|---|---|---|---|---|---|---|",
     ]
     order = ["dense_1worker", "dense"] + [

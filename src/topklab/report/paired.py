@@ -315,8 +315,8 @@ def render_sweep_table(name: str, rows: dict[str, list[dict]], settings: dict, v
         f"Each row: `python train.py experiment={group}/<row> seed=<k>`. A difference pairs the seeds the row and "
         f"{base_label} both have (a diverged run leaves its seed out); the interval is the mean ± t₀.₉₇₅,ₙ₋₁ · sd / √n "
         "(sample sd). λ in band: the share of a run's training steps at which λ tracked the batch's k-th largest "
-        "loss, mean ± std over the row's seeds; hard share > λ: the share of the last epoch's losses above λ "
-        "(1.000: λ below every loss, no sample dropped).",
+        "loss, mean ± population sd (ddof 0) over the row's n seeds; hard share > λ: the share of the last epoch's "
+        "losses above λ, the same (1.000: λ below every loss, no sample dropped).",
         "",
         "| series | k/n | row | seeds | mean difference | 95 % interval | half-width | per seed | λ in band | hard share > λ |",
         "|---|---|---|---|---|---|---|---|---|---|",

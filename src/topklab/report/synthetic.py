@@ -55,6 +55,8 @@ def render_table1(result: dict, paper: dict) -> str:
         "*reference* = not an algorithm of the paper. "
         f"λ iterations: updates of λ until Eq. 1 at λ is {within} of the true top-k sum, mean (max) over "
         "runs.",
+        f"±: ours, the population sd (ddof 0) over the n = {config['runs']} runs; the paper's, the std of its "
+        "50 runs (which sd, the paper does not say).",
         "",
         "| Algorithm | how it runs here | paper (s) | ours (s) | ours / paper | λ iterations | origin |",
         "|---|---|---|---|---|---|---|",
@@ -112,6 +114,8 @@ def render_table2(result: dict, paper: dict, band: dict | None = None) -> str:
         f"Produced by: `{result['command']}`, then `python scripts/make_tables.py`.",
         "Time: seconds per model of the plain single-model loop (mean over "
         f"{config['time_repeats']} repeats at the selected k); the paper's hardware is not given.",
+        f"±: the population sd (ddof 0) over the n = {repeats} repeats (Time: over its n = "
+        f"{config['time_repeats']} repeats); the paper prints means only.",
     ]
     if "true_support" in payload:
         lines.append(

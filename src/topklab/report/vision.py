@@ -244,7 +244,7 @@ def render_pending_table(name: str, paper: dict) -> str:
     """
     rows = paper["rows"]
     lines = [
-        f"# {name}: test accuracy (%), mean ± std over seeds",
+        f"# {name}: test accuracy (%), mean ± std over seeds (population std, n: the seeds of the row)",
         "",
         f"**Still missing:** every row ({len(rows)}: {', '.join(rows)}); run their experiment rows "
         f"({paper.get('experiments', 'see README')}), then `make tables`.",
