@@ -108,18 +108,20 @@ test-all: setup
 	$(PY) -m pytest -q
 
 # STk Tables 3, 4, 6 by the paper's protocol into results/tabular/$(PRESET)/ (resumable: rerun to continue).
-# JOBS>1 runs rows in parallel through Hydra's joblib launcher (one torch thread each).
+# JOBS>1 runs rows in parallel through Hydra's joblib launcher (one torch thread each); AGGREGATES='[matk,stk]'
+# runs those columns only (PRESET=full_solve: the only columns with a λ).
 PRESET ?= quick
 JOBS   ?= 1
 # cpusmall first: the longest row (≈ 57 % of the full preset's cell time), so that two jobs end together
 ROWS   := $(shell ls configs/experiment/stk/table[346]/[!_]*.yaml 2>/dev/null | sed 's|configs/experiment/||; s|\.yaml$$||' \
             | awk '/cpusmall$$/ {print; next} {rest = rest $$0 "\n"} END {printf "%s", rest}' | paste -sd, -)
+AGGREGATES ?=
 reproduce-tabular: setup
 ifeq ($(JOBS),1)
-	$(PY) train.py -m experiment=$(ROWS) preset=$(PRESET)
+	$(PY) train.py -m experiment=$(ROWS) preset=$(PRESET) $(if $(AGGREGATES),'runner.aggregates=$(AGGREGATES)')
 else
-	$(PY) train.py -m experiment=$(ROWS) preset=$(PRESET) ++runner.threads=1 \
-		hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS)
+	$(PY) train.py -m experiment=$(ROWS) preset=$(PRESET) $(if $(AGGREGATES),'runner.aggregates=$(AGGREGATES)') \
+		++runner.threads=1 hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS)
 endif
 
 # results/tables/ from results/ only: Tables 3, 4, 6 from preset full as table{3,4,6}.{md,tex} and from every other

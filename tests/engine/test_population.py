@@ -15,6 +15,7 @@ from topklab.losses.aggregate.lambda_rules import RULES
 from topklab.models import MLP
 from topklab.tasks.metrics import TASK_METRIC, rmse
 from topklab.utils.errors import TopklabError
+from topklab.utils.k import resolve_k
 
 
 def tabular_executor(aggregate, individual, splits, layout=Gathered, **kwargs):
@@ -80,6 +81,15 @@ def test_population_matches_per_model_loop(aggregate, individual, source, task):
             assert got == pytest.approx(ref["metrics"][part][metric], abs=1e-4), (m, part)
         if ref["lambda"] is not None:
             assert float(result["lambda"][m]) == pytest.approx(ref["lambda"], abs=1e-5)
+            split = splits[members.split[m]]
+            with torch.no_grad():  # where λ sits among this member's training losses, by sorting them
+                losses = sorted(individual(ref["model"](split.x_train).squeeze(-1), split.y_train).tolist())[::-1]
+            n, k = len(losses), resolve_k(members.k[m], len(losses))
+            above = sum(loss > ref["lambda"] for loss in losses)
+            assert float(result["hard_share"][m]) == pytest.approx(above / n, abs=1.5 / n), m  # a loss at λ may flip
+            assert float(result["lam_minus_kth"][m]) == pytest.approx(ref["lambda"] - losses[k - 1], abs=1e-4), m
+        else:
+            assert "hard_share" not in result and "lam_minus_kth" not in result
         for got, want in zip((result["params"][n][m] for n in StackedMLP.names), ref["model"].parameters()):
             torch.testing.assert_close(got, want.detach(), atol=1e-4, rtol=1e-4)
 
@@ -106,6 +116,8 @@ def test_freeze_and_retire_give_the_same_members():
     for part in ("train", "val", "test"):
         torch.testing.assert_close(gathered[f"{part}_error_pct"], grouped[f"{part}_error_pct"], atol=1e-9, rtol=0)
     torch.testing.assert_close(gathered["lambda"], grouped["lambda"], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(gathered["lam_minus_kth"], grouped["lam_minus_kth"], atol=1e-4, rtol=1e-4)
+    assert ((gathered["hard_share"] - grouped["hard_share"]).abs() <= 1.5 / len(splits[0].y_train)).all()
     for name in StackedMLP.names:
         torch.testing.assert_close(gathered["params"][name], grouped["params"][name], atol=1e-5, rtol=1e-4)
 

@@ -20,6 +20,7 @@ from topklab.losses import Logistic
 from topklab.protocol import Cell, CellStore, Grid, run_cell, select_combo
 from topklab.protocol.cell import Protocol, selection_scores
 from topklab.protocol.reproduce import protocol_from, reproduce, select_rows
+from topklab.protocol.store import compare_cells
 from topklab.utils.errors import TopklabError
 
 PAPER_GRID = dict(
@@ -423,7 +424,7 @@ def test_presets_compose_into_a_protocol(preset):
     [
         (["row=stk/table3/nope"], "error: unknown experiment 'stk/table3/nope'; choose one of: fmnistlt/ce"),
         (["-m", "row=stk/table3/wisconsin,stk/table3/nope"], "error: unknown experiment 'stk/table3/nope'"),
-        (["preset=huge"], "error: unknown preset 'huge'; choose one of: fraction, full, quick"),
+        (["preset=huge"], "error: unknown preset 'huge'; choose one of: fraction, full, full_solve, quick"),
         (["dataset=german"], "error: dataset=german does not reach the cells"),
     ],
 )
@@ -572,3 +573,17 @@ def test_force_replaces_a_corrupt_cell_and_a_cell_of_other_settings(tmp_path, hy
     assert "corrupt" in forced["replaced"]["unreadable"]
     [replaced] = reproduce(reproduce_cfg(tmp_path, aggregates="average", force=True, preset={"max_epochs": 3}))
     assert replaced["fingerprint"]["protocol"]["max_epochs"] == 3 and replaced["replaced"]["test"]
+
+
+def test_a_cell_stored_before_lambdas_diagnostics_is_compared_on_the_rest():
+    """λ's diagnostics (hard share, λ − ℓ_[k]) join the bit-for-bit comparison only where the stored cell has
+    them: a retrained cell that adds them reproduces an older one with equal numbers; any other difference,
+    the diagnostics included once stored, does not."""
+    cell = {"table": "t", "dataset": "d", "individual": "i", "aggregate": "stk"}
+    old = {"cell": cell, "test_mean": 1.0, "selected": {"index": 0}, "per_split": {"test": [1.0], "lambda": [0.5]}}
+    new = {**old, "per_split": {**old["per_split"], "hard_share": [0.75], "lam_minus_kth": [0.0]}}
+    assert compare_cells([(old, new)]).startswith("reproduced bit for bit: 1 of 1")
+    moved = {**new, "per_split": {**new["per_split"], "hard_share": [0.5]}}
+    assert compare_cells([(new, moved)]).startswith("reproduced bit for bit: 0 of 1")
+    other = {**new, "per_split": {**new["per_split"], "lambda": [0.25]}}
+    assert compare_cells([(old, other)]).startswith("reproduced bit for bit: 0 of 1")

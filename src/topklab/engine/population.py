@@ -276,7 +276,8 @@ class PopulationExecutor:
         ``best_step``, ``steps`` (long), ``diverged`` (bool: the objective became non-finite; such a
         member stops and keeps its best state), ``lambda`` (the best state's λ; the initial value for
         aggregates without one), ``params`` (the best state, ``{name: (P, ...)}``), and
-        ``<part>_<metric>`` (float64) of the best state for each part in ``report``. With
+        ``<part>_<metric>`` (float64) of the best state for each part in ``report``; for an aggregate
+        with a threshold also ``hard_share`` and ``lam_minus_kth`` (:meth:`_threshold_diagnostics`). With
         ``report_state="last"`` these are of the state each member stopped in instead (a diverged
         member keeps its best state); ``best_step`` still names the best validation step.
         ``groups`` are objects with ``x_train, y_train, x_val, y_val`` (and the reported parts),
@@ -299,7 +300,10 @@ class PopulationExecutor:
                 best[name][rows.ids[rows.running]] = rows.params[name][rows.running]
         if on_stop is not None and rows.running.any():
             on_stop(int(rows.running.sum()))
-        return self._result(run.layout, best, run.tracker, run.steps, run.diverged, groups, report)
+        result = self._result(run.layout, best, run.tracker, run.steps, run.diverged, groups, report)
+        if self.aggregate.has_threshold:
+            result.update(self._threshold_diagnostics(run.layout, best, result["lambda"], members.k, groups))
+        return result
 
     def _prepare(self, groups: Sequence, members: Members) -> SimpleNamespace:
         """The run's data, layout, batch generators and per-row settings (before any parameter)."""
@@ -478,6 +482,37 @@ class PopulationExecutor:
                 operator.add, (leaves[n].abs().flatten(1).sum(1) for n in self.model.weights)
             )
         return value
+
+    def _threshold_diagnostics(self, layout, best: dict, lam: torch.Tensor, ks: Sequence, groups: Sequence) -> dict:
+        """Where each member's reported λ sits among its own training losses at the reported state (member
+        order, float64): ``hard_share``, the share of the losses above λ, and ``lam_minus_kth``, λ − ℓ_[k]
+        with k = the member's k of its whole training split (a fraction of it, or the count). A hard share
+        of 1 means λ lies below every loss: the member dropped no sample."""
+        rows = layout.rows
+        x, y = _stack(groups, "train", self.dtype)
+        in_layout = {name: t[rows] for name, t in best.items()}
+        lam_rows = lam[rows].double()
+        k_rows = torch.tensor([resolve_k(k, x.shape[1]) for k in ks], dtype=torch.long)[rows]
+
+        def losses_of(out, targets, idx):
+            losses = self.individual(out, targets).double()
+            return losses, lam_rows[idx].view(losses.shape[:-1] + (1,))
+
+        def hard_share(out, targets, idx):
+            losses, at = losses_of(out, targets, idx)
+            return (losses > at).double().mean(-1)
+
+        def lam_minus_kth(out, targets, idx):
+            losses, at = losses_of(out, targets, idx)
+            k = k_rows[idx].view(losses.shape[:-1] + (1,))
+            kth = losses.sort(-1, descending=True).values.gather(-1, k - 1)
+            return (at - kth).squeeze(-1)
+
+        diagnostics = {}
+        for name, fn in (("hard_share", hard_share), ("lam_minus_kth", lam_minus_kth)):
+            values = layout.reduce(in_layout, rows, x, y, fn)
+            diagnostics[name] = torch.empty_like(values).index_copy_(0, rows, values)
+        return diagnostics
 
     def _result(self, layout, best: dict, tracker: EarlyStopping, steps, diverged, groups, report) -> dict:
         lam = best["lam"]

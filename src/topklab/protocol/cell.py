@@ -192,6 +192,12 @@ def select_combo(scores: np.ndarray, exact: bool = True) -> tuple[int, list[int]
     return tied[0], tied
 
 
+THRESHOLD_DIAGNOSTICS = (
+    "hard_share",
+    "lam_minus_kth",
+)  # per split, MATk/STk cells: where λ sits in the training losses
+
+
 def run_cell(
     cell: Cell,
     dataset,
@@ -248,6 +254,9 @@ def run_cell(
         member_steps += int(result["steps"].sum())
         for name in ("best_step", "steps", "lambda", "diverged", *(f"{part}_{metric}" for part in reported)):
             columns.setdefault(name, []).append(result[name])
+        for name in THRESHOLD_DIAGNOSTICS:
+            if name in result:
+                columns.setdefault(name, []).append(result[name])
     table = {
         name: torch.cat(parts).double().numpy().reshape(len(combos), protocol.n_splits)
         for name, parts in columns.items()
@@ -284,6 +293,7 @@ def run_cell(
             "steps": table["steps"][best].astype(int).tolist(),
             "lambda": table["lambda"][best].tolist(),
             "diverged": table["diverged"][best].astype(bool).tolist(),
+            **{name: table[name][best].tolist() for name in THRESHOLD_DIAGNOSTICS if name in table},
         },
         "combos": {  # every combination, column by column (grid order)
             **{axis: [combo[axis] for combo in combos] for axis in ("k", "C", "lr", "delta")},

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from topklab.engine.result_guard import differing_keys
 from topklab.engine.run_identity import UNRECORDED, identity_differences
-from topklab.protocol.cell import COMMITTED_LOSS, Cell
+from topklab.protocol.cell import COMMITTED_LOSS, THRESHOLD_DIAGNOSTICS, Cell
 from topklab.report.schema import make_result, read_result, write_result
 from topklab.utils.errors import TopklabError
 from topklab.utils.provenance import NUMERICS_PACKAGES, cpu_isa
@@ -159,6 +159,14 @@ def replaced_cell(record: dict) -> dict:
     }
 
 
+def _same_splits(old: dict, new: dict) -> bool:
+    """Whether two cell records hold the same per-split numbers, bit for bit; λ's diagnostics
+    (:data:`~topklab.protocol.cell.THRESHOLD_DIAGNOSTICS`) count only where the stored record has them
+    (a cell stored before they were recorded is compared on the rest)."""
+    kept = {k: v for k, v in new["per_split"].items() if k in old["per_split"] or k not in THRESHOLD_DIAGNOSTICS}
+    return canonical(old["per_split"]) == canonical(kept)
+
+
 def compare_cells(pairs: list[tuple[dict, dict]]) -> str:
     """One line over ``(stored, retrained)`` cell records: which retrained cells reproduce their stored
     per-split numbers (test, validation and training metric, steps, λ) bit for bit, and how the others'
@@ -171,12 +179,12 @@ def compare_cells(pairs: list[tuple[dict, dict]]) -> str:
     >>> compare_cells([(a, a), (a, {**a, "test_mean": 2.0, "per_split": {"test": [2.0]}})])
     'reproduced bit for bit: 1 of 2 (t/d/i/stk); differ: t/d/i/stk test 1 → 2 (selected index 0 → 0)'
     """
-    same = [new for old, new in pairs if canonical(old["per_split"]) == canonical(new["per_split"])]
+    same = [new for old, new in pairs if _same_splits(old, new)]
     differ = [
         f"{Cell(**new['cell']).key} test {old['test_mean']:.6g} → {new['test_mean']:.6g} "
         f"(selected index {old['selected']['index']} → {new['selected']['index']})"
         for old, new in pairs
-        if canonical(old["per_split"]) != canonical(new["per_split"])
+        if not _same_splits(old, new)
     ]
     return (
         f"reproduced bit for bit: {len(same)} of {len(pairs)}"
