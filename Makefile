@@ -118,9 +118,9 @@ ROWS   := $(shell ls configs/experiment/stk/table[346]/[!_]*.yaml 2>/dev/null | 
 AGGREGATES ?=
 reproduce-tabular: setup
 ifeq ($(JOBS),1)
-	$(PY) train.py -m experiment=$(ROWS) preset=$(PRESET) $(if $(AGGREGATES),'runner.aggregates=$(AGGREGATES)')
+	$(PY) train.py -m experiment=$(ROWS) preset=$(PRESET) $(if $(AGGREGATES),'++runner.aggregates=$(AGGREGATES)')
 else
-	$(PY) train.py -m experiment=$(ROWS) preset=$(PRESET) $(if $(AGGREGATES),'runner.aggregates=$(AGGREGATES)') \
+	$(PY) train.py -m experiment=$(ROWS) preset=$(PRESET) $(if $(AGGREGATES),'++runner.aggregates=$(AGGREGATES)') \
 		++runner.threads=1 hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS)
 endif
 
