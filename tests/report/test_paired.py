@@ -9,6 +9,7 @@ from helpers.tables import fake_vision_run
 from topklab.report.paired import paired, sweep_points, t_interval, t_quantile, table_groups
 from topklab.report.schema import read_results
 from topklab.report.vision import render_vision
+from topklab.utils.errors import TopklabError
 
 PILOT = {  # test top-1 of seeds 0-4, fmnistlt_full pilot at k/n = 0.9
     "la": ("LA", [84.36, 83.36, 83.41, 84.26, 83.36]),
@@ -147,3 +148,35 @@ def test_the_hard_share_stands_beside_the_band_and_a_lambda_below_every_loss_is_
     assert "LA + STk, k/n = 0.90." in note and "0.50" not in note
     assert "| 1.00 ± 0.00 | 1.000 ± 0.000 |" in main and "| 1.00 ± 0.00 | 0.995 ± 0.005 |" in main
     assert "| LA + STk | 0.9 | `la_stk` | 2 |" in sweep and sweep.count("| 1.000 ± 0.000 |") == 1
+
+
+def test_a_control_is_paired_with_the_rows_it_controls(tmp_path):
+    """fmnistlt_controls' ``_controls.yaml``: STk at ATk's scale against ATk at the same k, seed by seed."""
+    (tmp_path / "configs").symlink_to(CONFIG_DIR)
+    results = tmp_path / "results"
+    top1 = {"la": [80.0, 81.0], "la_atk_k50": [82.0, 83.0], "la_stk_k50_scale_atk": [81.5, 83.5]}
+    labels = {
+        "la": "LA",
+        "la_atk_k50": "LA + ATk, k/n = 0.50",
+        "la_stk_k50_scale_atk": "LA + STk (ATk's scale), k/n = 0.50",
+    }
+    for row, values in top1.items():
+        for seed, value in enumerate(values):
+            fake_vision_run(results, "fmnistlt_controls", row, labels[row], seed, value, 99.0, [80, 60, 40])
+    main = render_vision(read_results(results / "vision", "vision"), [], tmp_path / "configs")["fmnistlt_controls.md"]
+    section = main[main.index("Controls, paired by seed") :]
+    assert (
+        "| LA + STk (ATk's scale), k/n = 0.50 | LA + ATk, k/n = 0.50 | 2 | +0.00 | [−6.35, +6.35] | 6.35 | "
+        "−0.50 (seed 0), +0.50 (seed 1) |"
+    ) in section
+    assert "| LA + STk (ATk's scale), k/n = 0.50 | LA + STk, k/n = 0.50 |" not in section  # no runs of that row
+
+
+def test_controls_naming_a_row_the_group_lacks_are_one_line_errors(tmp_path):
+    group = tmp_path / "experiment" / "g"
+    group.mkdir(parents=True)
+    (group / "_common.yaml").write_text("result: {family: vision, table: g, baseline: a, seeds: 2}\n")
+    (group / "a.yaml").write_text('row: "A"\n')
+    (group / "_controls.yaml").write_text("a: [b]\n")
+    with pytest.raises(TopklabError, match=r"_controls.yaml names rows its group lacks: b$"):
+        table_groups(tmp_path, "vision")

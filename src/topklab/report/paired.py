@@ -25,6 +25,7 @@ from scipy.stats import t as student_t
 from topklab.report.divergence import diverged
 from topklab.report.resumed import seed_of
 from topklab.report.tracking import band_cell, hard_share_cell
+from topklab.utils.errors import TopklabError
 
 LEVEL = 0.95
 
@@ -144,10 +145,47 @@ def paired_lines(
     ]
 
 
+def control_lines(
+    controls: dict[str, list[str]], rows: dict[str, list[dict]], labels: dict[str, str], value, what: str
+) -> list[str]:
+    """The table of a group's controls (``_controls.yaml``: ``{row: [rows it is also paired with]}``): each
+    control's ``what`` minus each row it controls, paired by seed as :func:`paired_lines` pairs with the
+    baseline; a pair without results in both rows is left out.
+
+    Examples
+    --------
+    >>> run = lambda seed, v: {"provenance": {"seeds": {"seed": seed}}, "result": {"summary": {"v": v}}}
+    >>> rows = {"atk": [run(0, 2.0), run(1, 3.0)], "stk2": [run(0, 1.5), run(1, 3.0)]}
+    >>> labels = {"atk": "ATk", "stk2": "STk at ATk's scale"}
+    >>> print(control_lines({"stk2": ["atk"]}, rows, labels, lambda r: r["result"]["summary"]["v"], "top-1")[-1])
+    | STk at ATk's scale | ATk | 2 | −0.25 | [−3.43, +2.93] | 3.18 | −0.50 (seed 0), +0.00 (seed 1) |
+    """
+    lines = []
+    for row, against in controls.items():
+        for other in against:
+            pairs = paired(rows[other], rows[row], value) if row in rows and other in rows else []
+            if pairs:
+                lines.append(
+                    f"| {labels[row]} | {labels[other]} | {len(pairs)} | " + " | ".join(interval_cells(pairs)) + " |"
+                )
+    if not lines:
+        return []
+    return [
+        "",
+        f"Controls, paired by seed with the rows they control: {what} of the control minus the other row's over the "
+        "seeds both have, the mean, its 95 % t-interval (mean ± t₀.₉₇₅,ₙ₋₁ · sd / √n, sample sd) and half-width.",
+        "",
+        "| control | against | seeds | mean difference | 95 % interval | half-width | per seed |",
+        "|---|---|---|---|---|---|---|",
+        *lines,
+    ]
+
+
 def table_groups(configs: Path | None, folder: str) -> dict[str, dict]:
     """``{table: settings}`` for every experiment group whose ``_common.yaml`` files its rows into a
-    table under ``results/<folder>/``, read from the yaml files as written: ``{"group", "baseline",
-    "seeds", "superseded_by", "rows": {row: {"label", "loss", "k"}}}`` (empty when ``configs`` is None).
+    table under ``results/<folder>/``, read from the yaml files as written: ``{"group", "controls", "baseline",
+    "seeds", "superseded_by", "rows": {row: {"label", "loss", "k"}}}`` (empty when ``configs`` is None);
+    ``controls`` from the group's ``_controls.yaml`` ({} without one).
 
     Examples
     --------
@@ -177,8 +215,14 @@ def table_groups(configs: Path | None, folder: str) -> dict[str, dict]:
                 "loss": overrides[0]["override /loss"] if overrides else None,
                 "k": (spec.get("loss") or {}).get("k"),
             }
+        controls_file = common.with_name("_controls.yaml")
+        controls = (yaml.safe_load(controls_file.read_text()) or {}) if controls_file.exists() else {}
+        unknown = sorted({r for row, against in controls.items() for r in [row, *against]} - set(rows))
+        if unknown:
+            raise TopklabError(f"{controls_file} names rows its group lacks: {', '.join(unknown)}")
         groups[block["table"]] = {
             "group": common.parent.relative_to(root).as_posix(),
+            "controls": controls,
             "baseline": block.get("baseline"),
             "seeds": block.get("seeds"),
             "superseded_by": block.get("superseded_by"),

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from topklab.report.divergence import diverged, divergence_lines
 from topklab.report.paired import (
+    control_lines,
     missing_runs,
     paired_lines,
     render_sweep_table,
@@ -166,6 +167,7 @@ def render_vision_table(
     lines += divergence_lines({row: rows[row] for row in present}, labels, seed_of)
     if settings.get("baseline"):
         lines += paired_lines(present, rows, labels, settings["baseline"], top1, "test top-1")
+    lines += control_lines(settings.get("controls") or {}, rows, labels, top1, "test top-1")
     lines += per_seed_table(present, rows, labels)
     counts = first["result"]["summary"].get("class_counts")
     if counts and len(counts) <= 20:
