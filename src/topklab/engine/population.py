@@ -212,7 +212,7 @@ class PopulationExecutor:
     ...                               max_epochs=50, batch_size=16, patience=None)
     >>> result = executor.fit([group], Members(split=[0, 0], seed=[0, 1], k=[0.5, 1.0], lr=0.5), report=("val",))
     >>> sorted(result), result["val_rmse"].shape, bool((result["val_rmse"] < 0.1).all())
-    (['best_step', 'diverged', 'lambda', 'params', 'steps', 'val_rmse'], torch.Size([2]), True)
+    (['best_step', 'diverged', 'hard_share', 'lam_minus_kth', 'lambda', 'params', 'steps', 'val_rmse'], torch.Size([2]), True)
     """
 
     def __init__(

@@ -25,12 +25,13 @@ from pathlib import Path
 
 import yaml
 
+from topklab.losses.aggregate.lambda_rules import PAPER as PAPER_RULE
 from topklab.report.experiments import render_index
 from topklab.report.layer import plot_routing, plot_sparsification, render_routing, render_sparsification
 from topklab.report.paired import sweep_points, table_groups, with_gpu_table
 from topklab.report.schema import dirty_result_files, read_result, read_results
 from topklab.report.synthetic import column_band, render_table1, render_table2
-from topklab.report.tabular import TABLES, band_of, render_tabular, table_stem
+from topklab.report.tabular import LAMBDA_AGGREGATES, PAPER_PRESET, TABLES, band_of, render_tabular, table_stem
 from topklab.report.translation import render_translation, test_bleu
 from topklab.report.vision import by_table, render_vision, selected_test, top1
 from topklab.utils.errors import TopklabError
@@ -111,6 +112,19 @@ def refuse_dirty(results: Path, allow_dirty: bool) -> None:
         )
 
 
+def reference_cells(results: Path, preset: str, cells: list[dict]) -> list[dict] | None:
+    """The ``full`` preset's cells for a preset whose cells train λ by another rule than the paper's (the
+    protocol's ``lam_update``, e.g. ``full_solve``), which its tables compare against; None otherwise."""
+    rules = {
+        (r.get("config") or {}).get("protocol", {}).get("lam_update")
+        for r in cells
+        if r["result"]["cell"]["aggregate"] in LAMBDA_AGGREGATES
+    }
+    if preset == PAPER_PRESET or not rules - {None, PAPER_RULE}:
+        return None
+    return read_results(results / "tabular" / PAPER_PRESET, "tabular")
+
+
 def table_renderers(results: Path, preset: str | None = None) -> dict[str, Renderer]:
     """``{table name: a function returning {file name: text}}`` for every table that ``results`` has the data
     for. A table's name is its files' stem: ``table3`` writes ``table3.md`` and ``table3.tex``,
@@ -141,9 +155,10 @@ def table_renderers(results: Path, preset: str | None = None) -> dict[str, Rende
                 f"no cells under {results / 'tabular' / name}; run `make reproduce-tabular PRESET={name}` "
                 "first (or pick another --preset)"
             )
+        reference = reference_cells(results, name, cells)
         for table in TABLES:
             renderers[table_stem(table, name)] = partial(
-                render_tabular, name, paper, cells, band_of(band, name), (table,)
+                render_tabular, name, paper, cells, band_of(band, name), (table,), reference
             )
     if not renderers:
         raise TopklabError(f"no cells under {results / 'tabular'}; run `make reproduce-tabular` first")

@@ -10,6 +10,7 @@ import statistics
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import t as student_t
 from scipy.stats import wilcoxon
 
 from topklab.config import aggregate_config
@@ -229,6 +230,97 @@ def paired_tests(table: str, results: list[dict]) -> list[dict]:
     return tests
 
 
+def corrected_t_test(ours, other, test_over_train: float) -> tuple[float, float]:
+    """Nadeau and Bengio's corrected resampled t-test of paired per-split metrics (Machine Learning 52, 2003):
+    t = mean(d) / √((1/J + n_test/n_train)·s²) over J random splits, s² the sample variance of the differences d,
+    J − 1 degrees of freedom; returns ``(t, two-sided p)``. The correction widens the plain paired t-test, whose
+    splits share most of their training data and so are not independent. Equal metrics give (0, 1).
+
+    Examples
+    --------
+    >>> t, p = corrected_t_test([1.0, 2.0, 3.0, 4.0], [0.0, 0.5, 1.0, 1.5], test_over_train=0.5)
+    >>> round(t, 3), round(p, 3)
+    (3.13, 0.052)
+    """
+    ours, other = np.asarray(ours, dtype=float), np.asarray(other, dtype=float)
+    if ours.size != other.size or ours.size < 2:
+        raise TopklabError(
+            f"a corrected t-test needs the same J >= 2 splits on both sides, got {ours.size} and {other.size}"
+        )
+    d = ours - other
+    variance = float(d.var(ddof=1))
+    if variance == 0.0:
+        return (0.0, 1.0) if d.mean() == 0.0 else (math.copysign(math.inf, d.mean()), 0.0)
+    t = float(d.mean()) / math.sqrt((1.0 / d.size + test_over_train) * variance)
+    return t, float(2.0 * student_t.sf(abs(t), d.size - 1))
+
+
+LAMBDA_AGGREGATES = ("matk", "stk")  # the cells with a λ, which a preset with another λ rule retrains
+AGAINST = (("paper", "the paper's update"), ("average", "Average"), ("atk", "ATk"))
+
+
+def against_reference(table: str, results: list[dict], reference: list[dict]) -> list[dict]:
+    """Each MATk/STk cell of ``results`` (a preset with another λ rule, e.g. ``full_solve``) against the
+    ``reference`` preset's cells on the same splits (``full``: the paper's update, Average and ATk), by
+    :func:`corrected_t_test`, with where its λ sat: the mean over splits of ``hard_share`` and
+    ``lam_minus_kth``. A pair on other splits is left out."""
+    mine, theirs = _cells(table, results), _cells(table, reference)
+    rows = []
+    for (dataset, individual, aggregate), cell in sorted(mine.items()):
+        if aggregate not in LAMBDA_AGGREGATES:
+            continue
+        splits = cell["per_split"]
+        for key, label in AGAINST:
+            other = theirs.get((dataset, individual, aggregate if key == "paper" else key))
+            if other is None or other["per_split"].get("split_seed") != splits.get("split_seed"):
+                continue
+            sizes = cell["data"]["sizes"]  # train, validation, test
+            t, p = corrected_t_test(splits["test"], other["per_split"]["test"], sizes[2] / sizes[0])
+            rows.append(
+                {
+                    "dataset": dataset,
+                    "individual": individual,
+                    "aggregate": aggregate,
+                    "against": label,
+                    "n": len(splits["test"]),
+                    "mean_difference": float(np.mean(splits["test"]) - np.mean(other["per_split"]["test"])),
+                    "t": t,
+                    "p": p,
+                    "hard_share": _mean_or_none(splits.get("hard_share")),
+                    "lam_minus_kth": _mean_or_none(splits.get("lam_minus_kth")),
+                }
+            )
+    return rows
+
+
+def _mean_or_none(values) -> float | None:
+    return None if not values else float(np.mean(values))
+
+
+def against_lines(rows: list[dict], digits: int, reference: str) -> list[str]:
+    """The Markdown section of :func:`against_reference` (none without rows)."""
+    if not rows:
+        return []
+    out = [
+        "",
+        f"Against the `{reference}` preset's cells on the same splits: Δ = mean(this cell) − mean(that cell) of the "
+        "test metric, and Nadeau and Bengio's corrected resampled t-test (t over √((1/J + n_test/n_train)·s²), J − 1 "
+        "degrees of freedom; two-sided p, uncorrected for the number of rows). Hard share: the share of a split's "
+        "training losses above its λ at the reported state, mean over splits (1.000: λ below every loss); "
+        "λ − ℓ_[k]: the same split's λ minus its k-th largest training loss, mean over splits.",
+        "",
+        "| Dataset | Loss | Aggregate | against | n | Δ | t | p | hard share | λ − ℓ_[k] |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['dataset']} | {r['individual']} | {aggregate_label(r['aggregate'])} | {r['against']} | {r['n']} | "
+            f"{_num(r['mean_difference'], digits, '+')} | {r['t']:.2f} | {r['p']:.3g} | "
+            f"{_num(r['hard_share'], 3)} | {_num(r['lam_minus_kth'], 4, '+')} |"
+        )
+    return out
+
+
 def header(preset: str, table: str, results: list[dict], lines: list[Line]) -> list[str]:
     """The lines above a table: preset, splits, code, commands, agreement with the paper, ties, time, missing cells."""
     mine = [r for r in results if r["result"]["cell"]["table"] == table]
@@ -294,8 +386,10 @@ def _tied(line: Line, digits: int) -> str:
     return f"{line.ties['count']} ({line.ties['test_min']:.{digits}f}–{line.ties['test_max']:.{digits}f})"
 
 
-def render_markdown(table: str, paper: dict, lines: list[Line], tests: list[dict], head: list[str]) -> str:
-    """The table as Markdown: one row per line, then the paired tests."""
+def render_markdown(
+    table: str, paper: dict, lines: list[Line], tests: list[dict], head: list[str], against: list[str] = ()
+) -> str:
+    """The table as Markdown: one row per line, then the paired tests and ``against`` (:func:`against_lines`)."""
     spec = paper[table]
     digits = 3 if spec["metric"] == "error_pct" else 4
     out = [f"# {table.replace('table', 'Table ')}: {spec['caption']}", ""]
@@ -335,6 +429,7 @@ def render_markdown(table: str, paper: dict, lines: list[Line], tests: list[dict
                 f"| {t['dataset']} | {t['individual']} | {aggregate_label(t['baseline'])} | {t['n']} | "
                 f"{_num(t['mean_difference'], digits, '+')} | {_wtl(t)} | {t['p']:.3g} |"
             )
+    out += against
     return "\n".join(out) + "\n"
 
 
@@ -404,7 +499,12 @@ def table_stem(table: str, preset: str) -> str:
 
 
 def render_tabular(
-    preset: str, paper: dict, results: list[dict], band: dict | None = None, tables: tuple[str, ...] = TABLES
+    preset: str,
+    paper: dict,
+    results: list[dict],
+    band: dict | None = None,
+    tables: tuple[str, ...] = TABLES,
+    reference: list[dict] | None = None,
 ) -> dict[str, str]:
     """``{"table3.md": text, "table3.tex": text, ...}`` for Tables 3, 4 and 6 from one preset's cells
     (``table3_<preset>.md`` ... for a preset other than ``full``).
@@ -416,6 +516,8 @@ def render_tabular(
     results : the preset's tabular results (``read_results(results/"tabular"/preset, "tabular")``)
     band : λ in band per cell file of this preset (:func:`band_of`), marking the cells below 0.9
     tables : which of Tables 3, 4 and 6 (each renders alone; the paired tests make Tables 3 and 4 the slow ones)
+    reference : the ``full`` preset's cells, for a preset that retrains only the MATk/STk cells with another λ
+        rule (``lam_update``): each of its cells against the reference's on the same splits (:func:`against_reference`)
 
     Examples
     --------
@@ -427,7 +529,9 @@ def render_tabular(
         lines = build_lines(table, paper, results, band)
         tests = paired_tests(table, results)
         head = header(preset, table, results, lines)
-        rendered[f"{table_stem(table, preset)}.md"] = render_markdown(table, paper, lines, tests, head)
+        digits = 3 if paper[table]["metric"] == "error_pct" else 4
+        against = against_lines(against_reference(table, results, reference or []), digits, PAPER_PRESET)
+        rendered[f"{table_stem(table, preset)}.md"] = render_markdown(table, paper, lines, tests, head, against)
         rendered[f"{table_stem(table, preset)}.tex"] = render_latex(table, paper, lines, tests, head)
     return rendered
 
