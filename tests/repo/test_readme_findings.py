@@ -1,8 +1,10 @@
-"""The README's findings block ("## What was found") is read from the result files its lines link: for
-each verdict the test lists the numbers it checks, reads each from its file (a rendered table under
-results/tables/, which `make tables` keeps equal to results/, or a benchmark's table under
-results/bench/) and fails naming the verdict, the file and the number when the README says otherwise
-or no longer links that file. A verdict that changes in the results changes here or fails."""
+"""The README's findings block ("## What was found") and the verdicts that open docs/evidence.md's
+Findings are read from the result files their lines link: for each verdict the test lists the numbers
+it checks, reads each from its file (a rendered table under results/tables/, which `make tables` keeps
+equal to results/, or a benchmark's table under results/bench/) and fails naming the verdict, the file
+and the number when the README or the page says otherwise or no longer links that file (the page links
+a table as tables/<name>.md, which the site serves from results/tables/). A verdict that changes in the
+results changes in both places or fails."""
 
 import re
 from pathlib import Path
@@ -12,6 +14,7 @@ import pytest
 from helpers import ROOT
 
 README = ROOT / "README.md"
+EVIDENCE = ROOT / "docs" / "evidence.md"
 PLUS_MINUS = re.compile(r"[−+-]?\d[\d.]* ± \d[\d.]*")
 
 
@@ -145,12 +148,23 @@ VERDICTS = {
 }
 
 
+def bullets(block: str) -> dict[str, str]:
+    """``{verdict: its line}`` of a block's ``- **verdict** ...`` bullets, each bullet's lines joined."""
+    found = re.findall(r"^- \*\*(.+?)\*\*(.*?)(?=^- |^\s*$)", block + "\n\n", re.MULTILINE | re.DOTALL)
+    return {name: " ".join(rest.split()) for name, rest in found}
+
+
 def findings() -> dict[str, str]:
-    """``{verdict: its line}`` of the README's findings block, each bullet's lines joined."""
+    """``{verdict: its line}`` of the README's findings block."""
     text = README.read_text(encoding="utf-8")
-    block = text.split("## What was found", 1)[1].split("\n## ", 1)[0]
-    bullets = re.findall(r"^- \*\*(.+?)\*\*(.*?)(?=^- |^\s*$)", block + "\n\n", re.MULTILINE | re.DOTALL)
-    return {name: " ".join(rest.split()) for name, rest in bullets}
+    return bullets(text.split("## What was found", 1)[1].split("\n## ", 1)[0])
+
+
+def page_verdicts() -> dict[str, str]:
+    """``{verdict: its line}`` of the verdicts that open docs/evidence.md's Findings (its first list)."""
+    text = EVIDENCE.read_text(encoding="utf-8")
+    section = text.split("## Findings", 1)[1]
+    return bullets(section[section.index("\n- **") + 1 :].split("\n\n", 1)[0])
 
 
 def test_the_readme_opens_with_the_findings_and_links_the_pages():
@@ -168,3 +182,21 @@ def test_each_number_of_the_findings_is_read_from_the_file_its_line_links(verdic
         link = f"]({path.relative_to(ROOT)})"
         assert link in line, f"README's {verdict} line does not link {path.relative_to(ROOT)}"
         assert number in line, f"README's {verdict} line should say {number!r} ({path.relative_to(ROOT)}):\n{line}"
+
+
+def test_the_findings_page_opens_with_the_current_verdicts():
+    text = EVIDENCE.read_text(encoding="utf-8")
+    first = re.findall(r"^## (.+)$", text, re.MULTILINE)[0]
+    assert first == "Findings", f"docs/evidence.md's first section is {first!r}, not the findings"
+    prose = " ".join(text.split())
+    assert prose.index("## Findings") < prose.index("fmnistlt's LA + STk seed 4"), "the superseded runs come last"
+    assert list(page_verdicts()) == ["Images", "Translation", "Tabular", "Synthetic", "STk as a layer"]
+
+
+@pytest.mark.parametrize("verdict", ["Images", "Translation", "Tabular", "Synthetic", "STk as a layer"])
+def test_each_verdict_of_the_findings_page_is_read_from_the_table_it_links(verdict):
+    line = page_verdicts()[verdict]
+    for path, number in VERDICTS[verdict]():
+        link = f"]({path.parent.name}/{path.name})"
+        assert link in line, f"docs/evidence.md's {verdict} line does not link {link[2:-1]}"
+        assert number in line, f"docs/evidence.md's {verdict} line should say {number!r} ({path.name}):\n{line}"

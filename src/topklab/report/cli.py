@@ -307,12 +307,13 @@ def render_charts(results: Path, out: Path) -> list[str]:
                 points = sweep_points(settings, tables.get(table, {}), value) if settings.get("baseline") else {}
                 if any(p["pairs"] for series in points.values() for p in series):
                     baseline = settings["rows"][settings["baseline"]]["label"]
+                    device = charts.device_of([r for runs in tables.get(table, {}).values() for r in runs])
                     drawn[f"k_sweep_{table}.png"] = partial(
-                        charts.difference_against_k, points, baseline, table, what, unit
+                        charts.difference_against_k, points, baseline, table, what, unit, device
                     )
     for table, rows in by_table(read_results(results / "routing", "language_modeling")).items():
         if charts.routed_shares(rows):
-            drawn[f"routing_layers_{table}.png"] = partial(charts.routed_share_per_layer, rows)
+            drawn[f"routing_layers_{table}.png"] = partial(charts.routed_share_per_layer, rows, table)
     sources = {name: _optional(results, source, f"{name} in a figure") for name, source in CHART_SOURCES.items()}
     topk = {
         title: sources[f"topk_{device}"]

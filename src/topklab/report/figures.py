@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from topklab.report.charts import device_of  # noqa: E402
 from topklab.report.stats import mean_std  # noqa: E402
 from topklab.smoothing import srelu  # noqa: E402
 
@@ -52,6 +53,11 @@ def _line(ax, w, b, xs, **style):
     ax.plot(xs, [-(b + w1 * x) / w2 for x in xs], **style)
 
 
+def k_of(boundary: dict) -> str:
+    """``"k/n = 0.3, "`` for a boundary learned at a k (ATk, STk), ``""`` for one without (Average)."""
+    return "" if boundary.get("k") is None else f"k/n = {boundary['k']:g}, "
+
+
 def figure3(result: dict, path: Path) -> None:
     """The 2-D example from the synthetic result ``figure3`` (payload: points, lda, boundaries).
 
@@ -84,11 +90,12 @@ def figure3(result: dict, path: Path) -> None:
             boundary["b"],
             xs,
             color=COLORS.get(name),
-            label=f"{name} (test {boundary['test_acc']:.1f}%)",
+            label=f"{name} ({k_of(boundary)}test {boundary['test_acc']:.1f}%)",
         )
     trainer = result["config"].get("figure3", {}).get("trainer") or {}
-    settled = " (the state after training, no roll-back)" if trainer.get("report_state") == "last" else ""
-    ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel="x₁", ylabel="x₂", title="Figure 3: 2-D example, prior 8:2" + settled)
+    settled = "the state after training, no roll-back; " if trainer.get("report_state") == "last" else ""
+    ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel="x₁", ylabel="x₂")
+    ax.set_title(f"Figure 3: 2-D example, prior 8:2\n({settled}{device_of([result])})", fontsize=10)
     ax.legend(fontsize=7, loc="upper left")
     _save(fig, path)
 
@@ -139,8 +146,12 @@ def figure4(result: dict, paper: dict, path: Path) -> None:
     if "paraf1_paper" in payload["by_ratio"][str(ratios[0])][payload["order"][0]]:
         axes[1].set_title("solid: the Bayes support (11 coordinates); dashed: the paper's 10-entry w*", fontsize=8)
     scale = result["config"].get("scale", "paper")
+    repeats = len(payload["by_ratio"][str(ratios[0])][payload["order"][0]]["test_acc"])
+    grid = ", ".join(f"{k:g}" for k in result["config"].get("k_grid", []))
     fig.suptitle(
-        "Figure 4: sensitivity to the negative ratio (mean ± std over repeats)"
-        + ("" if scale == "paper" else f"; MATk/STk at scale={scale}")
+        f"Figure 4: sensitivity to the negative ratio ({device_of([result])}; mean ± population sd over n = {repeats}"
+        f" repeats)\nk/n of ATk and STk chosen per ratio from {{{grid}}} on validation"
+        + ("" if scale == "paper" else f"; MATk/STk at scale={scale}"),
+        fontsize=11,
     )
     _save(fig, path)

@@ -315,7 +315,8 @@ def render_sparsification(results: list[dict], bench: dict | None, configs: Path
 
 
 def plot_routing(results: list[dict], path: Path) -> None:
-    """Test perplexity against the routed fraction (means over seeds), one line per router over c; dense as a line."""
+    """Test perplexity against the routed fraction (means over seeds), one line per router over c; dense as a
+    line; titled with the data set and the device the runs ran on."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -344,8 +345,12 @@ def plot_routing(results: list[dict], path: Path) -> None:
         )
     if "dense" in by_row:
         axis.axhline(row_means(by_row["dense"])[1], color="gray", ls="--", label="dense")
-    axis.set_xlabel("fraction of tokens the routed layers processed (test)")
+    from topklab.report.charts import device_of
+
+    data = sorted({r["config"]["dataset"].get("name", "?") for r in results})
+    axis.set_xlabel("fraction of tokens the routed layers processed (test; capacity c = k/n)")
     axis.set_ylabel("test perplexity")
+    axis.set_title(f"token routing, {', '.join(data)} ({device_of(results)}), means over seeds", fontsize=10)
     axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -353,7 +358,8 @@ def plot_routing(results: list[dict], path: Path) -> None:
 
 
 def plot_sparsification(bench: dict, path: Path) -> None:
-    """Selection time against the parameter count, one panel per keep ratio."""
+    """Selection time against the parameter count, one panel per keep ratio k/n, titled with the
+    benchmark's data and the device it ran on."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -370,10 +376,15 @@ def plot_sparsification(bench: dict, path: Path) -> None:
             axis.plot(*zip(*points), marker="o", label=BENCH_SELECTORS.get(selector, selector))
         axis.set_xscale("log")
         axis.set_yscale("log")
-        axis.set_title(f"keep {ratio:.1%}")
-        axis.set_xlabel("parameters")
+        axis.set_title(f"keep k/n = {ratio:.1%}", fontsize=10)
+        axis.set_xlabel("parameters n")
     axes[0][0].set_ylabel("selection time per worker, ms")
     axes[0][0].legend(fontsize=8)
+    from topklab.report.charts import device_of
+
+    figure.suptitle(
+        f"selecting k of n gradient-like magnitudes (|N(0, 1)|·exp(N(0, 1))), {device_of([bench])}", fontsize=11
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
