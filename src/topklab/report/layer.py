@@ -347,7 +347,7 @@ def plot_routing(results: list[dict], path: Path) -> None:
         axis.axhline(row_means(by_row["dense"])[1], color="gray", ls="--", label="dense")
     from topklab.report.charts import device_of
 
-    data = sorted({r["config"]["dataset"].get("name", "?") for r in results})
+    data = sorted({((r.get("config") or {}).get("dataset") or {}).get("name", "data not recorded") for r in results})
     axis.set_xlabel("fraction of tokens the routed layers processed (test; capacity c = k/n)")
     axis.set_ylabel("test perplexity")
     axis.set_title(f"token routing, {', '.join(data)} ({device_of(results)}), means over seeds", fontsize=10)
