@@ -116,11 +116,12 @@ JOBS   ?= 1
 ROWS   := $(shell ls configs/experiment/stk/table[346]/[!_]*.yaml 2>/dev/null | sed 's|configs/experiment/||; s|\.yaml$$||' \
             | awk '/cpusmall$$/ {print; next} {rest = rest $$0 "\n"} END {printf "%s", rest}' | paste -sd, -)
 AGGREGATES ?=
+AGGREGATES_OVERRIDE := $(if $(AGGREGATES),'++runner.aggregates=$(AGGREGATES)')
 reproduce-tabular: setup
 ifeq ($(JOBS),1)
-	$(PY) train.py -m experiment=$(ROWS) preset=$(PRESET) $(if $(AGGREGATES),'++runner.aggregates=$(AGGREGATES)')
+	$(PY) train.py -m experiment=$(ROWS) preset=$(PRESET) $(AGGREGATES_OVERRIDE)
 else
-	$(PY) train.py -m experiment=$(ROWS) preset=$(PRESET) $(if $(AGGREGATES),'++runner.aggregates=$(AGGREGATES)') \
+	$(PY) train.py -m experiment=$(ROWS) preset=$(PRESET) $(AGGREGATES_OVERRIDE) \
 		++runner.threads=1 hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS)
 endif
 
