@@ -91,7 +91,7 @@ def test_a_delta_below_lambdas_resolution_does_not_hold_lambda_on_tied_losses(sc
     paths = []
     for layout in ("1-D", "(1, n)"):
         loss = STk(k=0.05, lam_update="track", delta=1e-8 * scale)
-        for call in range(40):  # the bounded step nears a root many δ away geometrically: 35 calls, not one
+        for call in range(25):
             losses = batch(20 if call < 5 else 90)  # the first batch's root is at c, the second's at 2c
             loss((losses if layout == "1-D" else losses[None]).requires_grad_()).sum().backward()
         paths.append(float(loss.lam_last.reshape(-1)[0]))

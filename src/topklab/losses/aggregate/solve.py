@@ -34,9 +34,7 @@ def solve_srelu_threshold(
 
     Each step evaluates the excess ``e = Σ SReLU'(ℓ − λ) − k`` (decreasing in λ) and its first two
     derivatives, moves the bracket end on λ's side to λ, and takes :func:`power_law_step`'s point
-    where it lies strictly inside the bracket, the bracket's midpoint otherwise; the first step, from
-    the warm start, goes at most :func:`step_reach` (a tracked call's step), the later ones bisect
-    the bracket it leaves. The bracket starts as ``[min ℓ − δ√(n/(n−k)),
+    where it lies strictly inside the bracket, the bracket's midpoint otherwise. The bracket starts as ``[min ℓ − δ√(n/(n−k)),
     max ℓ + δ√(n/k)]`` (e > 0 and e < 0 there, from ``SReLU'(z) <= δ²/(4z²)`` for z < 0), λ at
     ``start`` clamped into it. The iterate with the smallest |e| is returned, so more steps never
     give a worse λ. For k = n the equation has no root (the count stays below n) and λ ends at the
@@ -84,9 +82,8 @@ def solve_srelu_threshold(
         low, high = _bracket(losses, k, delta)
         lam = torch.minimum(torch.maximum(start.to(losses.dtype), low), high)
         best, best_excess, best_count = lam, torch.full_like(lam, float("inf")), torch.full_like(lam, float(n))
-        for step in range(steps + 1):
+        for _ in range(steps + 1):
             count, bend, change = _step_sums(losses, lam, delta)
-            start_lam = lam
             excess = count - k
             better = excess.abs() < best_excess
             best = torch.where(better, lam, best)
@@ -95,10 +92,7 @@ def solve_srelu_threshold(
             low = torch.where(excess > 0, lam, low)
             high = torch.where(excess > 0, high, lam)
             proposal = lam + power_law_step(count, excess, k, n, bend, change)
-            inside = (proposal > low) & (proposal < high)
-            lam = torch.where(inside, proposal, 0.5 * (low + high))
-            if step == 0:  # from the warm start: at most step_reach (the later steps bisect what it leaves)
-                lam = bounded_step(start_lam, lam, excess, bend, delta, inside)
+            lam = torch.where((proposal > low) & (proposal < high), proposal, 0.5 * (low + high))
         undefined = torch.isnan(losses).any(
             1
         )  # a NaN row has no root: λ is NaN there, as the batch's k-th loss would be
@@ -111,8 +105,7 @@ def srelu_threshold_step(
     """One step of :func:`solve_srelu_threshold` from ``lam`` per row of ``losses`` (P, n), for
     ``lam_update="track"``: the excess ``e = Σ SReLU'(ℓ − λ) − k`` at λ, the row's bracket with its
     end on λ's side moved to λ, and :func:`power_law_step`'s point where it lies strictly inside it,
-    the bracket's midpoint otherwise, at most :func:`step_reach` from λ (:func:`bounded_step`: the
-    first step of :func:`solve_srelu_threshold`); λ itself where e = 0 or where the step is below half λ's
+    the bracket's midpoint otherwise; λ itself where e = 0 or where the step is below half λ's
     resolution (``λ + step`` rounds back to λ: the root to λ's precision) and δ is not (where δ is below
     it, losses tied at λ make the count jump within one step of λ, and the step bisects as one outside
     the bracket). ``thresholded_cpu.cpp``'s
@@ -128,7 +121,7 @@ def srelu_threshold_step(
     >>> losses = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0]], dtype=torch.float64)
     >>> one = torch.ones(1, dtype=torch.float64)
     >>> lam = torch.zeros(1, dtype=torch.float64)
-    >>> for _ in range(30):  # each call steps from the last call's λ: to the root of this (unchanging) batch
+    >>> for _ in range(12):  # each call steps from the last call's λ: to the root of this (unchanging) batch
     ...     lam, count = srelu_threshold_step(losses, 2 * one, 0.01 * one, lam)
     >>> 2.0 < float(lam) < 3.0, round(float(count), 6)
     (True, 2.0)
@@ -145,60 +138,11 @@ def srelu_threshold_step(
         # where δ is at least that resolution; below it SReLU' jumps within one step of λ (losses tied
         # at λ) and the step says nothing of the root: bisect
         resolution = torch.nextafter(lam.abs(), torch.full_like(lam, float("inf"))) - lam.abs()
-        inside = (proposal > low) & (proposal < high)
-        stepped = bounded_step(lam, torch.where(inside, proposal, 0.5 * (low + high)), excess, bend, delta, inside)
-        stepped = torch.where((proposal == lam) & (delta >= resolution), proposal, stepped)
+        kept = ((proposal == lam) & (delta >= resolution)) | ((proposal > low) & (proposal < high))
+        stepped = torch.where(kept, proposal, 0.5 * (low + high))
         undefined = torch.isnan(losses).any(1)
         nxt = torch.where(excess == 0, lam, stepped)
         return torch.where(undefined, float("nan"), nxt), torch.where(undefined, float("nan"), count)
-
-
-def step_reach(excess: torch.Tensor, bend: torch.Tensor, delta: torch.Tensor, inside: torch.Tensor) -> torch.Tensor:
-    """How far one step from λ may go, in units of the losses' own spacing around λ: ``reach`` with
-    ``reach³ = max(e², 1)·δ²/(2·bend)`` (e the excess, ``bend = Σ SReLU''(ℓ − λ)``); where the step's
-    point lies ``inside`` the bracket, at least ``|e|·δ``.
-
-    Each loss within r of λ adds at least ``δ²/(2(r² + δ²)^{3/2})`` to ``bend``; where δ is small
-    against the losses' spacing, at most about max(e², 1) losses lie within ``reach`` of λ, and none
-    within ``(δ²/(2·bend))^{1/3}``. A step of at most ``reach`` cannot jump over a pile of losses far
-    beyond the root, nor throw λ to the bracket's midpoint (a third of the losses' range away) for an
-    excess of a few losses, which on U(0, 3000) at δ = 0.01 put λ at 2727.8, 9.53, 1503.9 on
-    successive calls; among evenly spaced losses it moves λ across about ``|e|^{2/3}`` of them, enough
-    to follow losses that move by a few per call, and with |e| < 1 (the count's tails, between two
-    losses) up to the nearest loss. Where losses lie closer than δ, ``bend`` is their density and
-    Newton's step, ``|e|/bend``, is at most ``|e|·δ``: a point inside the bracket goes that far.
-    Scale-free: losses a·ℓ + b with δ scaled by a give a·reach. ``bend`` = 0 (every loss beyond
-    SReLU's square) leaves the step unbounded.
-
-    Examples
-    --------
-    >>> one = torch.ones(1, dtype=torch.float64)
-    >>> round(float(step_reach(8 * one, 0.5 * one, 0.1 * one, one < 0)), 6)  # (64·0.01/1)^⅓
-    0.861774
-    """
-    size = excess.abs()
-    reach = torch.pow(torch.clamp(size, min=1.0) ** 2 * delta**2 / (2 * bend), 1.0 / 3.0)
-    return torch.where(inside, torch.maximum(reach, size * delta), reach)
-
-
-def bounded_step(
-    lam: torch.Tensor, target: torch.Tensor, excess: torch.Tensor, bend: torch.Tensor, delta: torch.Tensor, inside
-) -> torch.Tensor:
-    """λ moved towards ``target`` (the power-law step's point where it lies ``inside`` the bracket, else
-    the bracket's midpoint) by at most :func:`step_reach`, and at least λ's resolution where the target
-    is further (on losses tied at λ with δ below that resolution a shorter step rounds back to λ, which
-    then never left the tie); ``thresholded_cpu.cpp`` and the Triton kernels take the same bound
-    (change one, change all).
-
-    Examples
-    --------
-    >>> one = torch.ones(1, dtype=torch.float64)
-    >>> round(float(bounded_step(0 * one, 1500 * one, 4 * one, 2 * one, 0.01 * one, one < 0)), 6)  # (16·1e-4/4)^⅓
-    0.073681
-    """
-    resolution = torch.nextafter(lam.abs(), torch.full_like(lam, float("inf"))) - lam.abs()
-    reach, move = torch.maximum(step_reach(excess, bend, delta, inside), resolution), target - lam
-    return lam + torch.where(move > reach, reach, torch.where(move < -reach, -reach, move))  # a NaN reach: unbounded
 
 
 WINDOW_LOSSES, WINDOW_SHARE = 4, 32  # MATk's tracking window aims at max(4, n/32) losses (thresholded_cpu.cpp)
@@ -214,10 +158,7 @@ def relu_threshold_step(
     m >= |e| of them, λ moves |e|/m of the way across it (to the |e|-th of them, were they evenly
     spaced) and the window is scaled towards holding ``max(4, n/32)`` losses (by ½ to 2); otherwise
     λ moves the whole window and the window doubles. λ stays within the finite losses' range and the
-    window at least their range over n² (not their mean spacing, range/n: on heavy-tailed losses the
-    range is the largest loss's, and a window of range/n held λ out of band on 0.6 – 0.8 of the calls
-    of Pareto(1.1) losses at k/n = 0.9, whose k-th largest lies among losses packed far closer).
-    ``thresholded_cpu.cpp``'s tracked ``row_call`` takes the same step.
+    window at least their mean spacing. ``thresholded_cpu.cpp``'s tracked ``row_call`` takes the same step.
 
     Returns
     -------
@@ -249,7 +190,7 @@ def relu_threshold_step(
         window = torch.where(inside, width * (target / near.clamp(min=1)).clamp(0.5, 2.0), 2.0 * width)
         moved, window = torch.where(excess == 0, lam, moved), torch.where(excess == 0, width, window)
         nxt = torch.minimum(torch.maximum(moved, least), most)
-        window = torch.maximum(window, (most - least) / n**2)
+        window = torch.maximum(window, (most - least) / n)
         undefined = torch.isnan(losses).any(1)
         nan = float("nan")
         return torch.where(undefined, nan, nxt), torch.where(undefined, nan, window), torch.where(undefined, nan, count)

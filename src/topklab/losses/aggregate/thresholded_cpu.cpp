@@ -219,20 +219,6 @@ T power_law_step(T count, T excess, T k, T n, T bend, T change) {
   return sign * gap / bend * log_ratio * relative;
 }
 
-// solve.py's bounded_step: λ moved towards target (the power-law point where it lies inside the bracket, else the
-// bracket's midpoint) by at most the reach with reach³ = max(e², 1)·δ²/(2·bend), at least |e|·δ for a point inside the
-// bracket (solve.py's step_reach; change one, change all), at least λ's resolution. bend = 0 leaves it unbounded.
-template <typename T>
-T bounded_step(T lam, T target, T excess, T bend, T d, bool inside) {
-  const T size = std::abs(excess), spread = size * d, most = size < T(1) ? d : spread;  // max(|e|, 1)·δ
-  T reach = std::cbrt(most * most / (T(2) * bend));
-  if (inside && reach < spread) reach = spread;
-  const T size_lam = std::abs(lam), resolution = std::nextafter(size_lam, std::numeric_limits<T>::infinity()) - size_lam;
-  if (reach < resolution) reach = resolution;  // a shorter step rounds back to λ
-  const T move = target - lam;
-  return lam + (move > reach ? reach : (move < -reach ? -reach : move));
-}
-
 // One loss's terms of a solve step's sums at λ: SReLU'(z), SReLU''(z) and the change of the count's gap's
 // curvature (solve.py's srelu_slope_and_curvature, curvature_change), z = v − λ clamped to ±big.
 template <typename T>
@@ -298,10 +284,7 @@ TOPKLAB_CLONES void solve_rows(const T* losses, const T* k, const T* delta, cons
       }
       if (excess > T(0)) low = lam; else high = lam;
       const T proposal = lam + power_law_step(T(count), excess, kp, T(n), T(curvature), T(change));
-      const bool inside = proposal > low && proposal < high;
-      const T target = inside ? proposal : T(0.5) * (low + high);
-      // the first step, from the warm start, at most the reach (a tracked call's step); the later ones bisect
-      lam = step == 0 ? bounded_step(lam, target, excess, T(curvature), d, inside) : target;
+      lam = proposal > low && proposal < high ? proposal : T(0.5) * (low + high);
     }
     lam_out[p] = best;
     count_out[p] = best_count;
@@ -785,7 +768,7 @@ constexpr double kWindowLosses = 4.0, kWindowShare = 32.0;
 // too many (too few) lie above λ and the window above (below) holds at least |e|, λ moves |e|/m of the way
 // across it (m its count: the |e|-th loss there, were they evenly spaced) and the window is scaled towards
 // holding the target count (×½ to ×2); otherwise λ moves the whole window and the window doubles. λ stays within
-// the finite losses' range, and the window at least their range over n² (solve.py's relu_threshold_step).
+// the finite losses' range, and the window at least their mean spacing.
 template <typename T>
 void relu_track_step(const TrackSums<T>& sums, T lam, T width, T k, int64_t n, T& next, T& next_width) {
   T least = sums.least, most = sums.most;
@@ -805,12 +788,11 @@ void relu_track_step(const TrackSums<T>& sums, T lam, T width, T k, int64_t n, T
     }
   }
   next = std::min(std::max(moved, least), most);
-  next_width = std::max(window, (most - least) / (T(n) * T(n)));
+  next_width = std::max(window, (most - least) / T(n));
 }
 
-// The next λ from the sums at λ: the first step of solve_rows() (its bracket of this row, moved to λ on λ's side,
-// and its power-law step, bisecting where the step leaves the bracket, at most bounded_step's reach from λ); λ
-// itself where the count is k.
+// The next λ from the sums at λ: one step of solve_rows() (its bracket of this row, moved to λ on λ's side,
+// and its power-law step, bisecting where the step leaves the bracket); λ itself where the count is k.
 template <typename T>
 T track_step(const TrackSums<T>& sums, T lam, T k, T d, int64_t n) {
   T least = sums.least, most = sums.most;
@@ -827,8 +809,7 @@ T track_step(const TrackSums<T>& sums, T lam, T k, T d, int64_t n) {
   // below that resolution (losses tied at λ make the count jump within one step of λ: bisect)
   const T size = std::abs(lam);
   if (proposal == lam && d >= std::nextafter(size, std::numeric_limits<T>::infinity()) - size) return lam;
-  const bool inside = proposal > low && proposal < high;
-  return bounded_step(lam, inside ? proposal : T(0.5) * (low + high), excess, T(sums.curvature), d, inside);
+  return proposal > low && proposal < high ? proposal : T(0.5) * (low + high);
 }
 
 // One tracked training call on losses (n,): the value at λ = lam_last (float32 buffer: the

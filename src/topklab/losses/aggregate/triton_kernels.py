@@ -26,19 +26,6 @@ def power_law_step(count, excess, k, n, bend, change):
 
 
 @triton.jit
-def bounded_step(lam, target, excess, bend, d, inside, resolution):
-    """solve.py's bounded_step: λ towards ``target`` by at most the reach, reach³ = max(e², 1)·δ²/(2·bend), at least
-    |e|·δ for a point ``inside`` the bracket and at least λ's float32 ``resolution`` (change one, change all)."""
-    spread = tl.abs(excess) * d
-    most = tl.where(tl.abs(excess) < 1.0, d, spread)  # max(|e|, 1)·δ
-    reach = tl.exp(tl.log(most * most / (2.0 * bend)) / 3.0)
-    reach = tl.where(inside & (reach < spread), spread, reach)
-    reach = tl.where(reach < resolution, resolution, reach)
-    move = target - lam
-    return lam + tl.where(move > reach, reach, tl.where(move < -reach, -reach, move))
-
-
-@triton.jit
 def srelu_terms(x, dd):
     """Per loss at x = ℓ − λ (δ² = dd): (SReLU(x) + δ/2, SReLU'(x), SReLU''(x), d/dλ of SReLU''), x clamped
     to ±BIG as smoothing.py does (the root is |x| beyond), SReLU' in its accurate form δ²/(2r(r − x)) below 0."""
@@ -151,7 +138,7 @@ def tracked_row_kernel(
             moved = tl.where(excess == 0, lam64, moved)
             window = tl.where(excess == 0, w, window)
             nxt = tl.where(moved < lo, lo, tl.where(moved > hi, hi, moved))  # a NaN stays NaN (not stored)
-            window = tl.maximum(window, (hi - lo) / (nn * nn))
+            window = tl.maximum(window, (hi - lo) / nn)
         else:
             lower_gap = tl.maximum(nn - kk, 0.5)
             upper_gap = tl.maximum(kk - above, 0.5)
@@ -165,8 +152,7 @@ def tracked_row_kernel(
             proposal32 = proposal.to(tl.float32).to(tl.float64)
             kept = (proposal32 == lam64) & (d >= resolution)
             within = (proposal > low_end) & (proposal < high_end)
-            target = tl.where(within, proposal, 0.5 * (low_end + high_end))
-            nxt = tl.where(kept, proposal, bounded_step(lam64, target, excess, second_all, d, within, resolution))
+            nxt = tl.where(kept | within, proposal, 0.5 * (low_end + high_end))
             nxt = tl.where(excess == 0, lam64, nxt)
             window = 0.0
         defined = phi_all == phi_all  # a NaN loss: no step, λ stays
@@ -325,7 +311,7 @@ def solved_row_kernel(
         best = lam
         best_excess = INF
         best_count = nn
-        for i in range(steps + 1):
+        for _ in range(steps + 1):
             _, slope, curvature, curvature_change = srelu_terms(v - lam, dd)
             count = tl.sum(tl.where(inside, slope, 0.0), 0)
             bend = tl.sum(tl.where(inside, curvature, 0.0), 0)
@@ -338,12 +324,7 @@ def solved_row_kernel(
             low = tl.where(excess > 0, lam, low)
             high = tl.where(excess > 0, high, lam)
             proposal = lam + power_law_step(count, excess, kk, nn, bend, change)
-            within = (proposal > low) & (proposal < high)
-            target = tl.where(within, proposal, 0.5 * (low + high))
-            # the first step, from the warm start, at most the reach (solve.py); the later ones bisect
-            size = tl.abs(lam)
-            resolution = (size.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True) - size
-            lam = tl.where(i == 0, bounded_step(lam, target, excess, bend, d, within, resolution), target)
+            lam = tl.where((proposal > low) & (proposal < high), proposal, 0.5 * (low + high))
         lam = best
         phi, slope, _, _ = srelu_terms(v - lam, dd)
         grad = slope * step
@@ -469,7 +450,6 @@ def solve_pass_kernel(
             best_phi = tl.load(solve_ptr + 6)
             undefined = tl.load(solve_ptr + 7)
         excess = count_all - kk
-        first_step = evaluated & (best_excess == INF)  # no iterate evaluated before: the step from the start
         better = evaluated & (tl.abs(excess) < best_excess)
         best = tl.where(better, lam64, best)
         best_excess = tl.where(better, tl.abs(excess), best_excess)
@@ -478,11 +458,7 @@ def solve_pass_kernel(
         low = tl.where(evaluated & (excess > 0), lam64, low)
         high = tl.where(evaluated & (excess <= 0), lam64, high)
         proposal = lam64 + power_law_step(count_all, excess, kk, nn, bend_all, change_all)
-        within = (proposal > low) & (proposal < high)
-        stepped = tl.where(within, proposal, 0.5 * (low + high))
-        size = tl.abs(lam)
-        resolution = ((size.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True) - size).to(tl.float64)
-        stepped = tl.where(first_step, bounded_step(lam64, stepped, excess, bend_all, d, within, resolution), stepped)
+        stepped = tl.where((proposal > low) & (proposal < high), proposal, 0.5 * (low + high))
         if LAST:
             defined = undefined == 0
             value = ((best_phi / nn - 0.5 * d) + kk / nn * best) * scale
