@@ -7,8 +7,6 @@ fails naming the file and the number when the prose says otherwise. The numbers 
 - the fmnistlt_full runs' training time (docs/evidence.md): the range of ``train_seconds`` over its runs;
 - the Multi30k k-sweep runs' training time (docs/translation.md, docs/evidence.md): the range of
   ``train_seconds`` over the rows at k/n 0.5, 0.7 and 0.9 (``*_k50``, ``*_k70``, ``*_k90``), in hours;
-- phoneme's STk cell with λ solved (docs/tabular.md): ``test_mean`` of
-  ``results/tabular/full_solve/table3/phoneme/logistic-stk.json``, to two decimals;
 - the hard shares of fmnistlt_full's STk rows (docs/evidence.md): ``lambda_tracking.hard_share``, the mean
   over each row's seeds, to three decimals.
 
@@ -46,11 +44,6 @@ def hours_range(pattern: str) -> str:
     return f"{min(hours):.2f}–{max(hours):.2f} h"
 
 
-def solved_cell(path: str) -> str:
-    cell = json.loads((RESULTS / "tabular" / "full_solve" / path).read_text(encoding="utf-8"))
-    return f"{cell['result']['test_mean']:.2f} %"
-
-
 def hard_share(row: str) -> str:
     shares = [s["lambda_tracking"]["hard_share"] for s in summaries(f"vision/fmnistlt_full/{row}/seed*.json")]
     return f"{sum(shares) / len(shares):.3f}"
@@ -64,10 +57,6 @@ NUMBERS = {
     "Multi30k sweep run time, translation": (
         DOCS / "translation.md",
         lambda: hours_range("translation/multi30k/*_k[579]0/seed*.json"),
-    ),
-    "phoneme's solved STk cell, tabular": (
-        DOCS / "tabular.md",
-        lambda: solved_cell("table3/phoneme/logistic-stk.json"),
     ),
     **{
         f"hard share of {row}, evidence": (DOCS / "evidence.md", lambda row=row: hard_share(row))
